@@ -1,0 +1,28 @@
+"""Write the committed tiny synthetic checkpoints (seeded random weights, real layout and names).
+
+    python golden/make_checkpoints.py
+
+Deterministic: rerunning it rewrites byte-identical files.  Needs only refimpl (no torch).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from refimpl import presets, synthetic  # noqa: E402
+
+CHECKPOINTS = HERE / "checkpoints"
+
+
+def main() -> None:
+    synthetic.write_speech_tokenizer(CHECKPOINTS / "tiny-speech-tokenizer", presets.preset(presets.TINY_SPEECH_TOKENIZER),
+                                     seed=1234)
+    print("wrote", CHECKPOINTS / "tiny-speech-tokenizer")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Typed views of the ``config.json`` files, with the official constructor defaults.
+
+Unknown keys are tolerated (and kept in ``extra``), since released configs carry many keys that
+the numerics never read.  Note that the official *defaults* are not the released *values*
+(e.g. decoder ``hidden_size`` defaults to 1024, the release uses 512): always read the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Type, TypeVar
+
+T = TypeVar("T")
+
+
+def config_from_dict(cls: Type[T], data: Mapping[str, Any] | None) -> T:
+    """Build the dataclass ``cls`` from a dict: known keys become fields (lists become tuples where
+    the default is a tuple), everything else lands in the ``extra`` dict field."""
+    data = dict(data or {})
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs, extra = {}, {}
+    for key, value in data.items():
+        if key in names and key != "extra":
+            default = names[key].default
+            if isinstance(default, tuple) and isinstance(value, list):
+                value = tuple(value)
+            kwargs[key] = value
+        else:
+            extra[key] = value
+    if "extra" in names:
+        kwargs["extra"] = extra
+    return cls(**kwargs)
+
+
+def config_to_dict(config) -> dict:
+    """The inverse of ``config_from_dict``: fields (tuples as lists) plus the extra keys."""
+    out = {}
+    for f in dataclasses.fields(config):
+        if f.name == "extra":
+            continue
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            value = config_to_dict(value)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    out.update(getattr(config, "extra", {}) or {})
+    return out

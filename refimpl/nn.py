@@ -1,0 +1,222 @@
+"""The numerical primitives every network stage is built from, as plain NumPy functions.
+
+Conventions: ``x_bct`` is [batch, channels, time] (the layout of the convolutional stages),
+``x_btc`` is [batch, time, channels] (the transformer layout), attention tensors are
+[batch, heads, time, head_dim].  Every function computes in the dtype of its input
+(float32 by default, float64 in the oracle mode); weights are converted to that dtype when loaded.
+
+Each function here has one job and a name that says what it is, so that a faster kernel (Numba,
+CuPy) can later stand behind the same signature.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+# ----------------------------------------------------------------------------- elementwise
+
+
+def silu(x):
+    """x * sigmoid(x)."""
+    return x * special.expit(x)
+
+
+def gelu_erf(x):
+    """The exact GELU: 0.5 * x * (1 + erf(x / sqrt(2)))."""
+    return 0.5 * x * (1.0 + special.erf(x * x.dtype.type(1.0 / math.sqrt(2.0))))
+
+
+def elu(x, alpha: float = 1.0):
+    """x for x > 0, alpha * (exp(x) - 1) otherwise."""
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+def snake_beta(x_bct, log_alpha_c, log_beta_c):
+    """SnakeBeta: x + 1 / (beta + 1e-9) * sin(alpha * x)^2, with alpha = exp(log_alpha), beta = exp(log_beta)
+    per channel (the checkpoint stores the logarithms)."""
+    alpha = np.exp(log_alpha_c)[None, :, None]
+    beta = np.exp(log_beta_c)[None, :, None]
+    return x_bct + (1.0 / (beta + x_bct.dtype.type(1e-9))) * np.sin(x_bct * alpha) ** 2
+
+
+def softmax(x, axis: int = -1):
+    """exp(x - max) / sum(exp(x - max)); rows that are entirely -inf give zeros, not NaN."""
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(x - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(s == 0, 1, s)
+
+
+# ----------------------------------------------------------------------------- linear and norms
+
+
+def linear(x, w_oi, b_o=None):
+    """y = x @ W^T + b, over the last axis (the torch ``nn.Linear`` layout: W is [out, in])."""
+    y = x @ w_oi.T
+    if b_o is not None:
+        y = y + b_o
+    return y
+
+
+def rms_norm(x, w, eps: float):
+    """w * x / sqrt(mean(x^2) + eps), over the last axis."""
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    return w * (x / np.sqrt(variance + x.dtype.type(eps)))
+
+
+def layer_norm(x, w, b, eps: float):
+    """w * (x - mean) / sqrt(var + eps) + b, over the last axis (biased variance)."""
+    mean = np.mean(x, axis=-1, keepdims=True)
+    centred = x - mean
+    variance = np.mean(centred * centred, axis=-1, keepdims=True)
+    y = centred / np.sqrt(variance + x.dtype.type(eps))
+    return y * w + b if b is not None else y * w
+
+
+# ----------------------------------------------------------------------------- convolutions
+
+
+def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
+    """Valid (unpadded) 1-D cross-correlation, the torch ``nn.Conv1d`` layout: W is [out, in/groups, k].
+
+    out[b, o, t] = b[o] + sum_{i, k} W[o, i, k] * x[b, i, stride * t + dilation * k]
+
+    Computed as one matrix product per kernel tap (k is at most 7 here), which keeps memory flat.
+    """
+    B, C, T = x_bct.shape
+    O, I, K = w_oik.shape
+    span = dilation * (K - 1) + 1
+    if T < span:
+        raise ValueError(f"conv1d: input length {T} is shorter than the kernel span {span}")
+    T_out = (T - span) // stride + 1
+    end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
+    if groups == 1:
+        out = np.zeros((B, O, T_out), dtype=x_bct.dtype)
+        for k in range(K):
+            tap_bct = x_bct[:, :, k * dilation:end(k):stride]
+            out += np.matmul(w_oik[:, :, k], tap_bct)
+    elif groups == C and I == 1 and O == C:  # depthwise
+        out = np.zeros((B, O, T_out), dtype=x_bct.dtype)
+        for k in range(K):
+            out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation:end(k):stride]
+    else:
+        o_per_g = O // groups
+        parts = [conv1d(x_bct[:, g * I:(g + 1) * I], w_oik[g * o_per_g:(g + 1) * o_per_g], None,
+                        stride, dilation, 1) for g in range(groups)]
+        out = np.concatenate(parts, axis=1)
+    if b_o is not None:
+        out += b_o[None, :, None]
+    return out
+
+
+def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
+    """1-D transposed convolution, the torch ``nn.ConvTranspose1d`` layout: W is [in, out, k].
+
+    Each input frame t scatters W[:, :, k]^T x[:, t] to output position stride * t + k; the output
+    has (T - 1) * stride + K samples.
+    """
+    B, C, T = x_bct.shape
+    I, O, K = w_iok.shape
+    out = np.zeros((B, O, (T - 1) * stride + K), dtype=x_bct.dtype)
+    for k in range(K):
+        out[:, :, k:k + stride * (T - 1) + 1:stride] += np.matmul(w_iok[:, :, k].T, x_bct)
+    if b_o is not None:
+        out += b_o[None, :, None]
+    return out
+
+
+def causal_padding(kernel_size: int, stride: int = 1, dilation: int = 1) -> int:
+    """Left padding of a causal conv: the effective kernel span minus the stride."""
+    return (kernel_size - 1) * dilation + 1 - stride
+
+
+def extra_right_padding(length: int, kernel_size: int, stride: int = 1, dilation: int = 1) -> int:
+    """Zeros appended on the right so that a strided causal conv covers the tail of the input:
+    the output has ceil(length / stride) frames.  Zero for stride 1."""
+    span = (kernel_size - 1) * dilation + 1
+    pad = span - stride
+    n_frames = math.ceil((length - span + pad) / stride + 1)
+    ideal_length = (n_frames - 1) * stride + (span - pad)
+    return ideal_length - length
+
+
+def causal_conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1,
+                  pad_mode: str = "constant"):
+    """Causal conv: pad the left by span - stride (and the right by the extra padding a strided conv
+    needs), then a valid conv.  ``pad_mode`` is ``"constant"`` (zeros) or ``"replicate"``."""
+    K = w_oik.shape[-1]
+    left = causal_padding(K, stride, dilation)
+    right = extra_right_padding(x_bct.shape[-1], K, stride, dilation)
+    mode = {"constant": "constant", "replicate": "edge", "reflect": "reflect"}[pad_mode]
+    x_bct = np.pad(x_bct, ((0, 0), (0, 0), (left, right)), mode=mode)
+    return conv1d(x_bct, w_oik, b_o, stride, dilation, groups)
+
+
+def causal_conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
+    """Transposed conv with the right trim of k - stride: T frames in, T * stride samples out,
+    and output sample p depends only on input frames <= p // stride."""
+    K = w_iok.shape[-1]
+    out = conv_transpose1d(x_bct, w_iok, b_o, stride)
+    trim = K - stride
+    return out[:, :, :out.shape[-1] - trim] if trim > 0 else out
+
+
+# ----------------------------------------------------------------------------- rotary embedding and attention
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, dtype=np.float32):
+    """inv_freq[j] = 1 / theta^(2j / head_dim), j < head_dim / 2.
+
+    In float32 mode this is computed in float32, like the official code, so that the angle
+    roundings match; in float64 mode everything is float64."""
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(dtype) / dtype(head_dim)
+    return (dtype(1.0) / (dtype(theta) ** exponent)).astype(dtype)
+
+
+def rope_cos_sin(positions_t, head_dim: int, theta: float, dtype=np.float32):
+    """cos and sin tables [T, head_dim] for absolute integer positions (the two halves repeat)."""
+    inv_freq = rope_inverse_frequencies(head_dim, theta, dtype)
+    angles_tj = np.asarray(positions_t).astype(dtype)[:, None] * inv_freq[None, :]
+    angles_td = np.concatenate([angles_tj, angles_tj], axis=-1)
+    return np.cos(angles_td), np.sin(angles_td)
+
+
+def rotate_half(x):
+    """[x1, x2] -> [-x2, x1] over the last axis (split in halves)."""
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rope(x_bhtd, cos_td, sin_td):
+    """Rotate each (j, j + D/2) pair of channels by its position's angle."""
+    return x_bhtd * cos_td + rotate_half(x_bhtd) * sin_td
+
+
+def causal_window_mask(query_positions_t, key_positions_s, window: int | None = None):
+    """Boolean [Tq, Tk]: True where query at position p may attend to key at position s:
+    s <= p and, with a sliding window, s > p - window (the query sees ``window`` keys, itself included)."""
+    q = np.asarray(query_positions_t)[:, None]
+    k = np.asarray(key_positions_s)[None, :]
+    allowed = k <= q
+    if window is not None:
+        allowed &= k > q - window
+    return allowed
+
+
+def attention(q_bhtd, k_bgsd, v_bgsd, allowed_ts, scale: float):
+    """Scaled dot-product attention with grouped-query heads.
+
+    q has H heads, k and v have G <= H heads; query head h uses key/value head h // (H / G).
+    ``allowed_ts`` is a boolean mask ([T, S] or broadcastable to [B, H, T, S]).
+    """
+    H, G = q_bhtd.shape[1], k_bgsd.shape[1]
+    if H != G:
+        k_bgsd = np.repeat(k_bgsd, H // G, axis=1)
+        v_bgsd = np.repeat(v_bgsd, H // G, axis=1)
+    scores_bhts = np.matmul(q_bhtd, np.swapaxes(k_bgsd, -1, -2)) * q_bhtd.dtype.type(scale)
+    scores_bhts = np.where(allowed_ts, scores_bhts, -np.inf)
+    return np.matmul(softmax(scores_bhts, axis=-1), v_bgsd)
