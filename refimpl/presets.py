@@ -83,6 +83,23 @@ TINY_SPEECH_TOKENIZER = {
     },
 }
 
+# speaker_encoder_config of the Base models (ECAPA-TDNN).  The released config.json sets enc_dim and
+# sample_rate and leaves the rest at the official defaults, spelled out here.
+RELEASED_SPEAKER_ENCODER = {
+    "mel_dim": 128, "enc_dim": 1024, "enc_channels": [512, 512, 512, 512, 1536],
+    "enc_kernel_sizes": [5, 3, 3, 3, 1], "enc_dilations": [1, 2, 3, 4, 1], "enc_attention_channels": 128,
+    "enc_res2net_scale": 8, "enc_se_channels": 128, "sample_rate": 24000,
+}  # Qwen3-TTS-12Hz-0.6B-Base
+RELEASED_SPEAKER_ENCODER_1_7B = {**RELEASED_SPEAKER_ENCODER, "enc_dim": 2048}  # Qwen3-TTS-12Hz-1.7B-Base
+
+# Every feature kept: 128 mels (fixed by the official mel settings), the k5 TDNN, three SE-Res2Net
+# blocks with dilations 2, 3, 4 and Res2Net scale 8, aggregation of the three, attentive pooling.
+TINY_SPEAKER_ENCODER = {
+    "mel_dim": 128, "enc_dim": 24, "enc_channels": [16, 16, 16, 16, 48],
+    "enc_kernel_sizes": [5, 3, 3, 3, 1], "enc_dilations": [1, 2, 3, 4, 1], "enc_attention_channels": 8,
+    "enc_res2net_scale": 8, "enc_se_channels": 8, "sample_rate": 24000,
+}
+
 
 def preset(config: dict) -> dict:
     """A deep copy, so callers may edit it."""
