@@ -1,16 +1,51 @@
 """The 12 Hz speech-tokenizer encoder (Mimi-style): 24 kHz audio -> 16 codes per 12.5 Hz frame.
 
+Stages (shapes for the released config; B batch, N samples, T25 = ceil(N / 960), T = ceil(N / 1920)):
+
+    audio [B, 1, N]
+    1. SEANet convolutional encoder                          -> [B, 512, T25]   (hidden_size, 25 Hz)
+       causal conv k7 (1 -> 64)
+       4 x [residual block (ELU, conv k3 C -> C/2, ELU, conv k1 C/2 -> C, + x),
+            ELU, strided causal conv k = 2r, stride r (C -> 2C)]     r = 4, 5, 6, 8
+       ELU, causal conv k3 (1024 -> 512)
+    2. transformer, 8 pre-norm layers (LayerNorm with bias, RoPE, causal attention,
+       LayerScale, GELU MLP), no final norm                  -> [B, T25, 512]
+    3. downsample: strided causal conv k4, stride 2, no bias,
+       edge-replicating padding                              -> [B, 512, T]     the latent
+    4. split residual vector quantisation                    -> codes [B, 16, T]
+       semantic: 1x1 projection 512 -> 256, 1 codebook
+       acoustic: 1x1 projection 512 -> 256, the first 15 of its 31 codebooks
+       (each layer: nearest codebook row by Euclidean distance, subtract it, go on with the residual)
+
+Everything is causal: frame t depends only on samples < (t + 1) * 1920.
+
+The attention window.  The config names a sliding window (250 frames at 25 Hz, 10 s), but the
+official model (transformers 4.57.3) applies it only on its flash-attention path; on the default
+eager / SDPA path, which is what runs on a CPU, each frame attends to the whole past.  Both are
+here: ``attention="full"`` (the default, equal to the official CPU output) and ``"sliding"`` (the
+window of the config, equal to the flash-attention path).  They differ only for inputs longer than
+the window (> 250 frames at 25 Hz, i.e. more than 10 s of audio in the released config).
+
 Weights are a flat dict keyed by the checkpoint names with the ``encoder.`` prefix removed.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+import numpy as np
+
+from . import nn
 from .checkpoint import WeightSpec
 from .config import config_from_dict
 
-__all__ = ["EncoderConfig", "encoder_weight_spec"]
+__all__ = ["EncoderConfig", "encoder_weight_spec", "encoder_tables", "seanet_encoder", "encoder_transformer",
+           "downsample", "nearest_rows", "rvq_encode", "split_rvq_encode", "encode_latent", "encode_audio",
+           "EncoderOutput", "ATTENTION_MODES"]
+
+ATTENTION_MODES = ("full", "sliding")
 
 
 @dataclass
@@ -58,7 +93,74 @@ class EncoderConfig:
         cfg = config_from_dict(cls, data)
         if cfg.head_dim is None:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        if not cfg.use_causal_conv:
+            raise ValueError("encoder_config.use_causal_conv = false is not supported (the 12 Hz codec is causal)")
+        if cfg.hidden_act != "gelu":
+            raise ValueError(f"encoder_config.hidden_act {cfg.hidden_act!r} is not supported (only 'gelu')")
+        if cfg.pad_mode not in ("constant", "replicate", "reflect"):
+            raise ValueError(f"encoder_config.pad_mode {cfg.pad_mode!r} is not supported")
+        if cfg.audio_channels != 1:
+            raise ValueError(f"encoder_config.audio_channels {cfg.audio_channels} is not supported (only mono)")
+        if cfg.vector_quantization_hidden_dimension != cfg.codebook_dim:
+            raise ValueError("encoder_config.vector_quantization_hidden_dimension must equal codebook_dim "
+                             f"({cfg.vector_quantization_hidden_dimension} != {cfg.codebook_dim})")
+        if cfg.downsample_stride_ratio == 1:
+            raise ValueError("encoder_config: frame_rate equals the SEANet frame rate, so there is no downsample "
+                             "conv; this layout is not supported")
         return cfg
+
+    @property
+    def hop_length(self) -> int:
+        """Samples per SEANet frame (the product of the ratios): 960, i.e. 25 Hz at 24 kHz."""
+        return int(np.prod(self.upsampling_ratios))
+
+    @property
+    def seanet_frame_rate(self) -> int:
+        """Frames per second out of the SEANet encoder (Mimi's ``encodec_frame_rate``): 25."""
+        return math.ceil(self.sampling_rate / self.hop_length)
+
+    @property
+    def output_frame_rate(self) -> float:
+        """Code frames per second: ``frame_rate`` if the config gives one, else the rate after all strides."""
+        if self.frame_rate is not None:
+            return float(self.frame_rate)
+        return self.sampling_rate / (self.hop_length * 2)
+
+    @property
+    def downsample_stride_ratio(self) -> int:
+        return int(self.seanet_frame_rate / self.output_frame_rate)
+
+    @property
+    def downsample_kernel_size(self) -> int:
+        """The downsample conv's kernel: twice the rate ratio (4); its stride is always 2."""
+        return 2 * self.downsample_stride_ratio
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Audio samples per code frame: 1920 (the SEANet hop, then the downsample's stride 2)."""
+        return self.hop_length * 2
+
+
+DOWNSAMPLE_STRIDE = 2
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def seanet_layout(cfg: EncoderConfig) -> list:
+    """The SEANet encoder's ``layers`` list as (kind, index, details) tuples, in order:
+    ("conv", i, (c_in, c_out, k, stride)), ("resblock", i, (channels, dilation)), ("elu", i, None)."""
+    layout, channels = [], cfg.num_filters
+    layout.append(("conv", 0, (cfg.audio_channels, channels, cfg.kernel_size, 1)))
+    for ratio in reversed(cfg.upsampling_ratios):
+        for j in range(cfg.num_residual_layers):
+            layout.append(("resblock", len(layout), (channels, cfg.dilation_growth_rate ** j)))
+        layout.append(("elu", len(layout), None))
+        layout.append(("conv", len(layout), (channels, channels * 2, ratio * 2, ratio)))
+        channels *= 2
+    layout.append(("elu", len(layout), None))
+    layout.append(("conv", len(layout), (channels, cfg.hidden_size, cfg.last_kernel_size, 1)))
+    return layout
 
 
 def encoder_weight_spec(cfg: EncoderConfig) -> list:
@@ -67,21 +169,17 @@ def encoder_weight_spec(cfg: EncoderConfig) -> list:
     conv = lambda p, o, i, k, bias=True: [WeightSpec(f"{p}.conv.weight", (o, i, k))] + (  # noqa: E731
         [WeightSpec(f"{p}.conv.bias", (o,), "bias")] if bias else [])
     # SEANet: conv, then per ratio (in reverse config order): residual block, ELU, strided conv; ELU, last conv
-    channels, idx = cfg.num_filters, 0
-    spec += conv(f"encoder.layers.{idx}", channels, cfg.audio_channels, cfg.kernel_size)
-    idx += 1
-    for ratio in reversed(cfg.upsampling_ratios):
-        for _ in range(cfg.num_residual_layers):
+    for kind, idx, details in seanet_layout(cfg):
+        if kind == "conv":
+            c_in, c_out, k, _ = details
+            spec += conv(f"encoder.layers.{idx}", c_out, c_in, k)
+        elif kind == "resblock":
+            channels, _ = details
             hidden = channels // cfg.compress
             spec += conv(f"encoder.layers.{idx}.block.1", hidden, channels, cfg.residual_kernel_size)
             spec += conv(f"encoder.layers.{idx}.block.3", channels, hidden, 1)
-            idx += 1
-        idx += 1  # ELU
-        spec += conv(f"encoder.layers.{idx}", channels * 2, channels, ratio * 2)
-        channels *= 2
-        idx += 1
-    idx += 1  # ELU
-    spec += conv(f"encoder.layers.{idx}", cfg.hidden_size, channels, cfg.last_kernel_size)
+            if cfg.use_conv_shortcut:
+                spec += conv(f"encoder.layers.{idx}.shortcut", channels, channels, 1)
 
     C, H, G, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     for i in range(cfg.num_hidden_layers):
@@ -89,8 +187,11 @@ def encoder_weight_spec(cfg: EncoderConfig) -> list:
         spec += [WeightSpec(f"{p}.self_attn.q_proj.weight", (H * D, C)),
                  WeightSpec(f"{p}.self_attn.k_proj.weight", (G * D, C)),
                  WeightSpec(f"{p}.self_attn.v_proj.weight", (G * D, C)),
-                 WeightSpec(f"{p}.self_attn.o_proj.weight", (C, H * D)),
-                 WeightSpec(f"{p}.mlp.fc1.weight", (cfg.intermediate_size, C)),
+                 WeightSpec(f"{p}.self_attn.o_proj.weight", (C, H * D))]
+        if cfg.attention_bias:
+            spec += [WeightSpec(f"{p}.self_attn.{n}_proj.bias", (s,), "bias")
+                     for n, s in (("q", H * D), ("k", G * D), ("v", G * D), ("o", C))]
+        spec += [WeightSpec(f"{p}.mlp.fc1.weight", (cfg.intermediate_size, C)),
                  WeightSpec(f"{p}.mlp.fc2.weight", (C, cfg.intermediate_size)),
                  WeightSpec(f"{p}.input_layernorm.weight", (C,), "norm"),
                  WeightSpec(f"{p}.input_layernorm.bias", (C,), "norm_bias"),
@@ -98,17 +199,243 @@ def encoder_weight_spec(cfg: EncoderConfig) -> list:
                  WeightSpec(f"{p}.post_attention_layernorm.bias", (C,), "norm_bias"),
                  WeightSpec(f"{p}.self_attn_layer_scale.scale", (C,), "scale"),
                  WeightSpec(f"{p}.mlp_layer_scale.scale", (C,), "scale")]
-    spec += [WeightSpec("downsample.conv.weight", (C, C, 2 * cfg.compress))]
+    spec += [WeightSpec("downsample.conv.weight", (C, C, cfg.downsample_kernel_size))]
 
     n_sem = cfg.num_semantic_quantizers
+    Dq = cfg.vector_quantization_hidden_dimension
     for part, n in (("semantic_residual_vector_quantizer", n_sem),
                     ("acoustic_residual_vector_quantizer", cfg.num_quantizers - n_sem)):
         q = f"quantizer.{part}"
-        spec += [WeightSpec(f"{q}.input_proj.weight", (cfg.codebook_dim, C, 1)),
-                 WeightSpec(f"{q}.output_proj.weight", (C, cfg.codebook_dim, 1))]
+        if Dq != C:  # the projections exist only when the codebook space differs from the latent
+            spec += [WeightSpec(f"{q}.input_proj.weight", (Dq, C, 1)),
+                     WeightSpec(f"{q}.output_proj.weight", (C, Dq, 1))]
         for j in range(n):
             cb = f"{q}.layers.{j}.codebook"
             spec += [WeightSpec(f"{cb}.initialized", (1,), "ones"),
                      WeightSpec(f"{cb}.cluster_usage", (cfg.codebook_size,), "usage"),
                      WeightSpec(f"{cb}.embed_sum", (cfg.codebook_size, cfg.codebook_dim), "embedding")]
     return spec
+
+
+# ----------------------------------------------------------------------------- 1. SEANet
+
+
+def pad_for_causal_conv(x_bct, left: int, right: int, pad_mode: str):
+    """Pad the time axis.  ``constant`` pads zeros, ``replicate`` repeats the edge samples, ``reflect``
+    mirrors (and, like the official code, first appends zeros when the input is too short to mirror)."""
+    if pad_mode == "constant":
+        return np.pad(x_bct, ((0, 0), (0, 0), (left, right)))
+    if pad_mode == "replicate":
+        return np.pad(x_bct, ((0, 0), (0, 0), (left, right)), mode="edge")
+    if pad_mode == "reflect":
+        T, widest = x_bct.shape[-1], max(left, right)
+        extra = widest - T + 1 if T <= widest else 0
+        x_bct = np.pad(x_bct, ((0, 0), (0, 0), (0, extra)))
+        out = np.pad(x_bct, ((0, 0), (0, 0), (left, right)), mode="reflect")
+        return out[:, :, :out.shape[-1] - extra]
+    raise ValueError(f"unknown pad mode {pad_mode!r}")
+
+
+def causal_conv(x_bct, w_oik, b_o, stride: int = 1, dilation: int = 1, pad_mode: str = "constant"):
+    """Mimi's causal conv: pad the left by span - stride, the right by the extra samples that make the
+    last (strided) window complete, both in ``pad_mode``; then a valid conv.  [B, C, N] -> [B, O, ceil(N / stride)]."""
+    K = w_oik.shape[-1]
+    left = nn.causal_padding(K, stride, dilation)
+    right = nn.extra_right_padding(x_bct.shape[-1], K, stride, dilation)
+    return nn.conv1d(pad_for_causal_conv(x_bct, left, right, pad_mode), w_oik, b_o, stride, dilation)
+
+
+def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct):
+    """x + conv_k1(ELU(conv_k3(ELU(x)))): C -> C / compress -> C (the shortcut is a 1x1 conv if configured)."""
+    h = nn.elu(x_bct)
+    h = causal_conv(h, w[f"{p}.block.1.conv.weight"], w[f"{p}.block.1.conv.bias"], dilation=dilation,
+                    pad_mode=cfg.pad_mode)
+    h = nn.elu(h)
+    h = causal_conv(h, w[f"{p}.block.3.conv.weight"], w[f"{p}.block.3.conv.bias"], pad_mode=cfg.pad_mode)
+    if cfg.use_conv_shortcut:
+        x_bct = causal_conv(x_bct, w[f"{p}.shortcut.conv.weight"], w[f"{p}.shortcut.conv.bias"],
+                            pad_mode=cfg.pad_mode)
+    return x_bct + h
+
+
+def seanet_encoder(w, cfg: EncoderConfig, x_bct, trace=None):
+    """[B, 1, N] audio -> [B, hidden, ceil(N / hop)] at 25 Hz.  Each layer's output is traced as
+    ``encoder.layers.{i}``."""
+    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
+    for kind, idx, details in seanet_layout(cfg):
+        p = f"encoder.layers.{idx}"
+        if kind == "conv":
+            stride = details[3]
+            x_bct = causal_conv(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], stride=stride,
+                                pad_mode=cfg.pad_mode)
+        elif kind == "resblock":
+            x_bct = resnet_block(w, cfg, p, details[1], x_bct)
+        else:
+            x_bct = nn.elu(x_bct)
+        record(p, x_bct)
+    return x_bct
+
+
+# ----------------------------------------------------------------------------- 2. the transformer
+
+
+def attention_mask(cfg: EncoderConfig, T: int, attention: str):
+    """Boolean [T, T]: causal ("full") or causal within the last ``sliding_window`` frames ("sliding")."""
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"encoder attention must be one of {ATTENTION_MODES}, not {attention!r}")
+    window = cfg.sliding_window if attention == "sliding" else None
+    positions = np.arange(T)
+    return nn.causal_window_mask(positions, positions, window)
+
+
+def transformer_layer(w, cfg: EncoderConfig, i: int, x_btc, cos_td, sin_td, allowed_ts):
+    """x += scale_a * Attn(LayerNorm(x)); x += scale_m * fc2(GELU(fc1(LayerNorm(x))))."""
+    p = f"encoder_transformer.layers.{i}"
+    B, T, C = x_btc.shape
+    H, G, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    bias = (lambda n: w[f"{p}.self_attn.{n}_proj.bias"]) if cfg.attention_bias else (lambda n: None)
+
+    h = nn.layer_norm(x_btc, w[f"{p}.input_layernorm.weight"], w[f"{p}.input_layernorm.bias"], cfg.norm_eps)
+    q_bhtd = nn.linear(h, w[f"{p}.self_attn.q_proj.weight"], bias("q")).reshape(B, T, H, D).transpose(0, 2, 1, 3)
+    k_bgtd = nn.linear(h, w[f"{p}.self_attn.k_proj.weight"], bias("k")).reshape(B, T, G, D).transpose(0, 2, 1, 3)
+    v_bgtd = nn.linear(h, w[f"{p}.self_attn.v_proj.weight"], bias("v")).reshape(B, T, G, D).transpose(0, 2, 1, 3)
+    q_bhtd = nn.apply_rope(q_bhtd, cos_td, sin_td)
+    k_bgtd = nn.apply_rope(k_bgtd, cos_td, sin_td)
+    a_bhtd = nn.attention(q_bhtd, k_bgtd, v_bgtd, allowed_ts, scale=D ** -0.5)
+    a_btc = nn.linear(a_bhtd.transpose(0, 2, 1, 3).reshape(B, T, H * D), w[f"{p}.self_attn.o_proj.weight"], bias("o"))
+    x_btc = x_btc + w[f"{p}.self_attn_layer_scale.scale"] * a_btc
+
+    h = nn.layer_norm(x_btc, w[f"{p}.post_attention_layernorm.weight"], w[f"{p}.post_attention_layernorm.bias"],
+                      cfg.norm_eps)
+    m = nn.linear(nn.gelu_erf(nn.linear(h, w[f"{p}.mlp.fc1.weight"])), w[f"{p}.mlp.fc2.weight"])
+    return x_btc + w[f"{p}.mlp_layer_scale.scale"] * m
+
+
+def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", trace=None):
+    """The layers at positions 0..T-1, no final norm.  [B, T, C] -> [B, T, C]."""
+    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
+    T = x_btc.shape[1]
+    allowed_ts = attention_mask(cfg, T, attention)
+    cos_td, sin_td = nn.rope_cos_sin(np.arange(T), cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
+    for i in range(cfg.num_hidden_layers):
+        x_btc = transformer_layer(w, cfg, i, x_btc, cos_td, sin_td, allowed_ts)
+        record(f"encoder_transformer.layers.{i}", x_btc)
+    return x_btc
+
+
+# ----------------------------------------------------------------------------- 3. downsample
+
+
+def downsample(w, cfg: EncoderConfig, x_bct):
+    """25 Hz -> 12.5 Hz: causal conv, kernel 4, stride 2, no bias, padding by repeating the edge
+    samples (this conv pads with ``replicate`` whatever the config's pad_mode)."""
+    return causal_conv(x_bct, w["downsample.conv.weight"], None, stride=DOWNSAMPLE_STRIDE, pad_mode="replicate")
+
+
+# ----------------------------------------------------------------------------- 4. residual vector quantisation
+
+
+def codebook_table(w, prefix: str, eps: float = 1e-5):
+    """The effective codebook of one VQ layer: embed_sum / max(cluster_usage, eps).  [K, D]"""
+    usage = np.maximum(w[f"{prefix}.codebook.cluster_usage"], eps)
+    return w[f"{prefix}.codebook.embed_sum"] / usage[:, None]
+
+
+QUANTIZER_PARTS = ("semantic_residual_vector_quantizer", "acoustic_residual_vector_quantizer")
+
+
+def encoder_tables(w, cfg: EncoderConfig) -> dict:
+    """Per split part, the effective codebooks [K, D] and their squared row norms [K], for every layer."""
+    tables = {}
+    for part, n in zip(QUANTIZER_PARTS, (cfg.num_semantic_quantizers, cfg.num_quantizers - cfg.num_semantic_quantizers)):
+        rows = [codebook_table(w, f"quantizer.{part}.layers.{j}") for j in range(n)]
+        tables[part] = [(e_kd, np.sum(e_kd * e_kd, axis=1)) for e_kd in rows]
+    return tables
+
+
+def nearest_rows(x_nd, e_kd, e_sq_k=None):
+    """For each row of x, the index of the nearest codebook row (Euclidean distance; ties -> the lowest
+    index) and the margin d(second nearest) - d(nearest) >= 0.
+
+    |x - e_k|^2 = |x|^2 - 2 x.e_k + |e_k|^2: one matrix product gives every distance; |x|^2 is the same
+    for every k, so the choice only needs |e_k|^2 - 2 x.e_k.  Returns (index [N] int64, margin [N])."""
+    if e_sq_k is None:
+        e_sq_k = np.sum(e_kd * e_kd, axis=1)
+    score_nk = e_sq_k[None, :] - 2 * (x_nd @ e_kd.T)
+    best_n = np.argmin(score_nk, axis=1)
+    if e_kd.shape[0] < 2:
+        return best_n.astype(np.int64), np.full(x_nd.shape[0], np.inf, dtype=x_nd.dtype)
+    two_nk = np.partition(score_nk, 1, axis=1)[:, :2]
+    x_sq_n = np.sum(x_nd * x_nd, axis=1)
+    d_n2 = np.sqrt(np.maximum(two_nk + x_sq_n[:, None], 0))
+    return best_n.astype(np.int64), d_n2[:, 1] - d_n2[:, 0]
+
+
+def rvq_encode(w, part: str, tables: dict, latent_bct, n_layers: int):
+    """One residual VQ: 1x1 input projection, then per layer pick the nearest row and subtract it.
+    [B, C, T] -> codes [n, B, T], margins [n, B, T], projected input [B, D, T]."""
+    proj = w.get(f"quantizer.{part}.input_proj.weight")
+    x_bdt = np.matmul(proj[:, :, 0], latent_bct) if proj is not None else latent_bct
+    B, D, T = x_bdt.shape
+    residual_nd = np.swapaxes(x_bdt, 1, 2).reshape(B * T, D)
+    codes, margins = [], []
+    for layer in range(n_layers):
+        e_kd, e_sq_k = tables[part][layer]
+        idx_n, margin_n = nearest_rows(residual_nd, e_kd, e_sq_k)
+        residual_nd = residual_nd - e_kd[idx_n]
+        codes.append(idx_n.reshape(B, T))
+        margins.append(margin_n.reshape(B, T))
+    return np.stack(codes), np.stack(margins), x_bdt
+
+
+def split_rvq_encode(w, cfg: EncoderConfig, latent_bct, n_codes: int, tables=None, trace=None):
+    """The semantic quantiser's codes then the acoustic quantiser's first ``n_codes - n_semantic`` codes,
+    each from the same latent.  -> codes [B, n_codes, T] int64, margins [B, n_codes, T]."""
+    tables = tables if tables is not None else encoder_tables(w, cfg)
+    n_sem = cfg.num_semantic_quantizers
+    if not n_sem <= n_codes <= cfg.num_quantizers:
+        raise ValueError(f"number of codes {n_codes} must be in [{n_sem}, {cfg.num_quantizers}]")
+    codes, margins = [], []
+    for part, n in zip(QUANTIZER_PARTS, (n_sem, n_codes - n_sem)):
+        if n == 0:
+            continue
+        c, m, projected = rvq_encode(w, part, tables, latent_bct, n)
+        if trace is not None:
+            trace[f"quantizer.{part}.input_proj"] = projected
+        codes.append(c)
+        margins.append(m)
+    codes_qbt, margins_qbt = np.concatenate(codes), np.concatenate(margins)
+    return np.swapaxes(codes_qbt, 0, 1), np.swapaxes(margins_qbt, 0, 1)
+
+
+# ----------------------------------------------------------------------------- the whole encoder
+
+
+class EncoderOutput(NamedTuple):
+    codes_bqt: np.ndarray    # [B, Q, T] int64
+    latent_bct: np.ndarray   # [B, hidden, T], before quantisation
+    margins_bqt: np.ndarray  # [B, Q, T] second-nearest minus nearest codebook distance
+
+
+def encode_latent(w, cfg: EncoderConfig, audio_bn, attention: str = "full", trace=None):
+    """Audio [B, N] (in the compute dtype) -> the latent before quantisation [B, hidden, ceil(N / 1920)]."""
+    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
+    x_bct = seanet_encoder(w, cfg, audio_bn[:, None, :], trace)
+    record("encoder", x_bct)
+    x_btc = encoder_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), attention, trace)
+    record("encoder_transformer", x_btc)
+    latent_bct = downsample(w, cfg, np.swapaxes(x_btc, 1, 2))
+    record("downsample", latent_bct)
+    return latent_bct
+
+
+def encode_audio(w, cfg: EncoderConfig, audio_bn, n_codes: int, attention: str = "full", tables=None,
+                 trace=None) -> EncoderOutput:
+    """Audio [B, N] -> codes [B, n_codes, ceil(N / 1920)], with the latent and the distance margins.
+
+    If ``trace`` is a dict, the output of every stage is stored in it (``encoder.layers.{i}``,
+    ``encoder``, ``encoder_transformer.layers.{i}``, ``encoder_transformer``, ``downsample``,
+    ``quantizer.<part>.input_proj``)."""
+    latent_bct = encode_latent(w, cfg, audio_bn, attention, trace)
+    codes_bqt, margins_bqt = split_rvq_encode(w, cfg, latent_bct, n_codes, tables, trace)
+    return EncoderOutput(codes_bqt, latent_bct, margins_bqt)

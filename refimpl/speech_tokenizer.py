@@ -5,20 +5,25 @@
     wav = tok.decode_full(codes)       # one causal pass, no chunking
     stream = tok.stream()              # exact streaming decode
     for part in parts: out.append(stream.push(part))
+    codes = tok.encode(wav, sr=24000)  # [N] floats -> [ceil(N / 1920), 16] int64, like the official encode
+    latent = tok.encode_latent(wav)    # the continuous latent before quantisation, [T, hidden]
 """
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from . import codec_decoder
+from . import codec_decoder, codec_encoder
 from .checkpoint import CheckpointError, check_weights, read_checkpoint_weights, read_config
 from .codec_decoder import DecoderConfig
 
-__all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir"]
+__all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir", "Encoded", "prepare_audio"]
 
 # The official decode works in chunks of 300 frames, each decoded with up to 25 frames of left context.
 OFFICIAL_CHUNK_FRAMES = 300
@@ -150,6 +155,136 @@ class SpeechTokenizer:
     def stream(self) -> "DecodeStream":
         """A stateful decoder: ``push(codes [n, 16])`` returns the ``n * 1920`` samples of those frames."""
         return DecodeStream(self)
+
+    # ------------------------------------------------------------------ encoding
+
+    def _load_encoder(self):
+        """Read, check and cache the encoder weights on first use: (config, weights, codebook tables)."""
+        if self._encoder is None:
+            if "encoder_config" not in self.config:
+                raise CheckpointError("the speech tokenizer config has no encoder_config: cannot encode")
+            if self.directory is None:
+                raise CheckpointError("this SpeechTokenizer was built without a directory: no encoder weights")
+            cfg = codec_encoder.EncoderConfig.from_dict(self.config["encoder_config"])
+            rate = int(self.config.get("encode_downsample_rate", cfg.samples_per_frame))
+            if rate != cfg.samples_per_frame:
+                raise CheckpointError(f"encode_downsample_rate {rate} does not match the encoder's strides "
+                                      f"({cfg.samples_per_frame} samples per frame)")
+            weights = read_checkpoint_weights(self.directory, self.dtype, prefix="encoder.")
+            check_weights(weights, codec_encoder.encoder_weight_spec(cfg), f"speech tokenizer encoder ({self.directory})")
+            self._encoder = (cfg, weights, codec_encoder.encoder_tables(weights, cfg))
+        return self._encoder
+
+    @property
+    def encoder_valid_num_quantizers(self) -> int:
+        return int(self.config.get("encoder_valid_num_quantizers", self.num_quantizers))
+
+    def encode_detailed(self, audio, sr: int = 24000, encoder_attention: str = "full", trace=None):
+        """Encode and return everything: an ``Encoded(codes [T, 16], latent [T, hidden], margins [T, 16])``
+        per input (a list for a list input).  ``margins`` is, per code, the distance to the second-nearest
+        codebook row minus the distance to the chosen one: a small margin is a near-tie.
+
+        A list of waveforms is encoded as one batch, like the official encode: each is padded with zeros
+        on the right to the longest, and each result is cut to ceil(own length / 1920) frames (so the last,
+        partial, frame of a shorter input can differ from encoding it alone).  ``trace`` (a dict) receives
+        the batch's per-stage intermediates, see ``codec_encoder.encode_audio``."""
+        batch = SpeechTokenizer._is_audio_batch(audio)
+        items = list(audio) if batch else [audio]
+        if not items:
+            raise ValueError("audio is empty: an empty list of waveforms")
+        if encoder_attention not in codec_encoder.ATTENTION_MODES:
+            raise ValueError(f"encoder_attention must be one of {codec_encoder.ATTENTION_MODES}, "
+                             f"not {encoder_attention!r}")
+        target = self.input_sample_rate
+        wavs = [prepare_audio(a, sr, target, self.dtype, f"audio[{i}]" if batch else "audio")
+                for i, a in enumerate(items)]
+        cfg, weights, tables = self._load_encoder()
+        lengths = [len(wav) for wav in wavs]
+        audio_bn = np.zeros((len(wavs), max(lengths)), dtype=self.dtype)
+        for i, wav in enumerate(wavs):
+            audio_bn[i, :len(wav)] = wav
+        out = codec_encoder.encode_audio(weights, cfg, audio_bn, self.encoder_valid_num_quantizers,
+                                         encoder_attention, tables, trace)
+        spf = cfg.samples_per_frame
+        results = []
+        for i, n in enumerate(lengths):
+            T = math.ceil(n / spf)
+            results.append(Encoded(out.codes_bqt[i, :, :T].T.copy(), out.latent_bct[i, :, :T].T.copy(),
+                                   out.margins_bqt[i, :, :T].T.copy()))
+        return results if batch else results[0]
+
+    def encode(self, audio, sr: int = 24000, encoder_attention: str = "full"):
+        """Audio -> codes, like the official ``Qwen3TTSTokenizer.encode``: a 1-D array of N samples at
+        ``sr`` Hz -> int64 ``[ceil(N / 1920), 16]``; a list of arrays -> a list (encoded as one batch).
+
+        Other sample rates are resampled to 24 kHz (scipy polyphase; not bit-equal to the official
+        librosa resampler); stereo ``[N, 2]`` or ``[2, N]`` is averaged to mono with a warning.
+        ``encoder_attention``: "full" (the official CPU result) or "sliding" (the config's window, as the
+        official flash-attention path); see ``refimpl.codec_encoder``."""
+        out = self.encode_detailed(audio, sr, encoder_attention)
+        return [e.codes for e in out] if isinstance(out, list) else out.codes
+
+    def encode_latent(self, audio, sr: int = 24000, encoder_attention: str = "full"):
+        """The continuous latent before quantisation, ``[ceil(N / 1920), hidden_size]`` (the transpose of
+        the official ``[1, hidden, T]`` downsample output); a list for a list input."""
+        out = self.encode_detailed(audio, sr, encoder_attention)
+        return [e.latent for e in out] if isinstance(out, list) else out.latent
+
+    @staticmethod
+    def _is_audio_batch(audio) -> bool:
+        return isinstance(audio, (list, tuple)) and len(audio) > 0 and not np.isscalar(audio[0])
+
+
+class Encoded(NamedTuple):
+    codes: np.ndarray    # [T, 16] int64
+    latent: np.ndarray   # [T, hidden] the encoder output before quantisation
+    margins: np.ndarray  # [T, 16] distance to the second-nearest codebook row minus to the nearest
+
+
+def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str = "audio") -> np.ndarray:
+    """Check one waveform and bring it to 1-D mono at ``target_sr`` in ``dtype``.
+
+    Accepts a 1-D array (or list) of samples, or stereo ``[N, 2]`` / ``[2, N]`` (averaged to mono, with a
+    warning; ``[N, 1]`` / ``[1, N]`` are taken as mono).  Resamples with ``scipy.signal.resample_poly``.
+    Raises ValueError for a bad rate, rank or shape, empty audio, or NaN / infinite samples."""
+    if isinstance(sr, (bool, np.bool_)) or not isinstance(sr, (int, float, np.integer, np.floating)):
+        raise ValueError(f"sample rate must be a positive number, got {sr!r}")
+    if not np.isfinite(sr) or sr <= 0:
+        raise ValueError(f"sample rate must be positive, got {sr}")
+    if sr != int(sr):
+        raise ValueError(f"sample rate must be a whole number of Hz, got {sr}")
+    sr = int(sr)
+    try:
+        arr = np.asarray(audio)
+    except ValueError as e:  # ragged nested lists
+        raise ValueError(f"{what} is not a rectangular array of samples ({e})") from None
+    if arr.dtype == object or arr.dtype.kind not in "biuf":
+        raise ValueError(f"{what} must hold real numbers, got dtype {arr.dtype}")
+    if arr.ndim == 2:
+        if arr.shape[1] in (1, 2):      # [N, C], the official layout
+            channels_axis = 1
+        elif arr.shape[0] in (1, 2):    # [C, N]
+            channels_axis = 0
+        else:
+            raise ValueError(f"{what} must be mono [N] or stereo [N, 2] / [2, N]; got shape {arr.shape}")
+        if arr.shape[channels_axis] == 2:
+            warnings.warn(f"{what}: stereo input of shape {arr.shape} is averaged to mono", stacklevel=3)
+        arr = arr.astype(np.float64).mean(axis=channels_axis)
+    elif arr.ndim != 1:
+        raise ValueError(f"{what} must have rank 1 (mono samples) or 2 (stereo); got rank {arr.ndim}, "
+                         f"shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{what} is empty (0 samples)")
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        raise ValueError(f"{what} has {int(bad.sum())} NaN or infinite samples (first at index "
+                         f"{int(np.argmax(bad))})")
+    if sr != target_sr:
+        from scipy.signal import resample_poly
+
+        g = math.gcd(sr, int(target_sr))
+        arr = resample_poly(arr.astype(np.float64), int(target_sr) // g, sr // g)
+    return np.ascontiguousarray(arr, dtype=dtype)
 
 
 class DecodeStream:
