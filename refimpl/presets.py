@@ -62,7 +62,7 @@ TINY_SPEECH_TOKENIZER = {
     **_SPEECH_TOKENIZER_TOP,
     "decoder_config": {
         "codebook_size": 64, "codebook_dim": 32, "num_quantizers": 16,
-        "hidden_size": 32, "latent_dim": 48, "num_hidden_layers": 2,
+        "hidden_size": 32, "latent_dim": 48, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "sliding_window": 8, "intermediate_size": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000,
         "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000, "hidden_act": "silu",

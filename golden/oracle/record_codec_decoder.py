@@ -8,7 +8,7 @@ tests can measure the official float32 rounding noise and set tolerances from it
 
 from __future__ import annotations
 
-from common import CHECKPOINTS, save_golden, to_numpy, np, torch  # noqa: I001
+from common import CHECKPOINTS, save_golden, to_numpy, make_float64_oracle, np, torch  # noqa: I001
 
 from qwen_tts import Qwen3TTSTokenizer
 
@@ -46,7 +46,8 @@ def main() -> None:
     path = CHECKPOINTS / "tiny-speech-tokenizer"
     tok32 = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32)
     tok64 = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32)
-    tok64.model.double()
+    patched = make_float64_oracle(tok64.model.decoder)
+    assert patched["rope"] == 1 and patched["rms_norm"] > 0, patched
     K = tok32.model.config.decoder_config.codebook_size
     rng = np.random.default_rng(20260129)
     golden = {}
