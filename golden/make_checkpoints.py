@@ -26,6 +26,9 @@ def main() -> None:
     speaker.write_speaker_encoder(CHECKPOINTS / "tiny-speaker-encoder", presets.preset(presets.TINY_SPEAKER_ENCODER),
                                   seed=1234)
     print("wrote", CHECKPOINTS / "tiny-speaker-encoder")
+    # the tiny text tokenizer (vocab.json + merges.txt + tokenizer_config.json, released format)
+    synthetic.write_tiny_text_tokenizer(CHECKPOINTS / "tiny-text-tokenizer")
+    print("wrote", CHECKPOINTS / "tiny-text-tokenizer")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ import numpy as np
 from .checkpoint import WeightSpec, write_safetensors_file
 
 __all__ = ["random_tensor", "random_weights", "write_checkpoint", "speech_tokenizer_weight_spec",
-           "write_speech_tokenizer"]
+           "write_speech_tokenizer", "write_text_tokenizer", "write_tiny_text_tokenizer", "learn_bpe_merges",
+           "byte_level_vocab"]
 
 
 def random_tensor(spec: WeightSpec, seed: int) -> np.ndarray:
@@ -141,3 +142,179 @@ def write_speech_tokenizer(directory: str | os.PathLike, config: Mapping, seed: 
         json.dump(SPEECH_TOKENIZER_PREPROCESSOR, f, indent=2, sort_keys=True)
         f.write("\n")
     return directory
+
+
+# ---------------------------------------------------------------------------------------------
+# text tokenizer files (vocab.json + merges.txt + tokenizer_config.json, the released layout)
+# ---------------------------------------------------------------------------------------------
+
+# Added tokens of the released Qwen3-TTS text tokenizer, ids 151643.. in this order: Qwen3's 26
+# (the tool/fim/think ones are not "special"), then the audio/TTS ones.  <tts_pad>, <tts_text_bos>
+# and <tts_text_eod> are the config's tts_pad/bos/eos ids 151671-151673.
+QWEN3_TTS_ADDED_TOKENS = (
+    [(t, True) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
+                         "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
+                         "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")]
+    + [(t, False) for t in ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                            "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+                            "<think>", "</think>")]
+    + [(t, True) for t in ("<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+                           "<tts_text_bos_single>", "<|audio_pad|>")])
+
+# The tiny vocabulary keeps only the added tokens the TTS prompts use (same names, same relative order).
+TINY_TEXT_ADDED_TOKENS = [(t, True) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>",
+                                              "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+                                              "<tts_text_bos_single>", "<|audio_pad|>")]
+
+# Words that must be ONE token: the official prompt code slices the role prefix
+# "<|im_start|>assistant\n" as exactly 3 ids and the tail "<|im_end|>\n<|im_start|>assistant\n" as 5.
+TINY_TEXT_WHOLE_WORDS = ("assistant", "user", "system")
+
+TINY_TEXT_CORPUS = """\
+Hello, world! This is a tiny text for a tiny tokenizer. The quick brown fox jumps over the lazy dog.
+She said: "I'll read the book tonight, and we're going to talk about it tomorrow."
+Speech synthesis turns the text into sound; the speaker reads the words slowly and clearly.
+In 2024 there were 365 days, 12 months and 52 weeks. Call 555-0134 at 10:30 am, or pay $19.99.
+The weather is nice today, isn't it? Yes, it is very nice. Let's go for a walk in the park.
+Good morning everyone, thank you for listening. Please speak a little louder, with a happy voice.
+A warm, gentle female voice; a deep, calm male voice; an excited child who talks very fast.
+今天天气很好，我们一起去公园散步吧。你好，世界！我是一个语音合成模型，很高兴认识你。
+请用温柔的声音朗读这段文字。他说：“明天见！”我们明天早上八点在学校门口见面。
+中文和英文混合的句子也很常见，比如 Qwen 模型可以说中文，也可以说 English。
+こんにちは、世界。今日はいい天気ですね。ありがとうございます。
+Bonjour tout le monde. Guten Tag! ¿Cómo estás? Ça va très bien, merci.
+The numbers 0 1 2 3 4 5 6 7 8 9 and 3.14159, 2.71828, 1,000,000.
+"""
+
+
+def byte_level_vocab(merges) -> dict:
+    """The Qwen2 numbering: the 256 byte symbols by code point (ids 0..255), then one id per merge in
+    merge order (id 256 + rank).  Raises if two merges make the same token."""
+    from .text import byte_alphabet_in_vocab_order
+
+    vocab = {s: i for i, s in enumerate(byte_alphabet_in_vocab_order())}
+    for a, b in merges:
+        if a not in vocab or b not in vocab:
+            raise ValueError(f"merge ({a!r}, {b!r}) uses a symbol made by no earlier merge")
+        if a + b in vocab:
+            raise ValueError(f"merge ({a!r}, {b!r}) makes {a + b!r} a second time")
+        vocab[a + b] = len(vocab)
+    return vocab
+
+
+def _byte_level_words(text: str) -> list:
+    """Pre-tokenise ``text`` the Qwen2 way and write each word in the byte-level alphabet."""
+    import unicodedata
+
+    from tokenizers import Regex, pre_tokenizers
+
+    from .text import QWEN2_SPLIT_PATTERN
+
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated"),
+                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return [w for w, _ in pre.pre_tokenize_str(unicodedata.normalize("NFC", text))]
+
+
+def learn_bpe_merges(text: str, num_merges: int, whole_words=()) -> list:
+    """Deterministic BPE training: first the merges that build each of ``whole_words`` left to right,
+    then, ``num_merges`` times, the most frequent adjacent pair over the words of ``text`` (ties go
+    to the smallest pair in string order; stops early once every word is a single symbol)."""
+    from collections import Counter
+
+    merges, made = [], set()
+
+    def add(a, b):
+        merges.append((a, b))
+        made.add(a + b)
+
+    for word in whole_words:
+        symbols = _byte_level_words(word)
+        if len(symbols) != 1:
+            raise ValueError(f"whole word {word!r} is not one pre-token")
+        chars = list(symbols[0])
+        for i in range(1, len(chars)):
+            left = "".join(chars[:i])
+            if left + chars[i] not in made:
+                add(left, chars[i])
+
+    words = Counter(_byte_level_words(text))
+    split = {w: list(w) for w in words}
+    for w in split:  # apply the whole-word merges first
+        split[w] = _apply_merges(split[w], merges)
+    for _ in range(num_merges):
+        pairs = Counter()
+        for w, count in words.items():
+            s = split[w]
+            for a, b in zip(s[:-1], s[1:]):
+                if a + b not in made:
+                    pairs[(a, b)] += count
+        if not pairs:
+            break
+        (a, b), _ = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        add(a, b)
+        for w in split:
+            split[w] = _apply_merges(split[w], [(a, b)])
+    return merges
+
+
+def _apply_merges(symbols: list, merges) -> list:
+    for a, b in merges:
+        out, i = [], 0
+        while i < len(symbols):
+            if i + 1 < len(symbols) and symbols[i] == a and symbols[i + 1] == b:
+                out.append(a + b)
+                i += 2
+            else:
+                out.append(symbols[i])
+                i += 1
+        symbols = out
+    return symbols
+
+
+def write_text_tokenizer(directory: str | os.PathLike, merges, added_tokens, tokenizer_json: bool = False) -> dict:
+    """Write ``vocab.json``, ``merges.txt`` and ``tokenizer_config.json`` in the released Qwen2 format
+    (and ``tokenizer.json`` too when asked).  ``added_tokens`` is a list of (content, special); they take
+    the ids after the BPE vocabulary, in order.  Returns {added token: id}."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = byte_level_vocab(merges)
+    added = {content: len(vocab) + k for k, (content, _) in enumerate(added_tokens)}
+    with open(directory / "vocab.json", "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(directory / "merges.txt", "w", encoding="utf-8", newline="\n") as f:
+        f.write("#version: 0.2\n")
+        f.writelines(f"{a} {b}\n" for a, b in merges)
+    entries = {str(added[c]): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
+                               "single_word": False, "special": bool(special)} for c, special in added_tokens}
+    specials = [c for c, special in added_tokens if special]
+    config = {
+        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": entries,
+        "additional_special_tokens": [c for c in specials if c != "<|endoftext|>"],
+        "bos_token": None, "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>" if "<|im_end|>" in added else None, "errors": "replace",
+        "model_max_length": 131072, "pad_token": "<|endoftext|>" if "<|endoftext|>" in added else None,
+        "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+    }
+    with open(directory / "tokenizer_config.json", "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    if tokenizer_json:
+        from .text import QWEN2_SPLIT_PATTERN, _byte_level_bpe_json
+
+        definition = _byte_level_bpe_json(vocab, merges, QWEN2_SPLIT_PATTERN)
+        definition["added_tokens"] = [{"id": added[c], "content": c, "single_word": False, "lstrip": False,
+                                       "rstrip": False, "normalized": False, "special": bool(special)}
+                                      for c, special in added_tokens]
+        with open(directory / "tokenizer.json", "w", encoding="utf-8") as f:
+            json.dump(definition, f, ensure_ascii=False)
+    return added
+
+
+def write_tiny_text_tokenizer(directory: str | os.PathLike, num_merges: int = 400,
+                              tokenizer_json: bool = False) -> dict:
+    """The tiny text tokenizer of the synthetic checkpoints: 256 bytes + the merges that make
+    "assistant", "user", "system" single tokens + ``num_merges`` merges learned from
+    ``TINY_TEXT_CORPUS``, then ``TINY_TEXT_ADDED_TOKENS``.  Deterministic.  Returns {added token: id}
+    (put im_start/im_end/tts_pad/tts_bos/tts_eos ids into the model's config.json from it)."""
+    merges = learn_bpe_merges(TINY_TEXT_CORPUS, num_merges, whole_words=TINY_TEXT_WHOLE_WORDS)
+    return write_text_tokenizer(directory, merges, TINY_TEXT_ADDED_TOKENS, tokenizer_json=tokenizer_json)
