@@ -418,6 +418,14 @@ def resample(audio, sr: int, target_sr: int):
     return out.astype(audio.dtype)
 
 
+def _sample_rate(sr) -> int:
+    """A positive whole number of Hz (an int, or a float such as 16000.0), else ValueError."""
+    ok = isinstance(sr, (int, float, np.integer, np.floating)) and not isinstance(sr, (bool, np.bool_))
+    if not ok or not np.isfinite(sr) or sr <= 0 or float(sr) != int(sr):
+        raise ValueError(f"sample rate must be a positive whole number of Hz, got {sr!r}")
+    return int(sr)
+
+
 # ----------------------------------------------------------------------------- the public object
 
 # the official settings of the mel spectrogram fed to the speaker encoder
@@ -497,16 +505,14 @@ class SpeakerEncoder:
         return self.forward(mels_tm[None], trace)[0]
 
     def prepare_audio(self, audio, sr: int = 24000):
-        """Check the audio and resample it to ``sample_rate`` (polyphase, scipy.signal.resample_poly)."""
+        """Check the audio, convert it to the compute dtype and resample it to ``sample_rate`` (see
+        ``resample``).  Multi-channel audio is refused: the official wrapper averages channels first."""
         audio = np.asarray(audio)
         if audio.dtype.kind not in "fiu":
             raise ValueError(f"audio must be a real numeric array, got dtype {audio.dtype}")
         if audio.ndim != 1:
             raise ValueError(f"audio must be mono, rank 1 [N]; got shape {audio.shape} (mix channels down first)")
-        if isinstance(sr, bool) or not isinstance(sr, (int, np.integer)) or sr <= 0:
-            if not (isinstance(sr, float) and sr.is_integer() and sr > 0):
-                raise ValueError(f"sample rate must be a positive integer, got {sr!r}")
-        sr = int(sr)
+        sr = _sample_rate(sr)
         audio = audio.astype(self.dtype)
         if not np.all(np.isfinite(audio)):
             raise ValueError(f"audio contains {int(np.sum(~np.isfinite(audio)))} NaN or infinite samples")

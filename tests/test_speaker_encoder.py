@@ -264,10 +264,20 @@ def test_loader_errors(tmp_path):
     (np.zeros(4000), 0, "sample rate"),
     (np.zeros(4000), -16000, "sample rate"),
     (np.zeros(4000), 22050.5, "sample rate"),
+    (np.zeros(4000), "24000", "sample rate"),
+    (np.zeros(4000), True, "sample rate"),
 ])
 def test_bad_audio_is_a_value_error(encoders, audio, sr, message):
     with pytest.raises(ValueError, match=message):
         encoders["f32"].embed(audio, sr=sr)
+
+
+def test_float_sample_rate_and_integer_audio(encoders):
+    audio = GOLDEN["noise_6000/audio"]
+    np.testing.assert_array_equal(encoders["f32"].embed(audio, sr=24000.0), encoders["f32"].embed(audio))
+    pcm = np.round(audio * 1000).astype(np.int16)  # integers are used as they are (like the official cast
+    with pytest.warns(UserWarning, match="exceeds"):  # to float32): not rescaled, so they warn
+        assert encoders["f32"].embed(pcm).shape == (24,)
 
 
 def test_out_of_range_audio_warns_and_is_used_as_is(encoders):
