@@ -29,6 +29,14 @@ def main() -> None:
     # the tiny text tokenizer (vocab.json + merges.txt + tokenizer_config.json, released format)
     synthetic.write_tiny_text_tokenizer(CHECKPOINTS / "tiny-text-tokenizer")
     print("wrote", CHECKPOINTS / "tiny-text-tokenizer")
+    # full models (talker + code predictor [+ speaker encoder], tokenizer, generation_config.json,
+    # speech_tokenizer/ identical to tiny-speech-tokenizer); VoiceDesign stored in bfloat16
+    for kind, seed, dtype in (("customvoice", 101, "float32"), ("voicedesign", 102, "bfloat16"),
+                              ("base", 1234, "float32")):
+        m = presets.TINY_TTS_MODELS[kind]
+        synthetic.write_tts_model(CHECKPOINTS / f"tiny-{kind}", m["tts_model_type"], m["tts_model_size"],
+                                  presets.preset(m["talker"]), m.get("speaker_encoder"), seed=seed, dtype=dtype)
+        print("wrote", CHECKPOINTS / f"tiny-{kind}")
 
 
 if __name__ == "__main__":

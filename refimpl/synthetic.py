@@ -40,6 +40,7 @@ from .checkpoint import WeightSpec, write_safetensors_file
 
 __all__ = ["random_tensor", "random_weights", "write_checkpoint", "speech_tokenizer_weight_spec",
            "write_speech_tokenizer", "write_text_tokenizer", "write_tiny_text_tokenizer", "learn_bpe_merges",
+           "tts_model_weight_spec", "write_tts_model",
            "byte_level_vocab"]
 
 
@@ -318,3 +319,60 @@ def write_tiny_text_tokenizer(directory: str | os.PathLike, num_merges: int = 40
     (put im_start/im_end/tts_pad/tts_bos/tts_eos ids into the model's config.json from it)."""
     merges = learn_bpe_merges(TINY_TEXT_CORPUS, num_merges, whole_words=TINY_TEXT_WHOLE_WORDS)
     return write_text_tokenizer(directory, merges, TINY_TEXT_ADDED_TOKENS, tokenizer_json=tokenizer_json)
+
+
+# ---------------------------------------------------------------------------------------------
+# full Qwen3-TTS model directories (talker + code predictor [+ speaker encoder], text tokenizer,
+# generation_config.json, speech_tokenizer/)
+# ---------------------------------------------------------------------------------------------
+
+
+def tts_model_weight_spec(config: Mapping) -> list:
+    """Every tensor of a full model's model.safetensors (full names: ``talker.*``, and
+    ``speaker_encoder.*`` for Base models) from its config.json dict."""
+    from .talker import TalkerConfig, talker_weight_spec
+
+    spec = [WeightSpec("talker." + s.name, s.shape, s.init)
+            for s in talker_weight_spec(TalkerConfig.from_dict(config["talker_config"]))]
+    if config.get("tts_model_type") == "base":
+        from .speaker import SpeakerEncoderConfig, speaker_encoder_checkpoint_spec
+        spec += speaker_encoder_checkpoint_spec(SpeakerEncoderConfig.from_dict(config["speaker_encoder_config"]))
+    return spec
+
+
+def write_tts_model(directory: str | os.PathLike, tts_model_type: str, tts_model_size: str, talker_config: Mapping,
+                    speaker_encoder_config: Mapping | None = None, seed: int = 0, dtype: str = "float32",
+                    speech_tokenizer_config: Mapping | None = None, speech_tokenizer_seed: int = 1234,
+                    generation_config: Mapping | None = None) -> Path:
+    """A complete synthetic model directory in the released layout, with the tiny text tokenizer.
+
+    The config's text ids (im_start/im_end, tts_pad/bos/eos) and ``talker_config.text_vocab_size`` come
+    from the written tokenizer (its vocabulary size rounded up to a multiple of 64, as the released
+    151936 is padded past the last id)."""
+    from .presets import RELEASED_GENERATION_CONFIG, TINY_SPEECH_TOKENIZER, preset
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    added = write_tiny_text_tokenizer(directory)
+    n_text = max(added.values()) + 1
+    talker = preset(dict(talker_config))
+    talker["text_vocab_size"] = -(-n_text // 64) * 64
+    config = {
+        "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": tts_model_size,
+        "tts_model_type": tts_model_type,
+        "im_start_token_id": added["<|im_start|>"], "im_end_token_id": added["<|im_end|>"],
+        "tts_pad_token_id": added["<tts_pad>"], "tts_bos_token_id": added["<tts_text_bos>"],
+        "tts_eos_token_id": added["<tts_text_eod>"], "talker_config": talker,
+    }
+    if tts_model_type == "base":
+        if speaker_encoder_config is None:
+            raise ValueError("a base model needs speaker_encoder_config")
+        config["speaker_encoder_config"] = dict(speaker_encoder_config)
+    write_checkpoint(directory, config, random_weights(tts_model_weight_spec(config), seed), dtype)
+    with open(directory / "generation_config.json", "w", encoding="utf-8") as f:
+        json.dump(dict(generation_config or RELEASED_GENERATION_CONFIG), f, indent=2, sort_keys=True)
+        f.write("\n")
+    write_speech_tokenizer(directory / "speech_tokenizer", preset(speech_tokenizer_config or TINY_SPEECH_TOKENIZER),
+                           seed=speech_tokenizer_seed)
+    return directory

@@ -1,0 +1,105 @@
+"""Generation: prompt vectors -> codec frames [T, 16] per item, as the official ``generate``.
+
+One generation step for a batch (B rows), after the prompt has been run through the talker
+(prefill), with ``logits`` the talker's output at the last position and ``h`` its hidden state there:
+
+    1. code 0:   scores = processors(logits, codes 0 so far)   (``refimpl.sampling``)
+                 c0 = argmax or sample; rows that already ended get EOS again
+    2. stop when every row has produced EOS, or after ``max_new_tokens`` codes 0.  The code 0 drawn
+       at the last step is never expanded into a frame, so without EOS a run returns
+       max_new_tokens - 1 frames.
+    3. codes 1..15: the code predictor on [h, codec_embedding(c0)]  (``refimpl.code_predictor``)
+    4. next talker input = sum of the 16 code embeddings of this frame
+                           + the trailing text vector of this step (or tts_pad once the text ran out)
+       at the next position of each row; one talker step with the KV cache -> new h, logits.
+
+Finally each row is cut before its first frame whose code 0 is EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import sampling
+from .prompt import assemble_batch
+from .sampling import SamplingSettings
+
+__all__ = ["GenerationTrace", "generate_codes"]
+
+
+@dataclass
+class GenerationTrace:
+    """What a run saw, for tests and debugging (filled when passed to ``generate_codes``)."""
+
+    prefill_logits: np.ndarray | None = None          # [B, V] talker logits at the last prompt position
+    step_logits: list = field(default_factory=list)   # [B, V] per decode step
+    predictor_logits: list = field(default_factory=list)  # [B, 15, V'] per frame
+    code0: list = field(default_factory=list)         # [B] chosen code 0 per step
+    frames: list = field(default_factory=list)        # [B, 16] per expanded frame
+    prompt_embeds: np.ndarray | None = None           # [B, T, H] after left padding
+    key_valid: np.ndarray | None = None               # [B, T]
+    positions: np.ndarray | None = None               # [B, T]
+    trailing: np.ndarray | None = None                # [B, N, H]
+
+
+def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
+                   eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None):
+    """Generate frames for a batch of prompts; returns one int64 array [T_i, 16] per item."""
+    settings.validate()
+    embeds, valid, positions, trailing = assemble_batch(prompts_th, trailing_nh, pad_vector_h)
+    B = embeds.shape[0]
+    G = talker.cfg.num_code_groups
+    if trace is not None:
+        trace.prompt_embeds, trace.key_valid, trace.positions, trace.trailing = embeds, valid, positions, trailing
+    pad_vector = np.asarray(pad_vector_h, dtype=embeds.dtype)
+    code0_steps = sampling.talker_processors(settings, talker.cfg.vocab_size, eos_id)
+    sub_steps = sampling.subtalker_processors(settings)
+
+    def choose_sub(g, logits_bv):
+        return sampling.choose(sampling.process(sub_steps, logits_bv), settings.subtalker_dosample, rng)
+
+    cache = talker.new_cache(B)
+    hidden = talker.forward(embeds, positions, valid, cache)[:, -1]
+    logits = talker.logits(hidden)
+    if trace is not None:
+        trace.prefill_logits = logits
+    next_position = positions[:, -1] + 1
+    previous = np.zeros((B, 0), dtype=np.int64)
+    finished = np.zeros(B, dtype=bool)
+    frames = []
+    for step in range(settings.max_new_tokens):
+        scores = sampling.process(code0_steps, logits, previous)
+        code0 = sampling.choose(scores, settings.do_sample, rng)
+        code0 = np.where(finished, eos_id, code0)
+        previous = np.concatenate([previous, code0[:, None]], axis=1)
+        finished |= code0 == eos_id
+        if trace is not None:
+            trace.code0.append(code0)
+        if finished.all() or step + 1 == settings.max_new_tokens:
+            break
+        rest = talker.code_predictor.predict_frame(hidden, talker.embed_codec(code0), choose_sub, G - 1,
+                                                   record_logits=trace is not None)
+        if trace is not None:
+            rest, predictor_logits = rest
+            trace.predictor_logits.append(predictor_logits)
+        frame = np.concatenate([code0[:, None], rest], axis=1)
+        frames.append(frame)
+        if trace is not None:
+            trace.frames.append(frame)
+        text_h = trailing[:, step] if step < trailing.shape[1] else np.broadcast_to(pad_vector, (B, pad_vector.size))
+        x = (talker.embed_frames(frame) + text_h)[:, None]
+        valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
+        hidden = talker.forward(x, next_position[:, None], valid, cache)[:, -1]
+        logits = talker.logits(hidden)
+        next_position = next_position + 1
+        if trace is not None:
+            trace.step_logits.append(logits)
+    codes_bt16 = np.stack(frames, axis=1) if frames else np.zeros((B, 0, G), dtype=np.int64)
+    out = []
+    for b in range(B):
+        stops = np.flatnonzero(codes_bt16[b, :, 0] == eos_id)
+        n = stops[0] if stops.size else codes_bt16.shape[1]
+        out.append(codes_bt16[b, :n].copy())
+    return out

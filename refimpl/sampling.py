@@ -1,0 +1,197 @@
+"""Choosing the next code from logits, as the official generation does.
+
+Talker (code group 0), at every step, in this order:
+
+    1. repetition penalty  - every id already generated in this row (code 0 of earlier frames):
+                             score / penalty if score > 0, score * penalty otherwise
+    2. min_new_tokens = 2  - EOS gets -inf while fewer than 2 codes have been generated
+    3. suppression         - the top 1024 ids of the talker vocabulary (the control ids: pad, bos,
+                             think, language and speaker ids...) get -inf, except EOS
+    and only when sampling (``do_sample=True``):
+    4. temperature         - score / temperature                          (skipped when it is 1)
+    5. top-k               - scores below the k-th largest get -inf       (skipped when k is 0/None)
+    6. top-p               - sort ascending, softmax, cumulative sum; ids whose cumulative
+                             probability is <= 1 - top_p get -inf (the largest is always kept)
+    then sample from softmax(scores), or take the argmax when ``do_sample=False``.
+
+Code predictor (groups 1..15): only steps 4-6 with the ``subtalker_*`` settings (no penalty, no
+suppression), then sample or argmax (``subtalker_dosample``).
+
+Every function takes and returns a score array [B, V]; -inf marks removed ids.  Sampling draws from a
+NumPy ``Generator``, so a ``seed`` makes runs reproducible (the draws cannot equal torch's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import nn
+
+__all__ = [
+    "apply_repetition_penalty", "apply_min_new_tokens", "apply_suppression", "apply_temperature", "apply_top_k",
+    "apply_top_p", "SamplingSettings", "talker_processors", "subtalker_processors", "process", "choose",
+    "suppressed_ids",
+]
+
+
+def apply_repetition_penalty(scores_bv, previous_bn, penalty: float):
+    """Divide positive / multiply negative scores of every id that occurs in ``previous_bn`` [B, n]."""
+    scores = np.array(scores_bv, copy=True)
+    previous_bn = np.asarray(previous_bn, dtype=np.int64).reshape(scores.shape[0], -1)
+    if previous_bn.shape[1] == 0:
+        return scores
+    rows = np.arange(scores.shape[0])[:, None]
+    s = scores[rows, previous_bn]
+    scores[rows, previous_bn] = np.where(s < 0, s * scores.dtype.type(penalty), s / scores.dtype.type(penalty))
+    return scores
+
+
+def apply_min_new_tokens(scores_bv, n_generated: int, min_new_tokens: int, eos_id: int):
+    """EOS -> -inf while fewer than ``min_new_tokens`` codes have been generated."""
+    scores = np.array(scores_bv, copy=True)
+    if n_generated < min_new_tokens:
+        scores[:, eos_id] = -np.inf
+    return scores
+
+
+def suppressed_ids(vocab_size: int, eos_id: int, n_reserved: int = 1024) -> np.ndarray:
+    """The top ``n_reserved`` ids of the talker vocabulary, EOS excluded."""
+    ids = np.arange(max(vocab_size - n_reserved, 0), vocab_size)
+    return ids[ids != eos_id]
+
+
+def apply_suppression(scores_bv, ids):
+    """The given ids -> -inf."""
+    scores = np.array(scores_bv, copy=True)
+    scores[:, np.asarray(ids, dtype=np.int64)] = -np.inf
+    return scores
+
+
+def apply_temperature(scores_bv, temperature: float):
+    return scores_bv / scores_bv.dtype.type(temperature)
+
+
+def apply_top_k(scores_bv, k: int):
+    """Keep the ids whose score is >= the k-th largest score of the row (ties are all kept)."""
+    k = min(int(k), scores_bv.shape[-1])
+    kth_b1 = -np.sort(-scores_bv, axis=-1)[:, k - 1:k]
+    return np.where(scores_bv < kth_b1, -np.inf, scores_bv).astype(scores_bv.dtype)
+
+
+def apply_top_p(scores_bv, top_p: float, min_tokens_to_keep: int = 1):
+    """Nucleus filter: in ascending order of score, drop ids while the cumulative probability of the
+    dropped ones stays <= 1 - top_p; the ``min_tokens_to_keep`` best ids are always kept."""
+    order_bv = np.argsort(scores_bv, axis=-1, kind="stable")
+    sorted_bv = np.take_along_axis(scores_bv, order_bv, axis=-1)
+    cumulative_bv = np.cumsum(nn.softmax(sorted_bv, axis=-1), axis=-1)
+    remove_sorted = cumulative_bv <= scores_bv.dtype.type(1 - top_p)
+    remove_sorted[:, -min_tokens_to_keep:] = False
+    remove = np.zeros_like(remove_sorted)
+    np.put_along_axis(remove, order_bv, remove_sorted, axis=-1)
+    return np.where(remove, -np.inf, scores_bv).astype(scores_bv.dtype)
+
+
+# ----------------------------------------------------------------------------- settings and pipelines
+
+
+@dataclass
+class SamplingSettings:
+    """The official sampling keywords (defaults: the released generation_config.json)."""
+
+    do_sample: bool = True
+    top_k: int | None = 50
+    top_p: float | None = 1.0
+    temperature: float | None = 0.9
+    repetition_penalty: float | None = 1.05
+    subtalker_dosample: bool = True
+    subtalker_top_k: int | None = 50
+    subtalker_top_p: float | None = 1.0
+    subtalker_temperature: float | None = 0.9
+    max_new_tokens: int = 2048
+    min_new_tokens: int = 2
+
+    def validate(self) -> None:
+        def positive(name, value, allow_none=True):
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                    or not np.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        positive("repetition_penalty", self.repetition_penalty)
+        for prefix, sample in (("", self.do_sample), ("subtalker_", self.subtalker_dosample)):
+            if not isinstance(sample, (bool, np.bool_)):
+                raise ValueError(f"{prefix or 'do_'}{'dosample' if prefix else 'sample'} must be True or False, "
+                                 f"got {sample!r}")
+            t, k, p = (getattr(self, prefix + n) for n in ("temperature", "top_k", "top_p"))
+            if sample:
+                positive(prefix + "temperature", t)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0):
+                raise ValueError(f"{prefix}top_k must be a non-negative integer, got {k!r}")
+            if p is not None and (not isinstance(p, (int, float, np.integer, np.floating)) or not 0 <= p <= 1):
+                raise ValueError(f"{prefix}top_p must be a number in [0, 1], got {p!r}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
+                or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+
+
+def _warpers(sample: bool, temperature, top_k, top_p) -> list:
+    if not sample:
+        return []
+    steps = []
+    if temperature is not None and temperature != 1.0:
+        steps.append(("temperature", lambda s, *_: apply_temperature(s, temperature)))
+    if top_k is not None and top_k != 0:
+        steps.append(("top_k", lambda s, *_: apply_top_k(s, top_k)))
+    if top_p is not None and top_p < 1.0:
+        steps.append(("top_p", lambda s, *_: apply_top_p(s, top_p)))
+    return steps
+
+
+def talker_processors(settings: SamplingSettings, vocab_size: int, eos_id: int) -> list:
+    """The named score transforms for code 0, in the official order: each is f(scores, previous_bn)."""
+    steps = []
+    if settings.repetition_penalty is not None and settings.repetition_penalty != 1.0:
+        steps.append(("repetition_penalty",
+                      lambda s, prev: apply_repetition_penalty(s, prev, settings.repetition_penalty)))
+    if settings.min_new_tokens:
+        steps.append(("min_new_tokens",
+                      lambda s, prev: apply_min_new_tokens(s, prev.shape[1], settings.min_new_tokens, eos_id)))
+    ids = suppressed_ids(vocab_size, eos_id)
+    steps.append(("suppress", lambda s, prev: apply_suppression(s, ids)))
+    return steps + _warpers(settings.do_sample, settings.temperature, settings.top_k, settings.top_p)
+
+
+def subtalker_processors(settings: SamplingSettings) -> list:
+    """The score transforms for codes 1..15 (only the sampling warpers)."""
+    return _warpers(settings.subtalker_dosample, settings.subtalker_temperature, settings.subtalker_top_k,
+                    settings.subtalker_top_p)
+
+
+def process(steps: list, scores_bv, previous_bn=None, trace: dict | None = None):
+    """Apply the transforms in order (``trace`` collects each intermediate by name)."""
+    scores = np.asarray(scores_bv)
+    if previous_bn is None:
+        previous_bn = np.zeros((scores.shape[0], 0), dtype=np.int64)
+    for name, f in steps:
+        scores = f(scores, previous_bn)
+        if trace is not None:
+            trace[name] = scores
+    return scores
+
+
+def choose(scores_bv, sample: bool, rng: np.random.Generator | None):
+    """argmax, or one draw per row from softmax(scores) by inverting the cumulative distribution."""
+    if not sample:
+        return np.argmax(scores_bv, axis=-1).astype(np.int64)
+    probs_bv = nn.softmax(np.asarray(scores_bv, dtype=np.float64), axis=-1)
+    cdf_bv = np.cumsum(probs_bv, axis=-1)
+    u_b1 = rng.random((scores_bv.shape[0], 1)) * cdf_bv[:, -1:]
+    ids = np.sum(cdf_bv <= u_b1, axis=-1)
+    # never land on an id of probability zero (possible only through rounding at the edges)
+    ids = np.minimum(ids, scores_bv.shape[-1] - 1)
+    bad = probs_bv[np.arange(len(ids)), ids] == 0
+    if bad.any():
+        ids[bad] = np.argmax(probs_bv[bad], axis=-1)
+    return ids.astype(np.int64)
