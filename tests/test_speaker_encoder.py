@@ -4,31 +4,26 @@ golden/speaker_encoder.npz is written by golden/oracle/record_speaker_encoder.py
 mel_spectrogram + Qwen3TTSSpeakerEncoder, float32 and float64 runs) on the committed tiny checkpoint
 golden/checkpoints/tiny-speaker-encoder and on the released dimensions with random weights.
 
-Tolerances (see docs/speaker_encoder.md for the measured numbers):
-- float32: |ours - official_f32| <= F32_NOISE_FACTOR * noise + F32_FLOOR * scale, where noise is the
-  measured |official_f32 - official_f64| of the same check and scale = max(1, max |official_f64|);
-- float64: |ours - official_f64| <= F64_REL * scale.
+Tolerances: the shared rule of docs/golden.md (conftest.assert_close_to_oracle): float64 within
+1e-10 x scale of the official float64 run; float32 within 4 x the measured official float32 noise
+(|official_f32 - official_f64| of the same array) + 4 eps32 x scale, of both official runs.  The measured
+numbers are in docs/speaker_encoder.md.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import CHECKPOINTS, GOLDEN as GOLDEN_DIR, assert_close_to_oracle
 from refimpl import presets, speaker, synthetic
 from refimpl.checkpoint import CheckpointError, read_checkpoint_weights
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = np.load(ROOT / "golden" / "speaker_encoder.npz")
-TINY_DIR = ROOT / "golden" / "checkpoints" / "tiny-speaker-encoder"
-
-F32_NOISE_FACTOR = 3.0
-F32_FLOOR = 1e-6
-F64_REL = 1e-9
+GOLDEN = np.load(GOLDEN_DIR / "speaker_encoder.npz")
+TINY_DIR = CHECKPOINTS / "tiny-speaker-encoder"
 
 SIGNALS = sorted(k[:-len("/audio")] for k in GOLDEN.files
                  if k.endswith("/audio") and not k.startswith(("sr", "released")))
@@ -56,20 +51,9 @@ def runs(encoders):
 
 
 def assert_close_to_official(ours, key_f32, key_f64, prec, what):
-    """The tolerance rule of this file (module docstring), for one recorded check."""
-    ref32, ref64 = GOLDEN[key_f32], GOLDEN[key_f64]
-    assert ours.shape == ref64.shape, f"{what}: shape {ours.shape} != official {ref64.shape}"
-    scale = max(1.0, float(np.abs(ref64).max()))
-    if prec == "f64":
-        assert ours.dtype == np.float64
-        err = float(np.abs(ours - ref64).max())
-        assert err <= F64_REL * scale, f"{what} (float64): max error {err:.3g} > {F64_REL * scale:.3g}"
-    else:
-        assert ours.dtype == np.float32
-        noise = float(np.abs(ref32.astype(np.float64) - ref64).max())
-        tol = F32_NOISE_FACTOR * noise + F32_FLOOR * scale
-        err = float(np.abs(ours.astype(np.float64) - ref32).max())
-        assert err <= tol, f"{what} (float32): max error {err:.3g} > {tol:.3g} (official noise {noise:.3g})"
+    """The shared tolerance rule, for one recorded check; also checks the compute dtype."""
+    assert ours.dtype == (np.float32 if prec == "f32" else np.float64), f"{what}: dtype {ours.dtype}"
+    assert_close_to_oracle(ours, GOLDEN[key_f32], GOLDEN[key_f64], prec, what)
 
 
 # ----------------------------------------------------------------------------- the mel filterbank
@@ -170,7 +154,8 @@ def test_xvector_of_other_rates(encoders, key, sr):
     enc = encoders["f32"]
     official = GOLDEN[f"{key}/f32/xvec"]
     # on the official wrapper's resampled audio: the same tolerance as every float32 check
-    np.testing.assert_allclose(enc.embed(GOLDEN[f"{key}/resampled"]), official, rtol=0, atol=5e-6)
+    assert_close_to_official(enc.embed(GOLDEN[f"{key}/resampled"]), f"{key}/f32/xvec", f"{key}/f64/xvec", "f32",
+                             f"x-vector of the official {sr} Hz resampling")
     # with our resampler: close, not equal (different low-pass filter; docs/speaker_encoder.md)
     ours = enc.embed(GOLDEN[f"{key}/audio"], sr=sr)
     rel = np.linalg.norm(ours - official) / np.linalg.norm(official)

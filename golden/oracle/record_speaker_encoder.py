@@ -157,6 +157,7 @@ def main() -> None:
         golden[f"sr{sr}/audio"] = audio
         golden[f"sr{sr}/resampled"] = resampled
         golden[f"sr{sr}/f32/xvec"] = to_numpy(official_embedding(tiny, resampled, "f32"))
+        golden[f"sr{sr}/f64/xvec"] = to_numpy(official_embedding(tiny64, resampled, "f64"))
     noise = (0.1 * rng.standard_normal(16000)).astype(np.float32)  # white noise: fills the transition band
     golden["sr16000_noise/audio"] = noise
     golden["sr16000_noise/resampled"] = librosa.resample(y=noise, orig_sr=16000, target_sr=SR)
