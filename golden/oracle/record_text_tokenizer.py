@@ -63,6 +63,8 @@ TEXTS = [
     "<|im_start|><|im_start|>x<|im_end|>", "not special: <|im_start |> <tts_pad", "<think>a</think><tool_call>",
     "<|endoftext|>", "<|audio_start|><|audio_pad|><|audio_end|>", "mixed中文English混合123测试test",
     "She said, \"It's 5 o'clock\" — really?!", "...!!!???,,,;;;", "'s 't 're 've 'm 'll 'd 'S 'T",
+    "JavaScript and TypeScript, McDonald's, OpenAI's GPT-4o, XMLHttpRequest", "IT'S THE END'S NEAR",
+    "हिन्दी भाषा सुंदर है", "ภาษาไทยง่ายไหม", "src/main//java/ and C:\\Users\\me", "naïve café coöperate Ǆ ǅ ǆ",
 ]
 
 TEMPLATE_TEXTS = [
