@@ -3,9 +3,9 @@
 Voice cloning conditions the Talker on this x-vector (``enc_dim`` floats: 1024 on 0.6B-Base, 2048 on
 1.7B-Base).  Shapes below are for the released config (B batch, N samples, T mel frames):
 
-    audio [N] at 24 kHz
+    audio [N] at sr Hz -> resampled to 24 kHz (other rates)
     1. log-mel spectrogram (n_fft 1024, hop 256, Hann 1024, 128 Slaney mels, 0..12 kHz)
-                                          -> [T, 128]      T = 1 + (N - 256) // 256
+                                          -> [128, T], fed as [B, T, 128]   T = 1 + (N - 256) // 256
     2. blocks.0  TDNN k5                  -> [B, 512, T]
     3. blocks.1..3  SE-Res2Net, k3, dilations 2, 3, 4 (each adds its input back)
                                           -> [B, 512, T] each
