@@ -5,26 +5,26 @@ Codes must be equal to the official codes wherever the official choice is not a 
 recorded margin (distance to the second-nearest codebook row minus distance to the nearest) is at most
 ``MARGIN_THRESHOLD`` is reported (a ``NearTieWarning``), and the later codes of the same residual
 quantiser in that frame are excused if our choice differed there.  Continuous values (latent, stages)
-must agree within tolerances derived from the measured official float32 noise; see
-docs/codec_encoder.md for the numbers.
+must agree within the tolerance policy of docs/golden.md (``conftest.assert_close_to_oracle``: float32
+from the measured official float32 noise, float64 within 1e-10 relative); see docs/codec_encoder.md
+for the measured numbers.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.signal import resample_poly
 
-from refimpl import SpeechTokenizer, codec_encoder
+from conftest import GOLDEN as GOLDEN_DIR
+from conftest import assert_close_to_oracle
+from refimpl import codec_encoder
 from refimpl.speech_tokenizer import prepare_audio
 
-ROOT = Path(__file__).resolve().parent.parent
-CHECKPOINT = ROOT / "golden" / "checkpoints" / "tiny-speech-tokenizer"
-GOLDEN = np.load(ROOT / "golden" / "codec_encoder.npz")
+GOLDEN = np.load(GOLDEN_DIR / "codec_encoder.npz")
 NAMES = [k[:-len("/audio")] for k in GOLDEN.files if k.endswith("/audio")]
 STAGE_NAMES = sorted({k.split("/")[0] for k in GOLDEN.files if "/stage/" in k})
 PRECISIONS = {"f32": np.float32, "f64": np.float64}
@@ -35,7 +35,6 @@ ATTENTIONS = ("full", "sliding")
 # re-checked by test_margin_threshold_covers_measured_noise); the threshold is far above that.
 # f64: measured differences are ~3e-15.
 MARGIN_THRESHOLD = {"f32": 1e-4, "f64": 1e-9}
-EPS32 = float(np.finfo(np.float32).eps)
 
 
 class NearTieWarning(UserWarning):
@@ -43,8 +42,8 @@ class NearTieWarning(UserWarning):
 
 
 @pytest.fixture(scope="module")
-def tokenizers():
-    return {p: SpeechTokenizer.from_pretrained(CHECKPOINT, dtype=dt) for p, dt in PRECISIONS.items()}
+def tokenizers(speech_tokenizers):
+    return speech_tokenizers
 
 
 _CACHE = {}
@@ -58,17 +57,6 @@ def encoded(tokenizers, name, prec, attention):
         out = tokenizers[prec].encode_detailed(GOLDEN[f"{name}/audio"], encoder_attention=attention, trace=trace)
         _CACHE[key] = (out, trace)
     return _CACHE[key]
-
-
-def tolerance(name, attention, what, prec, official):
-    """f32: 3 x the official float32 noise |official_f32 - official_f64| plus 8 float32 ulps of the
-    magnitude; f64: 1e-9 of the magnitude."""
-    scale = float(np.abs(official).max()) if official.size else 0.0
-    if prec == "f64":
-        return 1e-9 * max(scale, 1.0)
-    noise = np.abs(GOLDEN[f"{name}/f32/{attention}/{what}"].astype(np.float64)
-                   - GOLDEN[f"{name}/f64/{attention}/{what}"]).max()
-    return 3.0 * noise + 8 * EPS32 * max(scale, 1e-3)
 
 
 def compare_codes(ours_tq, official_tq, margins_tq, threshold, n_semantic=1):
@@ -113,12 +101,9 @@ def test_codes_equal_official(tokenizers, name, prec, attention):
 def test_latent_and_margins_match_official(tokenizers, name, prec, attention):
     out, _ = encoded(tokenizers, name, prec, attention)
     key = f"{name}/{prec}/{attention}"
-    official = GOLDEN[f"{key}/latent"]
     assert out.latent.dtype == PRECISIONS[prec]
-    assert out.latent.shape == official.shape
-    err = np.abs(out.latent - official).max()
-    tol = tolerance(name, attention, "latent", prec, official)
-    assert err <= tol, f"{key}: latent max error {err:.3g} > tolerance {tol:.3g}"
+    assert_close_to_oracle(out.latent, GOLDEN[f"{name}/f32/{attention}/latent"],
+                           GOLDEN[f"{name}/f64/{attention}/latent"], prec, f"{key} latent")
     # the margins are distances: they move at most as much as the latent does (here: projected, summed)
     m_err = np.abs(out.margins - GOLDEN[f"{key}/margins"]).max()
     assert m_err <= (1e-5 if prec == "f32" else 1e-12), f"{key}: margins differ by {m_err:.3g}"
@@ -133,16 +118,8 @@ def test_stages_match_official(tokenizers, name, prec):
     assert {"encoder", "encoder_transformer", "downsample"} <= set(stages)
     assert set(stages) == set(trace), "our trace names differ from the recorded stage names"
     for stage in stages:
-        official = GOLDEN[prefix + stage]
-        ours = trace[stage][0]
-        assert ours.shape == official.shape, stage
-        if prec == "f64":
-            tol = 1e-9 * max(float(np.abs(official).max()), 1.0)
-        else:
-            noise = np.abs(official.astype(np.float64) - GOLDEN[f"{name}/f64/full/stage/{stage}"]).max()
-            tol = 3.0 * noise + 8 * EPS32 * max(float(np.abs(official).max()), 1e-3)
-        err = np.abs(ours - official).max()
-        assert err <= tol, f"{name} {prec} stage {stage}: max error {err:.3g} > tolerance {tol:.3g}"
+        assert_close_to_oracle(trace[stage][0], GOLDEN[f"{name}/f32/full/stage/{stage}"],
+                               GOLDEN[f"{name}/f64/full/stage/{stage}"], prec, f"{name} stage {stage}")
 
 
 def test_margin_threshold_covers_measured_noise(tokenizers):

@@ -15,10 +15,11 @@ q - window < k <= q), which is the window the flash-attention path applies (wind
 (window - 1, window - 1) with causal masking).  The script checks that an explicit plain causal
 mask reproduces the default path exactly, so the mask argument is honoured.
 
-float64 run.  The model is cast with ``.double()``; the official code still forces two computations
-to float32 (the RoPE angle table, and ``torch.cdist`` in the quantiser).  In the float64 run both are
-lifted to float64 (per-instance replacements below), so that float64 is a real high-precision
-reference; the float32 run is the untouched official model.
+float64 run.  The model is made float64 with ``common.make_float64_oracle`` (``.double()`` plus float64
+RoPE angles, which the official code otherwise computes in float32), and the quantiser's
+``torch.cdist``, which the official code also runs in float32 whatever the model dtype, is lifted to
+float64 (a per-instance replacement below), so that float64 is a real high-precision reference.
+The float32 run is the untouched official model.
 
     /work/oracle/bin/python golden/oracle/record_codec_encoder.py
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import types
 
-from common import CHECKPOINTS, save_golden, to_numpy, np, torch  # noqa: I001
+from common import CHECKPOINTS, make_float64_oracle, save_golden, to_numpy, np, torch  # noqa: I001
 
 from qwen_tts import Qwen3TTSTokenizer
 from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
@@ -65,26 +66,18 @@ def make_inputs() -> dict:
 # ----------------------------------------------------------------------------- float64 lifts
 
 
-def rope_forward_float64(self, x, position_ids):
-    """The RoPE table computed in the model dtype (the official forward forces float32)."""
-    dim = self.config.head_dim
-    inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    angles = position_ids[:, :, None].to(torch.float64) * inv_freq[None, None, :]
-    emb = torch.cat((angles, angles), dim=-1)
-    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-
 def quantize_in_model_dtype(self, hidden_states):
     """Nearest codebook row with the distances in the model dtype (the official casts to float32)."""
     return torch.cdist(hidden_states[None], self.embed[None], p=2)[0].argmin(dim=-1)
 
 
-def lift_float32_casts(model) -> None:
+def lift_cdist_to_model_dtype(model) -> int:
+    patched = 0
     for module in model.modules():
-        if isinstance(module, modeling_mimi.MimiRotaryEmbedding):
-            module.forward = types.MethodType(rope_forward_float64, module)
         if isinstance(module, modeling_mimi.MimiEuclideanCodebook):
             module.quantize = types.MethodType(quantize_in_model_dtype, module)
+            patched += 1
+    return patched
 
 
 # ----------------------------------------------------------------------------- running the official modules
@@ -149,8 +142,10 @@ def main() -> None:
     path = CHECKPOINTS / "tiny-speech-tokenizer"
     tok32 = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32)
     tok64 = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32)
-    tok64.model.double()
-    lift_float32_casts(tok64.model)
+    patched = make_float64_oracle(tok64.model)
+    patched["cdist"] = lift_cdist_to_model_dtype(tok64.model)
+    assert patched["rope"] > 0 and patched["cdist"] > 0, patched
+    print("float64 oracle patches:", patched)
     models = {"f32": (tok32.model, torch.float32), "f64": (tok64.model, torch.float64)}
     inputs = make_inputs()
     golden = {"sliding_window": np.array(tok32.model.encoder.config.sliding_window)}
