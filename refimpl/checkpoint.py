@@ -30,6 +30,7 @@ __all__ = [
     "read_config",
     "read_safetensors_file",
     "read_checkpoint_weights",
+    "tensor_headers",
     "check_weights",
     "write_safetensors_file",
     "bf16_bits_to_float32",
@@ -143,6 +144,15 @@ def _weight_files(directory: Path) -> list[Path]:
             raise CheckpointError(f"{directory}: shard files listed in the index are missing: {missing}")
         return [directory / name for name in files]
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {directory!s}")
+
+
+def tensor_headers(directory: str | os.PathLike) -> dict:
+    """Name -> (stored dtype, shape) of every tensor of a checkpoint directory, from the headers only."""
+    out = {}
+    for path in _weight_files(Path(directory)):
+        header, _ = _read_header(path)
+        out.update({name: (info["dtype"], tuple(info["shape"])) for name, info in header.items()})
+    return out
 
 
 def read_checkpoint_weights(directory: str | os.PathLike, dtype=np.float32, prefix: str = "") -> dict:

@@ -1,0 +1,324 @@
+"""The ``refimpl`` command line (also ``python -m refimpl``).
+
+Every command runs without ``--model`` on the small checkpoints embedded in the package (random
+weights: they show the pipeline working, they do not speak).  Point ``--model`` at a released
+Qwen3-TTS checkpoint directory for real speech.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_MODELS = {  # command -> embedded checkpoint of the model type the command needs
+    "custom_voice": DATA / "default-customvoice",
+    "base": DATA / "default-base",
+    "voice_design": DATA / "default-voicedesign",
+}
+RELEASED_HINT = ("pass --model DIR with a released checkpoint (e.g. Qwen3-TTS-12Hz-0.6B-CustomVoice, "
+                 "-Base or -1.7B-VoiceDesign) for real speech")
+
+EPILOG = """\
+examples:
+  refimpl say "Hello there." -o hello.wav
+  refimpl say "你好" --speaker vivian --language chinese --seed 7 -o hi.wav
+  refimpl say "Streaming, chunk by chunk." --stream -o s.wav
+  refimpl design "Good morning." --instruct "A calm, deep male voice." -o design.wav
+  refimpl clone "Now in my voice." --ref-audio me.wav --ref-text "What I said in me.wav." -o clone.wav
+  refimpl codec encode speech.wav -o codes.npy
+  refimpl codec decode codes.npy -o back.wav --stream
+  refimpl info --model /path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice
+
+Without --model, each command uses a tiny checkpoint embedded in the package: random weights in the
+real layout, so the whole pipeline runs with no download, but the output is noise, not speech.
+"""
+
+
+class CliError(Exception):
+    """An error reported as one line on stderr, with exit status 1."""
+
+
+# ----------------------------------------------------------------------------- output helpers
+
+
+class Reporter:
+    """Progress and notes on stderr, silenced by -q."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+
+    def __call__(self, message: str, end: str = "\n") -> None:
+        if not self.quiet:
+            print(message, file=sys.stderr, end=end, flush=True)
+
+
+def model_dir(args, kind: str, say: Reporter) -> Path:
+    if args.model:
+        return Path(args.model)
+    path = DEFAULT_MODELS[kind]
+    say(f"note: using the embedded default model ({path.name}): random weights, so the output is noise, "
+        f"not speech; {RELEASED_HINT}")
+    return path
+
+
+def write_audio(path: str, wav: np.ndarray, sr: int, float_wav: bool) -> None:
+    from .audio import write_wav
+    try:
+        write_wav(path, wav, sr, "float" if float_wav else "pcm16")
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def load_tts(path: Path, dtype):
+    from .tts import Qwen3TTS
+    return Qwen3TTS.from_pretrained(path, dtype=dtype)
+
+
+def generation_kwargs(args) -> dict:
+    kw = {"seed": args.seed}
+    if args.greedy:
+        kw.update(do_sample=False, subtalker_dosample=False)
+    if args.max_new_tokens is not None:
+        kw["max_new_tokens"] = args.max_new_tokens
+    return kw
+
+
+def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int:
+    """Shared body of say / design / clone: load, generate (or stream) with ``make_call(tts)`` as the
+    arguments, report progress, write the WAV."""
+    path = model_dir(args, kind, say)
+    t0 = time.perf_counter()
+    tts = load_tts(path, args.dtype_np)
+    say(f"loaded {path} in {time.perf_counter() - t0:.1f} s")
+    call = dict(make_call(tts), **generation_kwargs(args))
+    t0 = time.perf_counter()
+    if args.stream:
+        pieces, first = [], None
+        for chunk in getattr(tts, "stream_" + method)(chunk_frames=args.chunk_frames, **call):
+            pieces.append(chunk)
+            if first is None:
+                first = time.perf_counter() - t0
+            seconds = sum(p.shape[0] for p in pieces) / tts.sample_rate
+            say(f"\rstreamed {seconds:6.2f} s of audio, first chunk after {first:.2f} s", end="")
+        say("")
+        wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        sr = tts.sample_rate
+    else:
+        wavs, sr, codes = getattr(tts, "generate_" + method)(return_codes=True, **call)
+        wav = wavs[0]
+        say(f"generated {codes[0].shape[0]} frames")
+    elapsed = time.perf_counter() - t0
+    seconds = wav.shape[0] / sr
+    rtf = f", real-time factor {elapsed / seconds:.2f}" if seconds > 0 else ""
+    say(f"{seconds:.2f} s of audio in {elapsed:.2f} s{rtf}")
+    write_audio(args.output, wav, sr, args.float_wav)
+    say(f"wrote {args.output}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_say(args, say: Reporter) -> int:
+    def call(tts):
+        speaker = args.speaker
+        if speaker is None:
+            speakers = tts.get_supported_speakers() or []
+            if not speakers:
+                raise CliError("this checkpoint has no preset speakers: 'say' needs a CustomVoice checkpoint "
+                               "(use 'design' or 'clone' for the other model types)")
+            speaker = sorted(speakers)[0]
+            say(f"speaker: {speaker} (choose with --speaker; see 'refimpl info')")
+        return dict(text=args.text, speaker=speaker, language=args.language, instruct=args.instruct)
+    return run_synthesis(args, say, "custom_voice", "custom_voice", call)
+
+
+def cmd_design(args, say: Reporter) -> int:
+    return run_synthesis(args, say, "voice_design", "voice_design",
+                         lambda tts: dict(text=args.text, instruct=args.instruct, language=args.language))
+
+
+def cmd_clone(args, say: Reporter) -> int:
+    from .audio import read_wav
+    if args.ref_text is None and not args.x_vector_only:
+        raise CliError("clone needs --ref-text (the transcript of --ref-audio) or --x-vector-only")
+    audio, sr = read_wav(args.ref_audio)
+    if audio.ndim == 2:
+        say(f"note: {audio.shape[1]}-channel reference audio mixed down to mono")
+        audio = audio.mean(axis=1)
+    return run_synthesis(args, say, "base", "voice_clone",
+                         lambda tts: dict(text=args.text, language=args.language, ref_audio=(audio, sr),
+                                          ref_text=args.ref_text, x_vector_only_mode=args.x_vector_only))
+
+
+def cmd_codec_encode(args, say: Reporter) -> int:
+    from .audio import read_wav
+    from .speech_tokenizer import SpeechTokenizer
+    audio, sr = read_wav(args.input)
+    if audio.ndim == 2:
+        say(f"note: {audio.shape[1]}-channel audio mixed down to mono")
+        audio = audio.mean(axis=1)
+    tok = SpeechTokenizer.from_pretrained(model_dir(args, "custom_voice", say), dtype=args.dtype_np)
+    if sr != tok.input_sample_rate:
+        say(f"note: resampling {sr} Hz to {tok.input_sample_rate} Hz")
+    t0 = time.perf_counter()
+    codes = tok.encode(audio, sr=sr)
+    say(f"encoded {audio.shape[0] / sr:.2f} s into {codes.shape[0]} frames x {codes.shape[1]} codes "
+        f"in {time.perf_counter() - t0:.2f} s")
+    try:
+        np.save(args.output, codes)
+    except OSError as e:
+        raise CliError(f"cannot write {args.output}: {e.strerror or e}") from None
+    say(f"wrote {args.output}")
+    return 0
+
+
+def cmd_codec_decode(args, say: Reporter) -> int:
+    from .speech_tokenizer import SpeechTokenizer
+    try:
+        codes = np.load(args.input, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise CliError(f"cannot read codes from {args.input}: {e}") from None
+    tok = SpeechTokenizer.from_pretrained(model_dir(args, "custom_voice", say), dtype=args.dtype_np)
+    t0 = time.perf_counter()
+    if args.stream:
+        stream, pieces = tok.stream(), []
+        step = max(1, args.chunk_frames)
+        for start in range(0, len(codes), step):
+            pieces.append(stream.push(codes[start:start + step]))
+            say(f"\rdecoded {stream.frames_done} / {len(codes)} frames", end="")
+        say("")
+        wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        if len(codes) == 0:
+            tok.decode_full(codes)  # validates the (empty) array's shape
+    else:
+        wav = tok.decode(codes)
+    elapsed = time.perf_counter() - t0
+    seconds = wav.shape[0] / tok.sample_rate
+    say(f"{seconds:.2f} s of audio in {elapsed:.2f} s" + (f", real-time factor {elapsed / seconds:.2f}" if seconds else ""))
+    write_audio(args.output, wav, tok.sample_rate, args.float_wav)
+    say(f"wrote {args.output}")
+    return 0
+
+
+def cmd_info(args, say: Reporter) -> int:
+    from .model_info import describe_model
+    path = model_dir(args, "custom_voice", say)
+    info = describe_model(path, args.dtype_np)
+    if args.json:
+        print(json.dumps(info, indent=2, ensure_ascii=False))
+        return 0
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if isinstance(value, list):
+            value = ", ".join(map(str, value)) if value else "(none)"
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- argument parsing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", metavar="DIR", help="a Qwen3-TTS checkpoint directory "
+                        "(default: the small random checkpoint embedded in the package)")
+    common.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="compute precision (float64 is the high-precision oracle mode; default float32)")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress or notes on stderr")
+
+    synth = argparse.ArgumentParser(add_help=False)
+    synth.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file (24 kHz mono)")
+    synth.add_argument("--language", metavar="L", help="language name from the checkpoint (default: auto)")
+    synth.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    synth.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    synth.add_argument("--max-new-tokens", type=int, metavar="N", help="at most N frames (12.5 per second)")
+    synth.add_argument("--stream", action="store_true",
+                       help="decode audio while the codes are generated (exact streaming decoder)")
+    synth.add_argument("--chunk-frames", type=int, default=4, metavar="N",
+                       help="frames per streamed chunk (default 4 = 320 ms)")
+    synth.add_argument("--float-wav", action="store_true", help="write 32-bit float WAV instead of 16-bit PCM")
+
+    p = argparse.ArgumentParser(
+        prog="refimpl", description="Qwen3-TTS reference implementation in NumPy: text to 24 kHz speech, "
+        "and the 12 Hz speech codec.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("say", parents=[common, synth], help="speak TEXT with a preset speaker (CustomVoice model)",
+                       description="Speak TEXT with one of the checkpoint's preset speakers.")
+    s.add_argument("text", metavar="TEXT")
+    s.add_argument("--speaker", metavar="NAME", help="preset speaker (see 'refimpl info'; default: the first)")
+    s.add_argument("--instruct", metavar="TEXT", help="a style instruction, e.g. 'Speak slowly and warmly.'")
+    s.set_defaults(func=cmd_say)
+
+    d = sub.add_parser("design", parents=[common, synth], help="speak TEXT in a voice described by --instruct "
+                       "(VoiceDesign model)", description="Speak TEXT in a voice described in words.")
+    d.add_argument("text", metavar="TEXT")
+    d.add_argument("--instruct", required=True, metavar="TEXT", help="the voice description")
+    d.set_defaults(func=cmd_design)
+
+    c = sub.add_parser("clone", parents=[common, synth], help="speak TEXT in the voice of --ref-audio "
+                       "(Base model)", description="Speak TEXT in the voice of a reference recording.")
+    c.add_argument("text", metavar="TEXT")
+    c.add_argument("--ref-audio", required=True, metavar="WAV", help="reference recording (any sample rate)")
+    g = c.add_mutually_exclusive_group()
+    g.add_argument("--ref-text", metavar="TEXT", help="transcript of the reference (in-context cloning)")
+    g.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding only")
+    c.set_defaults(func=cmd_clone)
+
+    codec = sub.add_parser("codec", help="the 12 Hz speech codec: audio <-> codes",
+                           description="Encode audio to codes (16 per 80 ms frame) or decode codes to audio.")
+    csub = codec.add_subparsers(dest="codec_command", metavar="ACTION")
+    ce = csub.add_parser("encode", parents=[common], help="WAV -> codes.npy ([frames, 16] int64)")
+    ce.add_argument("input", metavar="WAV")
+    ce.add_argument("-o", "--output", required=True, metavar="NPY")
+    ce.set_defaults(func=cmd_codec_encode)
+    cd = csub.add_parser("decode", parents=[common], help="codes.npy -> WAV")
+    cd.add_argument("input", metavar="NPY")
+    cd.add_argument("-o", "--output", required=True, metavar="WAV")
+    cd.add_argument("--stream", action="store_true", help="decode with the streaming decoder, chunk by chunk")
+    cd.add_argument("--chunk-frames", type=int, default=4, metavar="N", help="frames per chunk with --stream")
+    cd.add_argument("--float-wav", action="store_true", help="write 32-bit float WAV instead of 16-bit PCM")
+    cd.set_defaults(func=cmd_codec_decode)
+    codec.set_defaults(func=lambda args, say: _usage(codec))
+
+    i = sub.add_parser("info", parents=[common], help="describe a checkpoint: type, size, speakers, languages",
+                       description="Describe a checkpoint: model type and size, speakers, languages, dtype, "
+                       "parameters and memory.")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.set_defaults(func=cmd_info)
+    return p
+
+
+def _usage(parser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    say = Reporter(getattr(args, "quiet", False))
+    args.dtype_np = np.float64 if getattr(args, "dtype", "float32") == "float64" else np.float32
+    try:
+        return args.func(args, say)
+    except (CliError, ValueError, OSError) as e:  # CheckpointError is a ValueError
+        message = " ".join(line.strip() for line in str(e).strip().splitlines()) or type(e).__name__
+        print(f"refimpl: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("refimpl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
