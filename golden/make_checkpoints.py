@@ -16,6 +16,7 @@ sys.path.insert(0, str(HERE.parent))
 from refimpl import presets, synthetic  # noqa: E402
 
 CHECKPOINTS = HERE / "checkpoints"
+EMBEDDED = HERE.parent / "refimpl" / "data"
 
 
 def main() -> None:
@@ -37,6 +38,11 @@ def main() -> None:
         synthetic.write_tts_model(CHECKPOINTS / f"tiny-{kind}", m["tts_model_type"], m["tts_model_size"],
                                   presets.preset(m["talker"]), m.get("speaker_encoder"), seed=seed, dtype=dtype)
         print("wrote", CHECKPOINTS / f"tiny-{kind}")
+        # the same model, byte for byte, embedded in the package as the default of the command line
+        # (refimpl/data is package data; tests/test_cli.py checks the two copies stay identical)
+        synthetic.write_tts_model(EMBEDDED / f"default-{kind}", m["tts_model_type"], m["tts_model_size"],
+                                  presets.preset(m["talker"]), m.get("speaker_encoder"), seed=seed, dtype=dtype)
+        print("wrote", EMBEDDED / f"default-{kind}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -318,6 +319,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("refimpl: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, not a user error: still one line, unless REFIMPL_DEBUG asks for the traceback
+        if os.environ.get("REFIMPL_DEBUG"):
+            raise
+        print(f"refimpl: internal error: {type(e).__name__}: {e} (set REFIMPL_DEBUG=1 for the traceback; "
+              f"please report it)", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -1,0 +1,163 @@
+"""The command line, run as a user would: the real entry point in a subprocess."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.io import wavfile
+
+from conftest import CHECKPOINTS, REPO
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "refimpl", *map(str, args)], capture_output=True, text=True,
+                          env=ENV, cwd=cwd, timeout=300)
+
+
+def read_wav(path):
+    sr, data = wavfile.read(path)
+    return sr, data
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 1, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("refimpl: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_help_teaches():
+    r = run("--help")
+    assert r.returncode == 0
+    for word in ("say", "design", "clone", "codec", "info", "--model", "random weights"):
+        assert word in r.stdout
+    r = run("say", "--help")
+    assert r.returncode == 0 and "--speaker" in r.stdout and "--stream" in r.stdout and "--greedy" in r.stdout
+
+
+def test_no_command_prints_usage():
+    r = run()
+    assert r.returncode == 2 and "COMMAND" in r.stderr
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_say_on_the_embedded_default_writes_a_wav(tmp_path, stream):
+    out = tmp_path / "hello.wav"
+    args = ["say", "Hello there.", "-o", out, "--max-new-tokens", "12", "--seed", "3"] + (["--stream"] if stream else [])
+    r = run(*args)
+    assert r.returncode == 0, r.stderr
+    assert "random weights" in r.stderr and "--model" in r.stderr  # says plainly it is not a real model
+    sr, data = read_wav(out)
+    assert sr == 24000 and data.dtype == np.int16
+    assert data.shape[0] % 1920 == 0 and 0 < data.shape[0] <= 11 * 1920
+    assert np.std(data) > 100
+
+
+def test_quiet_and_float_output(tmp_path):
+    out = tmp_path / "q.wav"
+    r = run("say", "Quiet please.", "-o", out, "--max-new-tokens", "5", "-q", "--float-wav", "--greedy")
+    assert r.returncode == 0 and r.stderr == ""
+    sr, data = read_wav(out)
+    assert sr == 24000 and data.dtype == np.float32 and data.shape[0] == 4 * 1920
+
+
+def test_design_and_clone(tmp_path):
+    r = run("design", "Good morning.", "--instruct", "A calm, deep voice.", "-o", tmp_path / "d.wav",
+            "--max-new-tokens", "6")
+    assert r.returncode == 0, r.stderr
+    assert read_wav(tmp_path / "d.wav")[1].shape[0] % 1920 == 0
+    # a 44.1 kHz stereo reference: resampled and mixed down
+    t = np.arange(44100) / 44100
+    ref = np.stack([0.3 * np.sin(2 * np.pi * 220 * t), 0.2 * np.sin(2 * np.pi * 330 * t)], axis=1)
+    wavfile.write(tmp_path / "ref.wav", 44100, (ref * 32767).astype(np.int16))
+    r = run("clone", "Now in my voice.", "--ref-audio", tmp_path / "ref.wav", "--ref-text", "A reference.",
+            "-o", tmp_path / "c.wav", "--max-new-tokens", "6")
+    assert r.returncode == 0, r.stderr
+    r = run("clone", "Now in my voice.", "--ref-audio", tmp_path / "ref.wav", "--x-vector-only",
+            "-o", tmp_path / "x.wav", "--max-new-tokens", "6")
+    assert r.returncode == 0, r.stderr
+    assert read_wav(tmp_path / "x.wav")[0] == 24000
+
+
+def test_codec_round_trip(tmp_path):
+    codes = np.random.default_rng(0).integers(0, 64, size=(9, 16))
+    np.save(tmp_path / "codes.npy", codes)
+    for extra in ([], ["--stream"]):
+        out = tmp_path / f"back{len(extra)}.wav"
+        r = run("codec", "decode", tmp_path / "codes.npy", "-o", out, "--float-wav", *extra)
+        assert r.returncode == 0, r.stderr
+        assert read_wav(out)[1].shape == (9 * 1920,)
+    offline, streamed = read_wav(tmp_path / "back0.wav")[1], read_wav(tmp_path / "back1.wav")[1]
+    np.testing.assert_allclose(streamed, offline, atol=2e-5)
+    # 16 kHz input is resampled; T = ceil(samples at 24 kHz / 1920)
+    wavfile.write(tmp_path / "in.wav", 16000, (0.1 * np.random.default_rng(1).standard_normal(16000)).astype(np.float32))
+    r = run("codec", "encode", tmp_path / "in.wav", "-o", tmp_path / "enc.npy")
+    assert r.returncode == 0, r.stderr
+    enc = np.load(tmp_path / "enc.npy")
+    assert enc.shape == (13, 16) and enc.dtype == np.int64 and enc.min() >= 0 and enc.max() < 64
+
+
+def test_info(tmp_path):
+    r = run("info")
+    assert r.returncode == 0
+    for word in ("custom_voice", "serena", "english", "parameters", "memory", "float32"):
+        assert word in r.stdout
+    r = run("info", "--model", CHECKPOINTS / "tiny-voicedesign", "--json", "--dtype", "float64")
+    assert r.returncode == 0
+    import json
+    info = json.loads(r.stdout)
+    assert info["model type"] == "voice_design" and info["stored dtype"] == "BF16" and info["compute dtype"] == "float64"
+
+
+def test_error_paths_are_one_line(tmp_path):
+    assert_one_line_error(run("info", "--model", tmp_path / "missing"), "does not exist")
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(run("say", "hi", "-o", tmp_path / "o.wav", "--model", tmp_path / "empty"), "config.json")
+    assert_one_line_error(run("say", "hi", "--speaker", "bob", "-o", tmp_path / "o.wav"), "bob")
+    assert_one_line_error(run("say", "hi", "--language", "klingon", "-o", tmp_path / "o.wav"), "klingon")
+    assert_one_line_error(run("say", "", "-o", tmp_path / "o.wav"), "empty")
+    assert_one_line_error(run("clone", "hi", "--model", CHECKPOINTS / "tiny-customvoice", "--ref-audio",
+                              tmp_path / "nope.wav", "--x-vector-only", "-o", tmp_path / "o.wav"), "nope.wav")
+    (tmp_path / "bad.wav").write_bytes(b"RIFF0000WAVEjunk")
+    assert_one_line_error(run("codec", "encode", tmp_path / "bad.wav", "-o", tmp_path / "c.npy"), "bad.wav")
+    wavfile.write(tmp_path / "ok.wav", 24000, np.zeros(4800, np.float32))
+    assert_one_line_error(run("clone", "hi", "--model", CHECKPOINTS / "tiny-customvoice", "--ref-audio",
+                              tmp_path / "ok.wav", "--x-vector-only", "-o", tmp_path / "o.wav"), "base")
+    assert_one_line_error(run("clone", "hi", "--ref-audio", tmp_path / "ok.wav", "-o", tmp_path / "o.wav"),
+                          "--ref-text")
+    np.save(tmp_path / "bad.npy", np.full((3, 16), 999))
+    assert_one_line_error(run("codec", "decode", tmp_path / "bad.npy", "-o", tmp_path / "o.wav"), "outside")
+    assert_one_line_error(run("say", "hi", "-o", tmp_path / "no-such-dir" / "o.wav", "--max-new-tokens", "3"),
+                          "cannot write")
+
+
+def test_embedded_defaults_are_the_tested_tiny_checkpoints():
+    """The package's default models are byte-identical to the tiny checkpoints the golden files were
+    recorded on (golden/make_checkpoints.py writes both), so the end-to-end parity tests cover them."""
+    for kind in ("customvoice", "base", "voicedesign"):
+        cmp = filecmp.dircmp(REPO / "refimpl" / "data" / f"default-{kind}", CHECKPOINTS / f"tiny-{kind}")
+        assert not (cmp.left_only or cmp.right_only or cmp.diff_files), kind
+        for sub in cmp.subdirs.values():
+            assert not (sub.left_only or sub.right_only or sub.diff_files), kind
+        _, mismatch, errors = filecmp.cmpfiles(REPO / "refimpl" / "data" / f"default-{kind}",
+                                               CHECKPOINTS / f"tiny-{kind}", ["model.safetensors", "config.json"],
+                                               shallow=False)
+        assert not mismatch and not errors
+
+
+def test_installed_console_script_runs():
+    """`pip install .` provides the `refimpl` command (CI installs the package before the tests)."""
+    exe = shutil.which("refimpl")
+    if exe is None:
+        pytest.skip("the package is not installed in this environment (CI installs it)")
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "codec" in r.stdout
