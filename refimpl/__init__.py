@@ -3,10 +3,12 @@
 Public entry points:
 
 - ``SpeechTokenizer``: the 12 Hz codec (decode, streaming decode, encode).
+- ``Qwen3TTS``: a full model (talker + code predictor + codec), the official generate_* API.
 """
 
 from .checkpoint import CheckpointError
 from .speech_tokenizer import SpeechTokenizer
+from .tts import Qwen3TTS, VoiceClonePromptItem
 
-__all__ = ["SpeechTokenizer", "CheckpointError"]
+__all__ = ["SpeechTokenizer", "CheckpointError", "Qwen3TTS", "VoiceClonePromptItem"]
 __version__ = "0.1.0"
