@@ -247,3 +247,43 @@ def test_nearest_rows_ties_go_to_the_lowest_index():
     assert margin[0] == 0 and margin[1] == 0 and margin[2] == 0
     idx, margin = codec_encoder.nearest_rows(np.array([[0.0, 0.9]]), e_kd)
     assert idx.tolist() == [1] and np.isclose(margin[0], np.hypot(1, 0.9) - 0.1)
+
+
+def test_prefix_gives_the_same_leading_frames(tokenizers):
+    """Causality: encoding the first k whole frames gives the first k frames of the whole encode."""
+    tok = tokenizers["f64"]
+    x = GOLDEN["long/audio"]
+    whole = encoded(tokenizers, "long", "f64", "full")[0]
+    for k in (1, 5, 16):
+        part = tok.encode_detailed(x[:k * 1920])
+        assert np.array_equal(part.codes, whole.codes[:k])
+        assert np.allclose(part.latent, whole.latent[:k], rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- full size (opt-in)
+
+RELEASED_DIR = GOLDEN_DIR.parent / "bench-checkpoints"
+RELEASED_GOLDEN = RELEASED_DIR / "codec_encoder_released.npz"
+
+
+@pytest.mark.skipif(not (RELEASED_GOLDEN.is_file() and (RELEASED_DIR / "released-speech-tokenizer").is_dir()),
+                    reason="full-size golden not generated (golden/oracle/record_codec_encoder.py --released)")
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("prec", PRECISIONS)
+def test_released_size_matches_official(prec, attention):
+    """The released config (random weights, 12 s of audio: longer than the 250-frame window)."""
+    from refimpl import SpeechTokenizer
+    golden = np.load(RELEASED_GOLDEN)
+    if str(golden["config_json"]) != (RELEASED_DIR / "released-speech-tokenizer" / "config.json").read_text():
+        pytest.skip("the full-size checkpoint was rewritten since the golden file was recorded")
+    tok = SpeechTokenizer.from_pretrained(RELEASED_DIR / "released-speech-tokenizer", dtype=PRECISIONS[prec])
+    key = f"released12s/{prec}/{attention}"
+    out = tok.encode_detailed(golden["released12s/audio"], encoder_attention=attention)
+    mismatches, near = compare_codes(out.codes, golden[f"{key}/codes"], golden[f"{key}/margins"],
+                                     MARGIN_THRESHOLD[prec])
+    if near:
+        warnings.warn(f"{key}: {len(near)} near-tie code(s) (frame, group, margin, ours, official): {near[:10]}",
+                      NearTieWarning)
+    assert not mismatches, f"{key}: codes differ (frame, group, ours, official): {mismatches[:10]}"
+    assert_close_to_oracle(out.latent, golden[f"released12s/f32/{attention}/latent"],
+                           golden[f"released12s/f64/{attention}/latent"], prec, f"{key} latent")

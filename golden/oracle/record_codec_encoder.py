@@ -21,14 +21,16 @@ RoPE angles, which the official code otherwise computes in float32), and the qua
 float64 (a per-instance replacement below), so that float64 is a real high-precision reference.
 The float32 run is the untouched official model.
 
-    /work/oracle/bin/python golden/oracle/record_codec_encoder.py
+    /work/oracle/bin/python golden/oracle/record_codec_encoder.py              # -> golden/codec_encoder.npz
+    /work/oracle/bin/python golden/oracle/record_codec_encoder.py --released   # full size, not committed
 """
 
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
-from common import CHECKPOINTS, make_float64_oracle, save_golden, to_numpy, np, torch  # noqa: I001
+from common import CHECKPOINTS, REPO, make_float64_oracle, save_golden, to_numpy, versions, np, torch  # noqa: I001
 
 from qwen_tts import Qwen3TTSTokenizer
 from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
@@ -138,18 +140,18 @@ def run_encoder(model, audio_bn, attention: str):
     return out, codes, torch.stack(margins, dim=1)
 
 
-def main() -> None:
-    path = CHECKPOINTS / "tiny-speech-tokenizer"
+def load_models(path):
     tok32 = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32)
     tok64 = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32)
     patched = make_float64_oracle(tok64.model)
     patched["cdist"] = lift_cdist_to_model_dtype(tok64.model)
     assert patched["rope"] > 0 and patched["cdist"] > 0, patched
     print("float64 oracle patches:", patched)
-    models = {"f32": (tok32.model, torch.float32), "f64": (tok64.model, torch.float64)}
-    inputs = make_inputs()
-    golden = {"sliding_window": np.array(tok32.model.encoder.config.sliding_window)}
+    return tok32, {"f32": (tok32.model, torch.float32), "f64": (tok64.model, torch.float64)}
 
+
+def record_inputs(tok32, models, inputs: dict, stage_inputs=()) -> dict:
+    golden = {"sliding_window": np.array(tok32.model.encoder.config.sliding_window)}
     for name, audio in inputs.items():
         golden[f"{name}/audio"] = audio
         T = -(-len(audio) // SPF)
@@ -163,7 +165,7 @@ def main() -> None:
                 golden[f"{key}/codes"] = to_numpy(codes[0].T).astype(np.int64)
                 golden[f"{key}/latent"] = to_numpy(stages["downsample"][0].T)
                 golden[f"{key}/margins"] = to_numpy(margins[0].T)
-                if name in STAGE_INPUTS and attention == "full":
+                if name in stage_inputs and attention == "full":
                     for stage, value in stages.items():
                         golden[f"{key}/stage/{stage}"] = to_numpy(value[0])
             if prec == "f32":
@@ -185,7 +187,13 @@ def main() -> None:
               f"  min margin f32 {golden[f'{name}/f32/full/margins'].min():.3g}"
               f"  f32 vs f64 codes differ: "
               f"{int((golden[f'{name}/f32/full/codes'] != golden[f'{name}/f64/full/codes']).sum())}")
+    return golden
 
+
+def record_tiny() -> None:
+    tok32, models = load_models(CHECKPOINTS / "tiny-speech-tokenizer")
+    inputs = make_inputs()
+    golden = record_inputs(tok32, models, inputs, STAGE_INPUTS)
     # a batch of two lengths through the public wrapper: zero-padded to the longest, each cut to its own length
     a, b = inputs["noise"], inputs["chirp"]
     with torch.inference_mode():
@@ -195,5 +203,31 @@ def main() -> None:
     save_golden("codec_encoder", golden)
 
 
+def record_released() -> None:
+    """The released config with seeded random weights (written on demand, ~680 MB, not committed) on 12 s
+    of audio (300 frames at 25 Hz > the 250-frame window, so "full" and "sliding" differ).  Written to
+    the benchmark checkpoint directory, next to the checkpoint; tests/test_codec_encoder.py uses it when present."""
+    import os
+    from refimpl import presets, synthetic
+
+    bench = Path(os.environ.get("REFIMPL_BENCH_DIR", REPO / "bench-checkpoints"))
+    path = bench / "released-speech-tokenizer"  # the same checkpoint as benchmarks/common.py (seed 0)
+    if not (path / "model.safetensors").is_file():
+        print(f"writing a full-size synthetic speech tokenizer to {path} ...", flush=True)
+        synthetic.write_speech_tokenizer(path, presets.preset(presets.RELEASED_SPEECH_TOKENIZER), seed=0)
+    tok32, models = load_models(path)
+    rng = np.random.default_rng(20260131)
+    t = np.arange(12 * SR) / SR
+    tone = sum(np.sin(2 * np.pi * h * (150 * t + 3 * np.sin(2 * np.pi * 3 * t))) / h for h in (1, 2, 3, 5))
+    audio = (0.3 * (0.5 + 0.5 * np.sin(2 * np.pi * 0.4 * t)) * tone + 0.01 * rng.standard_normal(len(t)))
+    golden = record_inputs(tok32, models, {"released12s": audio.astype(np.float32)})
+    golden["versions"] = np.array(versions())
+    golden["config_json"] = np.array((path / "config.json").read_text())  # the test skips if the checkpoint changed
+    out = bench / "codec_encoder_released.npz"
+    np.savez_compressed(out, **golden)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+    record_released() if "--released" in sys.argv[1:] else record_tiny()
