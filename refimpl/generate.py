@@ -26,7 +26,7 @@ from . import sampling
 from .prompt import assemble_batch
 from .sampling import SamplingSettings
 
-__all__ = ["GenerationTrace", "generate_codes"]
+__all__ = ["GenerationTrace", "iterate_frames", "generate_codes"]
 
 
 @dataclass
@@ -44,9 +44,10 @@ class GenerationTrace:
     trailing: np.ndarray | None = None                # [B, N, H]
 
 
-def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
+def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
                    eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None):
-    """Generate frames for a batch of prompts; returns one int64 array [T_i, 16] per item."""
+    """Generate frame by frame: yields one int64 array [B, 16] per expanded frame, as soon as it is made.
+    A row that already produced EOS gets frames whose code 0 is EOS (cut them, see ``generate_codes``)."""
     settings.validate()
     embeds, valid, positions, trailing = assemble_batch(prompts_th, trailing_nh, pad_vector_h)
     B = embeds.shape[0]
@@ -68,7 +69,6 @@ def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
     next_position = positions[:, -1] + 1
     previous = np.zeros((B, 0), dtype=np.int64)
     finished = np.zeros(B, dtype=bool)
-    frames = []
     for step in range(settings.max_new_tokens):
         scores = sampling.process(code0_steps, logits, previous)
         code0 = sampling.choose(scores, settings.do_sample, rng)
@@ -78,16 +78,16 @@ def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
         if trace is not None:
             trace.code0.append(code0)
         if finished.all() or step + 1 == settings.max_new_tokens:
-            break
+            return
         rest = talker.code_predictor.predict_frame(hidden, talker.embed_codec(code0), choose_sub, G - 1,
                                                    record_logits=trace is not None)
         if trace is not None:
             rest, predictor_logits = rest
             trace.predictor_logits.append(predictor_logits)
         frame = np.concatenate([code0[:, None], rest], axis=1)
-        frames.append(frame)
         if trace is not None:
             trace.frames.append(frame)
+        yield frame
         text_h = trailing[:, step] if step < trailing.shape[1] else np.broadcast_to(pad_vector, (B, pad_vector.size))
         x = (talker.embed_frames(frame) + text_h)[:, None]
         valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
@@ -96,6 +96,15 @@ def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
         next_position = next_position + 1
         if trace is not None:
             trace.step_logits.append(logits)
+
+
+def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
+                   eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None):
+    """Generate frames for a batch of prompts; returns one int64 array [T_i, 16] per item (each row cut
+    before its first frame whose code 0 is EOS)."""
+    G = talker.cfg.num_code_groups
+    frames = list(iterate_frames(talker, prompts_th, trailing_nh, pad_vector_h, settings, eos_id, rng, trace))
+    B = len(prompts_th)
     codes_bt16 = np.stack(frames, axis=1) if frames else np.zeros((B, 0, G), dtype=np.int64)
     out = []
     for b in range(B):

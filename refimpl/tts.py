@@ -6,6 +6,7 @@
                                                 do_sample=False, subtalker_dosample=False)
     prompt = tts.create_voice_clone_prompt((audio, 16000), ref_text="...")        # Base models
     wavs, sr = tts.generate_voice_clone("Hi.", voice_clone_prompt=prompt)
+    for chunk in tts.stream_custom_voice("Hello.", speaker="vivian", chunk_frames=4): ...   # one text
 
 Every ``generate_*`` takes text as a string or a list (a batch); other per-item arguments may be one
 value for the whole batch or a list of the same length (a list of one is broadcast), as the official.
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import CheckpointError, read_checkpoint_weights, read_config
-from .generate import GenerationTrace, generate_codes
+from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import build_layout, embed_layout
 from .sampling import SamplingSettings
 from .talker import Talker, TTSConfig
@@ -218,6 +219,22 @@ class Qwen3TTS:
         """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
         self._require_type("custom_voice", "generate_custom_voice")
         settings, rng, return_codes, eos_id = self._settings(kwargs)
+        layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
+        self.last_trace = GenerationTrace()
+        codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
+                                                 self.last_trace)
+        return self._finish(codes, return_codes)
+
+    def stream_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True,
+                            chunk_frames: int = 4, **kwargs):
+        """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks of
+        ``chunk_frames`` frames (chunk_frames * 1920 samples) while the frames are generated."""
+        self._require_type("custom_voice", "stream_custom_voice")
+        settings, rng, _, eos_id = self._settings(kwargs)
+        layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
+        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames)
+
+    def _custom_voice_layouts(self, text, speaker, language, instruct, non_streaming_mode) -> list:
         texts = _as_list(text)
         self._check_texts(texts)
         languages = _as_list(language) if isinstance(language, list) else \
@@ -241,10 +258,7 @@ class Qwen3TTS:
                 self.config, self._tokenize(self.assistant_text(t)), lang, spk,
                 instruct_ids=None if ins in (None, "") else self._tokenize(self.instruct_text(ins)),
                 non_streaming_mode=non_streaming_mode))
-        self.last_trace = GenerationTrace()
-        codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
-                                                 self.last_trace)
-        return self._finish(codes, return_codes)
+        return layouts
 
     # ------------------------------------------------------------------ VoiceDesign
 
@@ -252,6 +266,22 @@ class Qwen3TTS:
         """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
         self._require_type("voice_design", "generate_voice_design")
         settings, rng, return_codes, eos_id = self._settings(kwargs)
+        layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
+        self.last_trace = GenerationTrace()
+        codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
+                                                 self.last_trace)
+        return self._finish(codes, return_codes)
+
+    def stream_voice_design(self, text, instruct, language=None, non_streaming_mode=True, chunk_frames: int = 4,
+                            **kwargs):
+        """Like ``generate_voice_design`` for ONE text, yielding float32 waveform chunks (see
+        ``stream_custom_voice``)."""
+        self._require_type("voice_design", "stream_voice_design")
+        settings, rng, _, eos_id = self._settings(kwargs)
+        layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
+        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames)
+
+    def _voice_design_layouts(self, text, instruct, language, non_streaming_mode) -> list:
         texts = _as_list(text)
         self._check_texts(texts)
         languages = _as_list(language) if isinstance(language, list) else \
@@ -269,10 +299,7 @@ class Qwen3TTS:
                 self.config, self._tokenize(self.assistant_text(t)), lang, None,
                 instruct_ids=None if ins in (None, "") else self._tokenize(self.instruct_text(ins)),
                 non_streaming_mode=non_streaming_mode))
-        self.last_trace = GenerationTrace()
-        codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
-                                                 self.last_trace)
-        return self._finish(codes, return_codes)
+        return layouts
 
     # ------------------------------------------------------------------ Base: voice clone
 
@@ -338,6 +365,27 @@ class Qwen3TTS:
         reference codes continue into the new text)."""
         self._require_type("base", "generate_voice_clone")
         settings, rng, return_codes, eos_id = self._settings(kwargs)
+        layouts, vectors, ref_codes = self._voice_clone_layouts(text, language, ref_audio, ref_text,
+                                                                x_vector_only_mode, voice_clone_prompt,
+                                                                non_streaming_mode)
+        self.last_trace = GenerationTrace()
+        codes = self.generate_codes_from_layouts(layouts, vectors, settings, rng, eos_id, self.last_trace)
+        return self._finish(codes, return_codes, ref_codes)
+
+    def stream_voice_clone(self, text, language=None, ref_audio=None, ref_text=None, x_vector_only_mode=False,
+                           voice_clone_prompt=None, non_streaming_mode=False, chunk_frames: int = 4, **kwargs):
+        """Like ``generate_voice_clone`` for ONE text, yielding float32 waveform chunks (see
+        ``stream_custom_voice``); in ICL mode the reference codes are pushed through the streaming
+        decoder first as left context and their audio is not yielded."""
+        self._require_type("base", "stream_voice_clone")
+        settings, rng, _, eos_id = self._settings(kwargs)
+        layouts, vectors, ref_codes = self._voice_clone_layouts(text, language, ref_audio, ref_text,
+                                                                x_vector_only_mode, voice_clone_prompt,
+                                                                non_streaming_mode)
+        return self._stream(layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames)
+
+    def _voice_clone_layouts(self, text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt,
+                             non_streaming_mode):
         texts = _as_list(text)
         self._check_texts(texts)
         languages = _as_list(language) if isinstance(language, list) else \
@@ -375,9 +423,42 @@ class Qwen3TTS:
                 ref_codes=it.ref_code if icl else None, non_streaming_mode=non_streaming_mode))
             vectors.append(it.ref_spk_embedding if use_vector else None)
             ref_codes.append(it.ref_code if it.ref_code is not None else None)
+        return layouts, vectors, ref_codes
+
+    # ------------------------------------------------------------------ streaming
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.speech_tokenizer.sample_rate)
+
+    def _stream(self, layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames):
+        """Generator: frames -> the exact streaming decoder -> float32 chunks (the concatenation equals
+        ``SpeechTokenizer.decode_full`` of the codes, i.e. the official decode up to 300 frames)."""
+        if len(layouts) != 1:
+            raise ValueError(f"streaming takes one text at a time, got a batch of {len(layouts)}")
+        if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, (int, np.integer)) or chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be a positive integer, got {chunk_frames!r}")
+        cfg = self.config
+        prompts = [embed_layout(self.talker, layouts[0], vectors[0])]
+        trailing = [self.talker.embed_text(layouts[0].trailing_ids)]
+        pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
         self.last_trace = GenerationTrace()
-        codes = self.generate_codes_from_layouts(layouts, vectors, settings, rng, eos_id, self.last_trace)
-        return self._finish(codes, return_codes, ref_codes)
+        trace = self.last_trace
+
+        def chunks():
+            decoder = self.speech_tokenizer.stream()
+            if ref_codes[0] is not None:
+                decoder.push(np.asarray(ref_codes[0], dtype=np.int64))  # left context only
+            pending = []
+            for frame in iterate_frames(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace):
+                pending.append(frame[0])
+                if len(pending) == chunk_frames:
+                    yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
+                    pending = []
+            if pending:
+                yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
+
+        return chunks()
 
     @staticmethod
     def _items_from_dict(d: dict) -> list:

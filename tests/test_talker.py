@@ -291,6 +291,27 @@ def test_icl_layouts_for_both_length_cases():
     assert long.speaker_position == 3 + 3
 
 
+# ----------------------------------------------------------------------------- streaming
+
+
+@pytest.mark.parametrize("key", ("cv_stream", "vd_nonstream", "vc_icl_long_text"))
+def test_streaming_yields_the_same_audio_chunk_by_chunk(key):
+    case = CASES[key]
+    kw = dict(case["kwargs"])
+    names = kw.pop("prompts", None)
+    if names is not None:
+        kw["voice_clone_prompt"] = prompt_items(names)
+    m = model(case["model"])
+    chunks = list(getattr(m, case["method"].replace("generate_", "stream_"))(**kw, **GREEDY, chunk_frames=2))
+    codes = GOLD[f"{key}/f32/codes/0"]
+    assert [len(c) for c in chunks] == [2 * 1920] * (len(codes) // 2) + [1920] * (len(codes) % 2)
+    assert all(c.dtype == np.float32 for c in chunks)
+    np.testing.assert_array_equal(np.stack(m.last_trace.frames)[:, 0], codes)
+    np.testing.assert_allclose(np.concatenate(chunks), GOLD[f"{key}/wav/0"], rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="one text"):
+        next(getattr(m, case["method"].replace("generate_", "stream_"))(**{**kw, "text": ["a", "b"]}))
+
+
 # ----------------------------------------------------------------------------- API rules and bad inputs
 
 
