@@ -312,6 +312,24 @@ def test_streaming_yields_the_same_audio_chunk_by_chunk(key):
         next(getattr(m, case["method"].replace("generate_", "stream_"))(**{**kw, "text": ["a", "b"]}))
 
 
+def test_released_talker_presets_match_the_released_file_sizes():
+    """The RELEASED_TALKER_* presets give exactly the bf16 sizes of the released model.safetensors files
+    (1.81 GB 0.6B-CustomVoice, 1.83 GB 0.6B-Base with its speaker encoder, 3.83 GB 1.7B-VoiceDesign)."""
+    from refimpl import presets
+    from refimpl.speaker import SpeakerEncoderConfig, speaker_encoder_weight_spec
+    from refimpl.talker import TalkerConfig, talker_weight_spec
+
+    def n_params(spec):
+        return sum(int(np.prod(s.shape)) for s in spec)
+
+    talker_06 = n_params(talker_weight_spec(TalkerConfig.from_dict(presets.RELEASED_TALKER_0_6B_CUSTOMVOICE)))
+    speaker = n_params(speaker_encoder_weight_spec(SpeakerEncoderConfig.from_dict(presets.RELEASED_SPEAKER_ENCODER)))
+    talker_17 = n_params(talker_weight_spec(TalkerConfig.from_dict(presets.RELEASED_TALKER_1_7B)))
+    assert round(2 * talker_06 / 1e9, 2) == 1.81
+    assert round(2 * (talker_06 + speaker) / 1e9, 2) == 1.83
+    assert round(2 * talker_17 / 1e9, 2) == 3.83
+
+
 # ----------------------------------------------------------------------------- API rules and bad inputs
 
 
