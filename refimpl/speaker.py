@@ -28,6 +28,7 @@ import numpy as np
 from scipy import signal, special
 
 from . import nn
+from .audio import resample, resampling_filter  # noqa: F401  (re-exported)
 from .checkpoint import CheckpointError, WeightSpec, check_weights, read_checkpoint_weights, read_config
 from .config import config_from_dict
 
@@ -382,40 +383,8 @@ def min_mel_frames(cfg: SpeakerEncoderConfig) -> int:
 
 # ----------------------------------------------------------------------------- resampling
 #
-# The official wrapper resamples other rates with librosa.resample (soxr "HQ").  We use a polyphase
-# FIR (scipy.signal.resample_poly) with a filter designed to the same specification: flat to 91.3% of
-# the lower rate's Nyquist frequency, stopped from the Nyquist frequency on, 130 dB Kaiser design.  It is
-# not soxr's filter, so the samples differ slightly (about 0.2% rms on white noise); the default
-# resample_poly filter (a shorter Kaiser window, cut-off at the Nyquist) differs by about 15%, mostly
-# in the top band where the log-mel spectrogram magnifies small energies.
+# ``resample`` lives in refimpl/audio.py (shared with the codec encoder); it is re-exported here.
 
-RESAMPLE_PASSBAND = 0.913   # passband end, fraction of the lower rate's Nyquist frequency
-RESAMPLE_ATTENUATION_DB = 130.0
-
-
-def resampling_filter(up: int, down: int):
-    """Low-pass FIR at the rate up * input rate: Kaiser-windowed sinc, cut-off half way through the
-    transition band [passband, 1] x the lower Nyquist frequency, taps from Kaiser's formula."""
-    m = max(up, down)
-    transition = (1.0 - RESAMPLE_PASSBAND) / m          # as a fraction of the upsampled Nyquist
-    a = RESAMPLE_ATTENUATION_DB
-    n_taps = int(np.ceil((a - 7.95) / (2.285 * np.pi * transition))) | 1
-    beta = 0.1102 * (a - 8.7)
-    return signal.firwin(n_taps, (1.0 + RESAMPLE_PASSBAND) / 2.0 / m, window=("kaiser", beta))
-
-
-def resample(audio, sr: int, target_sr: int):
-    """Resample 1-D audio from ``sr`` to ``target_sr`` Hz.  The output has ceil(N * target_sr / sr)
-    samples (zero-padded or trimmed to that, as librosa does) and the input's float dtype."""
-    sr, target_sr = int(sr), int(target_sr)
-    if sr == target_sr:
-        return audio
-    g = np.gcd(sr, target_sr)
-    up, down = target_sr // g, sr // g
-    out = signal.resample_poly(audio.astype(np.float64), up, down, window=resampling_filter(up, down))
-    n_out = int(np.ceil(audio.shape[-1] * (float(target_sr) / sr)))
-    out = np.pad(out, (0, max(0, n_out - out.shape[-1])))[:n_out]
-    return out.astype(audio.dtype)
 
 
 def _sample_rate(sr) -> int:

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import codec_decoder, codec_encoder
+from .audio import resample
 from .checkpoint import CheckpointError, check_weights, read_checkpoint_weights, read_config
 from .codec_decoder import DecoderConfig
 
@@ -217,8 +218,8 @@ class SpeechTokenizer:
         """Audio -> codes, like the official ``Qwen3TTSTokenizer.encode``: a 1-D array of N samples at
         ``sr`` Hz -> int64 ``[ceil(N / 1920), 16]``; a list of arrays -> a list (encoded as one batch).
 
-        Other sample rates are resampled to 24 kHz (scipy polyphase; not bit-equal to the official
-        librosa resampler); stereo ``[N, 2]`` or ``[2, N]`` is averaged to mono with a warning.
+        Other sample rates are resampled to 24 kHz (``refimpl.audio.resample``, a polyphase filter
+        designed to the official soxr HQ specification; close to, not bit-equal with, the official); stereo ``[N, 2]`` or ``[2, N]`` is averaged to mono with a warning.
         ``encoder_attention``: "full" (the official CPU result) or "sliding" (the config's window, as the
         official flash-attention path); see ``refimpl.codec_encoder``."""
         out = self.encode_detailed(audio, sr, encoder_attention)
@@ -280,10 +281,7 @@ def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str
         raise ValueError(f"{what} has {int(bad.sum())} NaN or infinite samples (first at index "
                          f"{int(np.argmax(bad))})")
     if sr != target_sr:
-        from scipy.signal import resample_poly
-
-        g = math.gcd(sr, int(target_sr))
-        arr = resample_poly(arr.astype(np.float64), int(target_sr) // g, sr // g)
+        arr = resample(arr.astype(np.float64), sr, int(target_sr))
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
