@@ -246,7 +246,7 @@ def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str
     """Check one waveform and bring it to 1-D mono at ``target_sr`` in ``dtype``.
 
     Accepts a 1-D array (or list) of samples, or stereo ``[N, 2]`` / ``[2, N]`` (averaged to mono, with a
-    warning; ``[N, 1]`` / ``[1, N]`` are taken as mono).  Resamples with ``scipy.signal.resample_poly``.
+    warning; ``[N, 1]`` / ``[1, N]`` are taken as mono).  Resamples with ``refimpl.audio.resample``.
     Raises ValueError for a bad rate, rank or shape, empty audio, or NaN / infinite samples."""
     if isinstance(sr, (bool, np.bool_)) or not isinstance(sr, (int, float, np.integer, np.floating)):
         raise ValueError(f"sample rate must be a positive number, got {sr!r}")
