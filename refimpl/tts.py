@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .audio import read_wav
 from .checkpoint import CheckpointError, read_checkpoint_weights, read_config
 from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import build_layout, embed_layout
@@ -319,14 +320,7 @@ class Qwen3TTS:
         if isinstance(a, np.ndarray):
             raise ValueError("For numpy waveform input, pass a tuple (audio, sr).")
         if isinstance(a, (str, Path)):
-            from scipy.io import wavfile
-            try:
-                sr, wav = wavfile.read(str(a))
-            except (OSError, ValueError) as e:
-                raise ValueError(f"cannot read reference audio {str(a)!r} as a WAV file: {e}") from None
-            wav = np.asarray(wav)
-            if wav.dtype.kind in "iu":
-                wav = wav.astype(np.float32) / float(np.iinfo(wav.dtype).max + 1)
+            wav, sr = read_wav(a)
             if wav.ndim > 1:
                 wav = wav.mean(axis=-1)
             return wav.astype(np.float32), int(sr)
