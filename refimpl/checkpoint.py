@@ -27,6 +27,7 @@ import numpy as np
 __all__ = [
     "CheckpointError",
     "WeightSpec",
+    "attention_weight_spec",
     "read_config",
     "read_safetensors_file",
     "read_checkpoint_weights",
@@ -102,7 +103,9 @@ def read_safetensors_file(path: str | os.PathLike, dtype=np.float32, names: Iter
     """Read tensors from one ``.safetensors`` file.
 
     Floating tensors are converted to ``dtype`` (bf16/f16/f32 -> float32 or float64); integer tensors
-    keep their type.  The file is memory-mapped, so only the tensors asked for are read from disk.
+    keep their type.  The file is memory-mapped, so only the tensors asked for are read from disk, and a
+    tensor already stored in ``dtype`` is returned as a read-only view of the map rather than copied
+    (copy it before modifying it).
     """
     path = Path(path)
     header, data_start = _read_header(path)
@@ -123,7 +126,9 @@ def read_safetensors_file(path: str | os.PathLike, dtype=np.float32, names: Iter
         if info["dtype"] == "BF16":
             arr = bf16_bits_to_float32(arr)
         if arr.dtype.kind == "f":
-            arr = np.ascontiguousarray(arr, dtype=dtype)  # a copy: the float result no longer aliases the mmap
+            # stored in the compute dtype: a read-only view of the memory map (no copy, pages read on use);
+            # otherwise a converted copy
+            arr = np.ascontiguousarray(arr, dtype=dtype)
         else:
             arr = np.array(arr)
         out[name] = arr
@@ -176,6 +181,20 @@ class WeightSpec:
     name: str
     shape: tuple
     init: str = "linear"
+
+
+def attention_weight_spec(prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool = False,
+                          out_init: str = "linear") -> list:
+    """The q/k/v/o projections of one attention block (``{prefix}q_proj.weight`` ...), the layout every
+    transformer here shares: q and o have ``heads * head_dim`` rows/columns, k and v ``kv_heads * head_dim``."""
+    spec = [WeightSpec(f"{prefix}q_proj.weight", (heads * head_dim, hidden)),
+            WeightSpec(f"{prefix}k_proj.weight", (kv_heads * head_dim, hidden)),
+            WeightSpec(f"{prefix}v_proj.weight", (kv_heads * head_dim, hidden)),
+            WeightSpec(f"{prefix}o_proj.weight", (hidden, heads * head_dim), out_init)]
+    if bias:
+        spec += [WeightSpec(f"{prefix}{n}_proj.bias", (size,), "bias") for n, size in
+                 (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim), ("o", hidden))]
+    return spec
 
 
 def check_weights(weights: Mapping[str, np.ndarray], spec: Iterable[WeightSpec], where: str,

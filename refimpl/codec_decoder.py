@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import nn
-from .checkpoint import WeightSpec
+from .checkpoint import WeightSpec, attention_weight_spec
 from .config import config_from_dict
 
 __all__ = ["DecoderConfig", "decoder_weight_spec", "decode_codes", "DecoderStream", "STAGES"]
@@ -99,13 +99,7 @@ def decoder_weight_spec(cfg: DecoderConfig) -> list:
              WeightSpec(f"{t}.norm.weight", (C,), "norm")]
     for i in range(cfg.num_hidden_layers):
         p = f"{t}.layers.{i}"
-        spec += [WeightSpec(f"{p}.self_attn.q_proj.weight", (H * D, C)),
-                 WeightSpec(f"{p}.self_attn.k_proj.weight", (G * D, C)),
-                 WeightSpec(f"{p}.self_attn.v_proj.weight", (G * D, C)),
-                 WeightSpec(f"{p}.self_attn.o_proj.weight", (C, H * D))]
-        if cfg.attention_bias:
-            spec += [WeightSpec(f"{p}.self_attn.{n}_proj.bias", (s,), "bias")
-                     for n, s in (("q", H * D), ("k", G * D), ("v", G * D), ("o", C))]
+        spec += attention_weight_spec(f"{p}.self_attn.", C, H, G, D, cfg.attention_bias)
         spec += [WeightSpec(f"{p}.mlp.gate_proj.weight", (cfg.intermediate_size, C)),
                  WeightSpec(f"{p}.mlp.up_proj.weight", (cfg.intermediate_size, C)),
                  WeightSpec(f"{p}.mlp.down_proj.weight", (C, cfg.intermediate_size)),

@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import nn
-from .checkpoint import WeightSpec
+from .checkpoint import WeightSpec, attention_weight_spec
 from .config import config_from_dict
 
 __all__ = ["EncoderConfig", "encoder_weight_spec", "encoder_tables", "seanet_encoder", "encoder_transformer",
@@ -184,13 +184,7 @@ def encoder_weight_spec(cfg: EncoderConfig) -> list:
     C, H, G, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     for i in range(cfg.num_hidden_layers):
         p = f"encoder_transformer.layers.{i}"
-        spec += [WeightSpec(f"{p}.self_attn.q_proj.weight", (H * D, C)),
-                 WeightSpec(f"{p}.self_attn.k_proj.weight", (G * D, C)),
-                 WeightSpec(f"{p}.self_attn.v_proj.weight", (G * D, C)),
-                 WeightSpec(f"{p}.self_attn.o_proj.weight", (C, H * D))]
-        if cfg.attention_bias:
-            spec += [WeightSpec(f"{p}.self_attn.{n}_proj.bias", (s,), "bias")
-                     for n, s in (("q", H * D), ("k", G * D), ("v", G * D), ("o", C))]
+        spec += attention_weight_spec(f"{p}.self_attn.", C, H, G, D, cfg.attention_bias)
         spec += [WeightSpec(f"{p}.mlp.fc1.weight", (cfg.intermediate_size, C)),
                  WeightSpec(f"{p}.mlp.fc2.weight", (C, cfg.intermediate_size)),
                  WeightSpec(f"{p}.input_layernorm.weight", (C,), "norm"),

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import nn
-from .checkpoint import CheckpointError, WeightSpec
+from .checkpoint import CheckpointError, WeightSpec, attention_weight_spec
 from .config import config_from_dict
 
 __all__ = [
@@ -203,10 +203,7 @@ def decoder_layer_weight_spec(prefix: str, hidden: int, intermediate: int, n_hea
     p = prefix
     spec = [
         WeightSpec(f"{p}input_layernorm.weight", (hidden,), "norm"),
-        WeightSpec(f"{p}self_attn.q_proj.weight", (n_heads * head_dim, hidden)),
-        WeightSpec(f"{p}self_attn.k_proj.weight", (n_kv_heads * head_dim, hidden)),
-        WeightSpec(f"{p}self_attn.v_proj.weight", (n_kv_heads * head_dim, hidden)),
-        WeightSpec(f"{p}self_attn.o_proj.weight", (hidden, n_heads * head_dim), "linear*0.5"),
+        *attention_weight_spec(f"{p}self_attn.", hidden, n_heads, n_kv_heads, head_dim, bias, out_init="linear*0.5"),
         WeightSpec(f"{p}self_attn.q_norm.weight", (head_dim,), "norm"),
         WeightSpec(f"{p}self_attn.k_norm.weight", (head_dim,), "norm"),
         WeightSpec(f"{p}post_attention_layernorm.weight", (hidden,), "norm"),
@@ -214,10 +211,6 @@ def decoder_layer_weight_spec(prefix: str, hidden: int, intermediate: int, n_hea
         WeightSpec(f"{p}mlp.up_proj.weight", (intermediate, hidden)),
         WeightSpec(f"{p}mlp.down_proj.weight", (hidden, intermediate), "linear*0.5"),
     ]
-    if bias:
-        spec += [WeightSpec(f"{p}self_attn.{n}_proj.bias", (size,), "bias") for n, size in
-                 (("q", n_heads * head_dim), ("k", n_kv_heads * head_dim), ("v", n_kv_heads * head_dim),
-                  ("o", hidden))]
     return spec
 
 
