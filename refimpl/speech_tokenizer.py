@@ -111,7 +111,11 @@ class SpeechTokenizer:
 
     @staticmethod
     def _is_batch(codes) -> bool:
-        return isinstance(codes, (list, tuple)) and not (len(codes) and np.isscalar(codes[0]))
+        """A list/tuple of [T, Q] sequences (arrays or nested lists) is a batch; a list of frames
+        (nested lists [T][Q]) is one sequence; an empty list is an empty batch."""
+        if not isinstance(codes, (list, tuple)):
+            return False
+        return len(codes) == 0 or np.ndim(codes[0]) >= 2
 
     # ------------------------------------------------------------------ decoding
 

@@ -118,3 +118,16 @@ def test_empty_sequence(speech_tokenizers):
 def test_public_attributes(speech_tokenizers):
     tok = speech_tokenizers["f32"]
     assert (tok.sample_rate, tok.num_quantizers, tok.samples_per_frame) == (24000, 16, 1920)
+
+
+def test_nested_lists_and_batches(speech_tokenizers):
+    """A nested list [T][16] is one sequence; a list of [T, 16] arrays is a batch."""
+    tok = speech_tokenizers["f64"]
+    codes = GOLD["t7/codes"]
+    one = tok.decode(codes)
+    np.testing.assert_array_equal(tok.decode(codes.tolist()), one)
+    np.testing.assert_array_equal(tok.decode_full(codes.tolist()), tok.decode_full(codes))
+    batch = tok.decode([codes, codes[:3]])
+    assert isinstance(batch, list) and len(batch) == 2 and batch[1].shape == (3 * 1920,)
+    np.testing.assert_allclose(batch[0], one, rtol=0, atol=1e-12)
+    assert tok.decode([]) == []
