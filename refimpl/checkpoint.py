@@ -33,6 +33,7 @@ __all__ = [
     "read_checkpoint_weights",
     "tensor_headers",
     "check_weights",
+    "check_prefixes",
     "write_safetensors_file",
     "bf16_bits_to_float32",
     "float32_to_bf16_bits",
@@ -216,6 +217,16 @@ def check_weights(weights: Mapping[str, np.ndarray], spec: Iterable[WeightSpec],
     if extra:
         lines.append(f"  unexpected tensors ({len(extra)}): " + ", ".join(extra[:20]) + (" ..." if len(extra) > 20 else ""))
     raise CheckpointError("\n".join(lines))
+
+
+def check_prefixes(directory: str | os.PathLike, prefixes: Iterable[str], where: str) -> None:
+    """Every tensor of a checkpoint directory must belong to one of the networks (name prefixes) that
+    the loader reads; anything else is reported by name rather than silently ignored."""
+    prefixes = tuple(prefixes)
+    stray = sorted(n for n in tensor_headers(directory) if not n.startswith(prefixes))
+    if stray:
+        raise CheckpointError(f"{where}: unexpected tensors ({len(stray)}), not under {list(prefixes)}: "
+                              + ", ".join(stray[:20]) + (" ..." if len(stray) > 20 else ""))
 
 
 def write_safetensors_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], dtype: str = "float32",

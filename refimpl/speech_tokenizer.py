@@ -21,7 +21,7 @@ import numpy as np
 
 from . import codec_decoder, codec_encoder
 from .audio import resample
-from .checkpoint import CheckpointError, check_weights, read_checkpoint_weights, read_config
+from .checkpoint import CheckpointError, check_prefixes, check_weights, read_checkpoint_weights, read_config
 from .codec_decoder import DecoderConfig
 
 __all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir", "Encoded", "prepare_audio"]
@@ -80,6 +80,7 @@ class SpeechTokenizer:
         config = read_config(directory)
         if "decoder_config" not in config:
             raise CheckpointError(f"{directory}/config.json has no decoder_config: not a 12 Hz speech tokenizer")
+        check_prefixes(directory, ("encoder.", "decoder."), f"speech tokenizer ({directory})")
         weights = read_checkpoint_weights(directory, dtype, prefix="decoder.")
         return cls(config, weights, dtype, directory)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .audio import read_wav
-from .checkpoint import CheckpointError, read_checkpoint_weights, read_config
+from .checkpoint import CheckpointError, check_prefixes, read_checkpoint_weights, read_config
 from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import build_layout, embed_layout
 from .sampling import SamplingSettings
@@ -102,6 +102,7 @@ class Qwen3TTS:
         if "talker_config" not in config:
             raise CheckpointError(f"{directory}/config.json has no talker_config: not a Qwen3-TTS model")
         cfg = TTSConfig.from_dict(config)
+        check_prefixes(directory, ("talker.", "speaker_encoder."), f"Qwen3-TTS model ({directory})")
         talker = Talker(cfg.talker_config, read_checkpoint_weights(directory, dtype, prefix="talker."), dtype)
         speaker_encoder = None
         if cfg.tts_model_type == "base":

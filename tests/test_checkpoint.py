@@ -136,3 +136,19 @@ def test_synthetic_weights_are_deterministic_per_name():
     b = synthetic.random_weights(list(reversed(spec))[:1], seed=9)
     np.testing.assert_array_equal(a["y"], b["y"])
     assert not np.array_equal(a["x"], synthetic.random_weights(spec, seed=10)["x"])
+
+
+def test_stray_tensors_are_reported(tmp_path, tiny_speech_tokenizer_dir):
+    import shutil
+    d = tmp_path / "stray"
+    shutil.copytree(tiny_speech_tokenizer_dir, d)
+    w = read_checkpoint_weights(tiny_speech_tokenizer_dir)
+    w["vocoder.extra.weight"] = np.zeros(3, np.float32)
+    write_safetensors_file(d / "model.safetensors", w)
+    with pytest.raises(CheckpointError, match="unexpected tensors.*vocoder.extra.weight"):
+        SpeechTokenizer.from_pretrained(d)
+    w = read_checkpoint_weights(tiny_speech_tokenizer_dir)
+    w["decoder.pre_conv.conv.extra"] = np.zeros(3, np.float32)  # inside a network: check_weights names it
+    write_safetensors_file(d / "model.safetensors", w)
+    with pytest.raises(CheckpointError, match="unexpected tensors.*pre_conv.conv.extra"):
+        SpeechTokenizer.from_pretrained(d)
