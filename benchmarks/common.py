@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -21,6 +22,68 @@ def released_speech_tokenizer(seed: int = 0) -> Path:
         print(f"writing a full-size synthetic speech tokenizer to {path} ...", flush=True)
         synthetic.write_speech_tokenizer(path, presets.preset(presets.RELEASED_SPEECH_TOKENIZER), seed=seed)
     return path
+
+
+def _in_child(fn, *args) -> None:
+    """Run ``fn(*args)`` in a forked process, so that writing a checkpoint (several GB of random
+    tensors) does not count in this process's peak memory (resource.getrusage ru_maxrss)."""
+    import multiprocessing
+    p = multiprocessing.get_context("fork").Process(target=fn, args=args)
+    p.start()
+    p.join()
+    if p.exitcode != 0:
+        raise RuntimeError(f"writing a benchmark checkpoint failed (exit code {p.exitcode})")
+
+
+def _write_released_custom_voice(path: Path, seed: int) -> None:
+    """Like ``synthetic.write_tts_model`` with the tiny text tokenizer, but the text embedding keeps its
+    released size (151936 x 2048; the tiny tokenizer's ids all lie below it), bf16 on disk like the
+    release (speech_tokenizer/ is linked by the caller)."""
+    from refimpl import presets, synthetic
+    path.mkdir(parents=True, exist_ok=True)
+    added = synthetic.write_tiny_text_tokenizer(path)
+    config = {
+        "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": "0b6", "tts_model_type": "custom_voice",
+        "im_start_token_id": added["<|im_start|>"], "im_end_token_id": added["<|im_end|>"],
+        "tts_pad_token_id": added["<tts_pad>"], "tts_bos_token_id": added["<tts_text_bos>"],
+        "tts_eos_token_id": added["<tts_text_eod>"],
+        "talker_config": presets.preset(presets.RELEASED_TALKER_0_6B_CUSTOMVOICE),
+    }
+    assert max(added.values()) < config["talker_config"]["text_vocab_size"]
+    weights = synthetic.random_weights(synthetic.tts_model_weight_spec(config), seed)
+    synthetic.write_checkpoint(path, config, weights, "bfloat16")
+    (path / "generation_config.json").write_text(json.dumps(presets.RELEASED_GENERATION_CONFIG, indent=2) + "\n")
+
+
+def released_custom_voice_0_6b(seed: int = 0) -> Path:
+    """A full-size Qwen3-TTS-12Hz-0.6B-CustomVoice directory with seeded random weights (bf16, 1.8 GB,
+    written once) whose speech_tokenizer/ is ``released_speech_tokenizer()``."""
+    path = CACHE / "released-0.6b-customvoice"
+    tokenizer = released_speech_tokenizer()
+    if not (path / "model.safetensors").is_file():
+        print(f"writing a full-size synthetic 0.6B CustomVoice model to {path} ...", flush=True)
+        _in_child(_write_released_custom_voice, path, seed)
+    link = path / "speech_tokenizer"
+    if not link.exists():
+        link.symlink_to(os.path.relpath(tokenizer, path), target_is_directory=True)
+    return path
+
+
+def released_speaker_encoder(seed: int = 0) -> Path:
+    """The 0.6B-Base speaker encoder (enc_dim 1024) alone, seeded random weights, bf16 (written once)."""
+    from refimpl import presets, speaker
+    path = CACHE / "released-speaker-encoder"
+    if not (path / "model.safetensors").is_file():
+        print(f"writing a full-size synthetic speaker encoder to {path} ...", flush=True)
+        speaker.write_speaker_encoder(path, presets.preset(presets.RELEASED_SPEAKER_ENCODER), seed, "bfloat16")
+    return path
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (Linux reports ru_maxrss in KiB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
 def best_time(fn, repeats: int = 3):
