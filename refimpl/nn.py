@@ -30,16 +30,30 @@ def gelu_erf(x):
 
 
 def elu(x, alpha: float = 1.0):
-    """x for x > 0, alpha * (exp(x) - 1) otherwise."""
-    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+    """x for x > 0, alpha * (exp(x) - 1) otherwise: max(x, 0) + alpha * expm1(min(x, 0)), in place
+    (one of the two terms is always exactly 0)."""
+    negative = np.minimum(x, 0)
+    np.expm1(negative, out=negative)
+    if alpha != 1.0:
+        negative *= x.dtype.type(alpha)
+    positive = np.maximum(x, 0)
+    positive += negative
+    return positive
 
 
 def snake_beta(x_bct, log_alpha_c, log_beta_c):
     """SnakeBeta: x + 1 / (beta + 1e-9) * sin(alpha * x)^2, with alpha = exp(log_alpha), beta = exp(log_beta)
     per channel (the checkpoint stores the logarithms)."""
     alpha = np.exp(log_alpha_c)[None, :, None]
-    beta = np.exp(log_beta_c)[None, :, None]
-    return x_bct + (1.0 / (beta + x_bct.dtype.type(1e-9))) * np.sin(x_bct * alpha) ** 2
+    inv_beta = 1.0 / (np.exp(log_beta_c)[None, :, None] + x_bct.dtype.type(1e-9))
+    # the same operations in the same order as x + inv_beta * sin(alpha * x)^2, computed in place in
+    # one temporary (these arrays reach 96 x 1920T samples: allocations dominate otherwise)
+    s = x_bct * alpha
+    np.sin(s, out=s)
+    np.square(s, out=s)
+    s *= inv_beta
+    s += x_bct
+    return s
 
 
 def softmax(x, axis: int = -1):
@@ -80,12 +94,18 @@ def layer_norm(x, w, b, eps: float):
 # ----------------------------------------------------------------------------- convolutions
 
 
+IM2COL_MAX_ROWS = 64  # conv1d stacks its taps when in_channels * kernel_size is at most this
+
+
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
     """Valid (unpadded) 1-D cross-correlation, the torch ``nn.Conv1d`` layout: W is [out, in/groups, k].
 
     out[b, o, t] = b[o] + sum_{i, k} W[o, i, k] * x[b, i, stride * t + dilation * k]
 
-    Computed as one matrix product per kernel tap (k is at most 7 here), which keeps memory flat.
+    Computed as one matrix product per kernel tap (k is at most 7 here), which keeps memory flat; when
+    in_channels x k is small (the first convs of the codec encoder, at the audio rate) the taps are
+    stacked instead ("im2col": [I * K, T_out]) and multiplied at once, since a product with an inner
+    dimension of a few channels is mostly memory traffic.
     """
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
@@ -94,11 +114,15 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
         raise ValueError(f"conv1d: input length {T} is shorter than the kernel span {span}")
     T_out = (T - span) // stride + 1
     end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
-    if groups == 1:
-        out = np.zeros((B, O, T_out), dtype=x_bct.dtype)
-        for k in range(K):
+    if groups == 1 and I * K <= IM2COL_MAX_ROWS:
+        taps_bikt = np.stack([x_bct[:, :, k * dilation:end(k):stride] for k in range(K)], axis=2)
+        out = np.matmul(w_oik.reshape(O, I * K), taps_bikt.reshape(B, I * K, T_out))
+    elif groups == 1:
+        out = np.matmul(w_oik[:, :, 0], x_bct[:, :, 0:end(0):stride])
+        product = np.empty_like(out)  # reused for every further tap
+        for k in range(1, K):
             tap_bct = x_bct[:, :, k * dilation:end(k):stride]
-            out += np.matmul(w_oik[:, :, k], tap_bct)
+            out += np.matmul(w_oik[:, :, k], tap_bct, out=product)
     elif groups == C and I == 1 and O == C:  # depthwise
         out = np.zeros((B, O, T_out), dtype=x_bct.dtype)
         for k in range(K):
