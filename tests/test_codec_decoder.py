@@ -79,8 +79,8 @@ def test_padding_and_batch_like_the_official(speech_tokenizers):
     wa, wb = tok.decode([a, b])
     assert wa.shape == (a.shape[0] * 1920,) and wb.shape == (b.shape[0] * 1920,)
     for ours, off, name in ((wa, GOLD["batch/f32/a"], "a"), (wb, GOLD["batch/f32/b"], "b")):
-        err = np.max(np.abs(ours - off))
-        assert err < 1e-4, f"batch item {name}: {err}"
+        err = np.max(np.abs(ours - off))  # float32 only: the decoder's float32 tolerance (~1.6e-5), rounded up
+        assert err < 2e-5, f"batch item {name}: {err}"
     padded = np.concatenate([a, -np.ones((4, 16), dtype=np.int64)])
     np.testing.assert_allclose(tok.decode(padded), wa, rtol=0, atol=1e-5)
 
