@@ -239,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--language", metavar="L", help="language name from the checkpoint (default: auto)")
     synth.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     synth.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    synth.add_argument("--max-new-tokens", type=int, metavar="N", help="at most N frames (12.5 per second)")
+    synth.add_argument("--max-new-tokens", type=int, metavar="N", help="generation budget: at most N - 1 frames of 80 ms (the official rule: the "
+                       "code drawn at the last step is not expanded into a frame)")
     synth.add_argument("--stream", action="store_true",
                        help="decode audio while the codes are generated (exact streaming decoder)")
     synth.add_argument("--chunk-frames", type=int, default=4, metavar="N",
