@@ -27,7 +27,7 @@ import numpy as np
 __all__ = [
     "CheckpointError",
     "WeightSpec",
-    "attention_weight_spec",
+    "WeightView",
     "read_config",
     "read_safetensors_file",
     "read_checkpoint_weights",
@@ -57,6 +57,39 @@ _STORED_DTYPES = {
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
+
+
+class WeightView:
+    """The tensors under one checkpoint-name prefix, reached by the rest of their names.
+
+        layer = WeightView(weights, "model.layers.3.")
+        layer["self_attn.q_proj.weight"]        # is weights["model.layers.3.self_attn.q_proj.weight"]
+        attn = layer.sub("self_attn.")          # attn["q_proj.weight"], the same tensor
+        attn.get("q_proj.bias")                 # None when the checkpoint has no such tensor
+
+    Stage code binds one view per layer once, so a line names the tensor as the checkpoint does,
+    without the common prefix."""
+
+    __slots__ = ("weights", "prefix")
+
+    def __init__(self, weights: Mapping[str, np.ndarray], prefix: str = ""):
+        self.weights = weights
+        self.prefix = prefix
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.weights[self.prefix + name]
+
+    def get(self, name: str, default=None):
+        return self.weights.get(self.prefix + name, default)
+
+    def __contains__(self, name: str) -> bool:
+        return self.prefix + name in self.weights
+
+    def sub(self, prefix: str) -> "WeightView":
+        return WeightView(self.weights, self.prefix + prefix)
+
+    def __repr__(self) -> str:
+        return f"WeightView({self.prefix!r})"
 
 
 def bf16_bits_to_float32(bits_u16: np.ndarray) -> np.ndarray:
@@ -182,20 +215,6 @@ class WeightSpec:
     name: str
     shape: tuple
     init: str = "linear"
-
-
-def attention_weight_spec(prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool = False,
-                          out_init: str = "linear") -> list:
-    """The q/k/v/o projections of one attention block (``{prefix}q_proj.weight`` ...), the layout every
-    transformer here shares: q and o have ``heads * head_dim`` rows/columns, k and v ``kv_heads * head_dim``."""
-    spec = [WeightSpec(f"{prefix}q_proj.weight", (heads * head_dim, hidden)),
-            WeightSpec(f"{prefix}k_proj.weight", (kv_heads * head_dim, hidden)),
-            WeightSpec(f"{prefix}v_proj.weight", (kv_heads * head_dim, hidden)),
-            WeightSpec(f"{prefix}o_proj.weight", (hidden, heads * head_dim), out_init)]
-    if bias:
-        spec += [WeightSpec(f"{prefix}{n}_proj.bias", (size,), "bias") for n, size in
-                 (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim), ("o", hidden))]
-    return spec
 
 
 def check_weights(weights: Mapping[str, np.ndarray], spec: Iterable[WeightSpec], where: str,

@@ -17,15 +17,54 @@ Weights are a flat dict keyed by the checkpoint names with the ``talker.code_pre
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from . import nn
-from .checkpoint import WeightSpec, check_weights
-from .talker import CodePredictorConfig, KVCache, decoder_layer_weight_spec, decoder_stack, rope_cos_sin_bt
+from .checkpoint import WeightSpec, WeightView, check_weights
+from .config import config_from_dict
+from .transformer import QWEN3, KVCache, check_attention_config, layer_views, qwen3_layer_weight_spec, transformer_stack
 
-__all__ = ["code_predictor_weight_spec", "CodePredictor"]
+__all__ = ["CodePredictorConfig", "code_predictor_weight_spec", "CodePredictor"]
+
+
+@dataclass
+class CodePredictorConfig:
+    """``talker_config.code_predictor_config`` (official constructor defaults; the release differs)."""
+
+    vocab_size: int = 2048
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 5
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    attention_bias: bool = False
+    use_sliding_window: bool = False
+    sliding_window: int = 4096
+    max_window_layers: int = 28
+    layer_types: tuple | None = None
+    num_code_groups: int = 32
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data) -> "CodePredictorConfig":
+        cfg = config_from_dict(cls, data)
+        if cfg.num_key_value_heads is None:
+            cfg.num_key_value_heads = cfg.num_attention_heads
+        check_attention_config("code_predictor_config", cfg)
+        if cfg.use_sliding_window:
+            raise ValueError("code_predictor_config.use_sliding_window is not supported (no released model uses it)")
+        if cfg.rope_scaling and cfg.rope_scaling.get("rope_type", cfg.rope_scaling.get("type", "default")) != "default":
+            raise ValueError("code_predictor_config.rope_scaling: only the default rope type is supported")
+        return cfg
 
 
 def code_predictor_weight_spec(cfg: CodePredictorConfig, talker_hidden: int) -> list:
@@ -34,8 +73,8 @@ def code_predictor_weight_spec(cfg: CodePredictorConfig, talker_hidden: int) -> 
     n_groups = cfg.num_code_groups - 1
     spec = []
     for i in range(cfg.num_hidden_layers):
-        spec += decoder_layer_weight_spec(f"model.layers.{i}.", C, cfg.intermediate_size, cfg.num_attention_heads,
-                                          cfg.num_key_value_heads, cfg.head_dim, cfg.attention_bias)
+        spec += qwen3_layer_weight_spec(f"model.layers.{i}.", C, cfg.intermediate_size, cfg.num_attention_heads,
+                                        cfg.num_key_value_heads, cfg.head_dim, cfg.attention_bias)
     spec.append(WeightSpec("model.norm.weight", (C,), "norm"))
     spec += [WeightSpec(f"model.codec_embedding.{g}.weight", (cfg.vocab_size, talker_hidden), "embedding")
              for g in range(n_groups)]
@@ -47,15 +86,16 @@ def code_predictor_weight_spec(cfg: CodePredictorConfig, talker_hidden: int) -> 
 
 
 class CodePredictor:
-    """The code predictor network.  ``choose(g, logits_bv) -> ids_b`` picks code g + 1 from the logits of
-    head g (greedy or sampling: see ``refimpl.sampling``)."""
+    """The code predictor network (weights + config); ``dtype`` is the compute dtype."""
 
     def __init__(self, cfg: CodePredictorConfig, weights: dict, talker_hidden: int, dtype=np.float32):
         check_weights(weights, code_predictor_weight_spec(cfg, talker_hidden), "talker.code_predictor")
         self.cfg = cfg
         self.talker_hidden = talker_hidden
         self.dtype = np.dtype(dtype).type
-        self.w = {k: v.astype(self.dtype, copy=False) for k, v in weights.items()}
+        self.weights = {k: v.astype(self.dtype, copy=False) for k, v in weights.items()}
+        self.w = WeightView(self.weights)
+        self.layers = layer_views(self.weights, "model.layers.", cfg.num_hidden_layers)
         self.n_groups = cfg.num_code_groups - 1  # codes 1..15 of a frame
 
     def embed(self, group: int, ids):
@@ -72,40 +112,45 @@ class CodePredictor:
             return x_btc
         return nn.linear(x_btc, self.w["small_to_mtp_projection.weight"], self.w["small_to_mtp_projection.bias"])
 
-    def step(self, x_btc, cache: KVCache):
-        """Decoder pass over new positions (cache.length, ...): [B, T, talker width] -> hidden [B, T, C]."""
+    def new_caches(self, batch: int) -> list:
+        """One empty KV cache per layer, sized for one frame (the predictor never sees more)."""
+        c = self.cfg
+        return [KVCache(batch, c.num_key_value_heads, c.head_dim, self.dtype, capacity=self.n_groups + 1)
+                for _ in range(c.num_hidden_layers)]
+
+    def step(self, x_btc, caches: list):
+        """Decoder pass over new positions (caches[0].length, ...): [B, T, talker width] -> hidden [B, T, C]."""
         c = self.cfg
         B, T, _ = x_btc.shape
-        start = cache.length
-        positions = np.broadcast_to(np.arange(start, start + T), (B, T))
-        cos, sin = rope_cos_sin_bt(positions, c.head_dim, c.rope_theta, self.dtype)
-        allowed = nn.causal_window_mask(np.arange(start, start + T), np.arange(start + T))[None, None]
-        return decoder_stack(self.w, "model.", c, self.project(x_btc), cos, sin, allowed, cache)
+        start = caches[0].length
+        positions_t = np.arange(start, start + T)
+        cos_td, sin_td = nn.rope_cos_sin(positions_t, c.head_dim, c.rope_theta, self.dtype)
+        allowed_ts = nn.causal_window_mask(positions_t, np.arange(start + T))
+        h = transformer_stack(self.layers, QWEN3, c, self.project(x_btc), cos_td[None], sin_td[None], allowed_ts,
+                              caches, c.rms_norm_eps)
+        return nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
 
     def head(self, g: int, hidden_bc):
         """lm_head[g]: logits of code group g + 1."""
         return nn.linear(hidden_bc, self.w[f"lm_head.{g}.weight"])
 
-    def predict_frame(self, talker_hidden_bc, code0_emb_bc, choose: Callable, n_groups: int | None = None,
-                      record_logits: bool = False):
+    def predict_frame(self, talker_hidden_bc, code0_emb_bc, choose: Callable, n_groups: int | None = None):
         """Codes 1..n_groups of one frame for every row.
 
         talker_hidden_bc  [B, H]  the talker's hidden state of the step that produced code 0
         code0_emb_bc      [B, H]  the talker's codec embedding of code 0
-        returns codes [B, n_groups] (int64) and, when ``record_logits``, the logits [B, n_groups, V]."""
-        c = self.cfg
+        choose(g, logits_bv) -> ids_b  picks code g + 1 from the logits of head g (see ``refimpl.sampling``)
+        returns codes [B, n_groups] (int64) and the logits they were chosen from [B, n_groups, V]."""
         n_groups = self.n_groups if n_groups is None else n_groups
         B = talker_hidden_bc.shape[0]
-        cache = KVCache(c.num_hidden_layers, B, c.num_key_value_heads, c.head_dim, self.dtype, capacity=n_groups + 1)
+        caches = self.new_caches(B)
         x = np.stack([talker_hidden_bc, code0_emb_bc], axis=1).astype(self.dtype)  # [B, 2, H]
         codes = np.zeros((B, n_groups), dtype=np.int64)
-        logits_all = []
+        logits_gbv = []
         for g in range(n_groups):
-            h = self.step(x, cache)[:, -1]
-            logits = self.head(g, h)
-            if record_logits:
-                logits_all.append(logits)
-            codes[:, g] = choose(g, logits)
+            h = self.step(x, caches)[:, -1]
+            logits_gbv.append(self.head(g, h))
+            codes[:, g] = choose(g, logits_gbv[-1])
             if g + 1 < n_groups:
                 x = self.embed(g + 1, codes[:, g])[:, None]
-        return (codes, np.stack(logits_all, axis=1)) if record_logits else codes
+        return codes, np.stack(logits_gbv, axis=1)

@@ -26,10 +26,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import nn
-from .checkpoint import WeightSpec, attention_weight_spec
+from .checkpoint import WeightSpec, WeightView
 from .config import config_from_dict
+from .trace import NULL_RECORDER, Recorder, as_recorder
+from .transformer import CODEC_DECODER, SlidingKVCache, attention_weight_spec, check_attention_config, layer_views, transformer_stack
 
-__all__ = ["DecoderConfig", "decoder_weight_spec", "decode_codes", "DecoderStream", "STAGES"]
+__all__ = ["DecoderConfig", "decoder_weight_spec", "codebook_table", "dequantize_tables", "dequantize",
+           "decode_codes", "DecoderState", "DecoderStream", "STAGES"]
 
 
 @dataclass
@@ -63,8 +66,7 @@ class DecoderConfig:
         cfg = config_from_dict(cls, data)
         if cfg.head_dim is None:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
-        if cfg.hidden_act != "silu":
-            raise ValueError(f"decoder_config.hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
+        check_attention_config("decoder_config", cfg)
         return cfg
 
     @property
@@ -161,17 +163,26 @@ STAGES = ("quantizer", "pre_conv", "pre_transformer", "upsample.0", "upsample.1"
 # ----------------------------------------------------------------------------- 1. dequantisation
 
 
-def codebook_table(w, prefix: str, eps: float = 1e-5):
-    """The effective codebook of one VQ layer: embedding_sum / max(cluster_usage, eps).  [K, D]"""
-    usage = np.maximum(w[f"{prefix}._codebook.cluster_usage"], eps)
-    return w[f"{prefix}._codebook.embedding_sum"] / usage[:, None]
+def codebook_table(embedding_sum_kd, cluster_usage_k, eps: float = 1e-5):
+    """The effective codebook of one VQ layer (an exponential-moving-average codebook stores the sum of
+    the vectors assigned to each row and how many there were): embedding_sum / max(cluster_usage, eps).
+    [K, D]"""
+    return embedding_sum_kd / np.maximum(cluster_usage_k, eps)[:, None]
 
 
-def dequantize(w, cfg: DecoderConfig, codes_bqt, tables=None):
+def dequantize_tables(w, cfg: DecoderConfig) -> dict:
+    """Precompute the effective codebooks (one [K, D/2] table per VQ layer) of both split parts."""
+    tables = {}
+    for part, n in (("rvq_first", 1), ("rvq_rest", cfg.num_quantizers - 1)):
+        layers = [WeightView(w, f"quantizer.{part}.vq.layers.{i}._codebook.") for i in range(n)]
+        tables[part] = [codebook_table(cb["embedding_sum"], cb["cluster_usage"]) for cb in layers]
+    return tables
+
+
+def dequantize(w, cfg: DecoderConfig, codes_bqt, tables: dict):
     """Split RVQ: the semantic group (codes[:, 0]) and the acoustic groups (codes[:, 1:]) each sum
     their codebook rows, go through their own 1x1 output projection, and the two are added.
     codes [B, Q, T] -> [B, codebook_dim, T]."""
-    tables = tables if tables is not None else dequantize_tables(w, cfg)
     out = 0
     for part, groups in (("rvq_first", range(0, 1)), ("rvq_rest", range(1, cfg.num_quantizers))):
         summed_btd = 0
@@ -182,224 +193,189 @@ def dequantize(w, cfg: DecoderConfig, codes_bqt, tables=None):
     return out
 
 
-def dequantize_tables(w, cfg: DecoderConfig) -> dict:
-    """Precompute the effective codebooks (one [K, D/2] table per VQ layer)."""
-    return {part: [codebook_table(w, f"quantizer.{part}.vq.layers.{i}") for i in range(n)]
-            for part, n in (("rvq_first", 1), ("rvq_rest", cfg.num_quantizers - 1))}
-
-
 # ----------------------------------------------------------------------------- 3. the pre-transformer
 
 
-def transformer_layer(w, cfg: DecoderConfig, i: int, x_btc, cos_td, sin_td, allowed_ts, cache=None):
-    """One pre-norm layer: x += scale_a * Attn(RMSNorm(x)); x += scale_m * SwiGLU(RMSNorm(x)).
-
-    ``cache`` (streaming only) is a dict holding this layer's past keys/values [B, G, S, D] (after RoPE);
-    it is read, extended by the new frames, and trimmed to the last ``window - 1`` entries."""
-    p = f"pre_transformer.layers.{i}"
-    B, T, C = x_btc.shape
-    H, G, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    bias = (lambda n: w.get(f"{p}.self_attn.{n}_proj.bias")) if cfg.attention_bias else (lambda n: None)
-
-    h = nn.rms_norm(x_btc, w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
-    q_bhtd = nn.linear(h, w[f"{p}.self_attn.q_proj.weight"], bias("q")).reshape(B, T, H, D).transpose(0, 2, 1, 3)
-    k_bgtd = nn.linear(h, w[f"{p}.self_attn.k_proj.weight"], bias("k")).reshape(B, T, G, D).transpose(0, 2, 1, 3)
-    v_bgtd = nn.linear(h, w[f"{p}.self_attn.v_proj.weight"], bias("v")).reshape(B, T, G, D).transpose(0, 2, 1, 3)
-    q_bhtd = nn.apply_rope(q_bhtd, cos_td, sin_td)
-    k_bgtd = nn.apply_rope(k_bgtd, cos_td, sin_td)
-    if cache is not None:
-        if "k" in cache:
-            k_bgtd = np.concatenate([cache["k"], k_bgtd], axis=2)
-            v_bgtd = np.concatenate([cache["v"], v_bgtd], axis=2)
-        keep = cfg.sliding_window - 1
-        cache["k"], cache["v"] = k_bgtd[:, :, -keep:] if keep > 0 else k_bgtd[:, :, :0], \
-            v_bgtd[:, :, -keep:] if keep > 0 else v_bgtd[:, :, :0]
-    a_bhtd = nn.attention(q_bhtd, k_bgtd, v_bgtd, allowed_ts, scale=cfg.head_dim ** -0.5)
-    a_btc = nn.linear(a_bhtd.transpose(0, 2, 1, 3).reshape(B, T, H * D), w[f"{p}.self_attn.o_proj.weight"], bias("o"))
-    x_btc = x_btc + w[f"{p}.self_attn_layer_scale.scale"] * a_btc
-
-    h = nn.rms_norm(x_btc, w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
-    m = nn.silu(nn.linear(h, w[f"{p}.mlp.gate_proj.weight"])) * nn.linear(h, w[f"{p}.mlp.up_proj.weight"])
-    m = nn.linear(m, w[f"{p}.mlp.down_proj.weight"])
-    return x_btc + w[f"{p}.mlp_layer_scale.scale"] * m
-
-
-def pre_transformer(w, cfg: DecoderConfig, x_btl, positions_t, caches=None):
+def pre_transformer(w, cfg: DecoderConfig, x_btl, positions_t, caches=None, record: Recorder = NULL_RECORDER):
     """input_proj -> layers (causal sliding-window attention, RoPE at absolute positions) -> RMSNorm
     -> output_proj.  [B, T, latent] -> [B, T, latent].
 
-    Offline, ``positions_t`` is 0..T-1 and keys are the same frames.  Streaming passes ``caches`` (one
-    dict per layer); the keys then also include the cached frames before ``positions_t[0]``."""
-    x_btc = nn.linear(x_btl, w["pre_transformer.input_proj.weight"], w["pre_transformer.input_proj.bias"])
+    Offline, ``positions_t`` is 0..T-1 and the keys are the same frames.  Streaming passes ``caches``
+    (one ``SlidingKVCache`` per layer); the keys then start with the cached frames before
+    ``positions_t[0]``."""
+    t = WeightView(w, "pre_transformer.")
+    x_btc = nn.linear(x_btl, t["input_proj.weight"], t["input_proj.bias"])
     cos_td, sin_td = nn.rope_cos_sin(positions_t, cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
     start = int(positions_t[0]) if len(positions_t) else 0
-    n_cached = min(start, cfg.sliding_window - 1) if caches is not None else 0
+    n_cached = caches[0].kept if caches is not None else 0
     key_positions = np.arange(start - n_cached, start + len(positions_t))
     allowed_ts = nn.causal_window_mask(positions_t, key_positions, cfg.sliding_window)
-    for i in range(cfg.num_hidden_layers):
-        x_btc = transformer_layer(w, cfg, i, x_btc, cos_td, sin_td, allowed_ts,
-                                  None if caches is None else caches[i])
-    x_btc = nn.rms_norm(x_btc, w["pre_transformer.norm.weight"], cfg.rms_norm_eps)
-    return nn.linear(x_btc, w["pre_transformer.output_proj.weight"], w["pre_transformer.output_proj.bias"])
+    layers = layer_views(w, "pre_transformer.layers.", cfg.num_hidden_layers)
+    x_btc = transformer_stack(layers, CODEC_DECODER, cfg, x_btc, cos_td[None], sin_td[None], allowed_ts, caches,
+                              cfg.rms_norm_eps, record.scope("layers."))
+    x_btc = nn.rms_norm(x_btc, t["norm.weight"], cfg.rms_norm_eps)
+    return nn.linear(x_btc, t["output_proj.weight"], t["output_proj.bias"])
 
 
 # ----------------------------------------------------------------------------- 4./5. conv stages
 #
-# Each conv-stage function takes a ``conv`` callable that performs a causal convolution.  Offline it
-# is ``offline_conv`` (pad with zeros on the left); in streaming it is a ``StreamingConvs`` object
-# that prepends the left context remembered from the previous push.  The maths of each block is
-# written once.
+# Every causal conv takes ``state=states.get(name)``: offline ``states`` is empty, so each conv pads
+# with zeros; in streaming it holds one state per conv (``DecoderState``), carrying the left context
+# (causal convs) or the unfinished output tail (transposed convs) from one push to the next.
 
 
-def offline_conv(name, x_bct, w_oik, b_o, dilation=1, groups=1):
-    return nn.causal_conv1d(x_bct, w_oik, b_o, 1, dilation, groups)
-
-
-def offline_transposed_conv(name, x_bct, w_iok, b_o, stride):
-    return nn.causal_conv_transpose1d(x_bct, w_iok, b_o, stride)
-
-
-def convnext_block(w, p, x_bct, conv):
+def convnext_block(w: WeightView, x_bct, states: dict, name: str):
     """Depthwise causal conv k7 -> LayerNorm(1e-6) -> Linear(4C) -> GELU(erf) -> Linear(C) -> gamma, + x."""
     C = x_bct.shape[1]
-    h_bct = conv(f"{p}.dwconv", x_bct, w[f"{p}.dwconv.conv.weight"], w[f"{p}.dwconv.conv.bias"], groups=C)
+    h_bct = nn.causal_conv1d(x_bct, w["dwconv.conv.weight"], w["dwconv.conv.bias"], groups=C,
+                             state=states.get(f"{name}.dwconv"))
     h_btc = np.swapaxes(h_bct, 1, 2)
-    h_btc = nn.layer_norm(h_btc, w[f"{p}.norm.weight"], w[f"{p}.norm.bias"], 1e-6)
-    h_btc = nn.gelu_erf(nn.linear(h_btc, w[f"{p}.pwconv1.weight"], w[f"{p}.pwconv1.bias"]))
-    h_btc = nn.linear(h_btc, w[f"{p}.pwconv2.weight"], w[f"{p}.pwconv2.bias"])
-    return x_bct + np.swapaxes(w[f"{p}.gamma"] * h_btc, 1, 2)
+    h_btc = nn.layer_norm(h_btc, w["norm.weight"], w["norm.bias"], 1e-6)
+    h_btc = nn.gelu_erf(nn.linear(h_btc, w["pwconv1.weight"], w["pwconv1.bias"]))
+    h_btc = nn.linear(h_btc, w["pwconv2.weight"], w["pwconv2.bias"])
+    return x_bct + np.swapaxes(w["gamma"] * h_btc, 1, 2)
 
 
-def upsample_stage(w, i: int, ratio: int, x_bct, conv, transposed_conv):
-    """ConvTranspose (k = stride = ratio) then a ConvNeXt block."""
-    p = f"upsample.{i}"
-    x_bct = transposed_conv(f"{p}.0", x_bct, w[f"{p}.0.conv.weight"], w[f"{p}.0.conv.bias"], ratio)
-    return convnext_block(w, f"{p}.1", x_bct, conv)
+def upsample_stage(w, i: int, ratio: int, x_bct, states: dict):
+    """upsample.{i}: ConvTranspose (k = stride = ratio) then a ConvNeXt block."""
+    u = WeightView(w, f"upsample.{i}.")
+    x_bct = nn.causal_conv_transpose1d(x_bct, u["0.conv.weight"], u["0.conv.bias"], ratio,
+                                       state=states.get(f"upsample.{i}.0"))
+    return convnext_block(u.sub("1."), x_bct, states, f"upsample.{i}.1")
 
 
-def residual_unit(w, u, dilation: int, x_bct, conv):
+def residual_unit(u: WeightView, dilation: int, x_bct, states: dict, name: str):
     """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x))))."""
-    h = nn.snake_beta(x_bct, w[f"{u}.act1.alpha"], w[f"{u}.act1.beta"])
-    h = conv(f"{u}.conv1", h, w[f"{u}.conv1.conv.weight"], w[f"{u}.conv1.conv.bias"], dilation=dilation)
-    h = nn.snake_beta(h, w[f"{u}.act2.alpha"], w[f"{u}.act2.beta"])
-    h = conv(f"{u}.conv2", h, w[f"{u}.conv2.conv.weight"], w[f"{u}.conv2.conv.bias"])
+    h = nn.snake_beta(x_bct, u["act1.alpha"], u["act1.beta"])
+    h = nn.causal_conv1d(h, u["conv1.conv.weight"], u["conv1.conv.bias"], dilation=dilation,
+                         state=states.get(f"{name}.conv1"))
+    h = nn.snake_beta(h, u["act2.alpha"], u["act2.beta"])
+    h = nn.causal_conv1d(h, u["conv2.conv.weight"], u["conv2.conv.bias"], state=states.get(f"{name}.conv2"))
     return x_bct + h
 
 
-def waveform_block(w, i: int, rate: int, x_bct, conv, transposed_conv):
-    """SnakeBeta -> ConvTranspose (k = 2 * rate, stride = rate, channels halve) -> residual units (dilations 1, 3, 9)."""
-    p = f"decoder.{i + 1}.block"
-    x_bct = nn.snake_beta(x_bct, w[f"{p}.0.alpha"], w[f"{p}.0.beta"])
-    x_bct = transposed_conv(f"{p}.1", x_bct, w[f"{p}.1.conv.weight"], w[f"{p}.1.conv.bias"], rate)
+def waveform_block(w, i: int, rate: int, x_bct, states: dict):
+    """decoder.{i+1}: SnakeBeta -> ConvTranspose (k = 2 * rate, stride = rate, channels halve)
+    -> residual units (dilations 1, 3, 9)."""
+    name = f"decoder.{i + 1}.block"
+    b = WeightView(w, name + ".")
+    x_bct = nn.snake_beta(x_bct, b["0.alpha"], b["0.beta"])
+    x_bct = nn.causal_conv_transpose1d(x_bct, b["1.conv.weight"], b["1.conv.bias"], rate,
+                                       state=states.get(f"{name}.1"))
     for j, dilation in enumerate(RESIDUAL_DILATIONS):
-        x_bct = residual_unit(w, f"{p}.{j + 2}", dilation, x_bct, conv)
+        x_bct = residual_unit(b.sub(f"{j + 2}."), dilation, x_bct, states, f"{name}.{j + 2}")
     return x_bct
 
 
-def conv_stages(w, cfg: DecoderConfig, x_bct, conv, transposed_conv, trace=None):
+def conv_stages(w, cfg: DecoderConfig, x_bct, states: dict, record: Recorder = NULL_RECORDER):
     """Stages 4 and 5: [B, latent, T] -> [B, 1, T * samples_per_frame] (before the clamp)."""
-    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
     for i, ratio in enumerate(cfg.upsampling_ratios):
-        x_bct = upsample_stage(w, i, ratio, x_bct, conv, transposed_conv)
+        x_bct = upsample_stage(w, i, ratio, x_bct, states)
         record(f"upsample.{i}", x_bct)
-    x_bct = conv("decoder.0", x_bct, w["decoder.0.conv.weight"], w["decoder.0.conv.bias"])
+    x_bct = nn.causal_conv1d(x_bct, w["decoder.0.conv.weight"], w["decoder.0.conv.bias"],
+                             state=states.get("decoder.0"))
     record("decoder.0", x_bct)
     for i, rate in enumerate(cfg.upsample_rates):
-        x_bct = waveform_block(w, i, rate, x_bct, conv, transposed_conv)
+        x_bct = waveform_block(w, i, rate, x_bct, states)
         record(f"decoder.{i + 1}", x_bct)
     n = len(cfg.upsample_rates)
     x_bct = nn.snake_beta(x_bct, w[f"decoder.{n + 1}.alpha"], w[f"decoder.{n + 1}.beta"])
     record(f"decoder.{n + 1}", x_bct)
-    x_bct = conv(f"decoder.{n + 2}", x_bct, w[f"decoder.{n + 2}.conv.weight"], w[f"decoder.{n + 2}.conv.bias"])
+    x_bct = nn.causal_conv1d(x_bct, w[f"decoder.{n + 2}.conv.weight"], w[f"decoder.{n + 2}.conv.bias"],
+                             state=states.get(f"decoder.{n + 2}"))
     record(f"decoder.{n + 2}", x_bct)
     return x_bct
 
 
-# ----------------------------------------------------------------------------- the whole decoder, offline
+# ----------------------------------------------------------------------------- the whole decoder
+
+
+def decode_stages(w, cfg: DecoderConfig, codes_bqt, tables: dict, state: "DecoderState | None" = None,
+                  record: Recorder = NULL_RECORDER):
+    """Stages 1-5 over new frames: codes [B, Q, T] -> waveform [B, T * samples_per_frame] in [-1, 1].
+    Offline (``state=None``) the frames are the whole sequence; streaming continues from ``state``."""
+    T = codes_bqt.shape[-1]
+    start = state.frames_done if state is not None else 0
+    states = state.convs if state is not None else {}
+    x_bct = dequantize(w, cfg, codes_bqt, tables)
+    record("quantizer", x_bct)
+    x_bct = nn.causal_conv1d(x_bct, w["pre_conv.conv.weight"], w["pre_conv.conv.bias"], state=states.get("pre_conv"))
+    record("pre_conv", x_bct)
+    x_btc = pre_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), np.arange(start, start + T),
+                            state.kv if state is not None else None, record.scope("pre_transformer."))
+    record("pre_transformer", x_btc)
+    x_bct = conv_stages(w, cfg, np.swapaxes(x_btc, 1, 2), states, record)
+    if state is not None:
+        state.frames_done += T
+    return np.clip(x_bct[:, 0, :], -1.0, 1.0)
 
 
 def decode_codes(w, cfg: DecoderConfig, codes_bqt, trace=None, tables=None):
     """One causal pass over whole code sequences: codes [B, Q, T] (0 <= code < codebook_size)
     -> waveform [B, T * samples_per_frame], clamped to [-1, 1].
 
-    If ``trace`` is a dict, the output of every stage (see ``STAGES``) is stored in it."""
-    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
-    x_bct = dequantize(w, cfg, codes_bqt, tables)
-    record("quantizer", x_bct)
-    x_bct = nn.causal_conv1d(x_bct, w["pre_conv.conv.weight"], w["pre_conv.conv.bias"])
-    record("pre_conv", x_bct)
-    T = x_bct.shape[-1]
-    x_btc = pre_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), np.arange(T))
-    record("pre_transformer", x_btc)
-    x_bct = conv_stages(w, cfg, np.swapaxes(x_btc, 1, 2), offline_conv, offline_transposed_conv, trace)
-    return np.clip(x_bct[:, 0, :], -1.0, 1.0)
+    If ``trace`` is a dict (or a ``Recorder``), the output of every stage (see ``STAGES``) is stored
+    in it, and of every pre-transformer layer (``pre_transformer.layers.{i}`` and its parts)."""
+    tables = tables if tables is not None else dequantize_tables(w, cfg)
+    return decode_stages(w, cfg, codes_bqt, tables, None, as_recorder(trace))
 
 
 # ----------------------------------------------------------------------------- streaming
 
 
-class StreamingConvs:
-    """The carried state of every convolution in streaming decode.
+def conv_names(cfg: DecoderConfig) -> tuple:
+    """The checkpoint name of every causal conv (first) and transposed conv (second) of the decoder."""
+    causal, transposed = ["pre_conv"], []
+    for i in range(len(cfg.upsampling_ratios)):
+        transposed.append(f"upsample.{i}.0")
+        causal.append(f"upsample.{i}.1.dwconv")
+    causal.append("decoder.0")
+    for i in range(len(cfg.upsample_rates)):
+        transposed.append(f"decoder.{i + 1}.block.1")
+        causal += [f"decoder.{i + 1}.block.{j + 2}.{c}" for j in range(len(RESIDUAL_DILATIONS)) for c in ("conv1", "conv2")]
+    causal.append(f"decoder.{len(cfg.upsample_rates) + 2}")
+    return causal, transposed
 
-    A causal conv with span s = (k - 1) * dilation + 1 needs the last s - 1 input samples of the
-    previous push as left context (zeros before the first push, exactly the offline zero padding).
-    A transposed conv with k > stride leaves a tail of k - stride partial output samples that the
-    next push's first frames complete (the offline right trim drops exactly these samples)."""
 
-    def __init__(self):
-        self.context = {}  # conv name -> [B, C, s - 1] last inputs
-        self.tails = {}    # transposed conv name -> [B, C_out, k - stride] partial sums (no bias)
+class DecoderState:
+    """Everything the streaming decoder carries from one push to the next:
 
-    def __call__(self, name, x_bct, w_oik, b_o, dilation=1, groups=1):
-        K = w_oik.shape[-1]
-        keep = (K - 1) * dilation
-        ctx = self.context.get(name)
-        if ctx is None:
-            ctx = np.zeros(x_bct.shape[:2] + (keep,), dtype=x_bct.dtype)
-        x_bct = np.concatenate([ctx, x_bct], axis=-1)
-        self.context[name] = x_bct[:, :, x_bct.shape[-1] - keep:]
-        if x_bct.shape[-1] == keep:  # nothing new
-            return np.zeros(x_bct.shape[:1] + (w_oik.shape[0], 0), dtype=x_bct.dtype)
-        return nn.conv1d(x_bct, w_oik, b_o, 1, dilation, groups)
+    frames_done  how many frames were decoded (the RoPE position of the next one)
+    kv           per pre-transformer layer, a ``SlidingKVCache`` of the last ``sliding_window - 1`` frames
+    convs        per conv (by checkpoint name), a ``CausalConvState`` (its last span - 1 inputs) or a
+                 ``TransposedConvState`` (its unfinished output tail)
+    """
 
-    def transposed(self, name, x_bct, w_iok, b_o, stride):
-        B, _, T = x_bct.shape
-        K, C_out = w_iok.shape[-1], w_iok.shape[1]
-        tail = self.tails.get(name)
-        if tail is None:
-            tail = np.zeros((B, C_out, K - stride), dtype=x_bct.dtype)
-        if T == 0:
-            return np.zeros((B, C_out, 0), dtype=x_bct.dtype)
-        full = nn.conv_transpose1d(x_bct, w_iok, None, stride)  # [B, C_out, (T - 1) * stride + K]
-        full[:, :, :K - stride] += tail
-        self.tails[name] = full[:, :, T * stride:]
-        return full[:, :, :T * stride] + b_o[None, :, None]
+    def __init__(self, cfg: DecoderConfig, batch: int, dtype):
+        self.frames_done = 0
+        self.kv = [SlidingKVCache(cfg.sliding_window, batch, cfg.num_key_value_heads, cfg.head_dim, dtype)
+                   for _ in range(cfg.num_hidden_layers)]
+        causal, transposed = conv_names(cfg)
+        self.convs = {name: nn.CausalConvState() for name in causal}
+        self.convs.update({name: nn.TransposedConvState() for name in transposed})
+
+    def context_lengths(self) -> dict:
+        """Samples of left context each causal conv holds now (0 before the first push)."""
+        return {name: (s.context_bct.shape[-1] if s.context_bct is not None else 0)
+                for name, s in self.convs.items() if isinstance(s, nn.CausalConvState)}
 
 
 class DecoderStream:
     """Stateful decoder: ``push(codes_bqt)`` returns exactly the samples of the pushed frames.
 
-    Carried state: the left context of every causal conv, the overlap tail of every transposed conv,
-    and per transformer layer the keys/values of the last ``sliding_window - 1`` frames with their
-    absolute RoPE positions.  Nothing is ever decoded twice, and the concatenated output equals
-    ``decode_codes`` of the whole sequence (up to float summation order)."""
+    Nothing is ever decoded twice, and the concatenated output equals ``decode_codes`` of the whole
+    sequence (up to float summation order).  ``state`` (a ``DecoderState``) is what is carried."""
 
     def __init__(self, w, cfg: DecoderConfig, batch: int = 1, dtype=np.float32, tables=None):
         self.w, self.cfg, self.batch, self.dtype = w, cfg, batch, dtype
         self.tables = tables if tables is not None else dequantize_tables(w, cfg)
-        self.frames_done = 0
-        self.convs = StreamingConvs()
-        self.caches = [dict() for _ in range(cfg.num_hidden_layers)]
+        self.state = DecoderState(cfg, batch, dtype)
+
+    @property
+    def frames_done(self) -> int:
+        return self.state.frames_done
 
     def push(self, codes_bqt):
-        cfg = self.cfg
-        T = codes_bqt.shape[-1]
-        if T == 0:
+        if codes_bqt.shape[-1] == 0:
             return np.zeros((self.batch, 0), dtype=self.dtype)
-        x_bct = dequantize(self.w, cfg, codes_bqt, self.tables)
-        x_bct = self.convs("pre_conv", x_bct, self.w["pre_conv.conv.weight"], self.w["pre_conv.conv.bias"])
-        positions = np.arange(self.frames_done, self.frames_done + T)
-        x_btc = pre_transformer(self.w, cfg, np.swapaxes(x_bct, 1, 2), positions, self.caches)
-        x_bct = conv_stages(self.w, cfg, np.swapaxes(x_btc, 1, 2), self.convs, self.convs.transposed)
-        self.frames_done += T
-        return np.clip(x_bct[:, 0, :], -1.0, 1.0)
+        return decode_stages(self.w, self.cfg, codes_bqt, self.tables, self.state)

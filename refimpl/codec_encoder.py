@@ -38,8 +38,11 @@ from typing import NamedTuple
 import numpy as np
 
 from . import nn
-from .checkpoint import WeightSpec, attention_weight_spec
+from .checkpoint import WeightSpec, WeightView
+from .codec_decoder import codebook_table
 from .config import config_from_dict
+from .trace import NULL_RECORDER, Recorder, as_recorder
+from .transformer import CODEC_ENCODER, attention_weight_spec, check_attention_config, layer_views, transformer_stack
 
 __all__ = ["EncoderConfig", "encoder_weight_spec", "encoder_tables", "seanet_encoder", "encoder_transformer",
            "downsample", "nearest_rows", "rvq_encode", "split_rvq_encode", "encode_latent", "encode_audio",
@@ -95,8 +98,7 @@ class EncoderConfig:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
         if not cfg.use_causal_conv:
             raise ValueError("encoder_config.use_causal_conv = false is not supported (the 12 Hz codec is causal)")
-        if cfg.hidden_act != "gelu":
-            raise ValueError(f"encoder_config.hidden_act {cfg.hidden_act!r} is not supported (only 'gelu')")
+        check_attention_config("encoder_config", cfg, activation="gelu")
         if cfg.pad_mode not in ("constant", "replicate", "reflect"):
             raise ValueError(f"encoder_config.pad_mode {cfg.pad_mode!r} is not supported")
         if cfg.audio_channels != 1:
@@ -252,10 +254,9 @@ def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct):
     return x_bct + h
 
 
-def seanet_encoder(w, cfg: EncoderConfig, x_bct, trace=None):
-    """[B, 1, N] audio -> [B, hidden, ceil(N / hop)] at 25 Hz.  Each layer's output is traced as
+def seanet_encoder(w, cfg: EncoderConfig, x_bct, record: Recorder = NULL_RECORDER):
+    """[B, 1, N] audio -> [B, hidden, ceil(N / hop)] at 25 Hz.  Each layer's output is recorded as
     ``encoder.layers.{i}``."""
-    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
     for kind, idx, details in seanet_layout(cfg):
         p = f"encoder.layers.{idx}"
         if kind == "conv":
@@ -282,39 +283,15 @@ def attention_mask(cfg: EncoderConfig, T: int, attention: str):
     return nn.causal_window_mask(positions, positions, window)
 
 
-def transformer_layer(w, cfg: EncoderConfig, i: int, x_btc, cos_td, sin_td, allowed_ts):
-    """x += scale_a * Attn(LayerNorm(x)); x += scale_m * fc2(GELU(fc1(LayerNorm(x))))."""
-    p = f"encoder_transformer.layers.{i}"
-    B, T, C = x_btc.shape
-    H, G, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    bias = (lambda n: w[f"{p}.self_attn.{n}_proj.bias"]) if cfg.attention_bias else (lambda n: None)
-
-    h = nn.layer_norm(x_btc, w[f"{p}.input_layernorm.weight"], w[f"{p}.input_layernorm.bias"], cfg.norm_eps)
-    q_bhtd = nn.linear(h, w[f"{p}.self_attn.q_proj.weight"], bias("q")).reshape(B, T, H, D).transpose(0, 2, 1, 3)
-    k_bgtd = nn.linear(h, w[f"{p}.self_attn.k_proj.weight"], bias("k")).reshape(B, T, G, D).transpose(0, 2, 1, 3)
-    v_bgtd = nn.linear(h, w[f"{p}.self_attn.v_proj.weight"], bias("v")).reshape(B, T, G, D).transpose(0, 2, 1, 3)
-    q_bhtd = nn.apply_rope(q_bhtd, cos_td, sin_td)
-    k_bgtd = nn.apply_rope(k_bgtd, cos_td, sin_td)
-    a_bhtd = nn.attention(q_bhtd, k_bgtd, v_bgtd, allowed_ts, scale=D ** -0.5)
-    a_btc = nn.linear(a_bhtd.transpose(0, 2, 1, 3).reshape(B, T, H * D), w[f"{p}.self_attn.o_proj.weight"], bias("o"))
-    x_btc = x_btc + w[f"{p}.self_attn_layer_scale.scale"] * a_btc
-
-    h = nn.layer_norm(x_btc, w[f"{p}.post_attention_layernorm.weight"], w[f"{p}.post_attention_layernorm.bias"],
-                      cfg.norm_eps)
-    m = nn.linear(nn.gelu_erf(nn.linear(h, w[f"{p}.mlp.fc1.weight"])), w[f"{p}.mlp.fc2.weight"])
-    return x_btc + w[f"{p}.mlp_layer_scale.scale"] * m
-
-
-def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", trace=None):
-    """The layers at positions 0..T-1, no final norm.  [B, T, C] -> [B, T, C]."""
-    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
+def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", record: Recorder = NULL_RECORDER):
+    """The layers at positions 0..T-1 (LayerNorm, RoPE, causal attention, LayerScale, GELU MLP), no final
+    norm.  [B, T, C] -> [B, T, C]; each layer's output is recorded as ``layers.{i}``."""
     T = x_btc.shape[1]
     allowed_ts = attention_mask(cfg, T, attention)
     cos_td, sin_td = nn.rope_cos_sin(np.arange(T), cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
-    for i in range(cfg.num_hidden_layers):
-        x_btc = transformer_layer(w, cfg, i, x_btc, cos_td, sin_td, allowed_ts)
-        record(f"encoder_transformer.layers.{i}", x_btc)
-    return x_btc
+    layers = layer_views(w, "encoder_transformer.layers.", cfg.num_hidden_layers)
+    return transformer_stack(layers, CODEC_ENCODER, cfg, x_btc, cos_td[None], sin_td[None], allowed_ts, None,
+                             cfg.norm_eps, record)
 
 
 # ----------------------------------------------------------------------------- 3. downsample
@@ -329,12 +306,6 @@ def downsample(w, cfg: EncoderConfig, x_bct):
 # ----------------------------------------------------------------------------- 4. residual vector quantisation
 
 
-def codebook_table(w, prefix: str, eps: float = 1e-5):
-    """The effective codebook of one VQ layer: embed_sum / max(cluster_usage, eps).  [K, D]"""
-    usage = np.maximum(w[f"{prefix}.codebook.cluster_usage"], eps)
-    return w[f"{prefix}.codebook.embed_sum"] / usage[:, None]
-
-
 QUANTIZER_PARTS = ("semantic_residual_vector_quantizer", "acoustic_residual_vector_quantizer")
 
 
@@ -342,7 +313,8 @@ def encoder_tables(w, cfg: EncoderConfig) -> dict:
     """Per split part, the effective codebooks [K, D] and their squared row norms [K], for every layer."""
     tables = {}
     for part, n in zip(QUANTIZER_PARTS, (cfg.num_semantic_quantizers, cfg.num_quantizers - cfg.num_semantic_quantizers)):
-        rows = [codebook_table(w, f"quantizer.{part}.layers.{j}") for j in range(n)]
+        books = [WeightView(w, f"quantizer.{part}.layers.{j}.codebook.") for j in range(n)]
+        rows = [codebook_table(cb["embed_sum"], cb["cluster_usage"]) for cb in books]
         tables[part] = [(e_kd, np.sum(e_kd * e_kd, axis=1)) for e_kd in rows]
     return tables
 
@@ -382,7 +354,7 @@ def rvq_encode(w, part: str, tables: dict, latent_bct, n_layers: int):
     return np.stack(codes), np.stack(margins), x_bdt
 
 
-def split_rvq_encode(w, cfg: EncoderConfig, latent_bct, n_codes: int, tables=None, trace=None):
+def split_rvq_encode(w, cfg: EncoderConfig, latent_bct, n_codes: int, tables=None, record: Recorder = NULL_RECORDER):
     """The semantic quantiser's codes then the acoustic quantiser's first ``n_codes - n_semantic`` codes,
     each from the same latent.  -> codes [B, n_codes, T] int64, margins [B, n_codes, T]."""
     tables = tables if tables is not None else encoder_tables(w, cfg)
@@ -394,8 +366,7 @@ def split_rvq_encode(w, cfg: EncoderConfig, latent_bct, n_codes: int, tables=Non
         if n == 0:
             continue
         c, m, projected = rvq_encode(w, part, tables, latent_bct, n)
-        if trace is not None:
-            trace[f"quantizer.{part}.input_proj"] = projected
+        record(f"quantizer.{part}.input_proj", projected)
         codes.append(c)
         margins.append(m)
     codes_qbt, margins_qbt = np.concatenate(codes), np.concatenate(margins)
@@ -413,10 +384,10 @@ class EncoderOutput(NamedTuple):
 
 def encode_latent(w, cfg: EncoderConfig, audio_bn, attention: str = "full", trace=None):
     """Audio [B, N] (in the compute dtype) -> the latent before quantisation [B, hidden, ceil(N / 1920)]."""
-    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
-    x_bct = seanet_encoder(w, cfg, audio_bn[:, None, :], trace)
+    record = as_recorder(trace)
+    x_bct = seanet_encoder(w, cfg, audio_bn[:, None, :], record)
     record("encoder", x_bct)
-    x_btc = encoder_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), attention, trace)
+    x_btc = encoder_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), attention, record.scope("encoder_transformer."))
     record("encoder_transformer", x_btc)
     latent_bct = downsample(w, cfg, np.swapaxes(x_btc, 1, 2))
     record("downsample", latent_bct)
@@ -431,5 +402,5 @@ def encode_audio(w, cfg: EncoderConfig, audio_bn, n_codes: int, attention: str =
     ``encoder``, ``encoder_transformer.layers.{i}``, ``encoder_transformer``, ``downsample``,
     ``quantizer.<part>.input_proj``)."""
     latent_bct = encode_latent(w, cfg, audio_bn, attention, trace)
-    codes_bqt, margins_bqt = split_rvq_encode(w, cfg, latent_bct, n_codes, tables, trace)
+    codes_bqt, margins_bqt = split_rvq_encode(w, cfg, latent_bct, n_codes, tables, as_recorder(trace))
     return EncoderOutput(codes_bqt, latent_bct, margins_bqt)

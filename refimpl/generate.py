@@ -3,7 +3,7 @@
 One generation step for a batch (B rows), after the prompt has been run through the talker
 (prefill), with ``logits`` the talker's output at the last position and ``h`` its hidden state there:
 
-    1. code 0:   scores = processors(logits, codes 0 so far)   (``refimpl.sampling``)
+    1. code 0:   scores = talker_scores(logits, codes 0 so far)   (``refimpl.sampling``)
                  c0 = argmax or sample; rows that already ended get EOS again
     2. stop when every row has produced EOS, or after ``max_new_tokens`` codes 0.  The code 0 drawn
        at the last step is never expanded into a frame, so without EOS a run returns
@@ -43,59 +43,67 @@ class GenerationTrace:
     positions: np.ndarray | None = None               # [B, T]
     trailing: np.ndarray | None = None                # [B, N, H]
 
+    def set(self, **values) -> None:
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def add(self, name: str, value) -> None:
+        getattr(self, name).append(value)
+
+
+class _NoTrace:
+    """Stands in for a ``GenerationTrace`` when nothing is recorded."""
+
+    def set(self, **values) -> None:
+        pass
+
+    def add(self, name: str, value) -> None:
+        pass
+
 
 def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
                    eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None):
     """Generate frame by frame: yields one int64 array [B, 16] per expanded frame, as soon as it is made.
     A row that already produced EOS gets frames whose code 0 is EOS (cut them, see ``generate_codes``)."""
     settings.validate()
+    trace = trace if trace is not None else _NoTrace()
     embeds, valid, positions, trailing = assemble_batch(prompts_th, trailing_nh, pad_vector_h)
+    trace.set(prompt_embeds=embeds, key_valid=valid, positions=positions, trailing=trailing)
     B = embeds.shape[0]
     G = talker.cfg.num_code_groups
-    if trace is not None:
-        trace.prompt_embeds, trace.key_valid, trace.positions, trace.trailing = embeds, valid, positions, trailing
     pad_vector = np.asarray(pad_vector_h, dtype=embeds.dtype)
-    code0_steps = sampling.talker_processors(settings, talker.cfg.vocab_size, eos_id)
-    sub_steps = sampling.subtalker_processors(settings)
 
     def choose_sub(g, logits_bv):
-        return sampling.choose(sampling.process(sub_steps, logits_bv), settings.subtalker_dosample, rng)
+        return sampling.choose(sampling.subtalker_scores(logits_bv, settings), settings.subtalker_dosample, rng)
 
-    cache = talker.new_cache(B)
-    hidden = talker.forward(embeds, positions, valid, cache)[:, -1]
+    caches = talker.new_caches(B)
+    hidden = talker.forward(embeds, positions, valid, caches)[:, -1]                    # prefill
     logits = talker.logits(hidden)
-    if trace is not None:
-        trace.prefill_logits = logits
+    trace.set(prefill_logits=logits)
     next_position = positions[:, -1] + 1
     previous = np.zeros((B, 0), dtype=np.int64)
     finished = np.zeros(B, dtype=bool)
     for step in range(settings.max_new_tokens):
-        scores = sampling.process(code0_steps, logits, previous)
-        code0 = sampling.choose(scores, settings.do_sample, rng)
-        code0 = np.where(finished, eos_id, code0)
+        scores = sampling.talker_scores(logits, previous, settings, eos_id)              # 1. code 0
+        code0 = np.where(finished, eos_id, sampling.choose(scores, settings.do_sample, rng))
         previous = np.concatenate([previous, code0[:, None]], axis=1)
         finished |= code0 == eos_id
-        if trace is not None:
-            trace.code0.append(code0)
-        if finished.all() or step + 1 == settings.max_new_tokens:
+        trace.add("code0", code0)
+        if finished.all() or step + 1 == settings.max_new_tokens:                        # 2. stop
             return
-        rest = talker.code_predictor.predict_frame(hidden, talker.embed_codec(code0), choose_sub, G - 1,
-                                                   record_logits=trace is not None)
-        if trace is not None:
-            rest, predictor_logits = rest
-            trace.predictor_logits.append(predictor_logits)
+        rest, predictor_logits = talker.code_predictor.predict_frame(hidden, talker.embed_codec(code0),
+                                                                     choose_sub, G - 1)  # 3. codes 1..15
+        trace.add("predictor_logits", predictor_logits)
         frame = np.concatenate([code0[:, None], rest], axis=1)
-        if trace is not None:
-            trace.frames.append(frame)
+        trace.add("frames", frame)
         yield frame
         text_h = trailing[:, step] if step < trailing.shape[1] else np.broadcast_to(pad_vector, (B, pad_vector.size))
-        x = (talker.embed_frames(frame) + text_h)[:, None]
+        x = (talker.embed_frames(frame) + text_h)[:, None]                                # 4. next input
         valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
-        hidden = talker.forward(x, next_position[:, None], valid, cache)[:, -1]
+        hidden = talker.forward(x, next_position[:, None], valid, caches)[:, -1]
         logits = talker.logits(hidden)
         next_position = next_position + 1
-        if trace is not None:
-            trace.step_logits.append(logits)
+        trace.add("step_logits", logits)
 
 
 def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,

@@ -12,6 +12,7 @@ CuPy) can later stand behind the same signature.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
@@ -168,25 +169,68 @@ def extra_right_padding(length: int, kernel_size: int, stride: int = 1, dilation
     return ideal_length - length
 
 
+@dataclass
+class CausalConvState:
+    """What a causal conv carries between streaming pushes: the last (K - 1) * dilation input samples,
+    [B, C, span - 1] (None before the first push, which then sees zeros: the offline zero padding)."""
+
+    context_bct: np.ndarray | None = None
+
+
+@dataclass
+class TransposedConvState:
+    """What a transposed conv carries between streaming pushes: the K - stride output samples that the
+    last frames only partly computed (no bias yet), [B, O, K - stride]; the next push adds to them."""
+
+    tail_bot: np.ndarray | None = None
+
+
 def causal_conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1,
-                  pad_mode: str = "constant"):
-    """Causal conv: pad the left by span - stride (and the right by the extra padding a strided conv
-    needs), then a valid conv.  ``pad_mode`` is ``"constant"`` (zeros) or ``"replicate"``."""
+                  state: CausalConvState | None = None):
+    """Causal conv: the output at t sees inputs <= t only.
+
+    Offline (``state=None``): pad the left with span - stride zeros (and the right by the extra padding
+    a strided conv needs), then a valid conv.  Streaming (a ``CausalConvState``, stride 1): the left
+    padding is the previous push's last span - 1 inputs instead, and the state keeps this push's."""
     K = w_oik.shape[-1]
     left = causal_padding(K, stride, dilation)
-    right = extra_right_padding(x_bct.shape[-1], K, stride, dilation)
-    mode = {"constant": "constant", "replicate": "edge", "reflect": "reflect"}[pad_mode]
-    x_bct = np.pad(x_bct, ((0, 0), (0, 0), (left, right)), mode=mode)
-    return conv1d(x_bct, w_oik, b_o, stride, dilation, groups)
+    if state is None:
+        right = extra_right_padding(x_bct.shape[-1], K, stride, dilation)
+        return conv1d(np.pad(x_bct, ((0, 0), (0, 0), (left, right))), w_oik, b_o, stride, dilation, groups)
+    if stride != 1:
+        raise ValueError("a streaming causal conv must have stride 1")
+    B, C, T = x_bct.shape
+    past_bct = state.context_bct if state.context_bct is not None else np.zeros((B, C, left), dtype=x_bct.dtype)
+    x_bct = np.concatenate([past_bct, x_bct], axis=-1)
+    state.context_bct = x_bct[:, :, x_bct.shape[-1] - left:]
+    if T == 0:
+        return np.zeros((B, w_oik.shape[0], 0), dtype=x_bct.dtype)
+    return conv1d(x_bct, w_oik, b_o, 1, dilation, groups)
 
 
-def causal_conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
-    """Transposed conv with the right trim of k - stride: T frames in, T * stride samples out,
-    and output sample p depends only on input frames <= p // stride."""
+def causal_conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1, state: TransposedConvState | None = None):
+    """Transposed conv with T frames in and T * stride samples out; output sample p depends only on
+    input frames <= p // stride.
+
+    Offline (``state=None``): the full output minus its last K - stride samples.  Streaming: those last
+    samples are only partial sums (later frames add to them), so they are kept in the state and added
+    to the first samples of the next push."""
     K = w_iok.shape[-1]
-    out = conv_transpose1d(x_bct, w_iok, b_o, stride)
-    trim = K - stride
-    return out[:, :, :out.shape[-1] - trim] if trim > 0 else out
+    if state is None:
+        out = conv_transpose1d(x_bct, w_iok, b_o, stride)
+        trim = K - stride
+        return out[:, :, :out.shape[-1] - trim] if trim > 0 else out
+    B, _, T = x_bct.shape
+    O = w_iok.shape[1]
+    if state.tail_bot is None:
+        state.tail_bot = np.zeros((B, O, K - stride), dtype=x_bct.dtype)
+    if T == 0:
+        return np.zeros((B, O, 0), dtype=x_bct.dtype)
+    full_bot = conv_transpose1d(x_bct, w_iok, None, stride)  # [B, O, (T - 1) * stride + K]
+    full_bot[:, :, :K - stride] += state.tail_bot
+    state.tail_bot = full_bot[:, :, T * stride:]
+    out = full_bot[:, :, :T * stride]
+    return out + b_o[None, :, None] if b_o is not None else out
 
 
 # ----------------------------------------------------------------------------- rotary embedding and attention
@@ -202,9 +246,11 @@ def rope_inverse_frequencies(head_dim: int, theta: float, dtype=np.float32):
 
 
 def rope_cos_sin(positions_t, head_dim: int, theta: float, dtype=np.float32):
-    """cos and sin tables [T, head_dim] for absolute integer positions (the two halves repeat)."""
+    """cos and sin tables [..., T, head_dim] for integer positions [..., T] (any leading axes):
+    angle[..., t, j] = position[..., t] * inv_freq[j], the two halves repeated.  In float32 mode the
+    angle is a float32 product, like the official code."""
     inv_freq = rope_inverse_frequencies(head_dim, theta, dtype)
-    angles_tj = np.asarray(positions_t).astype(dtype)[:, None] * inv_freq[None, :]
+    angles_tj = np.asarray(positions_t).astype(dtype)[..., None] * inv_freq
     angles_td = np.concatenate([angles_tj, angles_tj], axis=-1)
     return np.cos(angles_td), np.sin(angles_td)
 

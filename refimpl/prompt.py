@@ -33,18 +33,45 @@ After the prompt, generation step g feeds (sum of the 16 embeddings of the frame
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .talker import TTSConfig
+from .config import config_from_dict
+from .talker import TalkerConfig
 
-__all__ = ["PromptLayout", "resolve_language_id", "build_layout", "embed_layout", "assemble_batch",
+__all__ = ["TTSConfig", "PromptLayout", "resolve_language_id", "build_layout", "embed_layout", "assemble_batch",
            "ROLE_TOKENS", "TEXT_TAIL_TOKENS", "REF_TAIL_TOKENS"]
 
 ROLE_TOKENS = 3        # <|im_start|> assistant \n
 TEXT_TAIL_TOKENS = 5   # <|im_end|> \n <|im_start|> assistant \n
 REF_TAIL_TOKENS = 2    # <|im_end|> \n
+
+
+@dataclass
+class TTSConfig:
+    """The top level of a Qwen3-TTS model's config.json."""
+
+    talker_config: TalkerConfig | None = None
+    speaker_encoder_config: dict | None = None
+    tokenizer_type: str | None = None
+    tts_model_size: str | None = None
+    tts_model_type: str | None = None
+    im_start_token_id: int = 151644
+    im_end_token_id: int = 151645
+    tts_pad_token_id: int = 151671
+    tts_bos_token_id: int = 151672
+    tts_eos_token_id: int = 151673
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data) -> "TTSConfig":
+        data = dict(data or {})
+        talker = data.pop("talker_config", None)
+        cfg = config_from_dict(cls, data)
+        cfg.talker_config = TalkerConfig.from_dict(talker)
+        cfg.speaker_encoder_config = dict(cfg.speaker_encoder_config or {})
+        return cfg
 
 
 @dataclass

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nn
+from .trace import NULL_RECORDER, Recorder
 
 __all__ = [
     "apply_repetition_penalty", "apply_min_new_tokens", "apply_suppression", "apply_temperature", "apply_top_k",
-    "apply_top_p", "SamplingSettings", "talker_processors", "subtalker_processors", "process", "choose",
+    "apply_top_p", "SamplingSettings", "talker_scores", "subtalker_scores", "sampling_warpers", "choose",
     "suppressed_ids",
 ]
 
@@ -136,49 +137,45 @@ class SamplingSettings:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
 
 
-def _warpers(sample: bool, temperature, top_k, top_p) -> list:
-    if not sample:
-        return []
-    steps = []
-    if temperature is not None and temperature != 1.0:
-        steps.append(("temperature", lambda s, *_: apply_temperature(s, temperature)))
-    if top_k is not None and top_k != 0:
-        steps.append(("top_k", lambda s, *_: apply_top_k(s, top_k)))
-    if top_p is not None and top_p < 1.0:
-        steps.append(("top_p", lambda s, *_: apply_top_p(s, top_p)))
-    return steps
-
-
-def talker_processors(settings: SamplingSettings, vocab_size: int, eos_id: int) -> list:
-    """The named score transforms for code 0, in the official order: each is f(scores, previous_bn)."""
-    steps = []
-    if settings.repetition_penalty is not None and settings.repetition_penalty != 1.0:
-        steps.append(("repetition_penalty",
-                      lambda s, prev: apply_repetition_penalty(s, prev, settings.repetition_penalty)))
-    if settings.min_new_tokens:
-        steps.append(("min_new_tokens",
-                      lambda s, prev: apply_min_new_tokens(s, prev.shape[1], settings.min_new_tokens, eos_id)))
-    ids = suppressed_ids(vocab_size, eos_id)
-    steps.append(("suppress", lambda s, prev: apply_suppression(s, ids)))
-    return steps + _warpers(settings.do_sample, settings.temperature, settings.top_k, settings.top_p)
-
-
-def subtalker_processors(settings: SamplingSettings) -> list:
-    """The score transforms for codes 1..15 (only the sampling warpers)."""
-    return _warpers(settings.subtalker_dosample, settings.subtalker_temperature, settings.subtalker_top_k,
-                    settings.subtalker_top_p)
-
-
-def process(steps: list, scores_bv, previous_bn=None, trace: dict | None = None):
-    """Apply the transforms in order (``trace`` collects each intermediate by name)."""
-    scores = np.asarray(scores_bv)
-    if previous_bn is None:
-        previous_bn = np.zeros((scores.shape[0], 0), dtype=np.int64)
-    for name, f in steps:
-        scores = f(scores, previous_bn)
-        if trace is not None:
-            trace[name] = scores
+def talker_scores(logits_bv, previous_bn, settings: SamplingSettings, eos_id: int,
+                  record: Recorder = NULL_RECORDER):
+    """The scores code 0 is chosen from: the six steps of the module docstring, in the official order.
+    ``previous_bn`` holds the codes 0 generated so far; each applied step is recorded under its name."""
+    s, scores = settings, np.asarray(logits_bv)
+    previous_bn = np.asarray(previous_bn, dtype=np.int64).reshape(scores.shape[0], -1)
+    if s.repetition_penalty is not None and s.repetition_penalty != 1.0:
+        scores = apply_repetition_penalty(scores, previous_bn, s.repetition_penalty)          # 1
+        record("repetition_penalty", scores)
+    if s.min_new_tokens:
+        scores = apply_min_new_tokens(scores, previous_bn.shape[1], s.min_new_tokens, eos_id)  # 2
+        record("min_new_tokens", scores)
+    scores = apply_suppression(scores, suppressed_ids(scores.shape[-1], eos_id))             # 3
+    record("suppress", scores)
+    if s.do_sample:
+        scores = sampling_warpers(scores, s.temperature, s.top_k, s.top_p, record)            # 4, 5, 6
     return scores
+
+
+def subtalker_scores(logits_bv, settings: SamplingSettings, record: Recorder = NULL_RECORDER):
+    """The scores codes 1..15 are chosen from: only the warpers (steps 4-6), with the subtalker settings."""
+    s, scores = settings, np.asarray(logits_bv)
+    if s.subtalker_dosample:
+        scores = sampling_warpers(scores, s.subtalker_temperature, s.subtalker_top_k, s.subtalker_top_p, record)
+    return scores
+
+
+def sampling_warpers(scores_bv, temperature, top_k, top_p, record: Recorder = NULL_RECORDER):
+    """Steps 4-6 (only when sampling): temperature, top-k, top-p, each skipped at its neutral value."""
+    if temperature is not None and temperature != 1.0:
+        scores_bv = apply_temperature(scores_bv, temperature)                                  # 4
+        record("temperature", scores_bv)
+    if top_k is not None and top_k != 0:
+        scores_bv = apply_top_k(scores_bv, top_k)                                              # 5
+        record("top_k", scores_bv)
+    if top_p is not None and top_p < 1.0:
+        scores_bv = apply_top_p(scores_bv, top_p)                                              # 6
+        record("top_p", scores_bv)
+    return scores_bv
 
 
 def choose(scores_bv, sample: bool, rng: np.random.Generator | None):

@@ -60,7 +60,7 @@ class SpeechTokenizer:
         check_weights(decoder_weights, codec_decoder.decoder_weight_spec(self.decoder_config),
                       f"speech tokenizer decoder ({directory})")
         self.decoder_weights = decoder_weights
-        self._tables = codec_decoder.dequantize_tables(decoder_weights, self.decoder_config)
+        self.codebooks = codec_decoder.dequantize_tables(decoder_weights, self.decoder_config)  # effective RVQ tables
         self.sample_rate = int(config.get("output_sample_rate", 24000))
         self.input_sample_rate = int(config.get("input_sample_rate", 24000))
         self.num_quantizers = self.decoder_config.num_quantizers
@@ -86,7 +86,9 @@ class SpeechTokenizer:
 
     # ------------------------------------------------------------------ input checking
 
-    def _check_codes(self, codes, allow_padding: bool, what: str = "codes") -> np.ndarray:
+    def check_codes(self, codes, allow_padding: bool = False, what: str = "codes") -> np.ndarray:
+        """``codes`` as an int64 array [T, num_quantizers] with every code in [0, codebook_size) (or -1 in
+        group 0 for a padding frame when ``allow_padding``); ValueError naming the first bad code otherwise."""
         arr = np.asarray(codes)
         if arr.dtype == object:
             raise ValueError(f"{what} must be a rectangular integer array [T, {self.num_quantizers}]")
@@ -125,7 +127,7 @@ class SpeechTokenizer:
         codes_bqt = codes_tq.T[None]
         if codes_tq.shape[0] == 0:
             return np.zeros(0, dtype=self.dtype)
-        wav = codec_decoder.decode_codes(self.decoder_weights, self.decoder_config, codes_bqt, tables=self._tables)
+        wav = codec_decoder.decode_codes(self.decoder_weights, self.decoder_config, codes_bqt, tables=self.codebooks)
         return wav[0]
 
     def decode_full(self, codes):
@@ -133,7 +135,7 @@ class SpeechTokenizer:
         A list of sequences gives a list of waveforms."""
         if self._is_batch(codes):
             return [self.decode_full(c) for c in codes]
-        return self._decode_frames(self._check_codes(codes, allow_padding=False))
+        return self._decode_frames(self.check_codes(codes, allow_padding=False))
 
     def decode(self, codes):
         """Decode like the official ``Qwen3TTSTokenizer.decode``: [T, 16] -> [n_valid * 1920].
@@ -144,7 +146,7 @@ class SpeechTokenizer:
         so for more than 300 frames the result differs (slightly) from ``decode_full``."""
         if self._is_batch(codes):
             return [self.decode(c) for c in codes]
-        arr = self._check_codes(codes, allow_padding=True)
+        arr = self.check_codes(codes, allow_padding=True)
         n_valid = int(np.sum(arr[:, 0] > -1))
         arr = np.maximum(arr, 0)
         T, spf = arr.shape[0], self.samples_per_frame
@@ -291,20 +293,26 @@ def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str
 
 
 class DecodeStream:
-    """Exact streaming decode (see ``codec_decoder.DecoderStream`` for the carried state)."""
+    """Exact streaming decode of one sequence: ``push(codes [n, 16])`` returns the n * 1920 samples of
+    those frames.  ``decoder`` is the ``codec_decoder.DecoderStream`` doing the work; its ``state``
+    (a ``codec_decoder.DecoderState``) is everything carried between pushes."""
 
     def __init__(self, tokenizer: SpeechTokenizer):
         self.tokenizer = tokenizer
-        self._stream = codec_decoder.DecoderStream(tokenizer.decoder_weights, tokenizer.decoder_config,
-                                                   batch=1, dtype=tokenizer.dtype, tables=tokenizer._tables)
+        self.decoder = codec_decoder.DecoderStream(tokenizer.decoder_weights, tokenizer.decoder_config,
+                                                   batch=1, dtype=tokenizer.dtype, tables=tokenizer.codebooks)
 
     @property
     def frames_done(self) -> int:
-        return self._stream.frames_done
+        return self.decoder.frames_done
+
+    @property
+    def state(self) -> codec_decoder.DecoderState:
+        return self.decoder.state
 
     def push(self, codes) -> np.ndarray:
         arr = np.asarray(codes)
         if arr.size == 0 and arr.ndim <= 2:
             arr = np.zeros((0, self.tokenizer.num_quantizers), dtype=np.int64)
-        arr = self.tokenizer._check_codes(arr, allow_padding=False)
-        return self._stream.push(arr.T[None])[0]
+        arr = self.tokenizer.check_codes(arr)
+        return self.decoder.push(arr.T[None])[0]

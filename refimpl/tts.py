@@ -27,9 +27,9 @@ import numpy as np
 from .audio import read_wav
 from .checkpoint import CheckpointError, check_prefixes, read_checkpoint_weights, read_config
 from .generate import GenerationTrace, generate_codes, iterate_frames
-from .prompt import build_layout, embed_layout
+from .prompt import TTSConfig, build_layout, embed_layout
 from .sampling import SamplingSettings
-from .talker import Talker, TTSConfig
+from .talker import Talker
 
 __all__ = ["Qwen3TTS", "VoiceClonePromptItem", "HARD_DEFAULTS"]
 

@@ -56,12 +56,13 @@ def test_streaming_is_not_redecoding(speech_tokenizers):
     for t in range(0, 50, 5):
         stream.push(codes[t:t + 5])
     window = tok.decoder_config.sliding_window
-    for cache in stream._stream.caches:
-        assert cache["k"].shape[2] == window - 1 and cache["v"].shape[2] == window - 1
+    for cache in stream.state.kv:
+        k, v = cache.view()
+        assert cache.kept == window - 1 and k.shape[2] == window - 1 and v.shape[2] == window - 1
+        assert cache.length == 50
     assert stream.frames_done == 50
     # the longest carried conv context is the dilated k7 conv of the last residual units: 6 * 9 samples
-    longest = max(v.shape[-1] for v in stream._stream.convs.context.values())
-    assert longest == 6 * 9
+    assert max(stream.state.context_lengths().values()) == 6 * 9
 
 
 def test_long_stream_against_golden(speech_tokenizers):

@@ -12,7 +12,8 @@ import pytest
 from conftest import CHECKPOINTS, GOLDEN, assert_close_to_oracle
 from refimpl import nn, sampling
 from refimpl.prompt import build_layout
-from refimpl.talker import mrope_stream_of_channel, multimodal_rope_cos_sin, rope_cos_sin_bt
+from refimpl.talker import mrope_stream_of_channel, multimodal_rope_cos_sin
+from refimpl.trace import Recorder
 from refimpl.tts import Qwen3TTS, VoiceClonePromptItem
 
 GOLD = np.load(GOLDEN / "talker.npz")
@@ -132,15 +133,15 @@ def test_eos_stops_each_row_like_official(precision):
     file): rows stop at different steps, each is cut before its EOS, and no EOS within 2 steps."""
     case = json.loads(str(GOLD["eos/case"]))
     m = model(case["model"], precision)
-    saved = m.talker.w["codec_head.weight"]
+    saved = m.talker.weights["codec_head.weight"]
     eos = m.config.talker_config.codec_eos_token_id
     biased = saved.copy()
     biased[eos] = GOLD["eos/codec_head_eos_row"]
-    m.talker.w["codec_head.weight"] = biased
+    m.talker.weights["codec_head.weight"] = biased
     try:
         wavs, sr, codes = getattr(m, case["method"])(**case["kwargs"], **GREEDY, return_codes=True)
     finally:
-        m.talker.w["codec_head.weight"] = saved
+        m.talker.weights["codec_head.weight"] = saved
     lengths = [c.shape[0] for c in codes]
     assert len(set(lengths)) == 2 and max(lengths) < case["kwargs"]["max_new_tokens"] - 1
     for i, c in enumerate(codes):
@@ -171,19 +172,24 @@ def test_processed_scores_match_official_processors(who):
     settings = sampling.SamplingSettings(**{k: v for k, v in settings_kw.items()
                                             if k in sampling.SamplingSettings.__dataclass_fields__})
     cfg = model("customvoice").config.talker_config
-    steps = dict(sampling.talker_processors(settings, cfg.vocab_size, cfg.codec_eos_token_id) if who == "talker"
-                 else sampling.subtalker_processors(settings))
-    ours_order = [n for n, _ in (sampling.talker_processors(settings, cfg.vocab_size, cfg.codec_eos_token_id)
-                                 if who == "talker" else sampling.subtalker_processors(settings))]
+
+    def ours(scores, previous):  # every step our scoring applies, by name, in order
+        recorded = {}
+        if who == "talker":
+            sampling.talker_scores(scores, previous, settings, cfg.codec_eos_token_id, Recorder(recorded))
+        else:
+            sampling.subtalker_scores(scores, settings, Recorder(recorded))
+        return recorded
+
     k = 0
     while f"sampling/{who}/{k}/names" in GOLD.files:
         names = json.loads(str(GOLD[f"sampling/{who}/{k}/names"]))
-        official_order = list(dict.fromkeys(_OFFICIAL_STEP[n] for n in names[1:]))
-        assert official_order == ours_order
         previous = GOLD[f"sampling/{who}/{k}/input_ids"]
-        scores = GOLD[f"sampling/{who}/{k}/stage0"]
+        stages = ours(GOLD[f"sampling/{who}/{k}/stage0"], previous)
+        official_order = list(dict.fromkeys(_OFFICIAL_STEP[n] for n in names[1:]))
+        assert official_order == list(stages)
         for j, name in enumerate(names[1:], start=1):
-            scores = steps[_OFFICIAL_STEP[name]](scores, previous)
+            scores = stages[_OFFICIAL_STEP[name]]
             expected = GOLD[f"sampling/{who}/{k}/stage{j}"]
             np.testing.assert_array_equal(np.isneginf(scores), np.isneginf(expected), err_msg=f"{who} {k} {name}")
             finite = np.isfinite(expected)
@@ -235,7 +241,7 @@ def test_mrope_with_equal_streams_is_ordinary_rope(section, head_dim, interleave
     positions = np.array([[1, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])  # left padding in row 0
     for dtype in (np.float32, np.float64):
         cos, sin = multimodal_rope_cos_sin(np.stack([positions] * 3), head_dim, 1e6, section, interleaved, dtype)
-        cos1, sin1 = rope_cos_sin_bt(positions, head_dim, 1e6, dtype)
+        cos1, sin1 = nn.rope_cos_sin(positions, head_dim, 1e6, dtype)
         np.testing.assert_array_equal(cos, cos1)
         np.testing.assert_array_equal(sin, sin1)
         c_row, s_row = nn.rope_cos_sin(positions[1], head_dim, 1e6, dtype)
@@ -246,7 +252,7 @@ def test_mrope_with_equal_streams_is_ordinary_rope(section, head_dim, interleave
     cos, _ = multimodal_rope_cos_sin(streams, head_dim, 1e6, section, interleaved, np.float64)
     which = mrope_stream_of_channel(section, interleaved, head_dim)
     for s in range(3):
-        ref, _ = rope_cos_sin_bt(streams[s], head_dim, 1e6, np.float64)
+        ref, _ = nn.rope_cos_sin(streams[s], head_dim, 1e6, np.float64)
         np.testing.assert_array_equal(cos[..., which == s], ref[..., which == s])
 
 
