@@ -72,11 +72,11 @@ def released_custom_voice_0_6b(seed: int = 0) -> Path:
 
 def released_speaker_encoder(seed: int = 0) -> Path:
     """The 0.6B-Base speaker encoder (enc_dim 1024) alone, seeded random weights, bf16 (written once)."""
-    from refimpl import presets, speaker
+    from refimpl import presets, synthetic
     path = CACHE / "released-speaker-encoder"
     if not (path / "model.safetensors").is_file():
         print(f"writing a full-size synthetic speaker encoder to {path} ...", flush=True)
-        speaker.write_speaker_encoder(path, presets.preset(presets.RELEASED_SPEAKER_ENCODER), seed, "bfloat16")
+        synthetic.write_speaker_encoder(path, presets.preset(presets.RELEASED_SPEAKER_ENCODER), seed, "bfloat16")
     return path
 
 

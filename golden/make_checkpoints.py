@@ -23,9 +23,8 @@ def main() -> None:
     synthetic.write_speech_tokenizer(CHECKPOINTS / "tiny-speech-tokenizer", presets.preset(presets.TINY_SPEECH_TOKENIZER),
                                      seed=1234)
     print("wrote", CHECKPOINTS / "tiny-speech-tokenizer")
-    from refimpl import speaker  # the Base models' speaker encoder, standalone (same tensors, same seed)
-    speaker.write_speaker_encoder(CHECKPOINTS / "tiny-speaker-encoder", presets.preset(presets.TINY_SPEAKER_ENCODER),
-                                  seed=1234)
+    synthetic.write_speaker_encoder(CHECKPOINTS / "tiny-speaker-encoder", presets.preset(presets.TINY_SPEAKER_ENCODER),
+                                    seed=1234)
     print("wrote", CHECKPOINTS / "tiny-speaker-encoder")
     # the tiny text tokenizer (vocab.json + merges.txt + tokenizer_config.json, released format)
     synthetic.write_tiny_text_tokenizer(CHECKPOINTS / "tiny-text-tokenizer")

@@ -14,9 +14,17 @@ import numpy as np
 from scipy import signal
 from scipy.io import wavfile
 
-__all__ = ["read_wav", "write_wav", "resample", "resampling_filter"]
+__all__ = ["read_wav", "write_wav", "check_sample_rate", "resample", "resampling_filter"]
 
 _INTEGER_SCALE = {np.dtype("int16"): 32768.0, np.dtype("int32"): 2147483648.0, np.dtype("uint8"): 128.0}
+
+
+def check_sample_rate(sr) -> int:
+    """A positive whole number of Hz (an int, or a float such as 16000.0) as an int, else ValueError."""
+    ok = isinstance(sr, (int, float, np.integer, np.floating)) and not isinstance(sr, (bool, np.bool_))
+    if not ok or not np.isfinite(sr) or sr <= 0 or float(sr) != int(sr):
+        raise ValueError(f"sample rate must be a positive whole number of Hz, got {sr!r}")
+    return int(sr)
 
 
 def read_wav(path) -> tuple[np.ndarray, int]:

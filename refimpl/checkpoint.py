@@ -26,6 +26,7 @@ import numpy as np
 
 __all__ = [
     "CheckpointError",
+    "compute_dtype",
     "WeightSpec",
     "WeightView",
     "read_config",
@@ -42,6 +43,17 @@ __all__ = [
 
 class CheckpointError(ValueError):
     """A checkpoint directory or weight file is missing, malformed, or does not fit the model."""
+
+
+COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def compute_dtype(dtype) -> type:
+    """The compute dtype of a model as a NumPy scalar type: float32 (like the official model) or float64
+    (the higher-precision oracle mode); anything else is a ValueError."""
+    if np.dtype(dtype) not in COMPUTE_DTYPES:
+        raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {np.dtype(dtype)}")
+    return np.dtype(dtype).type
 
 
 # safetensors dtype name -> numpy dtype of the stored bytes (bf16 is read as raw uint16 bits)

@@ -30,17 +30,3 @@ def config_from_dict(cls: Type[T], data: Mapping[str, Any] | None) -> T:
     if "extra" in names:
         kwargs["extra"] = extra
     return cls(**kwargs)
-
-
-def config_to_dict(config) -> dict:
-    """The inverse of ``config_from_dict``: fields (tuples as lists) plus the extra keys."""
-    out = {}
-    for f in dataclasses.fields(config):
-        if f.name == "extra":
-            continue
-        value = getattr(config, f.name)
-        if dataclasses.is_dataclass(value):
-            value = config_to_dict(value)
-        out[f.name] = list(value) if isinstance(value, tuple) else value
-    out.update(getattr(config, "extra", {}) or {})
-    return out

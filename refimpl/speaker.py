@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy import signal, special
+from scipy import special
 
 from . import nn
-from .audio import resample, resampling_filter  # noqa: F401  (re-exported)
-from .checkpoint import CheckpointError, WeightSpec, check_weights, read_checkpoint_weights, read_config
+from .audio import check_sample_rate, resample
+from .checkpoint import CheckpointError, WeightSpec, check_weights, compute_dtype, read_checkpoint_weights, read_config
 from .config import config_from_dict
 
 __all__ = ["SpeakerEncoderConfig", "speaker_encoder_weight_spec", "speaker_encoder_checkpoint_spec",
-           "write_speaker_encoder", "hz_to_mel", "mel_to_hz", "mel_filterbank",
+           "hz_to_mel", "mel_to_hz", "mel_filterbank",
            "hann_window", "stft_magnitude", "mel_spectrogram", "mel_frame_count", "encode_mels",
            "resample", "SpeakerEncoder", "STAGES"]
 
@@ -120,16 +120,6 @@ def speaker_encoder_checkpoint_spec(cfg: SpeakerEncoderConfig) -> list:
     Synthetic weights are seeded by these full names, so ``random_weights(this, seed)`` gives the same
     tensors in a standalone speaker-encoder directory and in a full Base-model checkpoint."""
     return [WeightSpec(CHECKPOINT_PREFIX + s.name, s.shape, s.init) for s in speaker_encoder_weight_spec(cfg)]
-
-
-def write_speaker_encoder(directory, speaker_encoder_config: dict, seed: int = 0, dtype: str = "float32"):
-    """A standalone synthetic speaker-encoder directory: config.json holding ``speaker_encoder_config``
-    (and ``tts_model_type: base``), model.safetensors with the ``speaker_encoder.*`` tensors."""
-    from .synthetic import random_weights, write_checkpoint
-
-    cfg = SpeakerEncoderConfig.from_dict(speaker_encoder_config)
-    config = {"tts_model_type": "base", "speaker_encoder_config": dict(speaker_encoder_config)}
-    return write_checkpoint(directory, config, random_weights(speaker_encoder_checkpoint_spec(cfg), seed), dtype)
 
 
 # ----------------------------------------------------------------------------- 1. the log-mel spectrogram
@@ -381,20 +371,6 @@ def min_mel_frames(cfg: SpeakerEncoderConfig) -> int:
     return 1 + max(max(same_padding(k, d)) for k, d in zip(cfg.enc_kernel_sizes, cfg.enc_dilations))
 
 
-# ----------------------------------------------------------------------------- resampling
-#
-# ``resample`` lives in refimpl/audio.py (shared with the codec encoder); it is re-exported here.
-
-
-
-def _sample_rate(sr) -> int:
-    """A positive whole number of Hz (an int, or a float such as 16000.0), else ValueError."""
-    ok = isinstance(sr, (int, float, np.integer, np.floating)) and not isinstance(sr, (bool, np.bool_))
-    if not ok or not np.isfinite(sr) or sr <= 0 or float(sr) != int(sr):
-        raise ValueError(f"sample rate must be a positive whole number of Hz, got {sr!r}")
-    return int(sr)
-
-
 # ----------------------------------------------------------------------------- the public object
 
 # the official settings of the mel spectrogram fed to the speaker encoder
@@ -410,8 +386,7 @@ class SpeakerEncoder:
     """
 
     def __init__(self, config, weights: dict, dtype=np.float32, directory: Path | None = None):
-        if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {np.dtype(dtype)}")
+        dtype = compute_dtype(dtype)
         self.config = config if isinstance(config, SpeakerEncoderConfig) else SpeakerEncoderConfig.from_dict(config)
         self.dtype = np.dtype(dtype).type
         self.directory = directory
@@ -481,7 +456,7 @@ class SpeakerEncoder:
             raise ValueError(f"audio must be a real numeric array, got dtype {audio.dtype}")
         if audio.ndim != 1:
             raise ValueError(f"audio must be mono, rank 1 [N]; got shape {audio.shape} (mix channels down first)")
-        sr = _sample_rate(sr)
+        sr = check_sample_rate(sr)
         audio = audio.astype(self.dtype)
         if not np.all(np.isfinite(audio)):
             raise ValueError(f"audio contains {int(np.sum(~np.isfinite(audio)))} NaN or infinite samples")

@@ -20,8 +20,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import codec_decoder, codec_encoder
-from .audio import resample
-from .checkpoint import CheckpointError, check_prefixes, check_weights, read_checkpoint_weights, read_config
+from .audio import check_sample_rate, resample
+from .checkpoint import (CheckpointError, check_prefixes, check_weights, compute_dtype, read_checkpoint_weights,
+                         read_config)
 from .codec_decoder import DecoderConfig
 
 __all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir", "Encoded", "prepare_audio"]
@@ -74,8 +75,7 @@ class SpeechTokenizer:
 
     @classmethod
     def from_pretrained(cls, path, dtype=np.float32) -> "SpeechTokenizer":
-        if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {np.dtype(dtype)}")
+        dtype = compute_dtype(dtype)
         directory = resolve_speech_tokenizer_dir(path)
         config = read_config(directory)
         if "decoder_config" not in config:
@@ -255,13 +255,7 @@ def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str
     Accepts a 1-D array (or list) of samples, or stereo ``[N, 2]`` / ``[2, N]`` (averaged to mono, with a
     warning; ``[N, 1]`` / ``[1, N]`` are taken as mono).  Resamples with ``refimpl.audio.resample``.
     Raises ValueError for a bad rate, rank or shape, empty audio, or NaN / infinite samples."""
-    if isinstance(sr, (bool, np.bool_)) or not isinstance(sr, (int, float, np.integer, np.floating)):
-        raise ValueError(f"sample rate must be a positive number, got {sr!r}")
-    if not np.isfinite(sr) or sr <= 0:
-        raise ValueError(f"sample rate must be positive, got {sr}")
-    if sr != int(sr):
-        raise ValueError(f"sample rate must be a whole number of Hz, got {sr}")
-    sr = int(sr)
+    sr = check_sample_rate(sr)
     try:
         arr = np.asarray(audio)
     except ValueError as e:  # ragged nested lists

@@ -37,10 +37,16 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from .checkpoint import WeightSpec, write_safetensors_file
+from .codec_decoder import DecoderConfig, decoder_weight_spec
+from .codec_encoder import EncoderConfig, encoder_weight_spec
+from .presets import RELEASED_GENERATION_CONFIG, SPEECH_TOKENIZER_PREPROCESSOR, TINY_SPEECH_TOKENIZER, preset
+from .speaker import SpeakerEncoderConfig, speaker_encoder_checkpoint_spec
+from .talker import TalkerConfig, talker_weight_spec
+from .text import QWEN2_SPLIT_PATTERN, _byte_level_bpe_json, byte_alphabet_in_vocab_order
 
 __all__ = ["random_tensor", "random_weights", "write_checkpoint", "speech_tokenizer_weight_spec",
            "write_speech_tokenizer", "write_text_tokenizer", "write_tiny_text_tokenizer", "learn_bpe_merges",
-           "tts_model_weight_spec", "write_tts_model",
+           "write_speaker_encoder", "tts_model_weight_spec", "write_tts_model",
            "byte_level_vocab"]
 
 
@@ -121,8 +127,6 @@ def write_checkpoint(directory: str | os.PathLike, config: Mapping | None, tenso
 
 def speech_tokenizer_weight_spec(config: Mapping) -> list:
     """All tensors of a 12 Hz speech tokenizer checkpoint (``encoder.*`` and ``decoder.*``)."""
-    from .codec_decoder import DecoderConfig, decoder_weight_spec
-    from .codec_encoder import EncoderConfig, encoder_weight_spec
 
     spec = [WeightSpec("decoder." + s.name, s.shape, s.init)
             for s in decoder_weight_spec(DecoderConfig.from_dict(config["decoder_config"]))]
@@ -135,7 +139,6 @@ def write_speech_tokenizer(directory: str | os.PathLike, config: Mapping, seed: 
                            dtype: str = "float32", max_shard_bytes: int | None = None) -> Path:
     """A complete synthetic speech-tokenizer directory: config.json, model.safetensors (or shards)
     and preprocessor_config.json, with seeded random weights."""
-    from .presets import SPEECH_TOKENIZER_PREPROCESSOR
 
     directory = write_checkpoint(directory, config, random_weights(speech_tokenizer_weight_spec(config), seed),
                                  dtype, max_shard_bytes)
@@ -191,7 +194,6 @@ The numbers 0 1 2 3 4 5 6 7 8 9 and 3.14159, 2.71828, 1,000,000.
 def byte_level_vocab(merges) -> dict:
     """The Qwen2 numbering: the 256 byte symbols by code point (ids 0..255), then one id per merge in
     merge order (id 256 + rank).  Raises if two merges make the same token."""
-    from .text import byte_alphabet_in_vocab_order
 
     vocab = {s: i for i, s in enumerate(byte_alphabet_in_vocab_order())}
     for a, b in merges:
@@ -209,7 +211,6 @@ def _byte_level_words(text: str) -> list:
 
     from tokenizers import Regex, pre_tokenizers
 
-    from .text import QWEN2_SPLIT_PATTERN
 
     pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated"),
                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -300,7 +301,6 @@ def write_text_tokenizer(directory: str | os.PathLike, merges, added_tokens, tok
         json.dump(config, f, indent=2, ensure_ascii=False)
         f.write("\n")
     if tokenizer_json:
-        from .text import QWEN2_SPLIT_PATTERN, _byte_level_bpe_json
 
         definition = _byte_level_bpe_json(vocab, merges, QWEN2_SPLIT_PATTERN)
         definition["added_tokens"] = [{"id": added[c], "content": c, "single_word": False, "lstrip": False,
@@ -321,6 +321,14 @@ def write_tiny_text_tokenizer(directory: str | os.PathLike, num_merges: int = 40
     return write_text_tokenizer(directory, merges, TINY_TEXT_ADDED_TOKENS, tokenizer_json=tokenizer_json)
 
 
+def write_speaker_encoder(directory, speaker_encoder_config: dict, seed: int = 0, dtype: str = "float32"):
+    """A standalone synthetic speaker-encoder directory: config.json holding ``speaker_encoder_config``
+    (and ``tts_model_type: base``), model.safetensors with the ``speaker_encoder.*`` tensors."""
+    cfg = SpeakerEncoderConfig.from_dict(speaker_encoder_config)
+    config = {"tts_model_type": "base", "speaker_encoder_config": dict(speaker_encoder_config)}
+    return write_checkpoint(directory, config, random_weights(speaker_encoder_checkpoint_spec(cfg), seed), dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # full Qwen3-TTS model directories (talker + code predictor [+ speaker encoder], text tokenizer,
 # generation_config.json, speech_tokenizer/)
@@ -330,12 +338,10 @@ def write_tiny_text_tokenizer(directory: str | os.PathLike, num_merges: int = 40
 def tts_model_weight_spec(config: Mapping) -> list:
     """Every tensor of a full model's model.safetensors (full names: ``talker.*``, and
     ``speaker_encoder.*`` for Base models) from its config.json dict."""
-    from .talker import TalkerConfig, talker_weight_spec
 
     spec = [WeightSpec("talker." + s.name, s.shape, s.init)
             for s in talker_weight_spec(TalkerConfig.from_dict(config["talker_config"]))]
     if config.get("tts_model_type") == "base":
-        from .speaker import SpeakerEncoderConfig, speaker_encoder_checkpoint_spec
         spec += speaker_encoder_checkpoint_spec(SpeakerEncoderConfig.from_dict(config["speaker_encoder_config"]))
     return spec
 
@@ -349,7 +355,6 @@ def write_tts_model(directory: str | os.PathLike, tts_model_type: str, tts_model
     The config's text ids (im_start/im_end, tts_pad/bos/eos) and ``talker_config.text_vocab_size`` come
     from the written tokenizer (its vocabulary size rounded up to a multiple of 64, as the released
     151936 is padded past the last id)."""
-    from .presets import RELEASED_GENERATION_CONFIG, TINY_SPEECH_TOKENIZER, preset
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -25,11 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from .audio import read_wav
-from .checkpoint import CheckpointError, check_prefixes, read_checkpoint_weights, read_config
+from .checkpoint import CheckpointError, check_prefixes, compute_dtype, read_checkpoint_weights, read_config
 from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import TTSConfig, build_layout, embed_layout
 from .sampling import SamplingSettings
+from .speaker import SpeakerEncoder
+from .speech_tokenizer import SpeechTokenizer
 from .talker import Talker
+from .text import assistant_prompt, instruct_prompt, load_text_tokenizer, reference_prompt
 
 __all__ = ["Qwen3TTS", "VoiceClonePromptItem", "HARD_DEFAULTS"]
 
@@ -59,10 +62,20 @@ def _is_audio_tuple(x) -> bool:
     return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], np.ndarray)
 
 
-def _broadcast(name: str, values: list, n: int) -> list:
-    if len(values) == 1 and n > 1:
-        return values * n
-    return values
+def _per_text(texts: list, **arguments) -> list:
+    """Each argument, given as ``(value, default)``, as one value per text: a list of len(texts) as it is,
+    a list of one repeated, a single value (None -> default) for every text.  Returns the lists in the
+    order given; ValueError naming the lengths when a list has another length (as the official)."""
+    out = []
+    for value, default in arguments.values():
+        if isinstance(value, list):
+            out.append(value * len(texts) if len(value) == 1 else list(value))
+        else:
+            out.append([default if value is None else value] * len(texts))
+    if any(len(values) != len(texts) for values in out):
+        sizes = ", ".join(f"{name}={len(values)}" for name, values in zip(arguments, out))
+        raise ValueError(f"Batch size mismatch: text={len(texts)}, {sizes}")
+    return out
 
 
 class Qwen3TTS:
@@ -70,7 +83,6 @@ class Qwen3TTS:
 
     def __init__(self, config: dict, talker: Talker, text_tokenizer, speech_tokenizer, speaker_encoder=None,
                  generate_defaults: dict | None = None, dtype=np.float32, directory: Path | None = None):
-        self.raw_config = config
         self.config = TTSConfig.from_dict(config)
         self.talker = talker
         self.text_tokenizer = text_tokenizer
@@ -90,11 +102,7 @@ class Qwen3TTS:
     def from_pretrained(cls, path, dtype=np.float32) -> "Qwen3TTS":
         """Load a model directory: config.json, model.safetensors (or shards), the text tokenizer files,
         generation_config.json and speech_tokenizer/."""
-        from .speech_tokenizer import SpeechTokenizer
-        from .text import load_text_tokenizer
-
-        if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {np.dtype(dtype)}")
+        dtype = compute_dtype(dtype)
         directory = Path(path)
         if not directory.is_dir():
             raise CheckpointError(f"model directory {str(directory)!r} does not exist or is not a directory")
@@ -106,7 +114,6 @@ class Qwen3TTS:
         talker = Talker(cfg.talker_config, read_checkpoint_weights(directory, dtype, prefix="talker."), dtype)
         speaker_encoder = None
         if cfg.tts_model_type == "base":
-            from .speaker import SpeakerEncoder
             speaker_encoder = SpeakerEncoder.from_pretrained(directory, dtype)
         if not (directory / "speech_tokenizer" / "config.json").is_file():
             raise CheckpointError(f"{directory} has no speech_tokenizer/config.json")
@@ -158,18 +165,6 @@ class Qwen3TTS:
                 raise ValueError(f"{what}[{i}] must be a string, got {type(t).__name__}")
             if t == "":
                 raise ValueError(f"{what}[{i}] is empty: there is nothing to say")
-
-    @staticmethod
-    def assistant_text(text: str) -> str:
-        return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
-
-    @staticmethod
-    def ref_text_prompt(text: str) -> str:
-        return f"<|im_start|>assistant\n{text}<|im_end|>\n"
-
-    @staticmethod
-    def instruct_text(instruct: str) -> str:
-        return f"<|im_start|>user\n{instruct}<|im_end|>\n"
 
     # ------------------------------------------------------------------ generation core
 
@@ -239,26 +234,17 @@ class Qwen3TTS:
     def _custom_voice_layouts(self, text, speaker, language, instruct, non_streaming_mode) -> list:
         texts = _as_list(text)
         self._check_texts(texts)
-        languages = _as_list(language) if isinstance(language, list) else \
-            [language if language is not None else "Auto"] * len(texts)
-        speakers = _as_list(speaker)
         if self.tts_model_size is not None and self.tts_model_size in "0b6":  # the official rule, verbatim
             instruct = None
-        instructs = _as_list(instruct) if isinstance(instruct, list) else \
-            [instruct if instruct is not None else ""] * len(texts)
-        languages = _broadcast("language", languages, len(texts))
-        speakers = _broadcast("speaker", speakers, len(texts))
-        instructs = _broadcast("instruct", instructs, len(texts))
-        if not (len(texts) == len(languages) == len(speakers) == len(instructs)):
-            raise ValueError(f"Batch size mismatch: text={len(texts)}, language={len(languages)}, "
-                             f"speaker={len(speakers)}, instruct={len(instructs)}")
+        languages, speakers, instructs = _per_text(texts, language=(language, "Auto"), speaker=(speaker, None),
+                                                   instruct=(instruct, ""))
         self._check_languages(languages)
         self._check_speakers(speakers)
         layouts = []
         for t, lang, spk, ins in zip(texts, languages, speakers, instructs):
             layouts.append(build_layout(
-                self.config, self._tokenize(self.assistant_text(t)), lang, spk,
-                instruct_ids=None if ins in (None, "") else self._tokenize(self.instruct_text(ins)),
+                self.config, self._tokenize(assistant_prompt(t)), lang, spk,
+                instruct_ids=None if ins in (None, "") else self._tokenize(instruct_prompt(ins)),
                 non_streaming_mode=non_streaming_mode))
         return layouts
 
@@ -286,20 +272,13 @@ class Qwen3TTS:
     def _voice_design_layouts(self, text, instruct, language, non_streaming_mode) -> list:
         texts = _as_list(text)
         self._check_texts(texts)
-        languages = _as_list(language) if isinstance(language, list) else \
-            [language if language is not None else "Auto"] * len(texts)
-        instructs = _as_list(instruct)
-        languages = _broadcast("language", languages, len(texts))
-        instructs = _broadcast("instruct", instructs, len(texts))
-        if not (len(texts) == len(languages) == len(instructs)):
-            raise ValueError(f"Batch size mismatch: text={len(texts)}, language={len(languages)}, "
-                             f"instruct={len(instructs)}")
+        languages, instructs = _per_text(texts, language=(language, "Auto"), instruct=(instruct, None))
         self._check_languages(languages)
         layouts = []
         for t, lang, ins in zip(texts, languages, instructs):
             layouts.append(build_layout(
-                self.config, self._tokenize(self.assistant_text(t)), lang, None,
-                instruct_ids=None if ins in (None, "") else self._tokenize(self.instruct_text(ins)),
+                self.config, self._tokenize(assistant_prompt(t)), lang, None,
+                instruct_ids=None if ins in (None, "") else self._tokenize(instruct_prompt(ins)),
                 non_streaming_mode=non_streaming_mode))
         return layouts
 
@@ -383,11 +362,7 @@ class Qwen3TTS:
                              non_streaming_mode):
         texts = _as_list(text)
         self._check_texts(texts)
-        languages = _as_list(language) if isinstance(language, list) else \
-            [language if language is not None else "Auto"] * len(texts)
-        languages = _broadcast("language", languages, len(texts))
-        if len(texts) != len(languages):
-            raise ValueError(f"Batch size mismatch: text={len(texts)}, language={len(languages)}")
+        (languages,) = _per_text(texts, language=(language, "Auto"))
         self._check_languages(languages)
 
         if voice_clone_prompt is None:
@@ -400,9 +375,7 @@ class Qwen3TTS:
             items = [voice_clone_prompt]
         else:
             items = list(voice_clone_prompt)
-        items = _broadcast("voice_clone_prompt", items, len(texts))
-        if len(items) != len(texts):
-            raise ValueError(f"Batch size mismatch: prompt={len(items)}, text={len(texts)}")
+        (items,) = _per_text(texts, prompt=(items, None))
 
         layouts, vectors, ref_codes = [], [], []
         for t, lang, it in zip(texts, languages, items):
@@ -413,8 +386,8 @@ class Qwen3TTS:
                 raise ValueError("ref_text is required in ICL mode (x_vector_only_mode=False)")
             use_vector = bool(it.x_vector_only_mode) or bool(it.icl_mode)
             layouts.append(build_layout(
-                self.config, self._tokenize(self.assistant_text(t)), lang, None, has_speaker_vector=use_vector,
-                ref_ids=self._tokenize(self.ref_text_prompt(it.ref_text)) if icl else None,
+                self.config, self._tokenize(assistant_prompt(t)), lang, None, has_speaker_vector=use_vector,
+                ref_ids=self._tokenize(reference_prompt(it.ref_text)) if icl else None,
                 ref_codes=it.ref_code if icl else None, non_streaming_mode=non_streaming_mode))
             vectors.append(it.ref_spk_embedding if use_vector else None)
             ref_codes.append(it.ref_code if it.ref_code is not None else None)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import CHECKPOINTS, GOLDEN, assert_close_to_oracle
-from refimpl import nn, sampling
+from refimpl import nn, sampling, text
 from refimpl.prompt import build_layout
 from refimpl.talker import mrope_stream_of_channel, multimodal_rope_cos_sin
 from refimpl.trace import Recorder
@@ -269,7 +269,7 @@ def test_released_mrope_channel_assignment():
 def test_prompt_layouts():
     m = model("customvoice")
     cfg, t = m.config, m.config.talker_config
-    ids = m._tokenize(m.assistant_text("Hello, world!"))
+    ids = m._tokenize(text.assistant_prompt("Hello, world!"))
     body = ids[3:-5]
     stream = build_layout(cfg, ids, "english", "vivian", non_streaming_mode=False)
     assert [s[0] for s in stream.segments] == ["role", "codec_prefix", "first_text"]
@@ -289,8 +289,8 @@ def test_prompt_layouts():
 def test_icl_layouts_for_both_length_cases():
     m = model("base")
     cfg = m.config
-    ids = m._tokenize(m.assistant_text("Yes."))
-    ref = m._tokenize(m.ref_text_prompt("Hi."))
+    ids = m._tokenize(text.assistant_prompt("Yes."))
+    ref = m._tokenize(text.reference_prompt("Hi."))
     long_ref = np.zeros((12, 16), dtype=np.int64)
     short = build_layout(cfg, ids, "auto", has_speaker_vector=True, ref_ids=ref, ref_codes=long_ref)
     n_text = len(ref) - 5 + len(ids) - 8 + 1

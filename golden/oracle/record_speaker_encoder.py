@@ -163,9 +163,9 @@ def main() -> None:
     golden["sr16000_noise/resampled"] = librosa.resample(y=noise, orig_sr=16000, target_sr=SR)
 
     # the released dimensions (0.6B-Base), random weights written by the repo's synthetic generator
-    from refimpl import presets, speaker
+    from refimpl import presets, synthetic
     with tempfile.TemporaryDirectory() as tmp:
-        speaker.write_speaker_encoder(Path(tmp), presets.preset(presets.RELEASED_SPEAKER_ENCODER), seed=1234)
+        synthetic.write_speaker_encoder(Path(tmp), presets.preset(presets.RELEASED_SPEAKER_ENCODER), seed=1234)
         big = load_official_encoder(Path(tmp))
         big64 = load_official_encoder(Path(tmp)).double()
     audio = 0.1 * rng.standard_normal(4800)
