@@ -5,8 +5,10 @@ Conventions: ``x_bct`` is [batch, channels, time] (the layout of the convolution
 [batch, heads, time, head_dim].  Every function computes in the dtype of its input
 (float32 by default, float64 in the oracle mode); weights are converted to that dtype when loaded.
 
-Each function here has one job and a name that says what it is, so that a faster kernel (Numba,
-CuPy) can later stand behind the same signature.
+Each function here has one job, a name that says what it is, and a body that is the formula of its
+docstring.  Speed lives elsewhere: a function marked ``@primitive`` hands its call to the active
+backend's twin of the same name and signature when there is one (``refimpl/kernels``); its own body
+is the reference the twins are tested against.
 """
 
 from __future__ import annotations
@@ -17,46 +19,39 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from .kernels import primitive
+
 # ----------------------------------------------------------------------------- elementwise
 
 
+@primitive
 def silu(x):
     """x * sigmoid(x)."""
     return x * special.expit(x)
 
 
+@primitive
 def gelu_erf(x):
     """The exact GELU: 0.5 * x * (1 + erf(x / sqrt(2)))."""
     return 0.5 * x * (1.0 + special.erf(x * x.dtype.type(1.0 / math.sqrt(2.0))))
 
 
+@primitive
 def elu(x, alpha: float = 1.0):
-    """x for x > 0, alpha * (exp(x) - 1) otherwise: max(x, 0) + alpha * expm1(min(x, 0)), in place
-    (one of the two terms is always exactly 0)."""
-    negative = np.minimum(x, 0)
-    np.expm1(negative, out=negative)
-    if alpha != 1.0:
-        negative *= x.dtype.type(alpha)
-    positive = np.maximum(x, 0)
-    positive += negative
-    return positive
+    """x for x > 0, alpha * (exp(x) - 1) otherwise."""
+    return np.where(x > 0, x, x.dtype.type(alpha) * np.expm1(np.minimum(x, 0)))
 
 
+@primitive
 def snake_beta(x_bct, log_alpha_c, log_beta_c):
     """SnakeBeta: x + 1 / (beta + 1e-9) * sin(alpha * x)^2, with alpha = exp(log_alpha), beta = exp(log_beta)
     per channel (the checkpoint stores the logarithms)."""
     alpha = np.exp(log_alpha_c)[None, :, None]
     inv_beta = 1.0 / (np.exp(log_beta_c)[None, :, None] + x_bct.dtype.type(1e-9))
-    # the same operations in the same order as x + inv_beta * sin(alpha * x)^2, computed in place in
-    # one temporary (these arrays reach 96 x 1920T samples: allocations dominate otherwise)
-    s = x_bct * alpha
-    np.sin(s, out=s)
-    np.square(s, out=s)
-    s *= inv_beta
-    s += x_bct
-    return s
+    return x_bct + inv_beta * np.sin(alpha * x_bct) ** 2
 
 
+@primitive
 def softmax(x, axis: int = -1):
     """exp(x - max) / sum(exp(x - max)); rows that are entirely -inf give zeros, not NaN."""
     m = np.max(x, axis=axis, keepdims=True)
@@ -69,6 +64,7 @@ def softmax(x, axis: int = -1):
 # ----------------------------------------------------------------------------- linear and norms
 
 
+@primitive
 def linear(x, w_oi, b_o=None):
     """y = x @ W^T + b, over the last axis (the torch ``nn.Linear`` layout: W is [out, in])."""
     y = x @ w_oi.T
@@ -77,12 +73,14 @@ def linear(x, w_oi, b_o=None):
     return y
 
 
+@primitive
 def rms_norm(x, w, eps: float):
     """w * x / sqrt(mean(x^2) + eps), over the last axis."""
     variance = np.mean(x * x, axis=-1, keepdims=True)
     return w * (x / np.sqrt(variance + x.dtype.type(eps)))
 
 
+@primitive
 def layer_norm(x, w, b, eps: float):
     """w * (x - mean) / sqrt(var + eps) + b, over the last axis (biased variance)."""
     mean = np.mean(x, axis=-1, keepdims=True)
@@ -95,49 +93,44 @@ def layer_norm(x, w, b, eps: float):
 # ----------------------------------------------------------------------------- convolutions
 
 
-IM2COL_MAX_ROWS = 64  # conv1d stacks its taps when in_channels * kernel_size is at most this
-
-
-def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
-    """Valid (unpadded) 1-D cross-correlation, the torch ``nn.Conv1d`` layout: W is [out, in/groups, k].
-
-    out[b, o, t] = b[o] + sum_{i, k} W[o, i, k] * x[b, i, stride * t + dilation * k]
-
-    Computed as one matrix product per kernel tap (k is at most 7 here), which keeps memory flat; when
-    in_channels x k is small (the first convs of the codec encoder, at the audio rate) the taps are
-    stacked instead ("im2col": [I * K, T_out]) and multiplied at once, since a product with an inner
-    dimension of a few channels is mostly memory traffic.
-    """
-    B, C, T = x_bct.shape
+def check_conv1d_shapes(x_bct, w_oik, stride: int, dilation: int, groups: int) -> None:
+    """ValueError unless x [B, C, T] and W [O, C / groups, K] fit a valid conv with at least one output."""
+    C, T = x_bct.shape[1], x_bct.shape[-1]
     O, I, K = w_oik.shape
+    if groups < 1 or C % groups or O % groups or I * groups != C:
+        raise ValueError(f"conv1d: {C} input channels, weight {w_oik.shape} and groups={groups} do not fit "
+                         f"(the weight must be [O, C / groups, K] with C and O multiples of groups)")
+    if stride < 1 or dilation < 1:
+        raise ValueError(f"conv1d: stride {stride} and dilation {dilation} must be positive")
     span = dilation * (K - 1) + 1
     if T < span:
         raise ValueError(f"conv1d: input length {T} is shorter than the kernel span {span}")
-    T_out = (T - span) // stride + 1
-    end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
-    if groups == 1 and I * K <= IM2COL_MAX_ROWS:
-        taps_bikt = np.stack([x_bct[:, :, k * dilation:end(k):stride] for k in range(K)], axis=2)
-        out = np.matmul(w_oik.reshape(O, I * K), taps_bikt.reshape(B, I * K, T_out))
-    elif groups == 1:
-        out = np.matmul(w_oik[:, :, 0], x_bct[:, :, 0:end(0):stride])
-        product = np.empty_like(out)  # reused for every further tap
-        for k in range(1, K):
-            tap_bct = x_bct[:, :, k * dilation:end(k):stride]
-            out += np.matmul(w_oik[:, :, k], tap_bct, out=product)
-    elif groups == C and I == 1 and O == C:  # depthwise
-        out = np.zeros((B, O, T_out), dtype=x_bct.dtype)
-        for k in range(K):
-            out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation:end(k):stride]
-    else:
-        o_per_g = O // groups
-        parts = [conv1d(x_bct[:, g * I:(g + 1) * I], w_oik[g * o_per_g:(g + 1) * o_per_g], None,
-                        stride, dilation, 1) for g in range(groups)]
-        out = np.concatenate(parts, axis=1)
-    if b_o is not None:
-        out += b_o[None, :, None]
-    return out
 
 
+@primitive
+def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
+    """Valid (unpadded) 1-D cross-correlation, the torch ``nn.Conv1d`` layout: W is [out, in/groups, k].
+
+    out[b, o, t] = b[o] + sum_{i, k} W[o, i, k] * x[b, g(o) * I + i, stride * t + dilation * k]
+
+    where g(o) = o // (O / groups) is the group of output channel o.  Written as one (batched) matrix
+    product per kernel tap k: the tap is the input read at stride * t + dilation * k.
+    """
+    check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
+    B, C, T = x_bct.shape
+    O, I, K = w_oik.shape
+    T_out = (T - dilation * (K - 1) - 1) // stride + 1
+    x_bgit = x_bct.reshape(B, groups, I, T)
+    w_goik = w_oik.reshape(groups, O // groups, I, K)
+    out_bgot = 0
+    for k in range(K):
+        tap_bgit = x_bgit[..., k * dilation:k * dilation + stride * (T_out - 1) + 1:stride]
+        out_bgot = out_bgot + np.matmul(w_goik[:, :, :, k], tap_bgit)
+    out = out_bgot.reshape(B, O, T_out)
+    return out + b_o[None, :, None] if b_o is not None else out
+
+
+@primitive
 def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     """1-D transposed convolution, the torch ``nn.ConvTranspose1d`` layout: W is [in, out, k].
 
@@ -261,6 +254,7 @@ def rotate_half(x):
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+@primitive
 def apply_rope(x_bhtd, cos_td, sin_td):
     """Rotate each (j, j + D/2) pair of channels by its position's angle."""
     return x_bhtd * cos_td + rotate_half(x_bhtd) * sin_td
@@ -277,6 +271,7 @@ def causal_window_mask(query_positions_t, key_positions_s, window: int | None = 
     return allowed
 
 
+@primitive
 def attention(q_bhtd, k_bgsd, v_bgsd, allowed_ts, scale: float):
     """Scaled dot-product attention with grouped-query heads.
 
@@ -284,6 +279,8 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed_ts, scale: float):
     ``allowed_ts`` is a boolean mask ([T, S] or broadcastable to [B, H, T, S]).
     """
     H, G = q_bhtd.shape[1], k_bgsd.shape[1]
+    if H % G:
+        raise ValueError(f"attention: {H} query heads cannot share {G} key/value heads (not a multiple)")
     if H != G:
         k_bgsd = np.repeat(k_bgsd, H // G, axis=1)
         v_bgsd = np.repeat(v_bgsd, H // G, axis=1)

@@ -31,6 +31,7 @@ from . import nn
 from .audio import check_sample_rate, resample
 from .checkpoint import CheckpointError, WeightSpec, check_weights, compute_dtype, read_checkpoint_weights, read_config
 from .config import config_from_dict
+from .trace import as_recorder
 
 __all__ = ["SpeakerEncoderConfig", "speaker_encoder_weight_spec", "speaker_encoder_checkpoint_spec",
            "hz_to_mel", "mel_to_hz", "mel_filterbank",
@@ -348,8 +349,8 @@ def attentive_statistics_pooling(w, x_bct, record):
 def encode_mels(w, cfg: SpeakerEncoderConfig, mels_btm, trace=None):
     """ECAPA-TDNN: log mels [B, T, mel_dim] (the official input layout) -> x-vectors [B, enc_dim].
 
-    If ``trace`` is a dict, the output of every stage (see ``STAGES``) is stored in it."""
-    record = trace.__setitem__ if trace is not None else (lambda k, v: None)
+    If ``trace`` is a dict (or a ``Recorder``), the output of every stage (see ``STAGES``) is stored in it."""
+    record = as_recorder(trace)
     x_bct = np.swapaxes(mels_btm, 1, 2)
     x_bct = tdnn(w, "blocks.0", x_bct, cfg.enc_dilations[0])
     record("blocks.0", x_bct)
@@ -444,9 +445,9 @@ class SpeakerEncoder:
         audio shorter than ``min_samples`` (after resampling).  Samples outside [-1, 1] only warn."""
         audio = self.prepare_audio(audio, sr)
         mels_tm = self.mels(audio)
-        if trace is not None:
-            trace["mel"] = mels_tm
-        return self.forward(mels_tm[None], trace)[0]
+        record = as_recorder(trace)
+        record("mel", mels_tm)
+        return self.forward(mels_tm[None], record)[0]
 
     def prepare_audio(self, audio, sr: int = 24000):
         """Check the audio, convert it to the compute dtype and resample it to ``sample_rate`` (see

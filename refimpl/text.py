@@ -398,8 +398,13 @@ def bpe_encode_explicit(text: str, vocab: Mapping[str, int], merges: Sequence[tu
     """Byte-level BPE written out step by step (needs the ``regex`` module for ``\\p{...}`` classes).
 
     Only for added tokens with the Qwen defaults (no lstrip/rstrip/single_word, not normalized).
+    The fast path (``load_text_tokenizer``) does not need ``regex``; this teaching version does.
     """
-    import regex
+    try:
+        import regex
+    except ImportError:
+        raise ImportError("bpe_encode_explicit needs the 'regex' package (pip install "
+                          "'qwen3-tts-refimpl[explicit]'); load_text_tokenizer does not") from None
 
     ranks = {tuple(pair): r for r, pair in enumerate(merges)}
     to_char = byte_to_unicode()
