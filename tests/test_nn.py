@@ -14,8 +14,9 @@ functions are allowed a few eps relative to the value, widened where the formula
 (stated at each test).  An indexing or formula error changes a result by about one whole term, which is
 orders of magnitude above these bounds.
 
-The implementation under test comes from the ``nn_impl`` fixture, so that a later change can parametrise
-the whole file over backends (NumPy, Numba, CuPy) by giving that fixture ``params``.
+The implementation under test comes from the ``nn_impl`` fixture, which runs the whole file once per
+backend (``refimpl.kernels.BACKENDS``): the reference primitives and their fast twins meet the same
+literal definitions.
 """
 
 from __future__ import annotations
@@ -29,15 +30,18 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import refimpl.nn
+from refimpl.kernels import BACKENDS, use_backend
 
 DTYPES = [np.float32, np.float64]
 DTYPE_IDS = ["f32", "f64"]
 
 
-@pytest.fixture(scope="module")
-def nn_impl():
-    """The module of primitives under test (one backend today; parametrise here for more)."""
-    return refimpl.nn
+@pytest.fixture(scope="module", params=BACKENDS)
+def nn_impl(request):
+    """The primitives under test, once per backend: ``refimpl.nn`` with that backend active (its
+    primitives hand each call to the backend's twin where one exists)."""
+    with use_backend(request.param):
+        yield refimpl.nn
 
 
 def eps(dtype) -> float:
@@ -711,7 +715,6 @@ def test_rope_cos_sin(nn_impl, dtype, head_dim, theta):
         assert np.max(np.abs(np.cos(exact) - np.vectorize(math.cos)(angles))) > 10 * tol.max()
 
 
-@pytest.mark.xfail(strict=False, reason="rope_cos_sin accepts positions [..., T] only after the nn.py refactor")
 @dtypes
 def test_rope_cos_sin_batched_positions(nn_impl, dtype):
     positions = np.array([[0, 1, 2, 3, 4], [10, 11, 12, 13, 14]])

@@ -1,0 +1,143 @@
+"""The backend layer: every twin against its plain NumPy reference, and the backend switch.
+
+Tolerance of a twin that reorders a sum (conv1d): both sides are sums of the same n = I * K products in
+another order, so each is within gamma_n * sum|terms| of the exact value (gamma_n ~ n * eps / 2); we allow
+2 * n * eps * sum|terms| for their difference.  Twins that keep the reference's operations and order
+(snake_beta, elu) must be bit-identical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refimpl import kernels, nn
+from refimpl.kernels import numba_cpu
+
+DTYPES = (np.float32, np.float64)
+
+
+def test_every_twin_has_a_reference_of_the_same_name_and_signature():
+    import inspect
+    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu"}
+    for name, twin in numba_cpu.TWINS.items():
+        reference = getattr(nn, name).reference
+        assert inspect.signature(twin) == inspect.signature(reference), name
+
+
+@st.composite
+def conv_case(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    kind = draw(st.sampled_from(("dense_small", "dense", "depthwise", "grouped")))
+    K = draw(st.integers(1, 7))
+    stride, dilation = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    B = draw(st.integers(1, 2))
+    if kind == "dense_small":         # I * K <= 64: the stacked-taps arrangement
+        groups, I = 1, draw(st.integers(1, 64 // K))
+        O = draw(st.integers(1, 8))
+    elif kind == "dense":             # I * K > 64: one product per tap
+        groups, I = 1, draw(st.integers(64 // K + 1, 80))
+        O = draw(st.integers(1, 8))
+    elif kind == "depthwise":
+        groups = I_total = draw(st.integers(1, 12))
+        I, O = 1, I_total
+    else:                             # other groupings go back to the reference
+        groups, I = draw(st.integers(2, 4)), draw(st.integers(1, 3))
+        O = groups * draw(st.integers(1, 3))
+    span = dilation * (K - 1) + 1
+    T = draw(st.integers(span, span + 3 * stride + 5))   # length equal to the span included
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 31)))
+    x = rng.standard_normal((B, I * groups, T)).astype(dtype)
+    w = rng.standard_normal((O, I, K)).astype(dtype)
+    b = rng.standard_normal(O).astype(dtype) if draw(st.booleans()) else None
+    return x, w, b, stride, dilation, groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(conv_case())
+def test_conv1d_twin_equals_reference(case):
+    x, w, b, stride, dilation, groups = case
+    ref = nn.conv1d.reference(x, w, b, stride, dilation, groups)
+    got = numba_cpu.conv1d(x, w, b, stride, dilation, groups)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    n = w.shape[1] * w.shape[2]
+    # sum|terms| per output: the same products computed in float64 with absolute values
+    abs_sum = nn.conv1d.reference(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), None, stride, dilation,
+                                  groups)
+    tol = 2 * n * np.finfo(x.dtype).eps * (abs_sum + (np.abs(b)[None, :, None] if b is not None else 0))
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
+
+
+def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
+    x = np.zeros((1, 8, 10), np.float32)
+    for f in (nn.conv1d.reference, numba_cpu.conv1d):
+        with pytest.raises(ValueError, match="do not fit"):
+            f(x, np.zeros((4, 3, 2), np.float32), groups=2)   # 2 groups of 3 channels is not 8
+        with pytest.raises(ValueError, match="shorter than the kernel span"):
+            f(x, np.zeros((4, 8, 6), np.float32), dilation=2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(DTYPES), st.integers(1, 5), st.integers(0, 40), st.integers(0, 2 ** 31))
+def test_snake_beta_twin_is_bit_identical(dtype, C, T, seed):
+    rng = np.random.default_rng(seed)
+    x = (3 * rng.standard_normal((2, C, T))).astype(dtype)
+    la, lb = rng.standard_normal(C).astype(dtype), rng.standard_normal(C).astype(dtype)
+    np.testing.assert_array_equal(numba_cpu.snake_beta(x, la, lb), nn.snake_beta.reference(x, la, lb))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(DTYPES), st.sampled_from((1.0, 0.5, 2.0)), st.integers(0, 2 ** 31))
+def test_elu_twin_is_bit_identical(dtype, alpha, seed):
+    x = (10 * np.random.default_rng(seed).standard_normal((3, 50))).astype(dtype)
+    x[0, :3] = (0.0, -0.0, 100.0)
+    np.testing.assert_array_equal(numba_cpu.elu(x, alpha), nn.elu.reference(x, alpha))
+
+
+# ----------------------------------------------------------------------------- the switch
+
+
+def _calls(monkeypatch):
+    """Record which implementation of conv1d runs."""
+    seen = []
+    monkeypatch.setitem(kernels._twin_table("numba"), "conv1d", lambda *a, **k: seen.append("twin") or
+                        numba_cpu.conv1d(*a, **k))
+    return seen
+
+
+def test_auto_uses_twins_for_float32_and_the_reference_for_float64(monkeypatch):
+    monkeypatch.delenv("REFIMPL_BACKEND", raising=False)
+    seen = _calls(monkeypatch)
+    w = np.ones((1, 1, 1))
+    assert kernels.active_backend()[0] == "auto"
+    nn.conv1d(np.ones((1, 1, 4), np.float64), w)
+    assert seen == []
+    nn.conv1d(np.ones((1, 1, 4), np.float32), w.astype(np.float32))
+    assert seen == ["twin"]
+
+
+def test_use_backend_and_the_environment_choose(monkeypatch):
+    seen = _calls(monkeypatch)
+    x, w = np.ones((1, 1, 4), np.float32), np.ones((1, 1, 1), np.float32)
+    with kernels.use_backend("numpy"):
+        assert kernels.active_backend() == ("numpy", "refimpl.use_backend()")
+        nn.conv1d(x, w)
+    assert seen == []
+    monkeypatch.setenv("REFIMPL_BACKEND", "numba")
+    assert kernels.active_backend()[0] == "numba"
+    nn.conv1d(x.astype(np.float64), w.astype(np.float64))   # an explicit backend serves float64 too
+    assert seen == ["twin"]
+    with kernels.use_backend("numpy"):                       # the context manager wins over the environment
+        nn.conv1d(x, w)
+    assert seen == ["twin"]
+
+
+def test_unknown_backends_are_one_clear_error(monkeypatch):
+    with pytest.raises(ValueError, match="unknown backend 'cuda'.*numpy, numba"):
+        with kernels.use_backend("cuda"):
+            pass
+    monkeypatch.setenv("REFIMPL_BACKEND", "fast")
+    with pytest.raises(ValueError, match="REFIMPL_BACKEND: unknown backend 'fast'"):
+        nn.silu(np.zeros(3))
