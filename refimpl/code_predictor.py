@@ -125,8 +125,8 @@ class CodePredictor:
         start = caches[0].length
         positions_t = np.arange(start, start + T)
         cos_td, sin_td = nn.rope_cos_sin(positions_t, c.head_dim, c.rope_theta, self.dtype)
-        allowed_ts = nn.causal_window_mask(positions_t, np.arange(start + T))
-        h = transformer_stack(self.layers, QWEN3, c, self.project(x_btc), cos_td[None], sin_td[None], allowed_ts,
+        mask = nn.AttentionMask(positions_t, np.arange(start + T))
+        h = transformer_stack(self.layers, QWEN3, c, self.project(x_btc), cos_td[None], sin_td[None], mask,
                               caches, c.rms_norm_eps)
         return nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
 

@@ -209,10 +209,10 @@ def pre_transformer(w, cfg: DecoderConfig, x_btl, positions_t, caches=None, reco
     start = int(positions_t[0]) if len(positions_t) else 0
     n_cached = caches[0].kept if caches is not None else 0
     key_positions = np.arange(start - n_cached, start + len(positions_t))
-    allowed_ts = nn.causal_window_mask(positions_t, key_positions, cfg.sliding_window)
+    mask = nn.AttentionMask(positions_t, key_positions, cfg.sliding_window)
     layers = layer_views(w, "pre_transformer.layers.", cfg.num_hidden_layers)
-    x_btc = transformer_stack(layers, CODEC_DECODER, cfg, x_btc, cos_td[None], sin_td[None], allowed_ts, caches,
-                              cfg.rms_norm_eps, record.scope("layers."))
+    x_btc = transformer_stack(layers, CODEC_DECODER, cfg, x_btc, cos_td[None], sin_td[None], mask, caches,
+                              cfg.rms_norm_eps, record)
     x_btc = nn.rms_norm(x_btc, t["norm.weight"], cfg.rms_norm_eps)
     return nn.linear(x_btc, t["output_proj.weight"], t["output_proj.bias"])
 

@@ -274,23 +274,22 @@ def seanet_encoder(w, cfg: EncoderConfig, x_bct, record: Recorder = NULL_RECORDE
 # ----------------------------------------------------------------------------- 2. the transformer
 
 
-def attention_mask(cfg: EncoderConfig, T: int, attention: str):
-    """Boolean [T, T]: causal ("full") or causal within the last ``sliding_window`` frames ("sliding")."""
+def attention_mask(cfg: EncoderConfig, T: int, attention: str) -> nn.AttentionMask:
+    """Causal ("full") or causal within the last ``sliding_window`` frames ("sliding"), over 0..T-1."""
     if attention not in ATTENTION_MODES:
         raise ValueError(f"encoder attention must be one of {ATTENTION_MODES}, not {attention!r}")
     window = cfg.sliding_window if attention == "sliding" else None
-    positions = np.arange(T)
-    return nn.causal_window_mask(positions, positions, window)
+    return nn.AttentionMask(np.arange(T), np.arange(T), window)
 
 
 def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", record: Recorder = NULL_RECORDER):
     """The layers at positions 0..T-1 (LayerNorm, RoPE, causal attention, LayerScale, GELU MLP), no final
     norm.  [B, T, C] -> [B, T, C]; each layer's output is recorded as ``layers.{i}``."""
     T = x_btc.shape[1]
-    allowed_ts = attention_mask(cfg, T, attention)
+    mask = attention_mask(cfg, T, attention)
     cos_td, sin_td = nn.rope_cos_sin(np.arange(T), cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
     layers = layer_views(w, "encoder_transformer.layers.", cfg.num_hidden_layers)
-    return transformer_stack(layers, CODEC_ENCODER, cfg, x_btc, cos_td[None], sin_td[None], allowed_ts, None,
+    return transformer_stack(layers, CODEC_ENCODER, cfg, x_btc, cos_td[None], sin_td[None], mask, None,
                              cfg.norm_eps, record)
 
 

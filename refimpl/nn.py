@@ -271,12 +271,36 @@ def causal_window_mask(query_positions_t, key_positions_s, window: int | None = 
     return allowed
 
 
+@dataclass(frozen=True)
+class AttentionMask:
+    """Which keys each query may see, without building the [T, S] matrix for the whole sequence:
+    key s is visible to query t when key_position[s] <= query_position[t] (causal), with a window also
+    key_position[s] > query_position[t] - window, and (batches with left padding) key_valid[b, s]."""
+
+    query_positions_t: np.ndarray
+    key_positions_s: np.ndarray
+    window: int | None = None
+    key_valid_bs: np.ndarray | None = None   # [B, S], False on padding
+
+    def rows(self, start: int, stop: int):
+        """The mask of queries start..stop-1: bool [stop - start, S], or [B, 1, stop - start, S]."""
+        allowed_ts = causal_window_mask(self.query_positions_t[start:stop], self.key_positions_s, self.window)
+        if self.key_valid_bs is None:
+            return allowed_ts
+        return allowed_ts[None, None] & np.asarray(self.key_valid_bs, dtype=bool)[:, None, None, :]
+
+
+ATTENTION_QUERY_BLOCK = 256  # queries per block: the scores held at once are [B, H, 256, S]
+
+
 @primitive
-def attention(q_bhtd, k_bgsd, v_bgsd, allowed_ts, scale: float):
-    """Scaled dot-product attention with grouped-query heads.
+def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
+    """Scaled dot-product attention with grouped-query heads: softmax(q k^T * scale, masked) v.
 
     q has H heads, k and v have G <= H heads; query head h uses key/value head h // (H / G).
-    ``allowed_ts`` is a boolean mask ([T, S] or broadcastable to [B, H, T, S]).
+    ``allowed`` is an ``AttentionMask`` or a boolean array broadcastable to [B, H, T, S].  The queries
+    are taken ``ATTENTION_QUERY_BLOCK`` at a time, so memory grows linearly with the sequence (the
+    [T, S] scores never exist at once); each query's row is computed exactly as with all of them.
     """
     H, G = q_bhtd.shape[1], k_bgsd.shape[1]
     if H % G:
@@ -284,6 +308,15 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed_ts, scale: float):
     if H != G:
         k_bgsd = np.repeat(k_bgsd, H // G, axis=1)
         v_bgsd = np.repeat(v_bgsd, H // G, axis=1)
-    scores_bhts = np.matmul(q_bhtd, np.swapaxes(k_bgsd, -1, -2)) * q_bhtd.dtype.type(scale)
-    scores_bhts = np.where(allowed_ts, scores_bhts, -np.inf)
-    return np.matmul(softmax(scores_bhts, axis=-1), v_bgsd)
+    T = q_bhtd.shape[2]
+    out_bhtd = np.empty(q_bhtd.shape[:-1] + v_bgsd.shape[-1:], dtype=np.result_type(q_bhtd, v_bgsd))
+    for start in range(0, T, ATTENTION_QUERY_BLOCK):
+        stop = min(T, start + ATTENTION_QUERY_BLOCK)
+        if isinstance(allowed, AttentionMask):
+            allowed_ts = allowed.rows(start, stop)
+        else:
+            allowed_ts = allowed if np.shape(allowed)[-2] == 1 else np.asarray(allowed)[..., start:stop, :]
+        scores_bhts = np.matmul(q_bhtd[:, :, start:stop], np.swapaxes(k_bgsd, -1, -2)) * q_bhtd.dtype.type(scale)
+        scores_bhts = np.where(allowed_ts, scores_bhts, -np.inf)
+        out_bhtd[:, :, start:stop] = np.matmul(softmax(scores_bhts, axis=-1), v_bgsd)
+    return out_bhtd

@@ -255,9 +255,9 @@ class Talker:
         key_valid_bs = np.asarray(key_valid_bs, dtype=bool)
         if key_valid_bs.shape != (B, S):
             raise ValueError(f"key_valid must be [B, cache length + T] = {(B, S)}, got {key_valid_bs.shape}")
-        causal_ts = nn.causal_window_mask(np.arange(start, S), np.arange(S))
-        allowed_b1ts = causal_ts[None, None] & key_valid_bs[:, None, None, :]
-        h = transformer_stack(self.layers, QWEN3, c, x, cos_btd, sin_btd, allowed_b1ts, caches, c.rms_norm_eps,
+        # causal over cache indices (not rotary positions, which restart after left padding); padding unseen
+        mask = nn.AttentionMask(np.arange(start, S), np.arange(S), key_valid_bs=key_valid_bs)
+        h = transformer_stack(self.layers, QWEN3, c, x, cos_btd, sin_btd, mask, caches, c.rms_norm_eps,
                               as_recorder(trace))
         return nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
 

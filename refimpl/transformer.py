@@ -190,8 +190,8 @@ def attention_block(a: WeightView, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd
     """Self-attention of one layer: [B, T, C] -> [B, T, C].
 
     ``cfg`` gives num_attention_heads (H), num_key_value_heads (G) and head_dim (D); ``cos_btd`` and
-    ``sin_btd`` are the rotary tables of the new positions ([B or 1, T, D]); ``allowed`` is the boolean
-    mask [T, S] or [B, 1, T, S] over the keys (S = the cached positions followed by the new ones);
+    ``sin_btd`` are the rotary tables of the new positions ([B or 1, T, D]); ``allowed`` says which keys
+    each query sees (an ``nn.AttentionMask``; S = the cached positions followed by the new ones);
     ``eps`` is the q/k RMSNorm epsilon (Qwen3)."""
     B, T, _ = x_btc.shape
     H, G, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
