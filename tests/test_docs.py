@@ -109,6 +109,13 @@ def test_walkthrough_computes_one_frame_like_the_public_api():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "the same codes and the same samples" in run.stdout
     assert "code predictor steps               15 heads" in run.stdout
+    # docs/walkthrough.md quotes the output: every quoted line must still be printed
+    page = (DOCS / "walkthrough.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"```\n(.*?)```", page.split("## 1.", 1)[1], flags=re.S)
+    printed = {line.strip() for line in run.stdout.splitlines()}
+    stale = [line.strip() for block in quoted for line in block.splitlines()
+             if line.strip() and not any(line.strip() in p for p in printed)]
+    assert not stale, f"docs/walkthrough.md quotes lines the script no longer prints: {stale}"
 
 
 def test_figure_script_draws_every_committed_figure(tmp_path):

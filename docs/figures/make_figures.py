@@ -61,6 +61,59 @@ def test_signal(seconds: float, seed: int = 0):
     return chirp + hum + bursts
 
 
+# ----------------------------------------------------------------------------- 0. overview
+
+
+def overview(out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(13, 6.0))
+    ax.set_xlim(0, 13)
+    ax.set_ylim(0, 6.0)
+    ax.axis("off")
+
+    def box(x, y, w, h, text, colour, size=9):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.04", facecolor=colour,
+                                    edgecolor="#333333", linewidth=0.8))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
+
+    def arrow(x0, y0, x1, y1, text="", colour="#333333", **kw):
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="-|>", color=colour, linewidth=1.2, **kw))
+        if text:
+            ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, text, ha="center", va="bottom", fontsize=7.5,
+                    color="#333333")
+
+    box(0.1, 4.3, 1.7, 0.7, '"Hello!"', "#ffffff", 10)
+    box(2.3, 4.3, 1.9, 0.7, "text tokenizer\n(byte-level BPE)", "#fefcbf")
+    arrow(1.8, 4.65, 2.3, 4.65)
+    box(4.7, 3.2, 2.2, 2.2, "prompt\n\ntext stream\n+\ncodec stream", "#c6f6d5")
+    arrow(4.2, 4.65, 4.7, 4.65, "ids")
+    box(0.1, 2.9, 1.9, 0.9, "reference audio\n(voice clone)", "#ffffff")
+    box(2.3, 3.3, 1.9, 0.6, "speaker encoder", "#fed7e2", 8.5)
+    box(2.3, 2.5, 1.9, 0.6, "codec encoder", "#e9d8fd", 8.5)
+    arrow(2.0, 3.45, 2.3, 3.6)
+    arrow(2.0, 3.2, 2.3, 2.8)
+    arrow(4.2, 3.6, 4.7, 3.75, "x-vector")
+    arrow(4.2, 2.8, 4.7, 3.35, "ref. codes")
+    box(7.5, 3.9, 2.2, 1.5, "Talker\n28 transformer layers\n+ KV cache", "#bee3f8", 9.5)
+    arrow(6.9, 4.65, 7.5, 4.65, "vectors")
+    box(10.3, 4.3, 2.5, 0.7, "logits → code 0\n(or EOS: stop)", "#ffffff")
+    arrow(9.7, 4.65, 10.3, 4.65)
+    box(10.3, 2.5, 2.5, 1.3, "code predictor\n5 layers, 15 steps\n→ codes 1 … 15", "#bee3f8")
+    arrow(11.55, 4.3, 11.55, 3.8, "code 0")
+    arrow(9.2, 3.9, 10.3, 3.3, "hidden h", colour="#2b6cb0")
+    box(10.3, 1.2, 2.5, 0.7, "frame: 16 codes", "#fefcbf")
+    arrow(11.55, 2.5, 11.55, 1.9)
+    box(6.0, 1.2, 3.6, 0.7, "sum of the 16 code embeddings\n+ next text vector", "#c6f6d5", 8.5)
+    arrow(10.3, 1.55, 9.6, 1.55)
+    arrow(7.8, 1.9, 8.3, 3.9, "next position", colour="#c05621", connectionstyle="arc3,rad=-0.2")
+    box(6.0, 0.1, 3.6, 0.7, "codec decoder (causal)\n→ 1920 samples at 24 kHz per frame", "#e9d8fd", 8.5)
+    arrow(11.55, 1.2, 9.6, 0.45, "frames, as they come", colour="#553c9a")
+    box(2.3, 0.1, 2.6, 0.7, "waveform (streamed\nchunk by chunk)", "#ffffff", 8.5)
+    arrow(6.0, 0.45, 4.9, 0.45)
+    ax.text(0.1, 5.75, "One generation step makes one 80 ms frame: the Talker chooses code 0, the code predictor codes "
+            "1–15, the frame goes back in as the next position", fontsize=10)
+    save(fig, out, "overview.png")
+
+
 # ----------------------------------------------------------------------------- 1. prompt layouts
 
 
@@ -540,7 +593,7 @@ def snake_beta(out: Path) -> None:
     save(fig, out, "snake_beta.png")
 
 
-FIGURES = {"prompt_layouts.png": prompt_layouts, "attention_masks.png": attention_masks, "kv_caches.png": kv_caches,
+FIGURES = {"overview.png": overview, "prompt_layouts.png": prompt_layouts, "attention_masks.png": attention_masks, "kv_caches.png": kv_caches,
            "decoder_chain.png": decoder_chain, "streaming_state.png": streaming_state,
            "mel_and_waveform.png": mel_and_waveform, "rvq_residuals.png": rvq_residuals,
            "snake_beta.png": snake_beta}
