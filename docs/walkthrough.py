@@ -24,6 +24,7 @@ if str(REPO) not in sys.path:  # run against this working tree even when refimpl
 
 import refimpl  # noqa: E402
 from refimpl import sampling  # noqa: E402
+from refimpl.codec_decoder import decode_codes  # noqa: E402
 from refimpl.prompt import build_layout, embed_layout  # noqa: E402
 from refimpl.text import assistant_prompt  # noqa: E402
 
@@ -120,7 +121,7 @@ def main() -> None:
     print("\n7. the codec decoder")
     codes_t16 = np.concatenate(frames, axis=0)
     trace = {}
-    wav = refimpl.codec_decoder.decode_codes(tok.decoder_weights, tok.decoder_config, codes_t16.T[None], trace=trace)[0]
+    wav = decode_codes(tok.decoder_weights, tok.decoder_config, codes_t16.T[None], trace=trace)[0]
     for name, value in trace.items():
         show(name, value)
     show("waveform", wav)

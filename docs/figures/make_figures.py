@@ -146,7 +146,8 @@ def prompt_layouts(out: Path) -> None:
         if i in special:
             return special[i]
         s = tok.id_to_token(int(i))
-        return {"<|im_start|>": "<im_start>", "<|im_end|>": "<im_end>"}.get(s, s.replace("Ġ", "␣").replace("Ċ", "\\n"))
+        shown = {"<|im_start|>": "<im_start>", "<|im_end|>": "<im_end>"}
+        return shown.get(s, s.replace("Ġ", "␣").replace("Ċ", "\\n"))
 
     def codec_label(cfg, row, is_speaker):
         t = cfg.talker_config
@@ -352,7 +353,8 @@ def decoder_chain(out: Path) -> None:
     per_frame = [("codes", 16, 1, "1 frame = 16 codes")]
     per_frame.append(("quantizer", rel.codebook_dim, 1, "sum of codebook rows, 2 projections"))
     per_frame.append(("pre_conv", rel.latent_dim, 1, "causal conv k3"))
-    per_frame.append(("pre_transformer", rel.latent_dim, 1, f"{rel.num_hidden_layers} layers, window {rel.sliding_window}"))
+    per_frame.append(("pre_transformer", rel.latent_dim, 1,
+                      f"{rel.num_hidden_layers} layers, window {rel.sliding_window}"))
     rate = 1
     for i, r in enumerate(rel.upsampling_ratios):
         rate *= r
@@ -490,7 +492,8 @@ def mel_and_waveform(out: Path) -> None:
     t = np.arange(wav.size) / sr
     axes[0].plot(t, wav, linewidth=0.3, color="#2b6cb0")
     axes[0].set_xlim(0, t[-1])
-    axes[0].set_title(f"generate_custom_voice on the embedded tiny model (random weights, seed 0): {len(codes[0])} frames → "
+    axes[0].set_title("generate_custom_voice on the embedded tiny model (random weights, seed 0): "
+                      f"{len(codes[0])} frames → "
                       f"{wav.size} samples at {sr} Hz (noise, not speech)", loc="left")
     axes[0].set_xlabel("seconds")
     im = axes[1].imshow(mels, origin="lower", aspect="auto", cmap="magma",
@@ -587,13 +590,15 @@ def snake_beta(out: Path) -> None:
     ax.set_xlabel("x")
     ax.set_ylabel("SnakeBeta(x)")
     ax.legend(fontsize=8)
-    ax.set_title("SnakeBeta: x + sin²(αx)/β — a periodic ripple on the identity\n(α sets its frequency, 1/β its height)",
+    ax.set_title("SnakeBeta: x + sin²(αx)/β — a periodic ripple on the identity\n"
+                 "(α sets its frequency, 1/β its height)",
                  fontsize=9, loc="left")
     fig.tight_layout()
     save(fig, out, "snake_beta.png")
 
 
-FIGURES = {"overview.png": overview, "prompt_layouts.png": prompt_layouts, "attention_masks.png": attention_masks, "kv_caches.png": kv_caches,
+FIGURES = {"overview.png": overview, "prompt_layouts.png": prompt_layouts, "attention_masks.png": attention_masks,
+           "kv_caches.png": kv_caches,
            "decoder_chain.png": decoder_chain, "streaming_state.png": streaming_state,
            "mel_and_waveform.png": mel_and_waveform, "rvq_residuals.png": rvq_residuals,
            "snake_beta.png": snake_beta}
