@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -344,12 +345,17 @@ def kv_caches(out: Path) -> None:
 # ----------------------------------------------------------------------------- 4. decoder chain
 
 
+def released_decoder_config():
+    """The released speech tokenizer's decoder_config (refimpl.presets), as attributes."""
+    return SimpleNamespace(**presets.RELEASED_SPEECH_TOKENIZER["decoder_config"])
+
+
 def decoder_chain(out: Path) -> None:
     tok = refimpl.SpeechTokenizer.from_pretrained(DATA / "default-customvoice" / "speech_tokenizer")
     codes = np.random.default_rng(1).integers(0, tok.codebook_size, size=(3, 16))
     trace = {}
     codec_decoder.decode_codes(tok.decoder_weights, tok.decoder_config, codes.T[None], trace=trace)
-    rel = codec_decoder.DecoderConfig.from_dict(presets.RELEASED_SPEECH_TOKENIZER["decoder_config"])
+    rel = released_decoder_config()
     per_frame = [("codes", 16, 1, "1 frame = 16 codes")]
     per_frame.append(("quantizer", rel.codebook_dim, 1, "sum of codebook rows, 2 projections"))
     per_frame.append(("pre_conv", rel.latent_dim, 1, "causal conv k3"))
@@ -413,7 +419,7 @@ def decoder_chain(out: Path) -> None:
 
 
 def streaming_state(out: Path) -> None:
-    rel = codec_decoder.DecoderConfig.from_dict(presets.RELEASED_SPEECH_TOKENIZER["decoder_config"])
+    rel = released_decoder_config()
     rows = [("pre_conv (k 3)", rel.codebook_dim * 2, "conv")]
     keys = 2 * rel.num_key_value_heads * rel.head_dim * (rel.sliding_window - 1)
     rows += [(f"pre_transformer layer {i}", keys, "kv") for i in range(rel.num_hidden_layers)]
@@ -520,12 +526,13 @@ def mel_and_waveform(out: Path) -> None:
 
 def rvq_residuals(out: Path) -> None:
     tok = refimpl.SpeechTokenizer.from_pretrained(DATA / "default-customvoice" / "speech_tokenizer")
-    cfg = codec_encoder.EncoderConfig.from_dict(tok.config["encoder_config"])
     w = read_checkpoint_weights(tok.directory, np.float32, prefix="encoder.")
-    tables = codec_encoder.encoder_tables(w, cfg)
+    q = "quantizer.acoustic_residual_vector_quantizer"
+    # the effective codebook of layer j: embed_sum / max(cluster_usage, 1e-5), [K, D]
+    codebooks = [w[f"{q}.layers.{j}.codebook.embed_sum"]
+                 / np.maximum(w[f"{q}.layers.{j}.codebook.cluster_usage"], 1e-5)[:, None] for j in range(15)]
     latent_tc = tok.encode_latent(test_signal(48.0))                      # [600, hidden] real latents
-    part = "acoustic_residual_vector_quantizer"
-    x_td = latent_tc @ w[f"quantizer.{part}.input_proj.weight"][:, :, 0].T
+    x_td = latent_tc @ w[f"{q}.input_proj.weight"][:, :, 0].T
     train, held_out = x_td[np.arange(len(x_td)) % 4 != 0], x_td[::4]   # fit on 3/4, show 1/4
 
     def chain(x, codebooks):
@@ -536,10 +543,10 @@ def rvq_residuals(out: Path) -> None:
             norms.append(np.linalg.norm(r, axis=-1).mean())
         return np.array(norms)
 
-    checkpoint = chain(held_out, [tables[part][j][0] for j in range(15)])
+    checkpoint = chain(held_out, codebooks)
     # the same rule with codebooks fitted by k-means to the training frames, one layer after the other
     rng = np.random.default_rng(0)
-    K = tables[part][0][0].shape[0]
+    K = codebooks[0].shape[0]
     fitted, r = [], train.copy()
     for _ in range(15):
         e_kd = r[rng.choice(len(r), K, replace=False)].copy()
