@@ -191,7 +191,8 @@ def prompt_layouts(out: Path) -> None:
             ax.text(x + 0.47, 1.5, top, ha="center", va="center", fontsize=6.5, rotation=90)
             ax.text(x + 0.47, 0.5, bottom, ha="center", va="center", fontsize=6.5, rotation=90)
         ax.axvline(n + 0.3, color="#aa0000", linewidth=1)
-        ax.text(n + 0.35, 2.12, "generation →", fontsize=7, color="#aa0000", va="bottom")
+        ax.text(n + 0.35, 2.12, "generation, one position per frame: trailing text + frame →", fontsize=7,
+                color="#aa0000", va="bottom")
         for name, start, end in layout.segments:
             ax.text((start + end) / 2, 2.12, name, ha="center", va="bottom", fontsize=7, color="#333333")
         ax.text(-0.3, 1.5, "text", ha="right", va="center", fontsize=8)
