@@ -21,8 +21,10 @@ RoPE angles, which the official code otherwise computes in float32), and the qua
 float64 (a per-instance replacement below), so that float64 is a real high-precision reference.
 The float32 run is the untouched official model.
 
-    /work/oracle/bin/python golden/oracle/record_codec_encoder.py              # -> golden/codec_encoder.npz
-    /work/oracle/bin/python golden/oracle/record_codec_encoder.py --released   # full size, not committed
+    .oracle-venv/bin/python golden/oracle/record_codec_encoder.py              # -> golden/codec_encoder.npz
+    .oracle-venv/bin/python golden/oracle/record_codec_encoder.py --released   # full size, not committed
+
+(``.oracle-venv`` is the environment ``bash golden/oracle/setup_oracle.sh`` creates, see golden/README.md.)
 """
 
 from __future__ import annotations

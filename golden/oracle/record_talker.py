@@ -1,6 +1,8 @@
 """Record the official talker / code predictor / generation on the tiny full models -> golden/talker.npz.
 
-    /work/oracle/bin/python golden/oracle/record_talker.py
+    .oracle-venv/bin/python golden/oracle/record_talker.py
+
+(``.oracle-venv`` is the environment ``bash golden/oracle/setup_oracle.sh`` creates, see golden/README.md.)
 
 For every case (each official mode and option: CustomVoice streaming / non-streaming / dialect / instruct /
 batch, VoiceDesign, voice clone x-vector and ICL with both text-vs-codec length cases, mixed batch, and an

