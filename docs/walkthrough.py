@@ -65,7 +65,7 @@ def main() -> None:
     # ---- 2. the Talker over the whole prompt (prefill) -> logits of code 0 of frame 0
     print("\n2. the Talker, prefill")
     T = len(layout)
-    cache = talker.new_cache(batch=1)
+    cache = talker.new_caches(batch=1)
     positions_bt = np.arange(T)[None]                             # one row, no left padding
     key_valid_bs = np.ones((1, T), dtype=bool)
     hidden_bth = talker.forward(prompt_th[None], positions_bt, key_valid_bs, cache)
@@ -99,7 +99,7 @@ def main() -> None:
             shapes.append(logits_bv.shape)
             return np.argmax(logits_bv, axis=-1)
 
-        rest_b15 = talker.code_predictor.predict_frame(hidden_bh, talker.embed_codec(code0_b), greedy)
+        rest_b15, _ = talker.code_predictor.predict_frame(hidden_bh, talker.embed_codec(code0_b), greedy)
         show("code predictor steps", f"{len(shapes)} heads, logits {list(shapes[0])} each")
         frame_b16 = np.concatenate([code0_b[:, None], rest_b15], axis=1)
         show("frame (16 codes)", frame_b16)
