@@ -129,8 +129,9 @@ def main() -> None:
     stream = tok.stream()
     streamed = np.concatenate([stream.push(codes_t16[i:i + 1]) for i in range(len(codes_t16))])
     show("streamed, one frame per push", streamed)
-    print(f"    max |streamed - one pass| = {np.max(np.abs(streamed - wav)):.1e}")
-    assert np.allclose(streamed, wav, rtol=0, atol=2e-5)
+    err = np.max(np.abs(streamed - wav))
+    print(f"    max |streamed - one pass| {'<' if err < 2e-5 else '>='} 2e-5 (float32 summation order only)")
+    assert err < 2e-5
 
     # ---- 8. the same through the public API
     print("\n8. the public API, greedy")

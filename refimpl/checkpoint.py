@@ -29,6 +29,7 @@ __all__ = [
     "compute_dtype",
     "WeightSpec",
     "WeightView",
+    "BF16Matrix",
     "read_config",
     "read_safetensors_file",
     "read_checkpoint_weights",
@@ -104,6 +105,56 @@ class WeightView:
         return f"WeightView({self.prefix!r})"
 
 
+class BF16Matrix:
+    """A bfloat16 matrix kept as it is stored: its 16-bit words [O, I] (a read-only view of the memory
+    map, nothing copied), widened to float32 only where it is used.
+
+    Widening is exact (a bfloat16 is the upper half of a float32), so every use computes the official
+    float32 math from half the bytes.  The fast backend's ``linear`` reads the words directly
+    (``refimpl/kernels/numba_cpu.py``); everything else sees float32: ``np.asarray(m)`` widens the whole
+    matrix, ``m[ids]`` only the rows asked for (an embedding lookup), ``m.T`` the transpose."""
+
+    __slots__ = ("bits",)
+    dtype = np.dtype(np.float32)
+    ndim = 2
+
+    def __init__(self, bits_oi: np.ndarray):
+        if bits_oi.dtype != np.uint16 or bits_oi.ndim != 2:
+            raise ValueError(f"BF16Matrix holds uint16 words [O, I], got {bits_oi.dtype} {bits_oi.shape}")
+        self.bits = bits_oi
+
+    @property
+    def shape(self) -> tuple:
+        return self.bits.shape
+
+    @property
+    def size(self) -> int:
+        return self.bits.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.bits.nbytes
+
+    def __array__(self, dtype=None, copy=None):
+        wide = bf16_bits_to_float32(self.bits)
+        return wide if dtype is None else wide.astype(dtype, copy=False)
+
+    def __getitem__(self, index):
+        return bf16_bits_to_float32(self.bits[index])
+
+    @property
+    def T(self) -> np.ndarray:
+        return np.asarray(self).T
+
+    def astype(self, dtype, copy: bool = True):
+        if np.dtype(dtype) == self.dtype and not copy:
+            return self
+        return np.asarray(self).astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"BF16Matrix(shape={self.shape})"
+
+
 def bf16_bits_to_float32(bits_u16: np.ndarray) -> np.ndarray:
     """Widen raw bfloat16 bit patterns (uint16) to float32, exactly."""
     return (bits_u16.astype(np.uint32) << 16).view(np.float32)
@@ -145,13 +196,15 @@ def _read_header(path: Path) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def read_safetensors_file(path: str | os.PathLike, dtype=np.float32, names: Iterable[str] | None = None) -> dict:
+def read_safetensors_file(path: str | os.PathLike, dtype=np.float32, names: Iterable[str] | None = None,
+                          keep_bf16: bool = False) -> dict:
     """Read tensors from one ``.safetensors`` file.
 
     Floating tensors are converted to ``dtype`` (bf16/f16/f32 -> float32 or float64); integer tensors
     keep their type.  The file is memory-mapped, so only the tensors asked for are read from disk, and a
     tensor already stored in ``dtype`` is returned as a read-only view of the map rather than copied
-    (copy it before modifying it).
+    (copy it before modifying it).  With ``keep_bf16`` (float32 only), a bfloat16 matrix stays as its
+    16-bit words in a ``BF16Matrix`` (a view of the map, widened where it is used).
     """
     path = Path(path)
     header, data_start = _read_header(path)
@@ -169,6 +222,9 @@ def read_safetensors_file(path: str | os.PathLike, dtype=np.float32, names: Iter
         if end - begin != count * stored.itemsize:
             raise CheckpointError(f"{path}: tensor {name!r} byte range does not match shape {shape}")
         arr = raw[data_start + begin:data_start + end].view(stored).reshape(shape)
+        if info["dtype"] == "BF16" and keep_bf16 and arr.ndim == 2 and np.dtype(dtype) == np.float32:
+            out[name] = BF16Matrix(arr)
+            continue
         if info["dtype"] == "BF16":
             arr = bf16_bits_to_float32(arr)
         if arr.dtype.kind == "f":
@@ -206,15 +262,16 @@ def tensor_headers(directory: str | os.PathLike) -> dict:
     return out
 
 
-def read_checkpoint_weights(directory: str | os.PathLike, dtype=np.float32, prefix: str = "") -> dict:
+def read_checkpoint_weights(directory: str | os.PathLike, dtype=np.float32, prefix: str = "",
+                            keep_bf16: bool = False) -> dict:
     """Read every tensor of a checkpoint directory (single file or shards) whose name starts with
-    ``prefix``; the prefix is removed from the returned names."""
+    ``prefix``; the prefix is removed from the returned names.  ``keep_bf16``: see ``read_safetensors_file``."""
     directory = Path(directory)
     out = {}
     for path in _weight_files(directory):
         header, _ = _read_header(path)
         names = [n for n in header if n.startswith(prefix)]
-        for name, arr in read_safetensors_file(path, dtype, names).items():
+        for name, arr in read_safetensors_file(path, dtype, names, keep_bf16).items():
             out[name[len(prefix):]] = arr
     return out
 

@@ -111,7 +111,9 @@ class Qwen3TTS:
             raise CheckpointError(f"{directory}/config.json has no talker_config: not a Qwen3-TTS model")
         cfg = TTSConfig.from_dict(config)
         check_prefixes(directory, ("talker.", "speaker_encoder."), f"Qwen3-TTS model ({directory})")
-        talker = Talker(cfg.talker_config, read_checkpoint_weights(directory, dtype, prefix="talker."), dtype)
+        # float32: bfloat16 matrices stay as stored (half the memory; widened where used, exactly)
+        talker_weights = read_checkpoint_weights(directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32)
+        talker = Talker(cfg.talker_config, talker_weights, dtype)
         speaker_encoder = None
         if cfg.tts_model_type == "base":
             speaker_encoder = SpeakerEncoder.from_pretrained(directory, dtype)

@@ -1,9 +1,9 @@
 """The backend layer: every twin against its plain NumPy reference, and the backend switch.
 
-Tolerance of a twin that reorders a sum (conv1d): both sides are sums of the same n = I * K products in
+Tolerance of a twin that reorders a sum (conv1d, linear): both sides are sums of the same n products in
 another order, so each is within gamma_n * sum|terms| of the exact value (gamma_n ~ n * eps / 2); we allow
-2 * n * eps * sum|terms| for their difference.  Twins that keep the reference's operations and order
-(snake_beta, elu) must be bit-identical.
+2 * n * eps * sum|terms| for their difference.  Twins that keep the reference's operations and order (elu,
+and snake_beta in float64) must be bit-identical; the float32 SnakeBeta evaluates its own sine (see its test).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refimpl import kernels, nn
+from refimpl.checkpoint import BF16Matrix, float32_to_bf16_bits
 from refimpl.kernels import numba_cpu
 
 DTYPES = (np.float32, np.float64)
@@ -21,7 +22,7 @@ DTYPES = (np.float32, np.float64)
 
 def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     import inspect
-    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu"}
+    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu", "linear"}
     for name, twin in numba_cpu.TWINS.items():
         reference = getattr(nn, name).reference
         assert inspect.signature(twin) == inspect.signature(reference), name
@@ -80,12 +81,68 @@ def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(DTYPES), st.integers(1, 5), st.integers(0, 40), st.integers(0, 2 ** 31))
-def test_snake_beta_twin_is_bit_identical(dtype, C, T, seed):
+@given(st.sampled_from(DTYPES), st.integers(1, 5), st.integers(0, 40), st.sampled_from((0.5, 3.0, 300.0)),
+       st.integers(0, 2 ** 31))
+def test_snake_beta_twin(dtype, C, T, amplitude, seed):
+    """float64: the reference itself.  float32: the twin's sine (angle reduction and polynomial in float64,
+    rounded to float32) and NumPy's float32 sine are each within about one float32 rounding of sin(z), so
+    their squares differ by at most ~4 eps * sin^2 <= 4 eps; scaled by 1/beta and added to x (one more
+    rounding of the result): |twin - reference| <= 8 eps / beta + 2 eps |reference|."""
     rng = np.random.default_rng(seed)
-    x = (3 * rng.standard_normal((2, C, T))).astype(dtype)
+    x = (amplitude * rng.standard_normal((2, C, T))).astype(dtype)
     la, lb = rng.standard_normal(C).astype(dtype), rng.standard_normal(C).astype(dtype)
-    np.testing.assert_array_equal(numba_cpu.snake_beta(x, la, lb), nn.snake_beta.reference(x, la, lb))
+    got, ref = numba_cpu.snake_beta(x, la, lb), nn.snake_beta.reference(x, la, lb)
+    assert got.dtype == ref.dtype == dtype and got.shape == ref.shape
+    if dtype == np.float64:
+        np.testing.assert_array_equal(got, ref)
+        return
+    eps = np.finfo(np.float32).eps
+    inv_beta = 1 / (np.exp(lb.astype(np.float64)) + 1e-9)
+    tol = 8 * eps * inv_beta[None, :, None] + 2 * eps * np.abs(ref.astype(np.float64))
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
+
+
+def test_snake_beta_twin_sine_is_accurate_over_many_periods():
+    """The reduced-angle polynomial, on its own: |sin| within two float32 roundings over 1200 periods."""
+    z = np.linspace(-2000, 2000, 4001, dtype=np.float32)
+    got = np.array([abs(numba_cpu._sin_up_to_sign(v)) for v in z], dtype=np.float64)
+    assert np.max(np.abs(got - np.abs(np.sin(z.astype(np.float64))))) <= 2 * np.finfo(np.float32).eps
+
+
+@st.composite
+def linear_case(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 31)))
+    O, I = draw(st.integers(1, 70)), draw(st.integers(1, 300))
+    rows = draw(st.sampled_from(((1,), (3,), (2, 8), (17,), (3, 40))))   # <= 16 rows: the kernel; more: BLAS
+    w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
+    x = rng.standard_normal(rows + (I,)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32) if draw(st.booleans()) else None
+    return x, w, b
+
+
+@settings(max_examples=80, deadline=None)
+@given(linear_case())
+def test_linear_twin_reads_bf16_weights_as_stored(case):
+    x, w, b = case
+    wide = np.asarray(w)                       # the exact float32 values of the bfloat16 words
+    ref = nn.linear.reference(x, wide, b)
+    got = numba_cpu.linear(x, w, b)
+    assert got.shape == ref.shape == x.shape[:-1] + (w.shape[0],) and got.dtype == np.float32
+    n = w.shape[1]
+    abs_sum = np.abs(x.astype(np.float64)) @ np.abs(wide.astype(np.float64)).T + (np.abs(b) if b is not None else 0)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (n + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
+def test_bf16_matrix_widens_exactly_where_used():
+    bits = float32_to_bf16_bits(np.array([[1.5, -2.0, 3.140625], [0.0, 1e-3, 65280.0]], np.float32))
+    m = BF16Matrix(bits)
+    wide = np.asarray(m)
+    assert wide.dtype == np.float32 and wide.tolist() == [[1.5, -2.0, 3.140625], [0.0, wide[1, 1], 65280.0]]
+    np.testing.assert_array_equal(m[[1, 0]], wide[[1, 0]])
+    np.testing.assert_array_equal(m.T, wide.T)
+    assert m.astype(np.float32, copy=False) is m
+    x = np.array([[0.5, 2.0, -1.0]], np.float32)
+    np.testing.assert_array_equal(nn.linear.reference(x, m), x @ wide.T)
 
 
 @settings(max_examples=60, deadline=None)

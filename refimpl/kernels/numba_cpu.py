@@ -1,17 +1,72 @@
 """The CPU twins of the primitives of ``refimpl/nn.py``: same names, same signatures, faster.
 
-Every twin computes what its reference computes (the same formula); only the order of a few float
-sums may differ, and ``tests/test_kernels.py`` bounds that difference from the reduction length.
+Every twin computes what its reference computes (the same formula); only the order of float sums
+may differ, and ``tests/test_kernels.py`` bounds that difference from the reduction length.
 
-For now the twins here are NumPy rearrangements that avoid allocations and small matrix products;
-jitted kernels take their places where they measurably beat them (see docs/benchmarks.md).
+Two kinds of twin live here:
+- Numba kernels, where a loop the compiler vectorises beats NumPy: ``linear`` on bfloat16 weights kept
+  as stored (the Talker's matrix-vector products read half the bytes), ``snake_beta`` (NumPy's float32
+  sine is scalar code; ours reduces the angle and evaluates a polynomial, in SIMD);
+- NumPy rearrangements that save allocations and small matrix products (``conv1d``, ``elu``).
+
+Compiled kernels are cached on disk (``cache=True``): next to this file when that is writable, else
+in the user's cache directory (``$XDG_CACHE_HOME/refimpl/numba`` or ``~/.cache/refimpl/numba``), else a
+temporary directory; ``NUMBA_CACHE_DIR`` set by the user wins.  Loops use 512-bit vectors where the
+processor has them (LLVM prefers 256-bit ones by default, which halves the speed of these loops).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import numpy as np
 
-from .. import nn
+
+def _writable(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def _choose_cache_dir() -> None:
+    """Set NUMBA_CACHE_DIR where Numba's own choice (this package's __pycache__) is not writable."""
+    if os.environ.get("NUMBA_CACHE_DIR") or _writable(Path(__file__).resolve().parent / "__pycache__"):
+        return
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "refimpl" / "numba"
+    os.environ["NUMBA_CACHE_DIR"] = str(base if _writable(base) else tempfile.mkdtemp(prefix="refimpl-numba-"))
+
+
+def _prefer_512_bit_vectors() -> None:
+    """Let LLVM use the full 512-bit vectors of AVX-512 processors (unless the user set the CPU features)."""
+    if os.environ.get("NUMBA_CPU_FEATURES") or os.environ.get("NUMBA_CPU_NAME"):
+        return
+    import llvmlite.binding as llvm
+    features = llvm.get_host_cpu_features().flatten()
+    if "+avx512f" in features.split(","):
+        os.environ["NUMBA_CPU_NAME"] = llvm.get_host_cpu_name()
+        os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+
+
+_choose_cache_dir()
+_prefer_512_bit_vectors()
+
+import numba  # noqa: E402  (after the settings above, which Numba reads when imported)
+from llvmlite import ir  # noqa: E402
+from numba import prange  # noqa: E402
+from numba.core import types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from .. import nn  # noqa: E402
+from ..checkpoint import BF16Matrix, bf16_bits_to_float32  # noqa: E402
+
+# float sums may be reassociated (that is what lets a dot product use SIMD lanes) and a multiply-add
+# fused; nothing else (no "fast" NaN/inf assumptions)
+FASTMATH = {"reassoc", "contract"}
 
 IM2COL_MAX_ROWS = 64  # conv1d stacks its taps when in_channels * kernel_size is at most this
 
@@ -27,18 +82,47 @@ def elu(x, alpha: float = 1.0):
     return positive
 
 
+# The Taylor coefficients of sin(r) = r - r^3/3! + r^5/5! - ... up to r^13: on |r| <= pi/2 the first
+# omitted term is below (pi/2)^15 / 15! = 6.7e-10, far under float32's rounding (6e-8).
+_SIN_TAYLOR = (1.0, -1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880, -1.0 / 39916800, 1.0 / 6227020800)
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _sin_up_to_sign(z):
+    """sin(z) up to its sign (enough for sin^2), in float64 for a float32 z: with k the integer nearest
+    z / pi, sin(z) = (-1)^k sin(z - k pi) and |z - k pi| <= pi / 2, where a 7-term polynomial is exact
+    to float32 precision."""
+    zd = np.float64(z)
+    r = zd - np.round(zd * (1.0 / np.pi)) * np.pi
+    r2 = r * r
+    p = _SIN_TAYLOR[6]
+    for j in range(5, -1, -1):
+        p = p * r2 + _SIN_TAYLOR[j]
+    return np.float32(r * p)
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _snake_beta_f32(x_bct, alpha_c, inv_beta_c, out_bct):
+    B, C, T = x_bct.shape
+    for bc in prange(B * C):
+        b, c = bc // C, bc % C
+        alpha, inv_beta = alpha_c[c], inv_beta_c[c]
+        for t in range(T):
+            x = x_bct[b, c, t]
+            s = _sin_up_to_sign(alpha * x)
+            out_bct[b, c, t] = x + inv_beta * (s * s)
+
+
 def snake_beta(x_bct, log_alpha_c, log_beta_c):
-    """``nn.snake_beta`` computed in place in one temporary: the same operations in the same order as
-    x + inv_beta * sin(alpha * x)^2 (bit-identical), without the four full-size temporaries (these
-    arrays reach 96 x 1920T samples in the codec decoder)."""
-    alpha = np.exp(log_alpha_c)[None, :, None]
-    inv_beta = 1.0 / (np.exp(log_beta_c)[None, :, None] + x_bct.dtype.type(1e-9))
-    s = x_bct * alpha
-    np.sin(s, out=s)
-    np.square(s, out=s)
-    s *= inv_beta
-    s += x_bct
-    return s
+    """``nn.snake_beta``: x + 1 / (beta + 1e-9) * sin(alpha * x)^2.  Float32: one Numba pass (the sine by
+    range reduction and a polynomial, vectorised); float64 (explicit backend): the reference."""
+    if x_bct.dtype != np.float32:
+        return nn.snake_beta.reference(x_bct, log_alpha_c, log_beta_c)
+    alpha_c = np.exp(log_alpha_c).astype(np.float32)
+    inv_beta_c = (1.0 / (np.exp(log_beta_c) + np.float32(1e-9))).astype(np.float32)
+    out_bct = np.empty(x_bct.shape, dtype=np.float32)
+    _snake_beta_f32(x_bct, alpha_c, inv_beta_c, out_bct)
+    return out_bct
 
 
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
@@ -74,4 +158,56 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
     return out
 
 
-TWINS = {"elu": elu, "snake_beta": snake_beta, "conv1d": conv1d}
+# ----------------------------------------------------------------------------- bfloat16 weights
+
+
+@intrinsic
+def _bf16_to_f32(typingctx, bits):
+    """One bfloat16 word -> its float32: the word in the upper half of a 32-bit pattern (exact)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        wide = builder.zext(args[0], ir.IntType(32))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+    return sig, codegen
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _bf16_rows_times(x_ni, bits_oi, out_no):
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x."""
+    O, I = bits_oi.shape
+    N = x_ni.shape[0]
+    for o in prange(O):
+        for n in range(N):
+            acc = np.float32(0.0)
+            for i in range(I):
+                acc += x_ni[n, i] * _bf16_to_f32(bits_oi[o, i])
+            out_no[n, o] = acc
+
+
+MATVEC_MAX_ROWS = 16       # up to this many rows of x: the bf16 kernel; more: widen blocks, then BLAS
+WIDEN_BLOCK_ROWS = 1024    # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
+
+
+def linear(x, w_oi, b_o=None):
+    """``nn.linear``.  A ``BF16Matrix`` weight is read as stored: for a few rows of x (a generation step)
+    by the Numba kernel, for many (a prompt) by BLAS on blocks of rows widened one block at a time, so
+    no float32 copy of the whole matrix ever exists.  Float32 weights go to BLAS as in the reference."""
+    if not isinstance(w_oi, BF16Matrix):
+        return nn.linear.reference(x, w_oi, b_o)
+    O, I = w_oi.shape
+    x_ni = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, I)
+    out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+    if x_ni.shape[0] <= MATVEC_MAX_ROWS:
+        _bf16_rows_times(x_ni, w_oi.bits, out_no)
+    else:
+        for start in range(0, O, WIDEN_BLOCK_ROWS):
+            stop = min(O, start + WIDEN_BLOCK_ROWS)
+            np.matmul(x_ni, bf16_bits_to_float32(w_oi.bits[start:stop]).T, out=out_no[:, start:stop])
+    if b_o is not None:
+        out_no += b_o
+    return out_no.reshape(x.shape[:-1] + (O,))
+
+
+TWINS = {"elu": elu, "snake_beta": snake_beta, "conv1d": conv1d, "linear": linear}
