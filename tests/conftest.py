@@ -16,6 +16,36 @@ if str(REPO) not in sys.path:  # tests run against the working tree even when re
 
 F32_EPS = float(np.finfo(np.float32).eps)
 
+# The parity suite (every comparison with the official outputs, and the streaming properties) runs once
+# per backend: the plain primitives ("numpy") and their fast twins ("numba"), each in float32 and float64.
+PARITY_MODULES = {"test_codec_decoder", "test_codec_encoder", "test_codec_streaming", "test_speaker_encoder",
+                  "test_talker", "test_end_to_end"}
+
+
+def pytest_addoption(parser):
+    from refimpl.kernels import BACKENDS
+    parser.addoption("--backend", action="append", choices=BACKENDS, default=None,
+                     help="run the parity suite on this backend only (repeatable; default: every backend)")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.module.__name__ in PARITY_MODULES:
+        from refimpl.kernels import BACKENDS
+        names = metafunc.config.getoption("--backend") or list(BACKENDS)
+        metafunc.parametrize("backend", names, indirect=True, scope="module")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def backend(request):
+    """The backend a parity module runs on (parametrised by pytest_generate_tests); None elsewhere."""
+    name = getattr(request, "param", None)
+    if name is None:
+        yield None
+        return
+    from refimpl.kernels import use_backend
+    with use_backend(name):
+        yield name
+
 
 def assert_close_to_oracle(ours, off32, off64, precision: str, what: str, noise_factor: float = 4.0,
                            f64_rel: float = 1e-10):

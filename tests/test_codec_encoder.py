@@ -23,7 +23,7 @@ from refimpl.audio import resample
 
 from conftest import GOLDEN as GOLDEN_DIR
 from conftest import assert_close_to_oracle
-from refimpl import codec_encoder
+from refimpl import active_backend, codec_encoder
 from refimpl.speech_tokenizer import prepare_audio
 
 GOLDEN = np.load(GOLDEN_DIR / "codec_encoder.npz")
@@ -52,8 +52,8 @@ _CACHE = {}
 
 
 def encoded(tokenizers, name, prec, attention):
-    """Our detailed encode of a golden input (with the trace), computed once per session."""
-    key = (name, prec, attention)
+    """Our detailed encode of a golden input (with the trace), computed once per session and backend."""
+    key = (name, prec, attention, active_backend())
     if key not in _CACHE:
         trace = {}
         out = tokenizers[prec].encode_detailed(GOLDEN[f"{name}/audio"], encoder_attention=attention, trace=trace)

@@ -37,8 +37,8 @@ def encoders():
 
 
 @pytest.fixture(scope="module")
-def runs(encoders):
-    """x-vector and trace of every recorded signal, in both precisions (computed once)."""
+def runs(encoders, backend):
+    """x-vector and trace of every recorded signal, in both precisions (computed once per backend)."""
     out = {}
     for key in SIGNALS:
         for prec, enc in encoders.items():
