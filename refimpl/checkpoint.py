@@ -323,7 +323,8 @@ def attention_weight_spec(prefix: str, hidden: int, heads: int, kv_heads: int, h
 
 def check_weights(weights: Mapping[str, np.ndarray], spec: Iterable[WeightSpec], where: str,
                   allow_extra: bool = False) -> None:
-    """Compare loaded tensors with what a network expects; raise one error listing every problem."""
+    """Compare loaded tensors with what a network expects (names, shapes, floating dtype, finite values);
+    raise one error listing every problem."""
     spec = list(spec)
     expected = {s.name: tuple(s.shape) for s in spec}
     missing = [f"{n} {list(shape)}" for n, shape in expected.items() if n not in weights]
@@ -331,19 +332,37 @@ def check_weights(weights: Mapping[str, np.ndarray], spec: Iterable[WeightSpec],
              for n, shape in expected.items() if n in weights and tuple(weights[n].shape) != shape]
     extra = [] if allow_extra else sorted(n for n in weights if n not in expected)
     not_float = [f"{n} ({weights[n].dtype})" for n in expected if n in weights and weights[n].dtype.kind != "f"]
-    if not (missing or wrong or extra or not_float):
+    not_finite = non_finite_tensors(weights, [n for n in expected if n in weights])
+    if not (missing or wrong or extra or not_float or not_finite):
         return
-    lines = [f"{where}: the weights do not fit the config"]
+    lines = [f"{where}: the weights do not fit the config" if missing or wrong or extra or not_float
+             else f"{where}: damaged weights"]
     if missing:
         lines.append(f"  missing tensors ({len(missing)}): " + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else ""))
     if wrong:
         lines.append(f"  mis-shaped tensors ({len(wrong)}): " + "; ".join(wrong[:20]) + (" ..." if len(wrong) > 20 else ""))
+    if not_finite:
+        lines.append(f"  tensors holding NaN or infinity ({len(not_finite)}): " + ", ".join(not_finite[:20])
+                     + (" ..." if len(not_finite) > 20 else ""))
     if not_float:
         lines.append(f"  tensors stored as integers, not floating point ({len(not_float)}): "
                      + ", ".join(not_float[:20]) + (" ..." if len(not_float) > 20 else ""))
     if extra:
         lines.append(f"  unexpected tensors ({len(extra)}): " + ", ".join(extra[:20]) + (" ..." if len(extra) > 20 else ""))
     raise CheckpointError("\n".join(lines))
+
+
+def non_finite_tensors(weights: Mapping[str, np.ndarray], names, chunk: int = 1 << 22) -> list:
+    """Names of floating tensors that hold NaN or infinity, read in chunks (no full-size temporary)."""
+    bad = []
+    for name in names:
+        arr = weights[name]
+        if arr.dtype.kind != "f":
+            continue
+        flat = arr.reshape(-1)
+        if any(not np.isfinite(flat[i:i + chunk]).all() for i in range(0, flat.size, chunk)):
+            bad.append(name)
+    return bad
 
 
 def check_prefixes(directory: str | os.PathLike, prefixes: Iterable[str], where: str) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 from . import nn
 from .checkpoint import WeightSpec, attention_weight_spec
 from .config import config_from_dict
+from .validate import check_decoder_config
 
 __all__ = ["DecoderConfig", "decoder_weight_spec", "decode_codes", "DecoderStream", "STAGES"]
 
@@ -61,6 +62,7 @@ class DecoderConfig:
     @classmethod
     def from_dict(cls, data) -> "DecoderConfig":
         cfg = config_from_dict(cls, data)
+        check_decoder_config(cfg)
         if cfg.head_dim is None:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
         if cfg.hidden_act != "silu":

@@ -25,8 +25,12 @@ import numpy as np
 from . import sampling
 from .prompt import assemble_batch
 from .sampling import SamplingSettings
+from .validate import check_finite
 
 __all__ = ["GenerationTrace", "iterate_frames", "generate_codes"]
+
+# NaN logits would silently become code 0 (argmax) and EOS would never come: checked at every step
+NON_FINITE_HINT = "damaged weights or an extreme speaker embedding?"
 
 
 @dataclass
@@ -59,11 +63,13 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
     sub_steps = sampling.subtalker_processors(settings)
 
     def choose_sub(g, logits_bv):
+        check_finite(logits_bv, f"code predictor (group {g + 1} logits)", NON_FINITE_HINT)
         return sampling.choose(sampling.process(sub_steps, logits_bv), settings.subtalker_dosample, rng)
 
     cache = talker.new_cache(B)
     hidden = talker.forward(embeds, positions, valid, cache)[:, -1]
     logits = talker.logits(hidden)
+    check_finite(logits, "talker (prompt prefill logits)", NON_FINITE_HINT)
     if trace is not None:
         trace.prefill_logits = logits
     next_position = positions[:, -1] + 1
@@ -93,6 +99,7 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
         valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
         hidden = talker.forward(x, next_position[:, None], valid, cache)[:, -1]
         logits = talker.logits(hidden)
+        check_finite(logits, f"talker (logits of generation step {step + 1})", NON_FINITE_HINT)
         next_position = next_position + 1
         if trace is not None:
             trace.step_logits.append(logits)

@@ -36,6 +36,7 @@ import numpy as np
 from . import nn
 from .checkpoint import CheckpointError, WeightSpec, attention_weight_spec
 from .config import config_from_dict
+from .validate import check_code_predictor_config, check_talker_config, check_tts_config
 
 __all__ = [
     "TalkerConfig", "CodePredictorConfig", "TTSConfig", "talker_weight_spec", "decoder_layer_weight_spec",
@@ -75,6 +76,7 @@ class CodePredictorConfig:
         cfg = config_from_dict(cls, data)
         if cfg.num_key_value_heads is None:
             cfg.num_key_value_heads = cfg.num_attention_heads
+        check_code_predictor_config(cfg)
         _check_common("code_predictor_config", cfg)
         if cfg.use_sliding_window:
             raise ValueError("code_predictor_config.use_sliding_window is not supported (no released model uses it)")
@@ -128,6 +130,7 @@ class TalkerConfig:
         predictor = data.pop("code_predictor_config", None)
         cfg = config_from_dict(cls, data)
         cfg.code_predictor_config = CodePredictorConfig.from_dict(predictor)
+        check_talker_config(cfg)
         if cfg.head_dim is None:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
         _check_common("talker_config", cfg)
@@ -190,6 +193,7 @@ class TTSConfig:
         talker = data.pop("talker_config", None)
         cfg = config_from_dict(cls, data)
         cfg.talker_config = TalkerConfig.from_dict(talker)
+        check_tts_config(cfg)
         cfg.speaker_encoder_config = dict(cfg.speaker_encoder_config or {})
         return cfg
 

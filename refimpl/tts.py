@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import read_wav
+from .audio import audio_as_float, check_sample_rate, read_wav
 from .checkpoint import CheckpointError, check_prefixes, read_checkpoint_weights, read_config
 from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import build_layout, embed_layout
@@ -314,10 +314,10 @@ class Qwen3TTS:
     def _load_audio(self, a):
         if _is_audio_tuple(a):
             wav, sr = a
-            wav = np.asarray(wav, dtype=np.float32)
+            wav = audio_as_float(wav, "ref_audio")  # int16 / int32 / uint8 PCM scaled to [-1, 1)
             if wav.ndim > 1:
-                wav = np.mean(wav, axis=-1).astype(np.float32)
-            return wav, int(sr)
+                wav = np.mean(wav, axis=-1)
+            return wav.astype(np.float32), check_sample_rate(sr, "ref_audio sample rate")
         if isinstance(a, np.ndarray):
             raise ValueError("For numpy waveform input, pass a tuple (audio, sr).")
         if isinstance(a, (str, Path)):

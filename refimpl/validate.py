@@ -1,0 +1,205 @@
+"""Checks of values that come from outside, in a range where the math works.
+
+Config values: every number a network's math needs (sizes, epsilons, RoPE bases, token ids, rates), checked
+when a config is read (``check_*_config``, one call in each config's ``from_dict``), so that an impossible
+value (a negative ``rms_norm_eps``, ``rope_theta`` 0, an EOS id outside the vocabulary, an output rate of 0)
+is one ``CheckpointError`` naming the key and the value, instead of NaN output or an ``IndexError`` later.
+
+Non-finite values: ``check_finite`` after a network stage, ``first_non_finite`` to name the first stage of a
+trace that went non-finite (``NonFiniteError``, a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from .checkpoint import CheckpointError
+
+__all__ = ["check_talker_config", "check_code_predictor_config", "check_tts_config", "check_decoder_config",
+           "check_encoder_config", "check_speaker_encoder_config", "check_speech_tokenizer_config",
+           "NonFiniteError", "check_finite", "first_non_finite", "raise_non_finite_stage"]
+
+
+# ----------------------------------------------------------------------------- single values
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def positive_int(where: str, key: str, value, minimum: int = 1) -> None:
+    if not _is_int(value) or value < minimum:
+        raise CheckpointError(f"{where}.{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def positive_number(where: str, key: str, value) -> None:
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not number or not math.isfinite(value) or value <= 0:
+        raise CheckpointError(f"{where}.{key} must be a finite number > 0, got {value!r}")
+
+
+def finite_number(where: str, key: str, value) -> None:
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not number or not math.isfinite(value):
+        raise CheckpointError(f"{where}.{key} must be a finite number, got {value!r}")
+
+
+def token_id(where: str, key: str, value, vocab_size: int, vocab_name: str = "vocab_size") -> None:
+    if not _is_int(value) or not 0 <= value < vocab_size:
+        raise CheckpointError(f"{where}.{key} is {value!r}, outside the vocabulary [0, {vocab_size}) "
+                              f"({vocab_name} {vocab_size})")
+
+
+def positive_ints(where: str, key: str, values, allow_empty: bool = False) -> None:
+    if not isinstance(values, (list, tuple)) or (not values and not allow_empty):
+        raise CheckpointError(f"{where}.{key} must be a non-empty list of integers >= 1, got {values!r}")
+    for value in values:
+        if not _is_int(value) or value < 1:
+            raise CheckpointError(f"{where}.{key} must hold integers >= 1, got {list(values)!r}")
+
+
+def _check_transformer(where: str, cfg, eps_key: str = "rms_norm_eps") -> None:
+    """What every transformer here needs: positive sizes, a positive norm epsilon and RoPE base, and a
+    head_dim that is given or follows from hidden_size / num_attention_heads."""
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                "max_position_embeddings"):
+        positive_int(where, key, getattr(cfg, key))
+    positive_int(where, "num_hidden_layers", cfg.num_hidden_layers, minimum=0)
+    positive_number(where, eps_key, getattr(cfg, eps_key))
+    positive_number(where, "rope_theta", cfg.rope_theta)
+    if cfg.head_dim is not None:
+        positive_int(where, "head_dim", cfg.head_dim)
+    elif cfg.hidden_size < cfg.num_attention_heads:
+        raise CheckpointError(f"{where}: hidden_size {cfg.hidden_size} is smaller than num_attention_heads "
+                              f"{cfg.num_attention_heads}, so head_dim = hidden_size // heads would be 0")
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def check_code_predictor_config(cfg) -> None:
+    where = "code_predictor_config"
+    _check_transformer(where, cfg)
+    positive_int(where, "vocab_size", cfg.vocab_size)
+    positive_int(where, "num_code_groups", cfg.num_code_groups, minimum=2)
+    if getattr(cfg, "use_sliding_window", False):
+        positive_int(where, "sliding_window", cfg.sliding_window)
+
+
+def check_talker_config(cfg) -> None:
+    where = "talker_config"
+    _check_transformer(where, cfg)
+    for key in ("vocab_size", "text_hidden_size"):
+        positive_int(where, key, getattr(cfg, key))
+    positive_int(where, "num_code_groups", cfg.num_code_groups, minimum=2)
+    if cfg.text_vocab_size is not None:
+        positive_int(where, "text_vocab_size", cfg.text_vocab_size)
+    for key in ("codec_eos_token_id", "codec_think_id", "codec_nothink_id", "codec_think_bos_id",
+                "codec_think_eos_id", "codec_pad_id", "codec_bos_id"):
+        token_id(where, key, getattr(cfg, key), cfg.vocab_size)
+    for table in ("spk_id", "codec_language_id"):
+        entries = getattr(cfg, table)
+        if entries is None:
+            continue
+        if not isinstance(entries, dict):
+            raise CheckpointError(f"{where}.{table} must be a JSON object (name -> id), got {entries!r}")
+        for name, value in entries.items():
+            for v in (value if isinstance(value, list) else [value]):
+                token_id(where, f"{table}[{name!r}]", v, cfg.vocab_size)
+
+
+def check_tts_config(cfg) -> None:
+    """The top level: the text-side special ids must lie in the talker's text vocabulary."""
+    text_vocab = cfg.talker_config.text_vocab_size if cfg.talker_config is not None else None
+    for key in ("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id"):
+        value = getattr(cfg, key)
+        if text_vocab is None:
+            positive_int("config", key, value, minimum=0)
+        else:
+            token_id("config", key, value, text_vocab, "talker_config.text_vocab_size")
+
+
+def check_decoder_config(cfg) -> None:
+    where = "decoder_config"
+    _check_transformer(where, cfg)
+    for key in ("codebook_size", "latent_dim", "sliding_window", "num_quantizers", "decoder_dim", "codebook_dim"):
+        positive_int(where, key, getattr(cfg, key))
+    positive_ints(where, "upsample_rates", cfg.upsample_rates)
+    positive_ints(where, "upsampling_ratios", cfg.upsampling_ratios, allow_empty=True)
+    finite_number(where, "layer_scale_initial_scale", cfg.layer_scale_initial_scale)
+
+
+def check_encoder_config(cfg) -> None:
+    where = "encoder_config"
+    _check_transformer(where, cfg, eps_key="norm_eps")
+    for key in ("sampling_rate", "num_filters", "kernel_size", "last_kernel_size", "residual_kernel_size",
+                "dilation_growth_rate", "compress", "codebook_size", "codebook_dim", "num_quantizers",
+                "vector_quantization_hidden_dimension", "upsample_groups", "sliding_window"):
+        positive_int(where, key, getattr(cfg, key))
+    positive_int(where, "num_residual_layers", cfg.num_residual_layers, minimum=0)
+    positive_ints(where, "upsampling_ratios", cfg.upsampling_ratios)
+    if cfg.frame_rate is not None:
+        positive_number(where, "frame_rate", cfg.frame_rate)
+    if not _is_int(cfg.num_semantic_quantizers) or not 0 <= cfg.num_semantic_quantizers <= cfg.num_quantizers:
+        raise CheckpointError(f"{where}.num_semantic_quantizers must be an integer in [0, num_quantizers "
+                              f"{cfg.num_quantizers}], got {cfg.num_semantic_quantizers!r}")
+
+
+def check_speaker_encoder_config(cfg) -> None:
+    where = "speaker_encoder_config"
+    for key in ("mel_dim", "enc_dim", "enc_attention_channels", "enc_res2net_scale", "enc_se_channels", "sample_rate"):
+        positive_int(where, key, getattr(cfg, key))
+    for key in ("enc_channels", "enc_kernel_sizes", "enc_dilations"):
+        positive_ints(where, key, getattr(cfg, key))
+
+
+def check_speech_tokenizer_config(config: Mapping, num_quantizers: int) -> None:
+    """The speech tokenizer's top level (rates and the number of codes the encoder keeps)."""
+    where = "speech tokenizer config"
+    for key in ("output_sample_rate", "input_sample_rate", "decode_upsample_rate", "encode_downsample_rate"):
+        if key in config:
+            positive_int(where, key, config[key])
+    if "encoder_valid_num_quantizers" in config:
+        value = config["encoder_valid_num_quantizers"]
+        if not _is_int(value) or not 1 <= value <= num_quantizers:
+            raise CheckpointError(f"{where}.encoder_valid_num_quantizers must be an integer in [1, "
+                                  f"{num_quantizers}] (the decoder's num_quantizers), got {value!r}")
+
+
+# ----------------------------------------------------------------------------- non-finite values
+
+
+class NonFiniteError(ValueError):
+    """A network stage produced NaN or infinite values (from extreme input or damaged weights)."""
+
+
+def check_finite(x, stage: str, hint: str = "") -> None:
+    """Raise NonFiniteError naming ``stage`` if ``x`` holds NaN or infinity."""
+    x = np.asarray(x)
+    if x.dtype.kind in "fc" and not np.isfinite(x).all():
+        bad = int(np.count_nonzero(~np.isfinite(x)))
+        raise NonFiniteError(f"{stage} produced non-finite values ({bad} of {x.size} are NaN or infinite)"
+                             + (f"; {hint}" if hint else ""))
+
+
+def first_non_finite(trace: Mapping) -> str | None:
+    """The name of the first array (in recording order) of a trace that holds NaN or infinity."""
+    for name, value in trace.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            return name
+    return None
+
+
+def raise_non_finite_stage(network: str, run_traced, hint: str = "") -> None:
+    """A network's output held NaN or infinity: run it again with a trace (only now, so the normal path
+    pays nothing) and raise NonFiniteError naming the first stage that went non-finite."""
+    trace = {}
+    with np.errstate(all="ignore"):
+        run_traced(trace)
+    stage = first_non_finite(trace) or "output"
+    raise NonFiniteError(f"{network}: stage {stage!r} produced non-finite values (NaN or infinity): damaged "
+                         f"weights or extreme input{'; ' + hint if hint else ''}")
