@@ -100,9 +100,8 @@ class SpeechTokenizer:
         if arr.shape[1] != self.num_quantizers:
             raise ValueError(f"{what} must have {self.num_quantizers} code groups per frame (shape [T, "
                              f"{self.num_quantizers}]); got shape {arr.shape}")
-        arr = arr.astype(np.int64)
         low = -1 if allow_padding else 0
-        bad = (arr < low) | (arr >= self.codebook_size)
+        bad = (arr < low) | (arr >= self.codebook_size)  # before the cast: uint64 2^64-1 must not wrap to -1
         if allow_padding:  # -1 marks a padding frame: group 0 is -1; a -1 inside a real frame is an error
             bad |= (arr == -1) & (arr[:, :1] != -1)
         if bad.any():
@@ -110,7 +109,7 @@ class SpeechTokenizer:
             allowed = f"[0, {self.codebook_size})" + (" or -1 padding" if allow_padding else "")
             raise ValueError(f"{what}: code {arr[t, q]} at frame {t}, group {q} is outside {allowed} "
                              f"({int(bad.sum())} such codes)")
-        return arr
+        return arr.astype(np.int64)
 
     @staticmethod
     def _is_batch(codes) -> bool:

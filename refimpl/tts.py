@@ -18,14 +18,13 @@ sampling; ``return_codes=True`` also returns the generated codes, one int64 arra
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .audio import audio_as_float, check_sample_rate, read_wav
-from .checkpoint import CheckpointError, check_prefixes, read_checkpoint_weights, read_config
+from .checkpoint import CheckpointError, check_prefixes, read_checkpoint_weights, read_config, read_json_object
 from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import build_layout, embed_layout
 from .sampling import SamplingSettings
@@ -113,8 +112,7 @@ class Qwen3TTS:
         speech_tokenizer = SpeechTokenizer.from_pretrained(directory / "speech_tokenizer", dtype)
         defaults = {}
         if (directory / "generation_config.json").is_file():
-            with open(directory / "generation_config.json", "r", encoding="utf-8") as f:
-                defaults = json.load(f)
+            defaults = read_json_object(directory / "generation_config.json")
         return cls(config, talker, load_text_tokenizer(directory), speech_tokenizer, speaker_encoder, defaults,
                    dtype, directory)
 
