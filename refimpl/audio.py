@@ -29,7 +29,7 @@ try:  # the official resampler; the polyphase filter below is the readable fallb
 except ImportError:  # pragma: no cover - soxr is a declared dependency
     soxr = None
 
-__all__ = ["read_wav", "write_wav", "wav_bytes", "resample", "resample_polyphase", "resampling_filter",
+__all__ = ["read_wav", "read_wav_bytes", "write_wav", "wav_bytes", "resample", "resample_polyphase", "resampling_filter",
            "check_sample_rate", "audio_as_float", "check_amplitude", "MIN_SAMPLE_RATE", "MAX_SAMPLE_RATE",
            "MAX_AMPLITUDE"]
 
@@ -119,9 +119,18 @@ def read_wav(path) -> tuple[np.ndarray, int]:
         raise ValueError(f"audio file {path!r} is a directory")
     try:
         with open(path, "rb") as f:
-            fmt, raw = _read_wav_chunks(f, path)
+            return _read_wav_from(f, path)
     except OSError as e:
         raise ValueError(f"cannot read audio file {path!r}: {e.strerror or e}") from None
+
+
+def read_wav_bytes(data: bytes, name: str = "<bytes>") -> tuple[np.ndarray, int]:
+    """``read_wav`` of a whole WAV file held in memory (standard input); ``name`` is used in errors."""
+    return _read_wav_from(io.BytesIO(data), name)
+
+
+def _read_wav_from(f, path: str) -> tuple[np.ndarray, int]:
+    fmt, raw = _read_wav_chunks(f, path)
     audio = _decode_samples(raw, fmt)
     if fmt.channels > 1:
         audio = audio.reshape(-1, fmt.channels)

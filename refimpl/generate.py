@@ -27,7 +27,7 @@ from .prompt import assemble_batch
 from .sampling import SamplingSettings
 from .validate import check_finite
 
-__all__ = ["GenerationTrace", "iterate_frames", "generate_codes"]
+__all__ = ["GenerationTrace", "iterate_frames", "generate_codes", "check_prompt_length"]
 
 # NaN logits would silently become code 0 (argmax) and EOS would never come: checked at every step
 NON_FINITE_HINT = "damaged weights or an extreme speaker embedding?"
@@ -48,12 +48,24 @@ class GenerationTrace:
     trailing: np.ndarray | None = None                # [B, N, H]
 
 
+def check_prompt_length(positions_bt, max_new_tokens: int, max_position_embeddings: int) -> None:
+    """Before any work: the prompt's positions plus one per generation step (the last code 0 is not fed
+    back) must stay below the talker's ``max_position_embeddings``, the longest sequence it supports."""
+    prompt = int(positions_bt.max()) + 1 if positions_bt.size else 0
+    last = prompt - 1 + max(int(max_new_tokens) - 1, 0)
+    if last >= max_position_embeddings:
+        raise ValueError(f"the prompt has {prompt} positions and generation may add {max(int(max_new_tokens) - 1, 0)} "
+                         f"more, past the talker's max_position_embeddings {max_position_embeddings}: shorten the "
+                         "text (or reference) or lower max_new_tokens")
+
+
 def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
                    eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None):
     """Generate frame by frame: yields one int64 array [B, 16] per expanded frame, as soon as it is made.
     A row that already produced EOS gets frames whose code 0 is EOS (cut them, see ``generate_codes``)."""
     settings.validate()
     embeds, valid, positions, trailing = assemble_batch(prompts_th, trailing_nh, pad_vector_h)
+    check_prompt_length(positions, settings.max_new_tokens, talker.cfg.max_position_embeddings)
     B = embeds.shape[0]
     G = talker.cfg.num_code_groups
     if trace is not None:
