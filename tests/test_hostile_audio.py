@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.io import wavfile
 
-from conftest import CHECKPOINTS, REPO
+from conftest import CHECKPOINTS, REPO, read_or_named_error
 from refimpl import audio as audio_mod
 from refimpl.audio import (MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, check_sample_rate, polyphase_factors, read_wav,
                            resample, write_wav)
@@ -168,10 +168,7 @@ def test_missing_file_and_directory(tmp_path):
 def test_random_bytes_never_crash_the_reader(tmp_path, blob):
     path = tmp_path / "fuzz.wav"
     path.write_bytes(blob)
-    try:
-        read_wav(path)
-    except ValueError as e:
-        assert "fuzz.wav" in str(e)
+    read_or_named_error(read_wav, path)
 
 
 GOOD = riff(fmt_chunk(channels=2), chunk(b"LIST", b"INFO"), chunk(b"data", pcm16(40)))
@@ -188,11 +185,10 @@ def test_mutated_headers_never_crash_the_reader(tmp_path, edits, cut):
         data[position] = value
     path = tmp_path / "mutant.wav"
     path.write_bytes(bytes(data[:cut]))
-    try:
-        audio, sr = read_wav(path)
-    except ValueError as e:
-        assert "mutant.wav" in str(e)
+    result = read_or_named_error(read_wav, path)
+    if result is None:
         return
+    audio, sr = result
     assert audio.size <= cut and MIN_SAMPLE_RATE <= sr <= MAX_SAMPLE_RATE
 
 

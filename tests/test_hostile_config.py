@@ -41,7 +41,7 @@ TALKER = ["talker_config"]
 PREDICTOR = ["talker_config", "code_predictor_config"]
 
 
-@pytest.mark.parametrize("section, key, value, fragment", [
+MODEL_CASES = [
     (TALKER, "rms_norm_eps", -1e-6, "talker_config.rms_norm_eps must be a finite number > 0, got -1e-06"),
     (TALKER, "rms_norm_eps", 0, "talker_config.rms_norm_eps must be a finite number > 0, got 0"),
     (TALKER, "rope_theta", 0, "talker_config.rope_theta must be a finite number > 0, got 0"),
@@ -59,16 +59,8 @@ PREDICTOR = ["talker_config", "code_predictor_config"]
     (PREDICTOR, "rope_theta", -10000, "code_predictor_config.rope_theta must be a finite number > 0"),
     ([], "tts_pad_token_id", 10 ** 9, "config.tts_pad_token_id is 1000000000, outside the vocabulary"),
     ([], "im_start_token_id", -5, "config.im_start_token_id is -5"),
-])
-def test_impossible_model_config_values(tmp_path, section, key, value, fragment):
-    d = copy_model(tmp_path, "tiny-base")
-    edit_config(d / "config.json", set_key(section, key, value))
-    with pytest.raises(CheckpointError) as info:
-        Qwen3TTS.from_pretrained(d)
-    assert fragment in str(info.value)
-
-
-@pytest.mark.parametrize("section, key, value, fragment", [
+]
+SPEECH_TOKENIZER_CASES = [
     ([], "output_sample_rate", 0, "output_sample_rate must be an integer >= 1, got 0"),
     ([], "input_sample_rate", -24000, "input_sample_rate must be an integer >= 1, got -24000"),
     ([], "encoder_valid_num_quantizers", 17, "encoder_valid_num_quantizers must be an integer in [1, 16]"),
@@ -78,12 +70,18 @@ def test_impossible_model_config_values(tmp_path, section, key, value, fragment)
     (["decoder_config"], "num_attention_heads", 0, "decoder_config.num_attention_heads must be an integer >= 1"),
     (["decoder_config"], "codebook_size", 0, "decoder_config.codebook_size must be an integer >= 1"),
     (["decoder_config"], "layer_scale_initial_scale", float("inf"), "layer_scale_initial_scale must be a finite"),
-])
-def test_impossible_speech_tokenizer_config_values(tmp_path, section, key, value, fragment):
-    d = copy_model(tmp_path, "tiny-speech-tokenizer")
+]
+LOADERS = {"tiny-base": Qwen3TTS.from_pretrained, "tiny-speech-tokenizer": SpeechTokenizer.from_pretrained}
+
+
+@pytest.mark.parametrize("model, section, key, value, fragment",
+                         [("tiny-base", *case) for case in MODEL_CASES]
+                         + [("tiny-speech-tokenizer", *case) for case in SPEECH_TOKENIZER_CASES])
+def test_impossible_config_values(tmp_path, model, section, key, value, fragment):
+    d = copy_model(tmp_path, model)
     edit_config(d / "config.json", set_key(section, key, value))
     with pytest.raises(CheckpointError) as info:
-        SpeechTokenizer.from_pretrained(d)
+        LOADERS[model](d)
     assert fragment in str(info.value)
 
 
