@@ -66,6 +66,8 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
     settings.validate()
     embeds, valid, positions, trailing = assemble_batch(prompts_th, trailing_nh, pad_vector_h)
     check_prompt_length(positions, settings.max_new_tokens, talker.cfg.max_position_embeddings)
+    if not 0 <= eos_id < talker.cfg.vocab_size:  # an EOS that can never be drawn: generation would never stop
+        raise ValueError(f"eos_token_id {eos_id} is outside the talker vocabulary [0, {talker.cfg.vocab_size})")
     B = embeds.shape[0]
     G = talker.cfg.num_code_groups
     if trace is not None:

@@ -23,7 +23,7 @@ from . import codec_decoder, codec_encoder
 from .audio import audio_as_float, check_amplitude, check_sample_rate, resample
 from .checkpoint import CheckpointError, check_prefixes, check_weights, read_checkpoint_weights, read_config
 from .codec_decoder import DecoderConfig
-from .validate import check_finite, check_speech_tokenizer_config, raise_non_finite_stage
+from .validate import check_codes, check_finite, check_speech_tokenizer_config, raise_non_finite_stage
 
 __all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir", "Encoded", "prepare_audio"]
 
@@ -89,27 +89,7 @@ class SpeechTokenizer:
     # ------------------------------------------------------------------ input checking
 
     def _check_codes(self, codes, allow_padding: bool, what: str = "codes") -> np.ndarray:
-        arr = np.asarray(codes)
-        if arr.dtype == object:
-            raise ValueError(f"{what} must be a rectangular integer array [T, {self.num_quantizers}]")
-        if arr.size and arr.dtype.kind not in "iu":
-            raise ValueError(f"{what} must have an integer dtype, got {arr.dtype}")
-        if arr.ndim != 2:
-            raise ValueError(f"{what} must have rank 2, [T, {self.num_quantizers}] (frames x code groups); "
-                             f"got shape {arr.shape}")
-        if arr.shape[1] != self.num_quantizers:
-            raise ValueError(f"{what} must have {self.num_quantizers} code groups per frame (shape [T, "
-                             f"{self.num_quantizers}]); got shape {arr.shape}")
-        low = -1 if allow_padding else 0
-        bad = (arr < low) | (arr >= self.codebook_size)  # before the cast: uint64 2^64-1 must not wrap to -1
-        if allow_padding:  # -1 marks a padding frame: group 0 is -1; a -1 inside a real frame is an error
-            bad |= (arr == -1) & (arr[:, :1] != -1)
-        if bad.any():
-            t, q = np.argwhere(bad)[0]
-            allowed = f"[0, {self.codebook_size})" + (" or -1 padding" if allow_padding else "")
-            raise ValueError(f"{what}: code {arr[t, q]} at frame {t}, group {q} is outside {allowed} "
-                             f"({int(bad.sum())} such codes)")
-        return arr.astype(np.int64)
+        return check_codes(codes, self.num_quantizers, self.codebook_size, allow_padding, what)
 
     @staticmethod
     def _is_batch(codes) -> bool:

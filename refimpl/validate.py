@@ -20,7 +20,7 @@ from .checkpoint import CheckpointError
 
 __all__ = ["check_talker_config", "check_code_predictor_config", "check_tts_config", "check_decoder_config",
            "check_encoder_config", "check_speaker_encoder_config", "check_speech_tokenizer_config",
-           "NonFiniteError", "check_finite", "first_non_finite", "raise_non_finite_stage"]
+           "check_codes", "NonFiniteError", "check_finite", "first_non_finite", "raise_non_finite_stage"]
 
 
 # ----------------------------------------------------------------------------- single values
@@ -167,6 +167,35 @@ def check_speech_tokenizer_config(config: Mapping, num_quantizers: int) -> None:
         if not _is_int(value) or not 1 <= value <= num_quantizers:
             raise CheckpointError(f"{where}.encoder_valid_num_quantizers must be an integer in [1, "
                                   f"{num_quantizers}] (the decoder's num_quantizers), got {value!r}")
+
+
+# ----------------------------------------------------------------------------- codes
+
+
+def check_codes(codes, groups: int, codebook_size: int, allow_padding: bool = False, what: str = "codes") -> np.ndarray:
+    """Codes [T, groups] of any integer dtype (signed or unsigned) with values in [0, codebook_size) (or -1
+    for a whole padding frame when ``allow_padding``), returned as int64.  The range is checked before the
+    cast, so a uint64 2^64 - 1 is out of range instead of wrapping to -1."""
+    arr = np.asarray(codes)
+    if arr.dtype == object:
+        raise ValueError(f"{what} must be a rectangular integer array [T, {groups}]")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"{what} must have an integer dtype, got {arr.dtype}")
+    if arr.ndim != 2:
+        raise ValueError(f"{what} must have rank 2, [T, {groups}] (frames x code groups); got shape {arr.shape}")
+    if arr.shape[1] != groups:
+        raise ValueError(f"{what} must have {groups} code groups per frame (shape [T, {groups}]); got shape "
+                         f"{arr.shape}")
+    low = -1 if allow_padding else 0
+    bad = (arr < low) | (arr >= codebook_size)
+    if allow_padding:  # -1 marks a padding frame: group 0 is -1; a -1 inside a real frame is an error
+        bad |= (arr == -1) & (arr[:, :1] != -1)
+    if bad.any():
+        t, q = np.argwhere(bad)[0]
+        allowed = f"[0, {codebook_size})" + (" or -1 padding" if allow_padding else "")
+        raise ValueError(f"{what}: code {arr[t, q]} at frame {t}, group {q} is outside {allowed} "
+                         f"({int(bad.sum())} such codes)")
+    return arr.astype(np.int64)
 
 
 # ----------------------------------------------------------------------------- non-finite values

@@ -121,3 +121,19 @@ def test_malformed_text_files_name_the_file(tmp_path, name, raw, fragment):
         Qwen3TTS.from_pretrained(d)
     assert name in str(info.value) and fragment in str(info.value)
 
+
+
+def test_reference_codes_of_a_voice_clone_prompt_are_range_checked():
+    tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-base")
+    prompt = tts.create_voice_clone_prompt((np.zeros(4000, np.float32), 24000), ref_text="A reference.")
+    prompt[0].ref_code = np.full_like(prompt[0].ref_code, np.iinfo(np.uint64).max, dtype=np.uint64)
+    with pytest.raises(ValueError, match="reference codes: code 18446744073709551615 at frame 0, group 0 is outside"):
+        tts.generate_voice_clone("Hello.", voice_clone_prompt=prompt, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("eos", [-1, 10 ** 6])
+def test_eos_outside_the_vocabulary_is_refused(eos):
+    """An EOS id that can never be drawn would make generation run to max_new_tokens every time."""
+    tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")
+    with pytest.raises(ValueError, match=f"eos_token_id {eos} is outside the talker vocabulary"):
+        tts.generate_custom_voice("Hi.", speaker="vivian", eos_token_id=eos, max_new_tokens=3)
