@@ -23,7 +23,7 @@ def _default_mode() -> int:
 
 def write_atomically(path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``."""
-    path = os.fspath(path)
+    path = os.path.realpath(os.fspath(path))  # through a symbolic link: replace its target, keep the link
     if os.path.isdir(path):
         raise IsADirectoryError(21, "is a directory", path)
     if os.path.exists(path) and not os.path.isfile(path):  # a device or a pipe: no rename possible
@@ -31,7 +31,8 @@ def write_atomically(path, data: bytes) -> None:
             f.write(data)
         return
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    name = os.path.basename(path)[:200]  # the temporary name must stay under the 255-byte limit
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

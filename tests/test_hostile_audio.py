@@ -252,6 +252,16 @@ def test_write_keeps_permissions_and_writes_to_devices(tmp_path):
     assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
 
 
+def test_write_through_a_symbolic_link_keeps_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real" / "target.wav", tmp_path / "link.wav")
+    write_wav(tmp_path / "link.wav", np.zeros(10, np.float32), 24000)
+    assert os.path.islink(tmp_path / "link.wav") and read_wav(tmp_path / "real" / "target.wav")[0].shape == (10,)
+    long_name = tmp_path / ("x" * 250 + ".wav")
+    write_wav(long_name, np.zeros(10, np.float32), 24000)
+    assert long_name.is_file()
+
+
 def test_written_wav_reads_back(tmp_path):
     x = np.linspace(-1, 1, 101).astype(np.float32)
     write_wav(tmp_path / "a.wav", x, 24000, "float")
