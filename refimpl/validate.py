@@ -30,9 +30,20 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+# Counts that repeat a block (layers, quantizers, code groups) build one weight-spec entry per repetition
+# before the checkpoint is compared with it: bounded so that a damaged config cannot make that list endless.
+# Released models have at most 32.
+MAX_REPEATS = 4096
+
+
 def positive_int(where: str, key: str, value, minimum: int = 1) -> None:
     if not _is_int(value) or value < minimum:
         raise CheckpointError(f"{where}.{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def repeat_count(where: str, key: str, value, minimum: int = 1) -> None:
+    if not _is_int(value) or not minimum <= value <= MAX_REPEATS:
+        raise CheckpointError(f"{where}.{key} must be an integer in [{minimum}, {MAX_REPEATS}], got {value!r}")
 
 
 def positive_number(where: str, key: str, value) -> None:
@@ -67,7 +78,7 @@ def _check_transformer(where: str, cfg, eps_key: str = "rms_norm_eps") -> None:
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                 "max_position_embeddings"):
         positive_int(where, key, getattr(cfg, key))
-    positive_int(where, "num_hidden_layers", cfg.num_hidden_layers, minimum=0)
+    repeat_count(where, "num_hidden_layers", cfg.num_hidden_layers, minimum=0)
     positive_number(where, eps_key, getattr(cfg, eps_key))
     positive_number(where, "rope_theta", cfg.rope_theta)
     if cfg.head_dim is not None:
@@ -84,7 +95,7 @@ def check_code_predictor_config(cfg) -> None:
     where = "code_predictor_config"
     _check_transformer(where, cfg)
     positive_int(where, "vocab_size", cfg.vocab_size)
-    positive_int(where, "num_code_groups", cfg.num_code_groups, minimum=2)
+    repeat_count(where, "num_code_groups", cfg.num_code_groups, minimum=2)
     if getattr(cfg, "use_sliding_window", False):
         positive_int(where, "sliding_window", cfg.sliding_window)
 
@@ -94,18 +105,21 @@ def check_talker_config(cfg) -> None:
     _check_transformer(where, cfg)
     for key in ("vocab_size", "text_hidden_size"):
         positive_int(where, key, getattr(cfg, key))
-    positive_int(where, "num_code_groups", cfg.num_code_groups, minimum=2)
+    repeat_count(where, "num_code_groups", cfg.num_code_groups, minimum=2)
     if cfg.text_vocab_size is not None:
         positive_int(where, "text_vocab_size", cfg.text_vocab_size)
     for key in ("codec_eos_token_id", "codec_think_id", "codec_nothink_id", "codec_think_bos_id",
                 "codec_think_eos_id", "codec_pad_id", "codec_bos_id"):
         token_id(where, key, getattr(cfg, key), cfg.vocab_size)
-    for table in ("spk_id", "codec_language_id"):
+    for table in ("spk_id", "codec_language_id", "spk_is_dialect"):
         entries = getattr(cfg, table)
         if entries is None:
             continue
         if not isinstance(entries, dict):
-            raise CheckpointError(f"{where}.{table} must be a JSON object (name -> id), got {entries!r}")
+            raise CheckpointError(f"{where}.{table} must be a JSON object (speaker or language name -> value), "
+                                  f"got {entries!r}")
+        if table == "spk_is_dialect":
+            continue
         for name, value in entries.items():
             for v in (value if isinstance(value, list) else [value]):
                 token_id(where, f"{table}[{name!r}]", v, cfg.vocab_size)
@@ -125,8 +139,9 @@ def check_tts_config(cfg) -> None:
 def check_decoder_config(cfg) -> None:
     where = "decoder_config"
     _check_transformer(where, cfg)
-    for key in ("codebook_size", "latent_dim", "sliding_window", "num_quantizers", "decoder_dim", "codebook_dim"):
+    for key in ("codebook_size", "latent_dim", "sliding_window", "decoder_dim", "codebook_dim"):
         positive_int(where, key, getattr(cfg, key))
+    repeat_count(where, "num_quantizers", cfg.num_quantizers)
     positive_ints(where, "upsample_rates", cfg.upsample_rates)
     positive_ints(where, "upsampling_ratios", cfg.upsampling_ratios, allow_empty=True)
     finite_number(where, "layer_scale_initial_scale", cfg.layer_scale_initial_scale)
@@ -136,13 +151,18 @@ def check_encoder_config(cfg) -> None:
     where = "encoder_config"
     _check_transformer(where, cfg, eps_key="norm_eps")
     for key in ("sampling_rate", "num_filters", "kernel_size", "last_kernel_size", "residual_kernel_size",
-                "dilation_growth_rate", "compress", "codebook_size", "codebook_dim", "num_quantizers",
+                "dilation_growth_rate", "compress", "codebook_size", "codebook_dim",
                 "vector_quantization_hidden_dimension", "upsample_groups", "sliding_window"):
         positive_int(where, key, getattr(cfg, key))
-    positive_int(where, "num_residual_layers", cfg.num_residual_layers, minimum=0)
+    repeat_count(where, "num_quantizers", cfg.num_quantizers)
+    repeat_count(where, "num_residual_layers", cfg.num_residual_layers, minimum=0)
     positive_ints(where, "upsampling_ratios", cfg.upsampling_ratios)
     if cfg.frame_rate is not None:
         positive_number(where, "frame_rate", cfg.frame_rate)
+        seanet_rate = math.ceil(cfg.sampling_rate / math.prod(cfg.upsampling_ratios))
+        if not seanet_rate / cfg.frame_rate <= MAX_REPEATS:
+            raise CheckpointError(f"{where}.frame_rate {cfg.frame_rate!r} is too small: the downsampling ratio "
+                                  f"{seanet_rate} / frame_rate must be at most {MAX_REPEATS}")
     if not _is_int(cfg.num_semantic_quantizers) or not 0 <= cfg.num_semantic_quantizers <= cfg.num_quantizers:
         raise CheckpointError(f"{where}.num_semantic_quantizers must be an integer in [0, num_quantizers "
                               f"{cfg.num_quantizers}], got {cfg.num_semantic_quantizers!r}")

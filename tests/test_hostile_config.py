@@ -8,6 +8,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import CHECKPOINTS
 from refimpl import CheckpointError, Qwen3TTS, SpeechTokenizer
@@ -54,7 +56,11 @@ MODEL_CASES = [
     (TALKER, "hidden_size", 24.5, "talker_config.hidden_size must be an integer >= 1, got 24.5"),
     (TALKER, "vocab_size", True, "talker_config.vocab_size must be an integer >= 1, got True"),
     (TALKER, "max_position_embeddings", 0, "talker_config.max_position_embeddings must be an integer >= 1"),
-    (TALKER, "num_code_groups", 1, "talker_config.num_code_groups must be an integer >= 2, got 1"),
+    (TALKER, "num_code_groups", 1, "talker_config.num_code_groups must be an integer in [2, 4096], got 1"),
+    (TALKER, "num_hidden_layers", 2 ** 40, "talker_config.num_hidden_layers must be an integer in [0, 4096]"),
+    (TALKER, "code_predictor_config", True, "CodePredictorConfig: this section of the config must be a JSON object"),
+    (TALKER, "spk_is_dialect", True, "talker_config.spk_is_dialect must be a JSON object"),
+    (PREDICTOR, "num_code_groups", 10 ** 9, "code_predictor_config.num_code_groups must be an integer in [2, 4096]"),
     (PREDICTOR, "rms_norm_eps", float("nan"), "code_predictor_config.rms_norm_eps must be a finite number > 0"),
     (PREDICTOR, "rope_theta", -10000, "code_predictor_config.rope_theta must be a finite number > 0"),
     ([], "tts_pad_token_id", 10 ** 9, "config.tts_pad_token_id is 1000000000, outside the vocabulary"),
@@ -69,6 +75,8 @@ SPEECH_TOKENIZER_CASES = [
     (["decoder_config"], "upsample_rates", [8, 0, 4, 3], "decoder_config.upsample_rates must hold integers >= 1"),
     (["decoder_config"], "num_attention_heads", 0, "decoder_config.num_attention_heads must be an integer >= 1"),
     (["decoder_config"], "codebook_size", 0, "decoder_config.codebook_size must be an integer >= 1"),
+    (["decoder_config"], "num_hidden_layers", 2 ** 40, "decoder_config.num_hidden_layers must be an integer in [0, 4096]"),
+    (["decoder_config"], "num_quantizers", 2 ** 40, "decoder_config.num_quantizers must be an integer in [1, 4096]"),
     (["decoder_config"], "layer_scale_initial_scale", float("inf"), "layer_scale_initial_scale must be a finite"),
 ]
 LOADERS = {"tiny-base": Qwen3TTS.from_pretrained, "tiny-speech-tokenizer": SpeechTokenizer.from_pretrained}
@@ -89,9 +97,11 @@ def test_impossible_config_values(tmp_path, model, section, key, value, fragment
     ("norm_eps", -1e-5, "encoder_config.norm_eps must be a finite number > 0"),
     ("rope_theta", 0, "encoder_config.rope_theta must be a finite number > 0"),
     ("frame_rate", 0, "encoder_config.frame_rate must be a finite number > 0"),
+    ("frame_rate", 1e-300, "encoder_config.frame_rate 1e-300 is too small"),
     ("sampling_rate", 0, "encoder_config.sampling_rate must be an integer >= 1"),
     ("upsampling_ratios", [], "encoder_config.upsampling_ratios must be a non-empty list"),
     ("num_semantic_quantizers", 99, "num_semantic_quantizers must be an integer in [0, num_quantizers"),
+    ("num_residual_layers", 10 ** 12, "encoder_config.num_residual_layers must be an integer in [0, 4096]"),
 ])
 def test_impossible_encoder_config_values(tmp_path, key, value, fragment):
     """The encoder is read on first use: the error comes from encode, before any audio is processed."""
@@ -179,3 +189,76 @@ def test_nan_speaker_embedding_stops_generation_at_the_prefill():
     prompt[0].ref_spk_embedding = np.full_like(prompt[0].ref_spk_embedding, np.nan)
     with pytest.raises(NonFiniteError, match=r"talker \(prompt prefill logits\) produced non-finite values"):
         tts.generate_voice_clone("Hello.", voice_clone_prompt=prompt, max_new_tokens=3)
+
+
+# ----------------------------------------------------------------------------- fuzzing config values
+
+JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 40, 2 ** 40), st.floats(allow_nan=True),
+                        st.text(max_size=4), st.lists(st.integers(-3, 9), max_size=5))
+
+
+@pytest.fixture(scope="module")
+def decoder_parts():
+    from refimpl.checkpoint import read_checkpoint_weights, read_config
+    d = CHECKPOINTS / "tiny-speech-tokenizer"
+    return read_config(d), read_checkpoint_weights(d, prefix="decoder.")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["codebook_size", "hidden_size", "latent_dim", "max_position_embeddings", "rope_theta",
+                        "num_attention_heads", "num_key_value_heads", "sliding_window", "intermediate_size",
+                        "layer_scale_initial_scale", "rms_norm_eps", "num_hidden_layers", "num_quantizers",
+                        "upsample_rates", "upsampling_ratios", "decoder_dim", "codebook_dim", "head_dim"]),
+       JSON_VALUES)
+def test_any_decoder_config_value_loads_or_is_one_value_error(decoder_parts, key, value):
+    """Whatever a config.json says, building the speech tokenizer either works or raises ValueError
+    (CheckpointError for values and weights that do not fit): never TypeError, IndexError, ZeroDivisionError."""
+    config, weights = decoder_parts
+    config = json.loads(json.dumps(config))
+    config["decoder_config"][key] = value
+    try:
+        SpeechTokenizer(config, weights)
+    except ValueError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def talker_config():
+    from refimpl.checkpoint import read_config
+    return read_config(CHECKPOINTS / "tiny-customvoice")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+                        "num_code_groups", "text_hidden_size", "codec_eos_token_id", "codec_pad_id", "head_dim",
+                        "text_vocab_size", "spk_id", "codec_language_id", "rope_scaling"]), JSON_VALUES)
+def test_any_talker_config_value_is_accepted_or_one_value_error(talker_config, key, value):
+    from refimpl.talker import TTSConfig
+    config = json.loads(json.dumps(talker_config))
+    config["talker_config"][key] = value
+    try:
+        TTSConfig.from_dict(config)
+    except ValueError:
+        pass
+
+
+def encoder_and_speaker_configs():
+    from refimpl import codec_encoder, speaker
+    from refimpl.checkpoint import read_config
+    st_config = read_config(CHECKPOINTS / "tiny-speech-tokenizer")["encoder_config"]
+    spk_config = read_config(CHECKPOINTS / "tiny-base")["speaker_encoder_config"]
+    return [(codec_encoder.EncoderConfig.from_dict, codec_encoder.encoder_weight_spec, st_config),
+            (speaker.SpeakerEncoderConfig.from_dict, speaker.speaker_encoder_weight_spec, spk_config)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 1), st.data(), JSON_VALUES)
+def test_any_encoder_or_speaker_config_value_builds_or_is_one_value_error(which, data, value):
+    """The config is read and its weight list built (what loading does before reading any tensor)."""
+    from_dict, weight_spec, base = encoder_and_speaker_configs()[which]
+    config = dict(base, **{data.draw(st.sampled_from(sorted(base))): value})
+    try:
+        weight_spec(from_dict(config))
+    except ValueError:
+        pass
