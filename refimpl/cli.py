@@ -252,17 +252,38 @@ def read_codes(path: str) -> np.ndarray:
     """A .npy array of codes (from a file or, for "-", standard input); anything else names the file."""
     data = input_bytes(path, "a .npy file of codes")
     name = "standard input" if data is not None else path
+    if data is None:
+        if not os.path.exists(path):
+            raise CliError(f"codes file {path} does not exist")
+        if os.path.isdir(path):
+            raise CliError(f"codes file {path} is a directory")
+        with open(path, "rb") as f:
+            data = f.read()
+    if data[:4] == b"PK\x03\x04":  # a zip file: np.savez
+        raise CliError(f"cannot read codes from {name}: it holds several arrays (an .npz archive), not one .npy array")
+    check_npy_header(data, name)
     try:
-        codes = np.load(io.BytesIO(data) if data is not None else path, allow_pickle=False)
-    except FileNotFoundError:
-        raise CliError(f"codes file {path} does not exist") from None
-    except IsADirectoryError:
-        raise CliError(f"codes file {path} is a directory") from None
+        return np.load(io.BytesIO(data), allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise CliError(f"cannot read codes from {name}: not a .npy file ({e or 'empty file'})") from None
-    if not isinstance(codes, np.ndarray):
-        raise CliError(f"cannot read codes from {name}: it holds several arrays (an .npz archive), not one .npy array")
-    return codes
+
+
+def check_npy_header(data: bytes, name: str) -> None:
+    """The .npy header's shape and dtype must fit the bytes that follow it (a header claiming more would
+    make numpy allocate the claimed size before finding out)."""
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+    except (ValueError, EOFError) as e:
+        raise CliError(f"cannot read codes from {name}: not a .npy file ({e or 'empty file'})") from None
+    if dtype.hasobject:
+        raise CliError(f"cannot read codes from {name}: it holds Python objects, not integer codes")
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if need > len(data) - f.tell():
+        raise CliError(f"cannot read codes from {name}: its header claims shape {tuple(shape)} of {dtype} "
+                       f"({need} bytes) but the file holds only {len(data) - f.tell()} (truncated file?)")
 
 
 def cmd_codec_decode(args, say: Reporter) -> int:

@@ -249,7 +249,7 @@ def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str
         arr = np.asarray(audio)
     except ValueError as e:  # ragged nested lists
         raise ValueError(f"{what} is not a rectangular array of samples ({e})") from None
-    if isinstance(audio, (list, tuple)) and arr.dtype.kind in "iub":
+    if isinstance(audio, (list, tuple)) and arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)  # a list of Python numbers holds sample values, not PCM integers
     arr = audio_as_float(arr, what)  # int16 / int32 / uint8 PCM scaled to [-1, 1)
     if arr.ndim == 2:

@@ -156,6 +156,15 @@ def test_empty_and_wrong_npy_files(tmp_path):
                           "two.npz", "several arrays")
     assert_one_line_error(run("codec", "decode", tmp_path / "nope.npy", "-o", tmp_path / "o.wav"),
                           "nope.npy", "does not exist")
+    lying = io.BytesIO()  # a header claiming 10^9 frames in front of 4 frames of data
+    np.lib.format.write_array_header_1_0(lying, {"descr": "<i8", "fortran_order": False, "shape": (10 ** 9, 16)})
+    lying.write(np.zeros((4, 16), np.int64).tobytes())
+    (tmp_path / "lying.npy").write_bytes(lying.getvalue())
+    assert_one_line_error(run("codec", "decode", tmp_path / "lying.npy", "-o", tmp_path / "o.wav"),
+                          "lying.npy", "claims shape (1000000000, 16)", "holds only 512")
+    np.save(tmp_path / "objects.npy", np.array([[None] * 16], dtype=object), allow_pickle=True)
+    assert_one_line_error(run("codec", "decode", tmp_path / "objects.npy", "-o", tmp_path / "o.wav"),
+                          "objects.npy", "Python objects")
     np.save(tmp_path / "u64.npy", np.full((2, 16), np.iinfo(np.uint64).max, np.uint64))
     assert_one_line_error(run("codec", "decode", tmp_path / "u64.npy", "-o", tmp_path / "o.wav"),
                           "18446744073709551615", "outside")
