@@ -8,6 +8,7 @@ Qwen3-TTS checkpoint directory for real speech.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from . import __version__
 
 DATA = Path(__file__).resolve().parent / "data"
 DEFAULT_MODELS = {  # command -> embedded checkpoint of the model type the command needs
@@ -38,7 +41,22 @@ examples:
 
 Without --model, each command uses a tiny checkpoint embedded in the package: random weights in the
 real layout, so the whole pipeline runs with no download, but the output is noise, not speech.
+
+input and output:
+  TEXT "-" reads the text from standard input (UTF-8), "-o -" writes the WAV (or the .npy of
+  "codec encode") to standard output, and "codec encode -" / "codec decode -" read standard input.
+  Output files are written atomically: a failed write leaves an existing file as it was.
+  Limits (text and audio lengths, sample rates, amplitudes): docs/limits.md.
+
+exit status:
+  0  success
+  1  bad input or environment: one line "refimpl: error: ..." naming the problem
+  2  usage error (unknown option, missing or malformed argument)
+  3  internal error: a bug in refimpl (set REFIMPL_DEBUG=1 for the traceback and please report it)
+  a closed output pipe (e.g. "| head -c 100") ends quietly with status 1; Ctrl-C ends with 130
 """
+
+STDIO = "-"  # as an input or output path: standard input / standard output
 
 
 class CliError(Exception):
@@ -68,12 +86,60 @@ def model_dir(args, kind: str, say: Reporter) -> Path:
     return path
 
 
-def write_audio(path: str, wav: np.ndarray, sr: int, float_wav: bool) -> None:
-    from .audio import write_wav
+def check_output_path(path: str) -> None:
+    """Refuse an output path that cannot be written before any work is done."""
+    if path == STDIO:
+        return
+    if os.path.isdir(path):
+        raise CliError(f"cannot write {path}: it is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise CliError(f"cannot write {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) and not (os.path.exists(path) and not os.path.isfile(path)):
+        raise CliError(f"cannot write {path}: directory {parent} is not writable")
+
+
+def write_output(path: str, data: bytes) -> None:
+    """Bytes to a file (atomically) or, for "-", to standard output."""
+    from .files import write_atomically
+    if path == STDIO:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
     try:
-        write_wav(path, wav, sr, "float" if float_wav else "pcm16")
+        write_atomically(path, data)
     except OSError as e:
         raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def output_name(path: str) -> str:
+    return "standard output" if path == STDIO else path
+
+
+def write_audio(path: str, wav: np.ndarray, sr: int, float_wav: bool) -> None:
+    from .audio import wav_bytes
+    write_output(path, wav_bytes(wav, sr, "float" if float_wav else "pcm16"))
+
+
+def read_text_argument(text: str) -> str:
+    """TEXT as given, or for "-" standard input decoded as UTF-8 (one trailing newline dropped)."""
+    if text != STDIO:
+        return text
+    raw = sys.stdin.buffer.read()
+    try:
+        return raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as e:
+        raise CliError(f"standard input is not valid UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+
+
+def input_bytes(path: str, what: str) -> bytes | None:
+    """Standard input's bytes for "-", else None (the caller reads the file)."""
+    if path != STDIO:
+        return None
+    data = sys.stdin.buffer.read()
+    if not data:
+        raise CliError(f"standard input is empty: expected {what}")
+    return data
 
 
 def load_tts(path: Path, dtype):
@@ -98,6 +164,8 @@ def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int
     tts = load_tts(path, args.dtype_np)
     say(f"loaded {path} in {time.perf_counter() - t0:.1f} s")
     call = dict(make_call(tts), **generation_kwargs(args))
+    if "text" in call:
+        call["text"] = read_text_argument(call["text"])
     t0 = time.perf_counter()
     if args.stream:
         pieces, first = [], None
@@ -119,7 +187,7 @@ def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int
     rtf = f", real-time factor {elapsed / seconds:.2f}" if seconds > 0 else ""
     say(f"{seconds:.2f} s of audio in {elapsed:.2f} s{rtf}")
     write_audio(args.output, wav, sr, args.float_wav)
-    say(f"wrote {args.output}")
+    say(f"wrote {output_name(args.output)}")
     return 0
 
 
@@ -159,9 +227,10 @@ def cmd_clone(args, say: Reporter) -> int:
 
 
 def cmd_codec_encode(args, say: Reporter) -> int:
-    from .audio import read_wav
+    from .audio import read_wav, read_wav_bytes
     from .speech_tokenizer import SpeechTokenizer
-    audio, sr = read_wav(args.input)
+    data = input_bytes(args.input, "a WAV file")
+    audio, sr = read_wav(args.input) if data is None else read_wav_bytes(data, "standard input")
     if audio.ndim == 2:
         say(f"note: {audio.shape[1]}-channel audio mixed down to mono")
         audio = audio.mean(axis=1)
@@ -172,25 +241,59 @@ def cmd_codec_encode(args, say: Reporter) -> int:
     codes = tok.encode(audio, sr=sr)
     say(f"encoded {audio.shape[0] / sr:.2f} s into {codes.shape[0]} frames x {codes.shape[1]} codes "
         f"in {time.perf_counter() - t0:.2f} s")
-    try:
-        np.save(args.output, codes)
-    except OSError as e:
-        raise CliError(f"cannot write {args.output}: {e.strerror or e}") from None
-    say(f"wrote {args.output}")
+    buffer = io.BytesIO()
+    np.save(buffer, codes)
+    write_output(args.output, buffer.getvalue())
+    say(f"wrote {output_name(args.output)}")
     return 0
+
+
+def read_codes(path: str) -> np.ndarray:
+    """A .npy array of codes (from a file or, for "-", standard input); anything else names the file."""
+    data = input_bytes(path, "a .npy file of codes")
+    name = "standard input" if data is not None else path
+    if data is None:
+        if not os.path.exists(path):
+            raise CliError(f"codes file {path} does not exist")
+        if os.path.isdir(path):
+            raise CliError(f"codes file {path} is a directory")
+        with open(path, "rb") as f:
+            data = f.read()
+    if data[:4] == b"PK\x03\x04":  # a zip file: np.savez
+        raise CliError(f"cannot read codes from {name}: it holds several arrays (an .npz archive), not one .npy array")
+    check_npy_header(data, name)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise CliError(f"cannot read codes from {name}: not a .npy file ({e or 'empty file'})") from None
+
+
+def check_npy_header(data: bytes, name: str) -> None:
+    """The .npy header's shape and dtype must fit the bytes that follow it (a header claiming more would
+    make numpy allocate the claimed size before finding out)."""
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+    except (ValueError, EOFError) as e:
+        raise CliError(f"cannot read codes from {name}: not a .npy file ({e or 'empty file'})") from None
+    if dtype.hasobject:
+        raise CliError(f"cannot read codes from {name}: it holds Python objects, not integer codes")
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if need > len(data) - f.tell():
+        raise CliError(f"cannot read codes from {name}: its header claims shape {tuple(shape)} of {dtype} "
+                       f"({need} bytes) but the file holds only {len(data) - f.tell()} (truncated file?)")
 
 
 def cmd_codec_decode(args, say: Reporter) -> int:
     from .speech_tokenizer import SpeechTokenizer
-    try:
-        codes = np.load(args.input, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise CliError(f"cannot read codes from {args.input}: {e}") from None
+    codes = read_codes(args.input)
     tok = SpeechTokenizer.from_pretrained(model_dir(args, "custom_voice", say), dtype=args.dtype_np)
     t0 = time.perf_counter()
     if args.stream:
         stream, pieces = tok.stream(), []
-        step = max(1, args.chunk_frames)
+        step = args.chunk_frames
         for start in range(0, len(codes), step):
             pieces.append(stream.push(codes[start:start + step]))
             say(f"\rdecoded {stream.frames_done} / {len(codes)} frames", end="")
@@ -204,7 +307,7 @@ def cmd_codec_decode(args, say: Reporter) -> int:
     seconds = wav.shape[0] / tok.sample_rate
     say(f"{seconds:.2f} s of audio in {elapsed:.2f} s" + (f", real-time factor {elapsed / seconds:.2f}" if seconds else ""))
     write_audio(args.output, wav, tok.sample_rate, args.float_wav)
-    say(f"wrote {args.output}")
+    say(f"wrote {output_name(args.output)}")
     return 0
 
 
@@ -226,6 +329,19 @@ def cmd_info(args, say: Reporter) -> int:
 # ----------------------------------------------------------------------------- argument parsing
 
 
+def count(minimum: int):
+    """An argparse type: an integer >= minimum, else a usage error naming the rule."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", metavar="DIR", help="a Qwen3-TTS checkpoint directory "
@@ -235,39 +351,41 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-q", "--quiet", action="store_true", help="no progress or notes on stderr")
 
     synth = argparse.ArgumentParser(add_help=False)
-    synth.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file (24 kHz mono)")
+    synth.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file (24 kHz mono); - for "
+                       "standard output")
     synth.add_argument("--language", metavar="L", help="language name from the checkpoint (default: auto)")
-    synth.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    synth.add_argument("--seed", type=count(0), default=0, help="random seed for sampling, >= 0 (default 0)")
     synth.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    synth.add_argument("--max-new-tokens", type=int, metavar="N", help="generation budget: at most N - 1 frames of 80 ms (the official rule: the "
+    synth.add_argument("--max-new-tokens", type=count(1), metavar="N", help="generation budget: at most N - 1 frames of 80 ms (the official rule: the "
                        "code drawn at the last step is not expanded into a frame)")
     synth.add_argument("--stream", action="store_true",
                        help="decode audio while the codes are generated (exact streaming decoder)")
-    synth.add_argument("--chunk-frames", type=int, default=4, metavar="N",
+    synth.add_argument("--chunk-frames", type=count(1), default=4, metavar="N",
                        help="frames per streamed chunk (default 4 = 320 ms)")
     synth.add_argument("--float-wav", action="store_true", help="write 32-bit float WAV instead of 16-bit PCM")
 
     p = argparse.ArgumentParser(
         prog="refimpl", description="Qwen3-TTS reference implementation in NumPy: text to 24 kHz speech, "
         "and the 12 Hz speech codec.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"refimpl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     s = sub.add_parser("say", parents=[common, synth], help="speak TEXT with a preset speaker (CustomVoice model)",
                        description="Speak TEXT with one of the checkpoint's preset speakers.")
-    s.add_argument("text", metavar="TEXT")
+    s.add_argument("text", metavar="TEXT", help='the text to speak ("-": read it from standard input)')
     s.add_argument("--speaker", metavar="NAME", help="preset speaker (see 'refimpl info'; default: the first)")
     s.add_argument("--instruct", metavar="TEXT", help="a style instruction, e.g. 'Speak slowly and warmly.'")
     s.set_defaults(func=cmd_say)
 
     d = sub.add_parser("design", parents=[common, synth], help="speak TEXT in a voice described by --instruct "
                        "(VoiceDesign model)", description="Speak TEXT in a voice described in words.")
-    d.add_argument("text", metavar="TEXT")
+    d.add_argument("text", metavar="TEXT", help='the text to speak ("-": read it from standard input)')
     d.add_argument("--instruct", required=True, metavar="TEXT", help="the voice description")
     d.set_defaults(func=cmd_design)
 
     c = sub.add_parser("clone", parents=[common, synth], help="speak TEXT in the voice of --ref-audio "
                        "(Base model)", description="Speak TEXT in the voice of a reference recording.")
-    c.add_argument("text", metavar="TEXT")
+    c.add_argument("text", metavar="TEXT", help='the text to speak ("-": read it from standard input)')
     c.add_argument("--ref-audio", required=True, metavar="WAV", help="reference recording (any sample rate)")
     g = c.add_mutually_exclusive_group()
     g.add_argument("--ref-text", metavar="TEXT", help="transcript of the reference (in-context cloning)")
@@ -278,14 +396,14 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Encode audio to codes (16 per 80 ms frame) or decode codes to audio.")
     csub = codec.add_subparsers(dest="codec_command", metavar="ACTION")
     ce = csub.add_parser("encode", parents=[common], help="WAV -> codes.npy ([frames, 16] int64)")
-    ce.add_argument("input", metavar="WAV")
-    ce.add_argument("-o", "--output", required=True, metavar="NPY")
+    ce.add_argument("input", metavar="WAV", help='input WAV file ("-": standard input)')
+    ce.add_argument("-o", "--output", required=True, metavar="NPY", help="output .npy file; - for standard output")
     ce.set_defaults(func=cmd_codec_encode)
     cd = csub.add_parser("decode", parents=[common], help="codes.npy -> WAV")
-    cd.add_argument("input", metavar="NPY")
-    cd.add_argument("-o", "--output", required=True, metavar="WAV")
+    cd.add_argument("input", metavar="NPY", help='codes [frames, 16] as a .npy file ("-": standard input)')
+    cd.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file; - for standard output")
     cd.add_argument("--stream", action="store_true", help="decode with the streaming decoder, chunk by chunk")
-    cd.add_argument("--chunk-frames", type=int, default=4, metavar="N", help="frames per chunk with --stream")
+    cd.add_argument("--chunk-frames", type=count(1), default=4, metavar="N", help="frames per chunk with --stream")
     cd.add_argument("--float-wav", action="store_true", help="write 32-bit float WAV instead of 16-bit PCM")
     cd.set_defaults(func=cmd_codec_decode)
     codec.set_defaults(func=lambda args, say: _usage(codec))
@@ -303,6 +421,21 @@ def _usage(parser) -> int:
     return 2
 
 
+def one_line(e: BaseException) -> str:
+    return " ".join(line.strip() for line in str(e).strip().splitlines()) or type(e).__name__
+
+
+def quiet_after_closed_pipe() -> int:
+    """Standard output was closed by its reader (``| head``): end without a message or a traceback (and
+    without the interpreter's own complaint when it flushes standard output at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 1
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -312,10 +445,18 @@ def main(argv=None) -> int:
     say = Reporter(getattr(args, "quiet", False))
     args.dtype_np = np.float64 if getattr(args, "dtype", "float32") == "float64" else np.float32
     try:
-        return args.func(args, say)
-    except (CliError, ValueError, OSError) as e:  # CheckpointError is a ValueError
-        message = " ".join(line.strip() for line in str(e).strip().splitlines()) or type(e).__name__
-        print(f"refimpl: error: {message}", file=sys.stderr)
+        if getattr(args, "output", None) is not None:
+            check_output_path(args.output)
+        status = args.func(args, say)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
+    except BrokenPipeError:
+        return quiet_after_closed_pipe()
+    except (CliError, ValueError, OSError) as e:  # CheckpointError and NonFiniteError are ValueErrors
+        print(f"refimpl: error: {one_line(e)}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print("refimpl: error: out of memory (a shorter input needs less; see docs/limits.md)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("refimpl: interrupted", file=sys.stderr)

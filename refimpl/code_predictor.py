@@ -26,6 +26,7 @@ from . import nn
 from .checkpoint import WeightSpec, WeightView, check_weights
 from .config import config_from_dict
 from .transformer import QWEN3, KVCache, check_attention_config, layer_views, qwen3_layer_weight_spec, transformer_stack
+from .validate import check_code_predictor_config
 
 __all__ = ["CodePredictorConfig", "code_predictor_weight_spec", "CodePredictor"]
 
@@ -59,6 +60,7 @@ class CodePredictorConfig:
         cfg = config_from_dict(cls, data)
         if cfg.num_key_value_heads is None:
             cfg.num_key_value_heads = cfg.num_attention_heads
+        check_code_predictor_config(cfg)
         check_attention_config("code_predictor_config", cfg)
         if cfg.use_sliding_window:
             raise ValueError("code_predictor_config.use_sliding_window is not supported (no released model uses it)")

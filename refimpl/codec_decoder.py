@@ -30,6 +30,7 @@ from .checkpoint import WeightSpec, WeightView
 from .config import config_from_dict
 from .trace import NULL_RECORDER, Recorder, as_recorder
 from .transformer import CODEC_DECODER, SlidingKVCache, attention_weight_spec, check_attention_config, layer_views, transformer_stack
+from .validate import check_decoder_config
 
 __all__ = ["DecoderConfig", "decoder_weight_spec", "codebook_table", "dequantize_tables", "dequantize",
            "decode_codes", "DecoderState", "DecoderStream", "STAGES"]
@@ -64,6 +65,7 @@ class DecoderConfig:
     @classmethod
     def from_dict(cls, data) -> "DecoderConfig":
         cfg = config_from_dict(cls, data)
+        check_decoder_config(cfg)
         if cfg.head_dim is None:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
         check_attention_config("decoder_config", cfg)

@@ -43,6 +43,7 @@ from .codec_decoder import codebook_table
 from .config import config_from_dict
 from .trace import NULL_RECORDER, Recorder, as_recorder
 from .transformer import CODEC_ENCODER, attention_weight_spec, check_attention_config, layer_views, transformer_stack
+from .validate import check_encoder_config
 
 __all__ = ["EncoderConfig", "encoder_weight_spec", "encoder_tables", "seanet_encoder", "encoder_transformer",
            "downsample", "nearest_rows", "rvq_encode", "split_rvq_encode", "encode_latent", "encode_audio",
@@ -94,6 +95,7 @@ class EncoderConfig:
     @classmethod
     def from_dict(cls, data) -> "EncoderConfig":
         cfg = config_from_dict(cls, data)
+        check_encoder_config(cfg)
         if cfg.head_dim is None:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
         if not cfg.use_causal_conv:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Type, TypeVar
 
+from .checkpoint import CheckpointError
+
 T = TypeVar("T")
 
 
 def config_from_dict(cls: Type[T], data: Mapping[str, Any] | None) -> T:
     """Build the dataclass ``cls`` from a dict: known keys become fields (lists become tuples where
     the default is a tuple), everything else lands in the ``extra`` dict field."""
+    if data is not None and not isinstance(data, Mapping):
+        raise CheckpointError(f"{cls.__name__}: this section of the config must be a JSON object, got {data!r}")
     data = dict(data or {})
     names = {f.name: f for f in dataclasses.fields(cls)}
     kwargs, extra = {}, {}

@@ -25,8 +25,12 @@ import numpy as np
 from . import sampling
 from .prompt import assemble_batch
 from .sampling import SamplingSettings
+from .validate import check_finite
 
-__all__ = ["GenerationTrace", "iterate_frames", "generate_codes"]
+__all__ = ["GenerationTrace", "iterate_frames", "generate_codes", "check_prompt_length"]
+
+# NaN logits would silently become code 0 (argmax) and EOS would never come: checked at every step
+NON_FINITE_HINT = "damaged weights or an extreme speaker embedding?"
 
 
 @dataclass
@@ -61,6 +65,17 @@ class _NoTrace:
         pass
 
 
+def check_prompt_length(positions_bt, max_new_tokens: int, max_position_embeddings: int) -> None:
+    """Before any work: the prompt's positions plus one per generation step (the last code 0 is not fed
+    back) must stay below the talker's ``max_position_embeddings``, the longest sequence it supports."""
+    prompt = int(positions_bt.max()) + 1 if positions_bt.size else 0
+    last = prompt - 1 + max(int(max_new_tokens) - 1, 0)
+    if last >= max_position_embeddings:
+        raise ValueError(f"the prompt has {prompt} positions and generation may add {max(int(max_new_tokens) - 1, 0)} "
+                         f"more, past the talker's max_position_embeddings {max_position_embeddings}: shorten the "
+                         "text (or reference) or lower max_new_tokens")
+
+
 def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
                    eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None):
     """Generate frame by frame: yields one int64 array [B, 16] per expanded frame, as soon as it is made.
@@ -68,17 +83,22 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
     settings.validate()
     trace = trace if trace is not None else _NoTrace()
     embeds, valid, positions, trailing = assemble_batch(prompts_th, trailing_nh, pad_vector_h)
+    check_prompt_length(positions, settings.max_new_tokens, talker.cfg.max_position_embeddings)
+    if not 0 <= eos_id < talker.cfg.vocab_size:  # an EOS that can never be drawn: generation would never stop
+        raise ValueError(f"eos_token_id {eos_id} is outside the talker vocabulary [0, {talker.cfg.vocab_size})")
     trace.set(prompt_embeds=embeds, key_valid=valid, positions=positions, trailing=trailing)
     B = embeds.shape[0]
     G = talker.cfg.num_code_groups
     pad_vector = np.asarray(pad_vector_h, dtype=embeds.dtype)
 
     def choose_sub(g, logits_bv):
+        check_finite(logits_bv, f"code predictor (group {g + 1} logits)", NON_FINITE_HINT)
         return sampling.choose(sampling.subtalker_scores(logits_bv, settings), settings.subtalker_dosample, rng)
 
     caches = talker.new_caches(B)
     hidden = talker.forward(embeds, positions, valid, caches)[:, -1]                    # prefill
     logits = talker.logits(hidden)
+    check_finite(logits, "talker (prompt prefill logits)", NON_FINITE_HINT)
     trace.set(prefill_logits=logits)
     next_position = positions[:, -1] + 1
     previous = np.zeros((B, 0), dtype=np.int64)
@@ -102,6 +122,7 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
         valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
         hidden = talker.forward(x, next_position[:, None], valid, caches)[:, -1]
         logits = talker.logits(hidden)
+        check_finite(logits, f"talker (logits of generation step {step + 1})", NON_FINITE_HINT)
         next_position = next_position + 1
         trace.add("step_logits", logits)
 

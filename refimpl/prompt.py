@@ -39,6 +39,7 @@ import numpy as np
 
 from .config import config_from_dict
 from .talker import TalkerConfig
+from .validate import check_codes, check_tts_config
 
 __all__ = ["TTSConfig", "PromptLayout", "resolve_language_id", "build_layout", "embed_layout", "assemble_batch",
            "ROLE_TOKENS", "TEXT_TAIL_TOKENS", "REF_TAIL_TOKENS"]
@@ -70,6 +71,7 @@ class TTSConfig:
         talker = data.pop("talker_config", None)
         cfg = config_from_dict(cls, data)
         cfg.talker_config = TalkerConfig.from_dict(talker)
+        check_tts_config(cfg)
         cfg.speaker_encoder_config = dict(cfg.speaker_encoder_config or {})
         return cfg
 
@@ -179,9 +181,7 @@ def build_layout(cfg: TTSConfig, input_ids, language: str = "auto", speaker: str
         if ref_ids is None:
             raise ValueError("voice clone ICL needs the reference text (ref_text)")
         ref = _check_ids(ref_ids, "the reference text prompt", ROLE_TOKENS, REF_TAIL_TOKENS)
-        ref_codes = np.asarray(ref_codes, dtype=np.int64)
-        if ref_codes.ndim != 2 or ref_codes.shape[1] != G:
-            raise ValueError(f"reference codes must be [T, {G}], got shape {ref_codes.shape}")
+        ref_codes = check_codes(ref_codes, G, t.code_predictor_config.vocab_size, what="reference codes")
         icl_text = list(ref[ROLE_TOKENS:-REF_TAIL_TOKENS]) + list(body) + [E]
         icl_codec = [control(t.codec_bos_id)] + list(ref_codes)
         if non_streaming_mode:

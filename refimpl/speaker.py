@@ -28,10 +28,11 @@ import numpy as np
 from scipy import special
 
 from . import nn
-from .audio import check_sample_rate, resample
+from .audio import audio_as_float, check_amplitude, check_sample_rate, resample
 from .checkpoint import CheckpointError, WeightSpec, check_weights, compute_dtype, read_checkpoint_weights, read_config
 from .config import config_from_dict
 from .trace import as_recorder
+from .validate import check_speaker_encoder_config, raise_non_finite_stage
 
 __all__ = ["SpeakerEncoderConfig", "speaker_encoder_weight_spec", "speaker_encoder_checkpoint_spec",
            "hz_to_mel", "mel_to_hz", "mel_filterbank",
@@ -58,6 +59,7 @@ class SpeakerEncoderConfig:
     @classmethod
     def from_dict(cls, data) -> "SpeakerEncoderConfig":
         cfg = config_from_dict(cls, data)
+        check_speaker_encoder_config(cfg)
         cfg.validate()
         return cfg
 
@@ -447,20 +449,24 @@ class SpeakerEncoder:
         mels_tm = self.mels(audio)
         record = as_recorder(trace)
         record("mel", mels_tm)
-        return self.forward(mels_tm[None], record)[0]
+        xvec = self.forward(mels_tm[None], record)[0]
+        if not np.isfinite(xvec).all():
+            raise_non_finite_stage("speaker encoder", lambda t: self.forward(t.setdefault("mel", mels_tm)[None], t),
+                                   f"largest |sample| {np.max(np.abs(audio)):.3g}")
+        return xvec
 
     def prepare_audio(self, audio, sr: int = 24000):
         """Check the audio, convert it to the compute dtype and resample it to ``sample_rate`` (see
         ``resample``).  Multi-channel audio is refused: the official wrapper averages channels first."""
         audio = np.asarray(audio)
-        if audio.dtype.kind not in "fiu":
-            raise ValueError(f"audio must be a real numeric array, got dtype {audio.dtype}")
         if audio.ndim != 1:
             raise ValueError(f"audio must be mono, rank 1 [N]; got shape {audio.shape} (mix channels down first)")
+        audio = audio_as_float(audio)  # int16 / int32 / uint8 PCM scaled to [-1, 1)
         sr = check_sample_rate(sr)
         audio = audio.astype(self.dtype)
         if not np.all(np.isfinite(audio)):
             raise ValueError(f"audio contains {int(np.sum(~np.isfinite(audio)))} NaN or infinite samples")
+        check_amplitude(audio)
         if sr != self.sample_rate:
             if audio.size < 2:
                 raise ValueError(f"audio of {audio.size} samples is too short to resample")

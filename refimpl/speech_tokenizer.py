@@ -6,7 +6,7 @@
     stream = tok.stream()              # exact streaming decode
     for part in parts: out.append(stream.push(part))
     codes = tok.encode(wav, sr=24000)  # [N] floats -> [ceil(N / 1920), 16] int64, like the official encode
-    latent = tok.encode_latent(wav)    # the continuous latent before quantisation, [T, hidden]
+    latent = tok.encode_latent(wav, sr=24000)  # the continuous latent before quantisation, [T, hidden]
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import NamedTuple
 import numpy as np
 
 from . import codec_decoder, codec_encoder
-from .audio import check_sample_rate, resample
+from .audio import audio_as_float, check_amplitude, check_sample_rate, resample
 from .checkpoint import (CheckpointError, check_prefixes, check_weights, compute_dtype, read_checkpoint_weights,
                          read_config)
 from .codec_decoder import DecoderConfig
+from .validate import check_codes, check_finite, check_speech_tokenizer_config, raise_non_finite_stage
 
 __all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir", "Encoded", "prepare_audio"]
 
@@ -58,6 +59,7 @@ class SpeechTokenizer:
         self.dtype = np.dtype(dtype).type
         self.directory = directory
         self.decoder_config = DecoderConfig.from_dict(config.get("decoder_config"))
+        check_speech_tokenizer_config(config, self.decoder_config.num_quantizers)
         check_weights(decoder_weights, codec_decoder.decoder_weight_spec(self.decoder_config),
                       f"speech tokenizer decoder ({directory})")
         self.decoder_weights = decoder_weights
@@ -89,28 +91,7 @@ class SpeechTokenizer:
     def check_codes(self, codes, allow_padding: bool = False, what: str = "codes") -> np.ndarray:
         """``codes`` as an int64 array [T, num_quantizers] with every code in [0, codebook_size) (or -1 in
         group 0 for a padding frame when ``allow_padding``); ValueError naming the first bad code otherwise."""
-        arr = np.asarray(codes)
-        if arr.dtype == object:
-            raise ValueError(f"{what} must be a rectangular integer array [T, {self.num_quantizers}]")
-        if arr.size and arr.dtype.kind not in "iu":
-            raise ValueError(f"{what} must have an integer dtype, got {arr.dtype}")
-        if arr.ndim != 2:
-            raise ValueError(f"{what} must have rank 2, [T, {self.num_quantizers}] (frames x code groups); "
-                             f"got shape {arr.shape}")
-        if arr.shape[1] != self.num_quantizers:
-            raise ValueError(f"{what} must have {self.num_quantizers} code groups per frame (shape [T, "
-                             f"{self.num_quantizers}]); got shape {arr.shape}")
-        arr = arr.astype(np.int64)
-        low = -1 if allow_padding else 0
-        bad = (arr < low) | (arr >= self.codebook_size)
-        if allow_padding:  # -1 marks a padding frame: group 0 is -1; a -1 inside a real frame is an error
-            bad |= (arr == -1) & (arr[:, :1] != -1)
-        if bad.any():
-            t, q = np.argwhere(bad)[0]
-            allowed = f"[0, {self.codebook_size})" + (" or -1 padding" if allow_padding else "")
-            raise ValueError(f"{what}: code {arr[t, q]} at frame {t}, group {q} is outside {allowed} "
-                             f"({int(bad.sum())} such codes)")
-        return arr
+        return check_codes(codes, self.num_quantizers, self.codebook_size, allow_padding, what)
 
     @staticmethod
     def _is_batch(codes) -> bool:
@@ -128,6 +109,9 @@ class SpeechTokenizer:
         if codes_tq.shape[0] == 0:
             return np.zeros(0, dtype=self.dtype)
         wav = codec_decoder.decode_codes(self.decoder_weights, self.decoder_config, codes_bqt, tables=self.codebooks)
+        if not np.isfinite(wav).all():
+            raise_non_finite_stage("codec decoder", lambda trace: codec_decoder.decode_codes(
+                self.decoder_weights, self.decoder_config, codes_bqt, trace=trace, tables=self.codebooks))
         return wav[0]
 
     def decode_full(self, codes):
@@ -187,7 +171,7 @@ class SpeechTokenizer:
     def encoder_valid_num_quantizers(self) -> int:
         return int(self.config.get("encoder_valid_num_quantizers", self.num_quantizers))
 
-    def encode_detailed(self, audio, sr: int = 24000, encoder_attention: str = "full", trace=None):
+    def encode_detailed(self, audio, sr: int | None = None, encoder_attention: str = "full", trace=None):
         """Encode and return everything: an ``Encoded(codes [T, 16], latent [T, hidden], margins [T, 16])``
         per input (a list for a list input).  ``margins`` is, per code, the distance to the second-nearest
         codebook row minus the distance to the chosen one: a small margin is a near-tie.
@@ -213,6 +197,9 @@ class SpeechTokenizer:
             audio_bn[i, :len(wav)] = wav
         out = codec_encoder.encode_audio(weights, cfg, audio_bn, self.encoder_valid_num_quantizers,
                                          encoder_attention, tables, trace)
+        if not np.isfinite(out.latent_bct).all():
+            raise_non_finite_stage("codec encoder", lambda t: codec_encoder.encode_latent(
+                weights, cfg, audio_bn, encoder_attention, t), f"largest |sample| {np.max(np.abs(audio_bn)):.3g}")
         spf = cfg.samples_per_frame
         results = []
         for i, n in enumerate(lengths):
@@ -221,18 +208,18 @@ class SpeechTokenizer:
                                    out.margins_bqt[i, :, :T].T.copy()))
         return results if batch else results[0]
 
-    def encode(self, audio, sr: int = 24000, encoder_attention: str = "full"):
+    def encode(self, audio, sr: int | None = None, encoder_attention: str = "full"):
         """Audio -> codes, like the official ``Qwen3TTSTokenizer.encode``: a 1-D array of N samples at
         ``sr`` Hz -> int64 ``[ceil(N / 1920), 16]``; a list of arrays -> a list (encoded as one batch).
 
-        Other sample rates are resampled to 24 kHz (``refimpl.audio.resample``, a polyphase filter
-        designed to the official soxr HQ specification; close to, not bit-equal with, the official); stereo ``[N, 2]`` or ``[2, N]`` is averaged to mono with a warning.
+        ``sr`` is required, as in the official encode.  Other sample rates are resampled to 24 kHz
+        (``refimpl.audio.resample``: soxr HQ, as the official); stereo ``[N, 2]`` or ``[2, N]`` is averaged to mono with a warning.
         ``encoder_attention``: "full" (the official CPU result) or "sliding" (the config's window, as the
         official flash-attention path); see ``refimpl.codec_encoder``."""
         out = self.encode_detailed(audio, sr, encoder_attention)
         return [e.codes for e in out] if isinstance(out, list) else out.codes
 
-    def encode_latent(self, audio, sr: int = 24000, encoder_attention: str = "full"):
+    def encode_latent(self, audio, sr: int | None = None, encoder_attention: str = "full"):
         """The continuous latent before quantisation, ``[ceil(N / 1920), hidden_size]`` (the transpose of
         the official ``[1, hidden, T]`` downsample output); a list for a list input."""
         out = self.encode_detailed(audio, sr, encoder_attention)
@@ -252,16 +239,21 @@ class Encoded(NamedTuple):
 def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str = "audio") -> np.ndarray:
     """Check one waveform and bring it to 1-D mono at ``target_sr`` in ``dtype``.
 
-    Accepts a 1-D array (or list) of samples, or stereo ``[N, 2]`` / ``[2, N]`` (averaged to mono, with a
+    Accepts a 1-D array (or list) of samples (floats; int16 / int32 / uint8 PCM are scaled to [-1, 1) as a
+    WAV reader would), or stereo ``[N, 2]`` / ``[2, N]`` (averaged to mono, with a
     warning; ``[N, 1]`` / ``[1, N]`` are taken as mono).  Resamples with ``refimpl.audio.resample``.
-    Raises ValueError for a bad rate, rank or shape, empty audio, or NaN / infinite samples."""
+    Raises ValueError for a missing or bad rate (``refimpl.audio.check_sample_rate``), a sample type with no
+    standard scale, a bad rank or shape, empty audio, or NaN / infinite samples."""
+    if sr is None:
+        raise ValueError("the sample rate of audio arrays is required: pass sr= (as the official encode requires)")
     sr = check_sample_rate(sr)
     try:
         arr = np.asarray(audio)
     except ValueError as e:  # ragged nested lists
         raise ValueError(f"{what} is not a rectangular array of samples ({e})") from None
-    if arr.dtype == object or arr.dtype.kind not in "biuf":
-        raise ValueError(f"{what} must hold real numbers, got dtype {arr.dtype}")
+    if isinstance(audio, (list, tuple)) and arr.dtype.kind in "iu":
+        arr = arr.astype(np.float64)  # a list of Python numbers holds sample values, not PCM integers
+    arr = audio_as_float(arr, what)  # int16 / int32 / uint8 PCM scaled to [-1, 1)
     if arr.ndim == 2:
         if arr.shape[1] in (1, 2):      # [N, C], the official layout
             channels_axis = 1
@@ -281,6 +273,7 @@ def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str
     if bad.any():
         raise ValueError(f"{what} has {int(bad.sum())} NaN or infinite samples (first at index "
                          f"{int(np.argmax(bad))})")
+    check_amplitude(arr, what)
     if sr != target_sr:
         arr = resample(arr.astype(np.float64), sr, int(target_sr))
     return np.ascontiguousarray(arr, dtype=dtype)
@@ -309,4 +302,6 @@ class DecodeStream:
         if arr.size == 0 and arr.ndim <= 2:
             arr = np.zeros((0, self.tokenizer.num_quantizers), dtype=np.int64)
         arr = self.tokenizer.check_codes(arr)
-        return self.decoder.push(arr.T[None])[0]
+        wav = self.decoder.push(arr.T[None])[0]
+        check_finite(wav, "streaming codec decoder", "damaged weights?")
+        return wav

@@ -39,6 +39,7 @@ from .code_predictor import CodePredictor, CodePredictorConfig, code_predictor_w
 from .config import config_from_dict
 from .trace import as_recorder
 from .transformer import QWEN3, KVCache, check_attention_config, layer_views, qwen3_layer_weight_spec, transformer_stack
+from .validate import check_talker_config
 
 __all__ = ["TalkerConfig", "talker_weight_spec", "mrope_stream_of_channel", "multimodal_rope_cos_sin", "Talker"]
 
@@ -91,6 +92,7 @@ class TalkerConfig:
         predictor = data.pop("code_predictor_config", None)
         cfg = config_from_dict(cls, data)
         cfg.code_predictor_config = CodePredictorConfig.from_dict(predictor)
+        check_talker_config(cfg)
         if cfg.head_dim is None:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
         check_attention_config("talker_config", cfg)

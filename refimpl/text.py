@@ -39,7 +39,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, read_json_object
 
 __all__ = [
     "QWEN2_SPLIT_PATTERN",
@@ -52,6 +52,7 @@ __all__ = [
     "reference_prompt",
     "instruct_prompt",
     "bpe_encode_explicit",
+    "check_unicode",
 ]
 
 # Qwen2's pre-tokenisation pattern: English contractions (any case), an optional non-letter then a
@@ -180,37 +181,44 @@ def _byte_level_bpe_json(vocab: Mapping[str, int], merges: Sequence[tuple], patt
     }
 
 
+def check_unicode(text, what: str = "text") -> None:
+    """A str of valid Unicode: a lone surrogate (U+D800..U+DFFF, e.g. from undecodable bytes in a command
+    line) cannot be written as UTF-8 and so has no byte-level tokens."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at character "
+                         f"{e.start} (undecodable bytes in the input?)") from None
+
+
 def read_vocab_and_merges(model_dir: Path) -> tuple:
     """``vocab.json`` (token -> id) and ``merges.txt`` (ranked pairs, first line may be ``#version``)."""
-    try:
-        with open(model_dir / "vocab.json", encoding="utf-8") as f:
-            vocab = json.load(f)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{model_dir / 'vocab.json'} is not valid JSON: {e}") from None
-    if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+    vocab = read_json_object(model_dir / "vocab.json")
+    if not all(isinstance(v, int) for v in vocab.values()):
         raise CheckpointError(f"{model_dir / 'vocab.json'} must map token strings to integer ids")
     merges = []
-    with open(model_dir / "merges.txt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f):
-            line = line.strip()
-            if not line or (line_no == 0 and line.startswith("#version")):
-                continue
-            pair = line.split()
-            if len(pair) != 2:
-                raise CheckpointError(f"{model_dir / 'merges.txt'} line {line_no + 1}: expected two symbols, "
-                                      f"got {line!r}")
-            merges.append((pair[0], pair[1]))
+    try:
+        lines = (model_dir / "merges.txt").read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{model_dir / 'merges.txt'} is not valid UTF-8 text: {e}") from None
+    for line_no, line in enumerate(lines):
+        line = line.strip()
+        if not line or (line_no == 0 and line.startswith("#version")):
+            continue
+        pair = line.split()
+        if len(pair) != 2:
+            raise CheckpointError(f"{model_dir / 'merges.txt'} line {line_no + 1}: expected two symbols, "
+                                  f"got {line!r}")
+        merges.append((pair[0], pair[1]))
     return vocab, merges
 
 
 def _read_json_if_present(path: Path):
     if not path.is_file():
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    return read_json_object(path)
 
 
 def _added_token_entries(tokenizer_config: Mapping) -> list:
@@ -255,15 +263,13 @@ class TextTokenizer:
 
     def encode(self, text: str) -> list:
         """Ids of ``text`` (no BOS/EOS added; added tokens inside the text map to their own ids)."""
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        check_unicode(text)
         return list(self.backend.encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Iterable[str]) -> list:
         texts = list(texts)
-        for t in texts:
-            if not isinstance(t, str):
-                raise ValueError(f"every text must be a str, got {type(t).__name__}")
+        for i, t in enumerate(texts):
+            check_unicode(t, f"text[{i}]")
         return [list(e.ids) for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
@@ -311,10 +317,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
 
     if has_json:
         source = "tokenizer.json"
-        try:
-            definition = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{model_dir / 'tokenizer.json'} is not valid JSON: {e}") from None
+        definition = read_json_object(model_dir / "tokenizer.json")
         model = definition.get("model") or {}
         if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
             raise CheckpointError(f"{model_dir / 'tokenizer.json'}: expected a BPE model with a vocab")

@@ -18,14 +18,13 @@ sampling; ``return_codes=True`` also returns the generated codes, one int64 arra
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .audio import read_wav
-from .checkpoint import CheckpointError, check_prefixes, compute_dtype, read_checkpoint_weights, read_config
+from .audio import audio_as_float, check_sample_rate, read_wav
+from .checkpoint import CheckpointError, check_prefixes, compute_dtype, read_checkpoint_weights, read_config, read_json_object
 from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import TTSConfig, build_layout, embed_layout
 from .sampling import SamplingSettings
@@ -122,8 +121,7 @@ class Qwen3TTS:
         speech_tokenizer = SpeechTokenizer.from_pretrained(directory / "speech_tokenizer", dtype)
         defaults = {}
         if (directory / "generation_config.json").is_file():
-            with open(directory / "generation_config.json", "r", encoding="utf-8") as f:
-                defaults = json.load(f)
+            defaults = read_json_object(directory / "generation_config.json")
         return cls(config, talker, load_text_tokenizer(directory), speech_tokenizer, speaker_encoder, defaults,
                    dtype, directory)
 
@@ -295,10 +293,10 @@ class Qwen3TTS:
     def _load_audio(self, a):
         if _is_audio_tuple(a):
             wav, sr = a
-            wav = np.asarray(wav, dtype=np.float32)
+            wav = audio_as_float(wav, "ref_audio")  # int16 / int32 / uint8 PCM scaled to [-1, 1)
             if wav.ndim > 1:
-                wav = np.mean(wav, axis=-1).astype(np.float32)
-            return wav, int(sr)
+                wav = np.mean(wav, axis=-1)
+            return wav.astype(np.float32), check_sample_rate(sr, "ref_audio sample rate")
         if isinstance(a, np.ndarray):
             raise ValueError("For numpy waveform input, pass a tuple (audio, sr).")
         if isinstance(a, (str, Path)):

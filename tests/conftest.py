@@ -85,3 +85,12 @@ def speech_tokenizers(tiny_speech_tokenizer_dir):
     from refimpl import SpeechTokenizer
     return {"f32": SpeechTokenizer.from_pretrained(tiny_speech_tokenizer_dir, dtype=np.float32),
             "f64": SpeechTokenizer.from_pretrained(tiny_speech_tokenizer_dir, dtype=np.float64)}
+
+
+def read_or_named_error(read, path, error=ValueError):
+    """Fuzzing helper: ``read(path)`` either returns, or raises ``error`` whose message names the file."""
+    try:
+        return read(path)
+    except error as e:
+        assert path.name in str(e), str(e)
+        return None

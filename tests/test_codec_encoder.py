@@ -56,7 +56,7 @@ def encoded(tokenizers, name, prec, attention):
     key = (name, prec, attention, active_backend())
     if key not in _CACHE:
         trace = {}
-        out = tokenizers[prec].encode_detailed(GOLDEN[f"{name}/audio"], encoder_attention=attention, trace=trace)
+        out = tokenizers[prec].encode_detailed(GOLDEN[f"{name}/audio"], sr=24000, encoder_attention=attention, trace=trace)
         _CACHE[key] = (out, trace)
     return _CACHE[key]
 
@@ -154,7 +154,7 @@ def test_sliding_window_matters_only_for_long_inputs(tokenizers):
 def test_batch_is_padded_like_official(tokenizers):
     names = [str(n) for n in GOLDEN["batch/names"]]
     audios = [GOLDEN[f"{n}/audio"] for n in names]
-    codes = tokenizers["f32"].encode(audios)
+    codes = tokenizers["f32"].encode(audios, sr=24000)
     assert isinstance(codes, list) and len(codes) == 2
     for i in range(2):
         assert np.array_equal(codes[i], GOLDEN[f"batch/f32/codes{i}"]), names[i]
@@ -166,7 +166,7 @@ def test_round_trip_length(tokenizers):
     tok = tokenizers["f32"]
     for name in NAMES:
         x = GOLDEN[f"{name}/audio"]
-        codes = tok.encode(x)
+        codes = tok.encode(x, sr=24000)
         wav = tok.decode(codes)
         assert wav.shape == (codes.shape[0] * 1920,)
         assert codes.shape[0] == math.ceil(len(x) / 1920)
@@ -176,9 +176,9 @@ def test_round_trip_length(tokenizers):
 def test_encode_latent_and_list_input(tokenizers):
     tok = tokenizers["f32"]
     x = GOLDEN["short/audio"]
-    assert np.array_equal(tok.encode_latent(x), encoded(tokenizers, "short", "f32", "full")[0].latent)
-    assert np.array_equal(tok.encode([float(v) for v in x]), GOLDEN["short/f32/full/codes"])
-    assert tok.encode_latent(x).shape == (1, 32)
+    assert np.array_equal(tok.encode_latent(x, sr=24000), encoded(tokenizers, "short", "f32", "full")[0].latent)
+    assert np.array_equal(tok.encode([float(v) for v in x], sr=24000), GOLDEN["short/f32/full/codes"])
+    assert tok.encode_latent(x, sr=24000).shape == (1, 32)
 
 
 # ----------------------------------------------------------------------------- conversions
@@ -188,15 +188,15 @@ def test_stereo_is_averaged_with_a_warning(tokenizers):
     tok = tokenizers["f64"]
     rng = np.random.default_rng(5)
     left, right = 0.3 * rng.standard_normal(3000), 0.3 * rng.standard_normal(3000)
-    mono = tok.encode_detailed((left + right) / 2)
+    mono = tok.encode_detailed((left + right) / 2, sr=24000)
     for stereo in (np.stack([left, right], axis=1), np.stack([left, right], axis=0)):
         with pytest.warns(UserWarning, match="stereo"):
-            out = tok.encode_detailed(stereo)
+            out = tok.encode_detailed(stereo, sr=24000)
         assert np.array_equal(out.codes, mono.codes)
         assert np.allclose(out.latent, mono.latent, rtol=0, atol=1e-12)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert np.array_equal(tok.encode(left[:, None]), tok.encode(left))  # [N, 1] is mono, no warning
+        assert np.array_equal(tok.encode(left[:, None], sr=24000), tok.encode(left, sr=24000))  # [N, 1] is mono, no warning
 
 
 def test_other_sample_rates_are_resampled(tokenizers):
@@ -208,8 +208,8 @@ def test_other_sample_rates_are_resampled(tokenizers):
     assert codes.shape == (math.ceil(len(y) / 1920), 16)
     assert np.array_equal(codes, tok.encode(y, sr=24000))
     assert np.array_equal(prepare_audio(x, 48000.0, dtype=np.float64), resample(x, 48000, 24000))
-    # the shared resampler (a polyphase FIR designed to soxr HQ's specification, docs/speaker_encoder.md)
-    # gives as many samples as scipy's default polyphase resampler: ceil(N * up / down)
+    # the shared resampler (soxr HQ with librosa's length rule, docs/speaker_encoder.md) gives as many
+    # samples as scipy's default polyphase resampler: ceil(N * up / down)
     z = resample_poly(x, 1, 2)
     assert z.shape == prepare_audio(x, 48000.0, dtype=np.float64).shape
 
@@ -240,7 +240,7 @@ def test_bad_input_raises_value_error(tokenizers, audio, sr, message):
 
 def test_bad_attention_mode(tokenizers):
     with pytest.raises(ValueError, match="encoder_attention"):
-        tokenizers["f32"].encode(np.zeros(100), encoder_attention="flash")
+        tokenizers["f32"].encode(np.zeros(100), sr=24000, encoder_attention="flash")
 
 
 def test_encoder_config_checks():
@@ -266,7 +266,7 @@ def test_prefix_gives_the_same_leading_frames(tokenizers):
     x = GOLDEN["long/audio"]
     whole = encoded(tokenizers, "long", "f64", "full")[0]
     for k in (1, 5, 16):
-        part = tok.encode_detailed(x[:k * 1920])
+        part = tok.encode_detailed(x[:k * 1920], sr=24000)
         assert np.array_equal(part.codes, whole.codes[:k])
         assert np.allclose(part.latent, whole.latent[:k], rtol=0, atol=1e-12)
 
@@ -294,7 +294,7 @@ def test_released_size_matches_official(prec, attention):
         "the full-size checkpoint was rewritten since the golden file was recorded: record it again"
     tok = SpeechTokenizer.from_pretrained(RELEASED_DIR / "released-speech-tokenizer", dtype=PRECISIONS[prec])
     key = f"released12s/{prec}/{attention}"
-    out = tok.encode_detailed(golden["released12s/audio"], encoder_attention=attention)
+    out = tok.encode_detailed(golden["released12s/audio"], sr=24000, encoder_attention=attention)
     assert_codes_equal(out.codes, golden[f"{key}/codes"], golden[f"{key}/margins"], prec, key)
     assert_close_to_oracle(out.latent, golden[f"released12s/f32/{attention}/latent"],
                            golden[f"released12s/f64/{attention}/latent"], prec, f"{key} latent")

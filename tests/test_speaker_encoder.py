@@ -141,25 +141,39 @@ def test_shortest_accepted_length_is_the_official_one(encoders):
 
 
 @pytest.mark.parametrize("key, sr", [("sr16000", 16000), ("sr44100", 44100), ("sr16000_noise", 16000)])
-def test_resampling_is_close_to_the_official_soxr(key, sr):
+def test_resampling_equals_the_official_soxr(key, sr):
     audio, official = GOLDEN[f"{key}/audio"], GOLDEN[f"{key}/resampled"]
     ours = speaker.resample(audio, sr, 24000)
     assert ours.shape == official.shape and ours.dtype == np.float32  # librosa's length rule: ceil(N * ratio)
+    np.testing.assert_array_equal(ours, official)
+    np.testing.assert_array_equal(speaker.resample(audio.astype(np.float64), sr, 24000), official)
+
+
+@pytest.mark.parametrize("key, sr", [("sr16000", 16000), ("sr44100", 44100), ("sr16000_noise", 16000)])
+def test_polyphase_fallback_is_close_to_the_official_soxr(key, sr):
+    audio, official = GOLDEN[f"{key}/audio"], GOLDEN[f"{key}/resampled"]
+    ours = speaker.resample(audio, sr, 24000, method="polyphase")
+    assert ours.shape == official.shape and ours.dtype == np.float32
     rel_rms = np.sqrt(np.mean((ours.astype(np.float64) - official) ** 2) / np.mean(official.astype(np.float64) ** 2))
     assert rel_rms < 3e-3, f"resampled audio differs from soxr by {rel_rms:.2e} rms (relative)"
 
 
 @pytest.mark.parametrize("key, sr", [("sr16000", 16000), ("sr44100", 44100)])
 def test_xvector_of_other_rates(encoders, key, sr):
-    enc = encoders["f32"]
-    official = GOLDEN[f"{key}/f32/xvec"]
-    # on the official wrapper's resampled audio: the same tolerance as every float32 check
-    assert_close_to_official(enc.embed(GOLDEN[f"{key}/resampled"]), f"{key}/f32/xvec", f"{key}/f64/xvec", "f32",
-                             f"x-vector of the official {sr} Hz resampling")
-    # with our resampler: close, not equal (different low-pass filter; docs/speaker_encoder.md)
-    ours = enc.embed(GOLDEN[f"{key}/audio"], sr=sr)
-    rel = np.linalg.norm(ours - official) / np.linalg.norm(official)
-    assert rel < 5e-3, f"x-vector from {sr} Hz audio differs from the official by {rel:.2e} (relative)"
+    # from the official wrapper's resampled audio and from our own resampling of the original: the same
+    # tolerance as every float32 check, since the resampled audio is the same
+    for audio, rate in ((GOLDEN[f"{key}/resampled"], 24000), (GOLDEN[f"{key}/audio"], sr)):
+        assert_close_to_official(encoders["f32"].embed(audio, sr=rate), f"{key}/f32/xvec", f"{key}/f64/xvec", "f32",
+                                 f"x-vector of {sr} Hz audio (given at {rate} Hz)")
+        assert_close_to_official(encoders["f64"].embed(audio, sr=rate), f"{key}/f32/xvec", f"{key}/f64/xvec", "f64",
+                                 f"x-vector of {sr} Hz audio (given at {rate} Hz)")
+
+
+def test_polyphase_fallback_xvector_is_close(encoders):
+    official = GOLDEN["sr16000/f32/xvec"]
+    audio = speaker.resample(GOLDEN["sr16000/audio"], 16000, 24000, method="polyphase")
+    rel = np.linalg.norm(encoders["f32"].embed(audio) - official) / np.linalg.norm(official)
+    assert rel < 5e-3, f"x-vector from the polyphase fallback differs from the official by {rel:.2e} (relative)"
 
 
 # ----------------------------------------------------------------------------- the released dimensions
@@ -260,9 +274,11 @@ def test_bad_audio_is_a_value_error(encoders, audio, sr, message):
 def test_float_sample_rate_and_integer_audio(encoders):
     audio = GOLDEN["noise_6000/audio"]
     np.testing.assert_array_equal(encoders["f32"].embed(audio, sr=24000.0), encoders["f32"].embed(audio))
-    pcm = np.round(audio * 1000).astype(np.int16)  # integers are used as they are (like the official cast
-    with pytest.warns(UserWarning, match="exceeds"):  # to float32): not rescaled, so they warn
-        assert encoders["f32"].embed(pcm).shape == (24,)
+    # integer PCM is scaled to [-1, 1) as reading it from a WAV file would (x / 32768), not used as raw numbers
+    pcm = np.round(audio * 10000).astype(np.int16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(encoders["f32"].embed(pcm), encoders["f32"].embed(pcm / 32768.0))
 
 
 def test_out_of_range_audio_warns_and_is_used_as_is(encoders):

@@ -532,7 +532,7 @@ def rvq_residuals(out: Path) -> None:
     # the effective codebook of layer j: embed_sum / max(cluster_usage, 1e-5), [K, D]
     codebooks = [w[f"{q}.layers.{j}.codebook.embed_sum"]
                  / np.maximum(w[f"{q}.layers.{j}.codebook.cluster_usage"], 1e-5)[:, None] for j in range(15)]
-    latent_tc = tok.encode_latent(test_signal(48.0))                      # [600, hidden] real latents
+    latent_tc = tok.encode_latent(test_signal(48.0), sr=SR)                    # [600, hidden] real latents
     x_td = latent_tc @ w[f"{q}.input_proj.weight"][:, :, 0].T
     train, held_out = x_td[np.arange(len(x_td)) % 4 != 0], x_td[::4]   # fit on 3/4, show 1/4
 
