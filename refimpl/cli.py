@@ -8,6 +8,7 @@ Qwen3-TTS checkpoint directory for real speech.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from .kernels import BACKENDS, active_backend, use_backend
 
 from . import __version__
 
@@ -315,6 +318,8 @@ def cmd_info(args, say: Reporter) -> int:
     from .model_info import describe_model
     path = model_dir(args, "custom_voice", say)
     info = describe_model(path, args.dtype_np)
+    backend, why = active_backend()
+    info["backend"] = f"{backend} ({why})"
     if args.json:
         print(json.dumps(info, indent=2, ensure_ascii=False))
         return 0
@@ -349,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                         help="compute precision (float64 is the high-precision oracle mode; default float32)")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress or notes on stderr")
+    common.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="which implementation of the primitives runs: numpy (the plain formulas) or numba "
+                        "(the fast CPU twins); default: $REFIMPL_BACKEND, else numba for float32 and numpy for "
+                        "float64 (see 'refimpl info')")
 
     synth = argparse.ArgumentParser(add_help=False)
     synth.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file (24 kHz mono); - for "
@@ -447,7 +456,8 @@ def main(argv=None) -> int:
     try:
         if getattr(args, "output", None) is not None:
             check_output_path(args.output)
-        status = args.func(args, say)
+        with use_backend(args.backend, "--backend") if getattr(args, "backend", None) else contextlib.nullcontext():
+            status = args.func(args, say)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
         return status
     except BrokenPipeError:

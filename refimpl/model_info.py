@@ -11,15 +11,18 @@ from .checkpoint import CheckpointError, read_config, tensor_headers
 __all__ = ["describe_model"]
 
 
-def _count(directory: Path) -> tuple[int, dict]:
-    """Total parameters of a checkpoint directory, and per top-level name prefix."""
-    total, by_prefix = 0, {}
-    for name, (dtype, shape) in tensor_headers(directory).items():
+def _count(directory: Path, dtype=np.float32) -> tuple[int, dict, int]:
+    """Total parameters of a checkpoint directory, per top-level name prefix, and the bytes they take
+    once loaded at ``dtype`` (in float32 the Talker's bfloat16 matrices stay 2 bytes a value)."""
+    total, by_prefix, nbytes = 0, {}, 0
+    for name, (stored, shape) in tensor_headers(directory).items():
         n = int(np.prod(shape, dtype=np.int64))
         total += n
         prefix = name.split(".")[0]
         by_prefix[prefix] = by_prefix.get(prefix, 0) + n
-    return total, by_prefix
+        kept_bf16 = stored == "BF16" and len(shape) == 2 and prefix == "talker" and np.dtype(dtype) == np.float32
+        nbytes += n * (2 if kept_bf16 else np.dtype(dtype).itemsize)
+    return total, by_prefix, nbytes
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -46,14 +49,16 @@ def describe_model(path, dtype=np.float32) -> dict:
         info["speakers"] = sorted((talker.get("spk_id") or {}).keys())
         info["languages"] = ["auto"] + sorted((talker.get("codec_language_id") or {}).keys())
     stored = sorted({dt for dt, _ in tensor_headers(path).values()})
-    total, parts = _count(path)
+    total, parts, nbytes = _count(path, dtype)
     codec_dir = path / "speech_tokenizer"
     if codec_dir.is_dir():
-        codec_total, _ = _count(codec_dir)
+        codec_total, _, codec_bytes = _count(codec_dir, dtype)
         parts["speech_tokenizer"] = codec_total
         total += codec_total
+        nbytes += codec_bytes
     info["stored dtype"] = ", ".join(stored)
     info["compute dtype"] = np.dtype(dtype).name
     info["parameters"] = f"{total:,} ({_human(total)}: " + ", ".join(f"{k} {_human(v)}" for k, v in parts.items()) + ")"
-    info["memory"] = _human(total * np.dtype(dtype).itemsize, "B") + f" of weights in {np.dtype(dtype).name}"
+    info["memory"] = (_human(nbytes, "B") + f" of weights computing in {np.dtype(dtype).name} (bfloat16 matrices "
+                      "of the Talker stay as stored in float32)")
     return info

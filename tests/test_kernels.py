@@ -8,11 +8,17 @@ and snake_beta in float64) must be bit-identical; the float32 SnakeBeta evaluate
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import REPO
 from refimpl import kernels, nn
 from refimpl.checkpoint import BF16Matrix, float32_to_bf16_bits
 from refimpl.kernels import numba_cpu
@@ -198,3 +204,34 @@ def test_unknown_backends_are_one_clear_error(monkeypatch):
     monkeypatch.setenv("REFIMPL_BACKEND", "fast")
     with pytest.raises(ValueError, match="REFIMPL_BACKEND: unknown backend 'fast'"):
         nn.silu(np.zeros(3))
+
+
+# ----------------------------------------------------------------------------- compiled-kernel cache
+
+
+def test_cache_dir_falls_back_to_a_writable_place(monkeypatch, tmp_path):
+    """A read-only package directory sends the compiled kernels to the user cache, else to a temp dir."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    package_cache = Path(numba_cpu.__file__).resolve().parent / "__pycache__"
+    monkeypatch.setattr(numba_cpu, "_writable", lambda d: Path(d) != package_cache)
+    numba_cpu._choose_cache_dir()
+    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "xdg" / "refimpl" / "numba")
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    monkeypatch.setattr(numba_cpu, "_writable", lambda d: False)
+    numba_cpu._choose_cache_dir()
+    assert Path(os.environ["NUMBA_CACHE_DIR"]).name.startswith("refimpl-numba-")
+
+
+def test_a_second_process_loads_the_kernels_instead_of_compiling(tmp_path):
+    """cache=True: the first process compiles and saves, the next one only loads (NUMBA_DEBUG_CACHE)."""
+    code = ("import numpy as np; from refimpl.kernels import numba_cpu as k; "
+            "from refimpl.checkpoint import BF16Matrix; "
+            "k.snake_beta(np.ones((1, 2, 8), np.float32), np.zeros(2, np.float32), np.zeros(2, np.float32)); "
+            "k.linear(np.ones((1, 4), np.float32), BF16Matrix(np.zeros((3, 4), np.uint16)))")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1", PYTHONPATH=str(REPO))
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    assert "data saved to" in runs[0].stdout
+    assert "data saved to" not in runs[1].stdout and "data loaded from" in runs[1].stdout

@@ -42,9 +42,9 @@ def _check_name(name: str, where: str) -> str:
 
 def active_backend() -> tuple:
     """(backend name or "auto", why): what the primitives use now."""
-    name = _requested.get()
-    if name is not None:
-        return name, "refimpl.use_backend()"
+    requested = _requested.get()
+    if requested is not None:
+        return requested
     env = os.environ.get(_ENV, "").strip()
     if env:
         return _check_name(env, f"environment variable {_ENV}"), f"environment variable {_ENV}"
@@ -52,9 +52,10 @@ def active_backend() -> tuple:
 
 
 @contextlib.contextmanager
-def use_backend(name: str):
-    """Run the enclosed code with the primitives of backend ``name`` ("numpy" or "numba")."""
-    token = _requested.set(_check_name(name, "use_backend"))
+def use_backend(name: str, reason: str = "refimpl.use_backend()"):
+    """Run the enclosed code with the primitives of backend ``name`` ("numpy" or "numba"); ``reason`` is
+    what ``active_backend`` reports as the cause."""
+    token = _requested.set((_check_name(name, "use_backend"), reason))
     try:
         yield name
     finally:
@@ -82,7 +83,8 @@ def primitive(reference):
 
     @functools.wraps(reference)
     def dispatch(*args, **kwargs):
-        backend, _ = active_backend()
+        backend = _requested.get()
+        backend = backend[0] if backend is not None else active_backend()[0]
         if backend == "auto":
             first = args[0] if args else None
             backend = "numba" if getattr(first, "dtype", None) == np.float32 else "numpy"
