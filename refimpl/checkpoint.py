@@ -159,7 +159,9 @@ class BF16Matrix:
 
 def bf16_bits_to_float32(bits_u16: np.ndarray) -> np.ndarray:
     """Widen raw bfloat16 bit patterns (uint16) to float32, exactly."""
-    return (bits_u16.astype(np.uint32) << 16).view(np.float32)
+    wide = bits_u16.astype(np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
 
 
 def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -13,6 +13,8 @@ Compiled kernels are cached on disk (``cache=True``): next to this file when tha
 in the user's cache directory (``$XDG_CACHE_HOME/refimpl/numba`` or ``~/.cache/refimpl/numba``), else a
 temporary directory; ``NUMBA_CACHE_DIR`` set by the user wins.  Loops use 512-bit vectors where the
 processor has them (LLVM prefers 256-bit ones by default, which halves the speed of these loops).
+Parallel loops run on Numba's "workqueue" threads, which sleep between loops (``NUMBA_THREADING_LAYER``
+set by the user wins); ``NUMBA_NUM_THREADS`` sets their number (default: the cores).
 """
 
 from __future__ import annotations
@@ -52,8 +54,16 @@ def _prefer_512_bit_vectors() -> None:
         os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
 
 
+def _threads_that_sleep() -> None:
+    """Numba's "workqueue" thread pool: its threads sleep between parallel loops.  The OpenMP pool spins
+    after each loop, and on a 2-core machine those spinning threads slow the BLAS calls that come next
+    (and any other OpenMP runtime in the process, e.g. PyTorch's); measured in docs/performance.md."""
+    os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+
+
 _choose_cache_dir()
 _prefer_512_bit_vectors()
+_threads_that_sleep()
 
 import numba  # noqa: E402  (after the settings above, which Numba reads when imported)
 from llvmlite import ir  # noqa: E402
@@ -62,7 +72,7 @@ from numba.core import types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from .. import nn  # noqa: E402
-from ..checkpoint import BF16Matrix, bf16_bits_to_float32  # noqa: E402
+from ..checkpoint import BF16Matrix  # noqa: E402
 
 # float sums may be reassociated (that is what lets a dot product use SIMD lanes) and a multiply-add
 # fused; nothing else (no "fast" NaN/inf assumptions)
@@ -186,6 +196,15 @@ def _bf16_rows_times(x_ni, bits_oi, out_no):
             out_no[n, o] = acc
 
 
+@numba.njit(parallel=True, cache=True)
+def _widen_bf16_into(bits_oi, out_oi):
+    """out = the float32 values of the bfloat16 words (exact), in parallel over rows."""
+    O, I = bits_oi.shape
+    for o in prange(O):
+        for i in range(I):
+            out_oi[o, i] = _bf16_to_f32(bits_oi[o, i])
+
+
 MATVEC_MAX_ROWS = 16       # up to this many rows of x: the bf16 kernel; more: widen blocks, then BLAS
 WIDEN_BLOCK_ROWS = 1024    # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
 
@@ -198,13 +217,17 @@ def linear(x, w_oi, b_o=None):
         return nn.linear.reference(x, w_oi, b_o)
     O, I = w_oi.shape
     x_ni = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, I)
-    out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
     if x_ni.shape[0] <= MATVEC_MAX_ROWS:
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _bf16_rows_times(x_ni, w_oi.bits, out_no)
-    else:
+    else:  # each block of output channels is a contiguous block of rows of out_on: BLAS writes it in place
+        out_on = np.empty((O, x_ni.shape[0]), dtype=np.float32)
+        block_oi = np.empty((min(O, WIDEN_BLOCK_ROWS), I), dtype=np.float32)   # reused for every block
         for start in range(0, O, WIDEN_BLOCK_ROWS):
             stop = min(O, start + WIDEN_BLOCK_ROWS)
-            np.matmul(x_ni, bf16_bits_to_float32(w_oi.bits[start:stop]).T, out=out_no[:, start:stop])
+            _widen_bf16_into(w_oi.bits[start:stop], block_oi[:stop - start])
+            np.matmul(block_oi[:stop - start], x_ni.T, out=out_on[start:stop])
+        out_no = np.ascontiguousarray(out_on.T)
     if b_o is not None:
         out_no += b_o
     return out_no.reshape(x.shape[:-1] + (O,))
