@@ -122,20 +122,22 @@ class SpeechTokenizer:
 
     # ------------------------------------------------------------------ decoding
 
-    def _decode_frames(self, codes_tq: np.ndarray) -> np.ndarray:
+    def _decode_frames(self, codes_tq: np.ndarray, trace=None) -> np.ndarray:
         """One causal pass over [T, Q] valid codes -> [T * samples_per_frame]."""
         codes_bqt = codes_tq.T[None]
         if codes_tq.shape[0] == 0:
             return np.zeros(0, dtype=self.dtype)
-        wav = codec_decoder.decode_codes(self.decoder_weights, self.decoder_config, codes_bqt, tables=self.codebooks)
+        wav = codec_decoder.decode_codes(self.decoder_weights, self.decoder_config, codes_bqt, trace,
+                                          tables=self.codebooks)
         return wav[0]
 
-    def decode_full(self, codes):
+    def decode_full(self, codes, trace=None):
         """One causal pass over the whole sequence (no chunking): [T, 16] -> [T * 1920].
-        A list of sequences gives a list of waveforms."""
+        A list of sequences gives a list of waveforms.  ``trace`` (a dict or ``Recorder``) receives every
+        module's output (``refimpl.tracing``)."""
         if self._is_batch(codes):
-            return [self.decode_full(c) for c in codes]
-        return self._decode_frames(self.check_codes(codes, allow_padding=False))
+            return [self.decode_full(c, trace) for c in codes]
+        return self._decode_frames(self.check_codes(codes, allow_padding=False), trace)
 
     def decode(self, codes):
         """Decode like the official ``Qwen3TTSTokenizer.decode``: [T, 16] -> [n_valid * 1920].
