@@ -33,7 +33,7 @@ from .checkpoint import bf16_bits_to_float32, read_config, write_safetensors_fil
 from .trace import EXTRA_PREFIX, CallLog, Recorder
 
 __all__ = ["Trace", "load_trace", "trace_codec_decode", "trace_codec_encode", "trace_speaker", "trace_generation",
-           "METADATA_KEY", "STAGES"]
+           "METADATA_KEY", "STAGES", "NOT_TRACED"]
 
 METADATA_KEY = "refimpl.trace"
 STAGES = ("codec-decode", "codec-encode", "speaker", "say", "design", "clone")
@@ -43,6 +43,13 @@ STAGES = ("codec-decode", "codec-encode", "speaker", "say", "design", "clone")
 # ModuleList, the mel spectrogram is computed outside the speaker encoder): they go to ``refimpl.``.
 NOT_MODULES = ("decoder.quantizer", "decoder.upsample.0", "decoder.upsample.1", "speaker_encoder.mel",
                "speaker_encoder.asp.context", "speaker_encoder.asp.weights")
+
+# Official modules that a trace of ours does not record: the embedding lookups (and the text projection)
+# that the official code calls while it assembles the prompt and each next input, in a pattern of its
+# own (a lookup per segment, per control token...).  Their results are what ``refimpl.talker.prompt.*``
+# holds; every other module call of the official run is in our trace, in the same order and shape.
+NOT_TRACED = ("talker.model.codec_embedding", "talker.model.text_embedding", "talker.text_projection",
+              "talker.code_predictor.model.codec_embedding")
 
 
 @dataclasses.dataclass
