@@ -28,7 +28,7 @@ import numpy as np
 from . import nn
 from .checkpoint import WeightSpec, WeightView
 from .config import config_from_dict
-from .trace import NULL_RECORDER, Recorder, as_recorder
+from .trace import NULL_RECORDER, Recorder, as_recorder, record_rope_and_mask
 from .transformer import CODEC_DECODER, SlidingKVCache, attention_weight_spec, check_attention_config, layer_views, transformer_stack
 
 __all__ = ["DecoderConfig", "decoder_weight_spec", "codebook_table", "dequantize_tables", "dequantize",
@@ -211,11 +211,11 @@ def pre_transformer(w, cfg: DecoderConfig, x_btl, positions_t, caches=None, reco
     x_btc = nn.linear(x_btl, t["input_proj.weight"], t["input_proj.bias"])
     record("input_proj", x_btc)
     cos_td, sin_td = nn.rope_cos_sin(positions_t, cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
-    record("rotary_emb", cos_td[None])
     start = int(positions_t[0]) if len(positions_t) else 0
     n_cached = caches[0].kept if caches is not None else 0
     key_positions = np.arange(start - n_cached, start + len(positions_t))
     mask = nn.AttentionMask(positions_t, key_positions, cfg.sliding_window)
+    record_rope_and_mask(record, cos_td[None], sin_td[None], mask)
     layers = layer_views(w, "pre_transformer.layers.", cfg.num_hidden_layers)
     x_btc = transformer_stack(layers, CODEC_DECODER, cfg, x_btc, cos_td[None], sin_td[None], mask, caches,
                               cfg.rms_norm_eps, record)

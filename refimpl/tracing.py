@@ -79,9 +79,7 @@ class Trace:
             with open(path, "wb") as f:
                 np.savez(f, __metadata__=np.array(json.dumps(metadata)), **tensors)
         elif fmt == "safetensors":
-            floats = {v.dtype for v in tensors.values() if v.dtype.kind == "f"}
-            dtype = "float64" if np.dtype(np.float64) in floats else "float32"
-            write_safetensors_file(path, tensors, dtype=dtype, metadata={METADATA_KEY: json.dumps(metadata)},
+            write_safetensors_file(path, tensors, dtype="keep", metadata={METADATA_KEY: json.dumps(metadata)},
                                    sort=False)
         else:
             raise ValueError(f"unknown trace format {fmt!r}: safetensors or npz")

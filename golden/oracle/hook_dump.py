@@ -82,10 +82,9 @@ def named_calls(calls) -> list:
 def write_dump(path: str, named: list, metadata: dict) -> None:
     tensors = {k: (v.astype(np.int64) if v.dtype.kind in "iu" else v.astype(np.uint8) if v.dtype == bool else v)
                for k, v in named}
-    dtype = "float64" if any(v.dtype == np.float64 for v in tensors.values()) else "float32"
     meta = {"refimpl.trace": json.dumps({**metadata, "producer": "official hooks", "versions": versions(),
                                          "order": [k for k, _ in named]})}
-    write_safetensors_file(path, tensors, dtype=dtype, metadata=meta)
+    write_safetensors_file(path, tensors, dtype="keep", metadata=meta, sort=False)
 
 
 # ----------------------------------------------------------------------------- the stages
