@@ -85,11 +85,10 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "tracing.Trace":
 
 
 def generation_options(args) -> dict:
-    opts = {"seed": args.seed}
-    if args.greedy:
-        opts.update(do_sample=False, subtalker_dosample=False)
-    if args.max_new_tokens is not None:
-        opts["max_new_tokens"] = args.max_new_tokens
+    """The generation keywords of ``refimpl say`` etc. (``cli.generation_kwargs``), plus the replayed draws
+    and the mode's own options."""
+    from .cli import generation_kwargs
+    opts = generation_kwargs(args)
     if args.language:
         opts["language"] = args.language
     if args.replay:
