@@ -196,8 +196,9 @@ class SpeechTokenizer:
 
         A list of waveforms is encoded as one batch, like the official encode: each is padded with zeros
         on the right to the longest, and each result is cut to ceil(own length / 1920) frames (so the last,
-        partial, frame of a shorter input can differ from encoding it alone).  ``trace`` (a dict) receives
-        the batch's per-stage intermediates, see ``codec_encoder.encode_audio``."""
+        partial, frame of a shorter input can differ from encoding it alone).  ``trace`` (a dict or
+        ``Recorder``; also accepted by ``encode`` and ``encode_latent``) receives every module's output
+        (``codec_encoder.encode_audio``, ``refimpl.tracing``)."""
         batch = SpeechTokenizer._is_audio_batch(audio)
         items = list(audio) if batch else [audio]
         if not items:
@@ -223,7 +224,7 @@ class SpeechTokenizer:
                                    out.margins_bqt[i, :, :T].T.copy()))
         return results if batch else results[0]
 
-    def encode(self, audio, sr: int = 24000, encoder_attention: str = "full"):
+    def encode(self, audio, sr: int = 24000, encoder_attention: str = "full", trace=None):
         """Audio -> codes, like the official ``Qwen3TTSTokenizer.encode``: a 1-D array of N samples at
         ``sr`` Hz -> int64 ``[ceil(N / 1920), 16]``; a list of arrays -> a list (encoded as one batch).
 
@@ -231,13 +232,13 @@ class SpeechTokenizer:
         designed to the official soxr HQ specification; close to, not bit-equal with, the official); stereo ``[N, 2]`` or ``[2, N]`` is averaged to mono with a warning.
         ``encoder_attention``: "full" (the official CPU result) or "sliding" (the config's window, as the
         official flash-attention path); see ``refimpl.codec_encoder``."""
-        out = self.encode_detailed(audio, sr, encoder_attention)
+        out = self.encode_detailed(audio, sr, encoder_attention, trace)
         return [e.codes for e in out] if isinstance(out, list) else out.codes
 
-    def encode_latent(self, audio, sr: int = 24000, encoder_attention: str = "full"):
+    def encode_latent(self, audio, sr: int = 24000, encoder_attention: str = "full", trace=None):
         """The continuous latent before quantisation, ``[ceil(N / 1920), hidden_size]`` (the transpose of
         the official ``[1, hidden, T]`` downsample output); a list for a list input."""
-        out = self.encode_detailed(audio, sr, encoder_attention)
+        out = self.encode_detailed(audio, sr, encoder_attention, trace)
         return [e.latent for e in out] if isinstance(out, list) else out.latent
 
     @staticmethod

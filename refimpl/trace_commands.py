@@ -32,17 +32,14 @@ Qwen3TTSModel.model), ':N' on every call of a module called more than once; 'ref
 tensors no module outputs (prompt, masks, sampling scores, random draws...).  See docs/port_authors.md.
 """
 
-# stage -> the kind of default model (refimpl.cli.DEFAULT_MODELS) and whether it is a TTS model
-STAGE_MODELS = {"codec-decode": "custom_voice", "codec-encode": "custom_voice", "speaker": "base",
-                "say": "custom_voice", "design": "voice_design", "clone": "base"}
+# stage -> the embedded checkpoint it uses without --model (the same as the refimpl command of that stage)
+EMBEDDED = Path(__file__).resolve().parent / "data"
+STAGE_MODELS = {"codec-decode": "default-customvoice", "codec-encode": "default-customvoice",
+                "speaker": "default-base", "say": "default-customvoice", "design": "default-voicedesign",
+                "clone": "default-base"}
 
 
 # ----------------------------------------------------------------------------- running one case
-
-
-def default_model(kind: str) -> Path:
-    from .cli import DEFAULT_MODELS
-    return DEFAULT_MODELS[kind]
 
 
 def read_codes(path) -> np.ndarray:
@@ -62,7 +59,7 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "tracing.Trace":
     """One traced run.  ``inp``: codes path / array (codec-decode), WAV path or (audio, sr) (codec-encode,
     speaker), text (say, design, clone); ``options``: the generation keywords of the Python API (for
     clone ``ref_audio`` may be a WAV path); ``random_draws`` replays recorded uniforms."""
-    model = Path(model) if model else default_model(STAGE_MODELS[stage])
+    model = Path(model) if model else EMBEDDED / STAGE_MODELS[stage]
     if stage in ("codec-decode", "codec-encode"):
         from .speech_tokenizer import SpeechTokenizer
         tok = SpeechTokenizer.from_pretrained(model, dtype=dtype)
@@ -85,12 +82,12 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "tracing.Trace":
 
 
 def generation_options(args) -> dict:
-    """The generation keywords of ``refimpl say`` etc. (``cli.generation_kwargs``), plus the replayed draws
-    and the mode's own options."""
-    from .cli import generation_kwargs
-    opts = generation_kwargs(args)
-    if args.language:
-        opts["language"] = args.language
+    """The Python keywords of the generation options (as ``refimpl say`` etc.), the replayed draws and the
+    mode's own options."""
+    given = {"seed": args.seed, "max_new_tokens": args.max_new_tokens, "language": args.language}
+    opts = {k: v for k, v in given.items() if v is not None}
+    if args.greedy:
+        opts.update(do_sample=False, subtalker_dosample=False)
     if args.replay:
         replayed = tracing.load_trace(args.replay)
         if "refimpl.random_draws" not in replayed.keys:

@@ -14,6 +14,9 @@ Sampling keywords (``do_sample, top_k, top_p, temperature, repetition_penalty, s
 subtalker_top_k, subtalker_top_p, subtalker_temperature, max_new_tokens``) default to the model's
 generation_config.json, then to the official hard defaults.  ``seed`` seeds the NumPy generator used for
 sampling; ``return_codes=True`` also returns the generated codes, one int64 array [T, 16] per item.
+``trace=`` (a dict or ``refimpl.trace.Recorder``) receives every module output under the official names
+and the uniforms consumed (``refimpl.random_draws``); ``random_draws=`` replays such uniforms instead of
+drawing them (docs/port_authors.md, ``refimpl.tracing``).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def test_trace_keys_are_the_official_module_calls(stage):
     assert all(k.startswith(tracing.NOT_TRACED) for k in left_out), left_out
 
 
-@pytest.mark.parametrize("stage", ["codec-decode", "speaker"])
+@pytest.mark.parametrize("stage", ["codec-decode", "speaker", "say"])
 def test_compare_passes_against_the_official_hook_dump(stage, tmp_path, capsys):
     path = tmp_path / "ours.safetensors"
     our_trace(stage).save(path)
@@ -66,7 +66,9 @@ def test_compare_passes_against_the_official_hook_dump(stage, tmp_path, capsys):
     assert main(["compare", str(official), str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["first_failure"] is None and not report["shape_mismatches"]
-    assert len(report["rows"]) == len(OFFICIAL[stage]) and not report["missing_in_candidate"]
+    not_traced = [k for k, _ in OFFICIAL[stage] if k.split(":")[0].startswith(tracing.NOT_TRACED)]
+    assert report["missing_in_candidate"] == not_traced
+    assert len(report["rows"]) == len(OFFICIAL[stage]) - len(not_traced) > 100
     assert all(r["cosine"] > 0.999999 for r in report["rows"])
 
 

@@ -11,7 +11,8 @@ The naming rule: a key is the module's path in ``named_modules()`` of ``Qwen3TTS
 or ``Qwen3TTSModel.model`` (TTS); the value is its output (the first tensor of a tuple, the
 ``last_hidden_state`` of a model output, else its first field); a module called more than once gets
 ``:N`` on every call (N from 0), a module called once no suffix.  Execution order is kept in the
-metadata (``order``).  ``--keys-only`` writes the key list with shapes as JSON instead of tensors.
+metadata (``order``) and in the file.  ``--dtype float64`` runs the float64 oracle, ``bfloat16`` /
+``float16`` the whole model cast to that dtype.  Generation is greedy.
 
 As a library (``record_calls``), this is what ``golden/oracle/record_trace_keys.py`` uses to write the
 committed key lists.
@@ -21,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 from collections import Counter
 
-from common import CHECKPOINTS, REPO, make_float64_oracle, np, to_numpy, torch, versions  # noqa: F401,I001
+from common import make_float64_oracle, np, to_numpy, torch, versions  # noqa: I001
 
 from refimpl.checkpoint import write_safetensors_file
 

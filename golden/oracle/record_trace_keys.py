@@ -8,6 +8,7 @@ Writes:
     golden/trace/official_keys.json             per stage, [key, shape] of every recorded call, in order
     golden/trace/official_codec_decode.safetensors   the official float32 hook dump of the codec-decode case
     golden/trace/official_speaker.safetensors        the same for the speaker case
+    golden/trace/official_say.safetensors            and for the (greedy) say case
     golden/trace/precision_noise.json           per precision and network (the first part of the key:
                                                 decoder, encoder, speaker_encoder, talker), the max over its
                                                 tensors of |official_p - official_f64| / (eps_p * max(1, max|official_f64|))
@@ -77,7 +78,7 @@ def main() -> None:
     for stage, run in cases(inputs).items():
         named = named_calls(run("float32"))
         keys[stage] = [[k, list(v.shape)] for k, v in named]
-        if stage in ("codec-decode", "speaker"):
+        if stage in ("codec-decode", "speaker", "say"):
             write_dump(str(OUT / f"official_{stage.replace('-', '_')}.safetensors"), named,
                        {"stage": stage, "dtype": "float32", "case": "golden/oracle/record_trace_keys.py"})
         named_64 = dict(named_calls(run("float64")))
