@@ -247,8 +247,10 @@ def run_cases(model, cases: list, out_dir, fmt: str = "safetensors", dtype: str 
             return client.gather(futures)
     if jobs <= 1:
         return [run_case(*a) for a in args]
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # spawned, not forked: a fork of a process whose Numba kernels already started OpenMP threads is unsafe
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(pool.map(run_case, *zip(*args)))
 
 

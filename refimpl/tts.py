@@ -239,9 +239,10 @@ class Qwen3TTS:
         """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks of
         ``chunk_frames`` frames (chunk_frames * 1920 samples) while the frames are generated."""
         self._require_type("custom_voice", "stream_custom_voice")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, _, eos_id = self._settings(kwargs)
         layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
-        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames)
+        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames, record)
 
     def _custom_voice_layouts(self, text, speaker, language, instruct, non_streaming_mode) -> list:
         texts = _as_list(text)
@@ -278,9 +279,10 @@ class Qwen3TTS:
         """Like ``generate_voice_design`` for ONE text, yielding float32 waveform chunks (see
         ``stream_custom_voice``)."""
         self._require_type("voice_design", "stream_voice_design")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, _, eos_id = self._settings(kwargs)
         layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
-        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames)
+        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames, record)
 
     def _voice_design_layouts(self, text, instruct, language, non_streaming_mode) -> list:
         texts = _as_list(text)
@@ -372,11 +374,12 @@ class Qwen3TTS:
         ``stream_custom_voice``); in ICL mode the reference codes are pushed through the streaming
         decoder first as left context and their audio is not yielded."""
         self._require_type("base", "stream_voice_clone")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, _, eos_id = self._settings(kwargs)
         layouts, vectors, ref_codes = self._voice_clone_layouts(text, language, ref_audio, ref_text,
                                                                 x_vector_only_mode, voice_clone_prompt,
-                                                                non_streaming_mode)
-        return self._stream(layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames)
+                                                                non_streaming_mode, record)
+        return self._stream(layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames, record)
 
     def _voice_clone_layouts(self, text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt,
                              non_streaming_mode, record: Recorder = NULL_RECORDER):
@@ -419,9 +422,11 @@ class Qwen3TTS:
     def sample_rate(self) -> int:
         return int(self.speech_tokenizer.sample_rate)
 
-    def _stream(self, layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames):
+    def _stream(self, layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames,
+                record: Recorder = NULL_RECORDER):
         """Generator: frames -> the exact streaming decoder -> float32 chunks (the concatenation equals
-        ``SpeechTokenizer.decode_full`` of the codes, i.e. the official decode up to 300 frames)."""
+        ``SpeechTokenizer.decode_full`` of the codes, i.e. the official decode up to 300 frames).
+        ``record`` receives the generation's trace, as ``generate_codes_from_layouts``."""
         if len(layouts) != 1:
             raise ValueError(f"streaming takes one text at a time, got a batch of {len(layouts)}")
         if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, (int, np.integer)) or chunk_frames < 1:
@@ -438,13 +443,15 @@ class Qwen3TTS:
             if ref_codes[0] is not None:
                 decoder.push(np.asarray(ref_codes[0], dtype=np.int64))  # left context only
             pending = []
-            for frame in iterate_frames(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace):
+            for frame in iterate_frames(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record):
                 pending.append(frame[0])
                 if len(pending) == chunk_frames:
                     yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
                     pending = []
             if pending:
                 yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
+            if isinstance(rng, UniformDraws):
+                record.extra("random_draws", rng.recorded())
 
         return chunks()
 

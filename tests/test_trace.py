@@ -13,6 +13,7 @@ from conftest import CHECKPOINTS, GOLDEN
 from refimpl import Qwen3TTS, SpeechTokenizer, tracing
 from refimpl.cli import main
 from refimpl.compare import EPS, NOISE_RATIO, compare_traces
+from refimpl.trace import NULL_RECORDER, CallLog, Recorder, call_names
 
 TRACE_GOLDEN = GOLDEN / "trace"
 INPUTS = np.load(TRACE_GOLDEN / "inputs.npz")
@@ -228,7 +229,6 @@ def test_golden_corpus_on_a_local_dask_cluster(tmp_path):
 
 
 def test_naming_rule_and_null_recorder():
-    from refimpl.trace import NULL_RECORDER, CallLog, Recorder, call_names
     assert call_names(["a", "b", "a", "c", "a"]) == ["a:0", "b", "a:1", "c", "a:2"]
     log = CallLog()
     record = Recorder(log, "talker.")
@@ -239,3 +239,17 @@ def test_naming_rule_and_null_recorder():
     assert log.named() == [("talker.model.norm:0", 1), ("talker.model", 2), ("refimpl.talker.prompt.embeds", 3),
                            ("talker.model.norm:1", 4)]
     assert NULL_RECORDER.scope("x.") is NULL_RECORDER and NULL_RECORDER.extra_scope("y.") is NULL_RECORDER
+
+
+def test_streaming_generation_traces_and_replays_like_generate():
+    model = tts("customvoice")
+    log = CallLog()
+    chunks = list(model.stream_custom_voice("Hello there.", speaker="vivian", seed=5, chunk_frames=2,
+                                            trace=Recorder(log), **SAMPLED))
+    streamed = tracing.Trace(log.named(), {})
+    whole = tracing.trace_generation(model, "say", text="Hello there.", speaker="vivian", seed=5, **SAMPLED)
+    assert streamed.keys == [k for k in whole.keys if not k.startswith("refimpl.codes")]
+    np.testing.assert_array_equal(streamed["refimpl.random_draws"], whole["refimpl.random_draws"])
+    replayed = list(model.stream_custom_voice("Hello there.", speaker="vivian", seed=9, chunk_frames=2,
+                                              random_draws=whole["refimpl.random_draws"], **SAMPLED))
+    np.testing.assert_array_equal(np.concatenate(replayed), np.concatenate(chunks))
