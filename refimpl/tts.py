@@ -82,6 +82,15 @@ def _per_text(texts: list, **arguments) -> list:
     return out
 
 
+def record_layouts(record: Recorder, layouts: list) -> None:
+    """Trace the ids of each prompt (``refimpl.talker.prompt.{text_ids, codec_ids, trailing_ids}.{item}``;
+    codec_ids [T, 16] with -1 where a position has no codec part)."""
+    for i, lay in enumerate(layouts):
+        record.extra(f"talker.prompt.text_ids.{i}", np.asarray(lay.text_ids, dtype=np.int64))
+        record.extra(f"talker.prompt.codec_ids.{i}", np.asarray(lay.codec_codes, dtype=np.int64))
+        record.extra(f"talker.prompt.trailing_ids.{i}", np.asarray(lay.trailing_ids, dtype=np.int64))
+
+
 class Qwen3TTS:
     """A Qwen3-TTS model (CustomVoice, VoiceDesign or Base) in NumPy."""
 
@@ -198,6 +207,7 @@ class Qwen3TTS:
         ``record`` receives the module outputs (``refimpl.tracing``) and, when ``rng`` is a
         ``UniformDraws``, every uniform consumed as ``refimpl.random_draws``."""
         cfg = self.config
+        record_layouts(record, layouts)
         prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors)]
         trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
         pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
@@ -432,6 +442,7 @@ class Qwen3TTS:
         if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, (int, np.integer)) or chunk_frames < 1:
             raise ValueError(f"chunk_frames must be a positive integer, got {chunk_frames!r}")
         cfg = self.config
+        record_layouts(record, layouts)
         prompts = [embed_layout(self.talker, layouts[0], vectors[0])]
         trailing = [self.talker.embed_text(layouts[0].trailing_ids)]
         pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
