@@ -253,3 +253,16 @@ def test_streaming_generation_traces_and_replays_like_generate():
     replayed = list(model.stream_custom_voice("Hello there.", speaker="vivian", seed=9, chunk_frames=2,
                                               random_draws=whole["refimpl.random_draws"], **SAMPLED))
     np.testing.assert_array_equal(np.concatenate(replayed), np.concatenate(chunks))
+
+
+def test_precision_flag_sets_the_rule(tmp_path, capsys):
+    """A dump rounded to bfloat16 (as a bf16 port's outputs are) passes the bfloat16 rule, not float32's."""
+    from refimpl.checkpoint import bf16_bits_to_float32, float32_to_bf16_bits
+    trace = our_trace("codec-decode")
+    rounded = [(k, bf16_bits_to_float32(float32_to_bf16_bits(v)) if v.dtype == np.float32 else v)
+               for k, v in trace.items]
+    tracing.Trace(rounded, {}).save(tmp_path / "bf16.safetensors")
+    official = str(TRACE_GOLDEN / "official_codec_decode.safetensors")
+    assert main(["compare", official, str(tmp_path / "bf16.safetensors"), "--precision", "bfloat16"]) == 0
+    assert main(["compare", official, str(tmp_path / "bf16.safetensors"), "--precision", "float32"]) == 1
+    assert "first divergence" in capsys.readouterr().out
