@@ -471,19 +471,22 @@ def check_prefixes(directory: str | os.PathLike, prefixes: Iterable[str], where:
 
 
 def write_safetensors_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], dtype: str = "float32",
-                           metadata: Mapping[str, str] | None = None) -> None:
-    """Write tensors as safetensors.  ``dtype`` is ``"float32"``, ``"float16"`` or ``"bfloat16"`` and
-    applies to floating tensors; integer tensors are stored as they are."""
+                           metadata: Mapping[str, str] | None = None, sort: bool = True) -> None:
+    """Write tensors as safetensors.  ``dtype`` is ``"float32"``, ``"float16"``, ``"bfloat16"`` or
+    ``"float64"`` and applies to floating tensors, or ``"keep"``: each floating tensor in its own dtype;
+    integer tensors are stored as they are.  The tensors are laid out in name order, or in the
+    mapping's order with ``sort=False``."""
     float_codes = {"float32": ("F32", np.dtype("<f4")), "float16": ("F16", np.dtype("<f2")),
-                   "bfloat16": ("BF16", None)}
-    if dtype not in float_codes:
-        raise ValueError(f"unsupported checkpoint dtype {dtype!r}; use float32, float16 or bfloat16")
+                   "bfloat16": ("BF16", None), "float64": ("F64", np.dtype("<f8"))}
+    own_codes = {np.dtype(v[1]): (v[0], v[1]) for k, v in float_codes.items() if v[1] is not None}
+    if dtype not in float_codes and dtype != "keep":
+        raise ValueError(f"unsupported checkpoint dtype {dtype!r}; use float32, float16, bfloat16 or float64")
     int_codes = {np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("uint8"): "U8", np.dtype("bool"): "BOOL"}
     header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
+    for name in (sorted(tensors) if sort else tensors):
         arr = np.asarray(tensors[name])
         if arr.dtype.kind == "f":
-            code, np_dtype = float_codes[dtype]
+            code, np_dtype = own_codes[arr.dtype] if dtype == "keep" else float_codes[dtype]
             data = float32_to_bf16_bits(arr.astype(np.float32)) if code == "BF16" else arr.astype(np_dtype)
         else:
             code = int_codes[arr.dtype]

@@ -422,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "parameters and memory.")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=cmd_info)
+
+    from .trace_commands import add_commands  # trace, compare, golden: the port author's tools
+    add_commands(sub, common)
     return p
 
 

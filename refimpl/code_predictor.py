@@ -25,6 +25,7 @@ import numpy as np
 from . import nn
 from .checkpoint import WeightSpec, WeightView, check_weights
 from .config import config_from_dict
+from .trace import NULL_RECORDER, Recorder, record_rope_and_mask
 from .transformer import QWEN3, KVCache, check_attention_config, layer_views, qwen3_layer_weight_spec, transformer_stack
 from .validate import check_code_predictor_config
 
@@ -108,11 +109,12 @@ class CodePredictor:
                              f"{ids.min()}..{ids.max()}")
         return self.w[f"model.codec_embedding.{group - 1}.weight"][ids]
 
-    def project(self, x_btc):
+    def project(self, x_btc, record: Recorder = NULL_RECORDER):
         """small_to_mtp_projection (talker width -> predictor width), the identity when they agree."""
-        if "small_to_mtp_projection.weight" not in self.w:
-            return x_btc
-        return nn.linear(x_btc, self.w["small_to_mtp_projection.weight"], self.w["small_to_mtp_projection.bias"])
+        if "small_to_mtp_projection.weight" in self.w:
+            x_btc = nn.linear(x_btc, self.w["small_to_mtp_projection.weight"], self.w["small_to_mtp_projection.bias"])
+        record("small_to_mtp_projection", x_btc)
+        return x_btc
 
     def new_caches(self, batch: int) -> list:
         """One empty KV cache per layer, sized for one frame (the predictor never sees more)."""
@@ -120,29 +122,39 @@ class CodePredictor:
         return [KVCache(batch, c.num_key_value_heads, c.head_dim, self.dtype, capacity=self.n_groups + 1)
                 for _ in range(c.num_hidden_layers)]
 
-    def step(self, x_btc, caches: list):
-        """Decoder pass over new positions (caches[0].length, ...): [B, T, talker width] -> hidden [B, T, C]."""
+    def step(self, x_btc, caches: list, record: Recorder = NULL_RECORDER):
+        """Decoder pass over new positions (caches[0].length, ...): [B, T, talker width] -> hidden [B, T, C].
+        ``record`` (scoped to the code predictor) receives its modules' outputs under the official names."""
         c = self.cfg
         B, T, _ = x_btc.shape
         start = caches[0].length
         positions_t = np.arange(start, start + T)
         cos_td, sin_td = nn.rope_cos_sin(positions_t, c.head_dim, c.rope_theta, self.dtype)
         mask = nn.AttentionMask(positions_t, np.arange(start + T))
-        h = transformer_stack(self.layers, QWEN3, c, self.project(x_btc), cos_td[None], sin_td[None], mask,
-                              caches, c.rms_norm_eps)
-        return nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
+        x_btc = self.project(x_btc, record)
+        model_record = record.scope("model.")
+        record_rope_and_mask(model_record, cos_td[None], sin_td[None], mask)
+        h = transformer_stack(self.layers, QWEN3, c, x_btc, cos_td[None], sin_td[None], mask,
+                              caches, c.rms_norm_eps, model_record)
+        h = nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
+        model_record("norm", h)
+        model_record.output(h)
+        return h
 
     def head(self, g: int, hidden_bc):
         """lm_head[g]: logits of code group g + 1."""
         return nn.linear(hidden_bc, self.w[f"lm_head.{g}.weight"])
 
-    def predict_frame(self, talker_hidden_bc, code0_emb_bc, choose: Callable, n_groups: int | None = None):
+    def predict_frame(self, talker_hidden_bc, code0_emb_bc, choose: Callable, n_groups: int | None = None,
+                      record: Recorder = NULL_RECORDER):
         """Codes 1..n_groups of one frame for every row.
 
         talker_hidden_bc  [B, H]  the talker's hidden state of the step that produced code 0
         code0_emb_bc      [B, H]  the talker's codec embedding of code 0
         choose(g, logits_bv) -> ids_b  picks code g + 1 from the logits of head g (see ``refimpl.sampling``)
-        returns codes [B, n_groups] (int64) and the logits they were chosen from [B, n_groups, V]."""
+        returns codes [B, n_groups] (int64) and the logits they were chosen from [B, n_groups, V].
+        ``record`` (scoped to the code predictor, ``talker.code_predictor.``) receives every module output;
+        the heads are traced over all new positions, as the official model computes them."""
         n_groups = self.n_groups if n_groups is None else n_groups
         B = talker_hidden_bc.shape[0]
         caches = self.new_caches(B)
@@ -150,8 +162,13 @@ class CodePredictor:
         codes = np.zeros((B, n_groups), dtype=np.int64)
         logits_gbv = []
         for g in range(n_groups):
-            h = self.step(x, caches)[:, -1]
+            h_btc = self.step(x, caches, record)
+            h = h_btc[:, -1]
             logits_gbv.append(self.head(g, h))
+            if record.enabled:
+                all_logits = self.head(g, h_btc)
+                record(f"lm_head.{g}", all_logits)
+                record.output(all_logits)
             codes[:, g] = choose(g, logits_gbv[-1])
             if g + 1 < n_groups:
                 x = self.embed(g + 1, codes[:, g])[:, None]

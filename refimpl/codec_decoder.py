@@ -28,7 +28,7 @@ import numpy as np
 from . import nn
 from .checkpoint import WeightSpec, WeightView
 from .config import config_from_dict
-from .trace import NULL_RECORDER, Recorder, as_recorder
+from .trace import NULL_RECORDER, Recorder, as_recorder, record_rope_and_mask
 from .transformer import CODEC_DECODER, SlidingKVCache, attention_weight_spec, check_attention_config, layer_views, transformer_stack
 from .validate import check_decoder_config
 
@@ -181,7 +181,7 @@ def dequantize_tables(w, cfg: DecoderConfig) -> dict:
     return tables
 
 
-def dequantize(w, cfg: DecoderConfig, codes_bqt, tables: dict):
+def dequantize(w, cfg: DecoderConfig, codes_bqt, tables: dict, record: Recorder = NULL_RECORDER):
     """Split RVQ: the semantic group (codes[:, 0]) and the acoustic groups (codes[:, 1:]) each sum
     their codebook rows, go through their own 1x1 output projection, and the two are added.
     codes [B, Q, T] -> [B, codebook_dim, T]."""
@@ -189,9 +189,13 @@ def dequantize(w, cfg: DecoderConfig, codes_bqt, tables: dict):
     for part, groups in (("rvq_first", range(0, 1)), ("rvq_rest", range(1, cfg.num_quantizers))):
         summed_btd = 0
         for layer, q in enumerate(groups):
-            summed_btd = summed_btd + tables[part][layer][codes_bqt[:, q, :]]  # [B, T, D/2]
+            rows_btd = tables[part][layer][codes_bqt[:, q, :]]                 # [B, T, D/2]
+            record(f"quantizer.{part}.vq.layers.{layer}.project_out", rows_btd)
+            summed_btd = summed_btd + rows_btd
         proj_oi = w[f"quantizer.{part}.output_proj.weight"][:, :, 0]
-        out = out + np.matmul(proj_oi, np.swapaxes(summed_btd, 1, 2))      # [B, D, T]
+        part_bdt = np.matmul(proj_oi, np.swapaxes(summed_btd, 1, 2))          # [B, D, T]
+        record(f"quantizer.{part}.output_proj", part_bdt)
+        out = out + part_bdt
     return out
 
 
@@ -207,16 +211,21 @@ def pre_transformer(w, cfg: DecoderConfig, x_btl, positions_t, caches=None, reco
     ``positions_t[0]``."""
     t = WeightView(w, "pre_transformer.")
     x_btc = nn.linear(x_btl, t["input_proj.weight"], t["input_proj.bias"])
+    record("input_proj", x_btc)
     cos_td, sin_td = nn.rope_cos_sin(positions_t, cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
     start = int(positions_t[0]) if len(positions_t) else 0
     n_cached = caches[0].kept if caches is not None else 0
     key_positions = np.arange(start - n_cached, start + len(positions_t))
     mask = nn.AttentionMask(positions_t, key_positions, cfg.sliding_window)
+    record_rope_and_mask(record, cos_td[None], sin_td[None], mask)
     layers = layer_views(w, "pre_transformer.layers.", cfg.num_hidden_layers)
     x_btc = transformer_stack(layers, CODEC_DECODER, cfg, x_btc, cos_td[None], sin_td[None], mask, caches,
                               cfg.rms_norm_eps, record)
     x_btc = nn.rms_norm(x_btc, t["norm.weight"], cfg.rms_norm_eps)
-    return nn.linear(x_btc, t["output_proj.weight"], t["output_proj.bias"])
+    record("norm", x_btc)
+    x_btc = nn.linear(x_btc, t["output_proj.weight"], t["output_proj.bias"])
+    record("output_proj", x_btc)
+    return x_btc
 
 
 # ----------------------------------------------------------------------------- 4./5. conv stages
@@ -226,67 +235,96 @@ def pre_transformer(w, cfg: DecoderConfig, x_btl, positions_t, caches=None, reco
 # (causal convs) or the unfinished output tail (transposed convs) from one push to the next.
 
 
-def convnext_block(w: WeightView, x_bct, states: dict, name: str):
-    """Depthwise causal conv k7 -> LayerNorm(1e-6) -> Linear(4C) -> GELU(erf) -> Linear(C) -> gamma, + x."""
+def causal_conv(w: WeightView, name: str, x_bct, states: dict, record: Recorder, **options):
+    """The causal conv ``{name}.conv`` (a wrapper module around a Conv1d; both record the same output)."""
+    y_bct = nn.causal_conv1d(x_bct, w[f"{name}.conv.weight"], w[f"{name}.conv.bias"], state=states.get(name),
+                             **options)
+    record(f"{name}.conv", y_bct)
+    record(name, y_bct)
+    return y_bct
+
+
+def transposed_conv(w: WeightView, name: str, x_bct, stride: int, states: dict, record: Recorder):
+    """The causal transposed conv ``{name}.conv``: the inner ConvTranspose1d's untrimmed output is
+    recorded as ``{name}.conv`` (computed again only when recording), the trimmed one as ``{name}``."""
+    weight, bias = w[f"{name}.conv.weight"], w[f"{name}.conv.bias"]
+    y_bct = nn.causal_conv_transpose1d(x_bct, weight, bias, stride, state=states.get(name))
+    if record.enabled:
+        record(f"{name}.conv", nn.conv_transpose1d(x_bct, weight, bias, stride))
+    record(name, y_bct)
+    return y_bct
+
+
+def snake(w: WeightView, name: str, x_bct, record: Recorder):
+    y_bct = nn.snake_beta(x_bct, w[f"{name}.alpha"], w[f"{name}.beta"])
+    record(name, y_bct)
+    return y_bct
+
+
+def convnext_block(w: WeightView, x_bct, states: dict, name: str, record: Recorder = NULL_RECORDER):
+    """Depthwise causal conv k7 -> LayerNorm(1e-6) -> Linear(4C) -> GELU(erf) -> Linear(C) -> gamma, + x.
+    ``w`` is a view of the block (``upsample.{i}.1.``); ``record`` is scoped to it too."""
     C = x_bct.shape[1]
-    h_bct = nn.causal_conv1d(x_bct, w["dwconv.conv.weight"], w["dwconv.conv.bias"], groups=C,
-                             state=states.get(f"{name}.dwconv"))
+    h_bct = causal_conv(w, "dwconv", x_bct, {"dwconv": states.get(f"{name}.dwconv")}, record, groups=C)
     h_btc = np.swapaxes(h_bct, 1, 2)
     h_btc = nn.layer_norm(h_btc, w["norm.weight"], w["norm.bias"], 1e-6)
-    h_btc = nn.gelu_erf(nn.linear(h_btc, w["pwconv1.weight"], w["pwconv1.bias"]))
+    record("norm", h_btc)
+    h_btc = nn.linear(h_btc, w["pwconv1.weight"], w["pwconv1.bias"])
+    record("pwconv1", h_btc)
+    h_btc = nn.gelu_erf(h_btc)
+    record("act", h_btc)
     h_btc = nn.linear(h_btc, w["pwconv2.weight"], w["pwconv2.bias"])
+    record("pwconv2", h_btc)
     return x_bct + np.swapaxes(w["gamma"] * h_btc, 1, 2)
 
 
-def upsample_stage(w, i: int, ratio: int, x_bct, states: dict):
+def upsample_stage(w, i: int, ratio: int, x_bct, states: dict, record: Recorder = NULL_RECORDER):
     """upsample.{i}: ConvTranspose (k = stride = ratio) then a ConvNeXt block."""
     u = WeightView(w, f"upsample.{i}.")
-    x_bct = nn.causal_conv_transpose1d(x_bct, u["0.conv.weight"], u["0.conv.bias"], ratio,
-                                       state=states.get(f"upsample.{i}.0"))
-    return convnext_block(u.sub("1."), x_bct, states, f"upsample.{i}.1")
+    x_bct = transposed_conv(u, "0", x_bct, ratio, {"0": states.get(f"upsample.{i}.0")}, record.scope(f"upsample.{i}."))
+    x_bct = convnext_block(u.sub("1."), x_bct, states, f"upsample.{i}.1", record.scope(f"upsample.{i}.1."))
+    record(f"upsample.{i}.1", x_bct)
+    return x_bct
 
 
-def residual_unit(u: WeightView, dilation: int, x_bct, states: dict, name: str):
-    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x))))."""
-    h = nn.snake_beta(x_bct, u["act1.alpha"], u["act1.beta"])
-    h = nn.causal_conv1d(h, u["conv1.conv.weight"], u["conv1.conv.bias"], dilation=dilation,
-                         state=states.get(f"{name}.conv1"))
-    h = nn.snake_beta(h, u["act2.alpha"], u["act2.beta"])
-    h = nn.causal_conv1d(h, u["conv2.conv.weight"], u["conv2.conv.bias"], state=states.get(f"{name}.conv2"))
+def residual_unit(u: WeightView, dilation: int, x_bct, states: dict, name: str, record: Recorder = NULL_RECORDER):
+    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))).  ``record`` is scoped to the unit."""
+    unit_states = {"conv1": states.get(f"{name}.conv1"), "conv2": states.get(f"{name}.conv2")}
+    h = snake(u, "act1", x_bct, record)
+    h = causal_conv(u, "conv1", h, unit_states, record, dilation=dilation)
+    h = snake(u, "act2", h, record)
+    h = causal_conv(u, "conv2", h, unit_states, record)
     return x_bct + h
 
 
-def waveform_block(w, i: int, rate: int, x_bct, states: dict):
+def waveform_block(w, i: int, rate: int, x_bct, states: dict, record: Recorder = NULL_RECORDER):
     """decoder.{i+1}: SnakeBeta -> ConvTranspose (k = 2 * rate, stride = rate, channels halve)
     -> residual units (dilations 1, 3, 9)."""
     name = f"decoder.{i + 1}.block"
     b = WeightView(w, name + ".")
-    x_bct = nn.snake_beta(x_bct, b["0.alpha"], b["0.beta"])
-    x_bct = nn.causal_conv_transpose1d(x_bct, b["1.conv.weight"], b["1.conv.bias"], rate,
-                                       state=states.get(f"{name}.1"))
+    record = record.scope(name + ".")
+    x_bct = snake(b, "0", x_bct, record)
+    x_bct = transposed_conv(b, "1", x_bct, rate, {"1": states.get(f"{name}.1")}, record)
     for j, dilation in enumerate(RESIDUAL_DILATIONS):
-        x_bct = residual_unit(b.sub(f"{j + 2}."), dilation, x_bct, states, f"{name}.{j + 2}")
+        x_bct = residual_unit(b.sub(f"{j + 2}."), dilation, x_bct, states, f"{name}.{j + 2}",
+                              record.scope(f"{j + 2}."))
+        record(f"{j + 2}", x_bct)
     return x_bct
 
 
 def conv_stages(w, cfg: DecoderConfig, x_bct, states: dict, record: Recorder = NULL_RECORDER):
     """Stages 4 and 5: [B, latent, T] -> [B, 1, T * samples_per_frame] (before the clamp)."""
+    w = WeightView(w)
     for i, ratio in enumerate(cfg.upsampling_ratios):
-        x_bct = upsample_stage(w, i, ratio, x_bct, states)
+        x_bct = upsample_stage(w, i, ratio, x_bct, states, record)
         record(f"upsample.{i}", x_bct)
-    x_bct = nn.causal_conv1d(x_bct, w["decoder.0.conv.weight"], w["decoder.0.conv.bias"],
-                             state=states.get("decoder.0"))
-    record("decoder.0", x_bct)
+    x_bct = causal_conv(w, "decoder.0", x_bct, states, record)
     for i, rate in enumerate(cfg.upsample_rates):
-        x_bct = waveform_block(w, i, rate, x_bct, states)
+        x_bct = waveform_block(w, i, rate, x_bct, states, record)
         record(f"decoder.{i + 1}", x_bct)
     n = len(cfg.upsample_rates)
-    x_bct = nn.snake_beta(x_bct, w[f"decoder.{n + 1}.alpha"], w[f"decoder.{n + 1}.beta"])
-    record(f"decoder.{n + 1}", x_bct)
-    x_bct = nn.causal_conv1d(x_bct, w[f"decoder.{n + 2}.conv.weight"], w[f"decoder.{n + 2}.conv.bias"],
-                             state=states.get(f"decoder.{n + 2}"))
-    record(f"decoder.{n + 2}", x_bct)
-    return x_bct
+    x_bct = snake(w, f"decoder.{n + 1}", x_bct, record)
+    return causal_conv(w, f"decoder.{n + 2}", x_bct, states, record)
 
 
 # ----------------------------------------------------------------------------- the whole decoder
@@ -299,10 +337,9 @@ def decode_stages(w, cfg: DecoderConfig, codes_bqt, tables: dict, state: "Decode
     T = codes_bqt.shape[-1]
     start = state.frames_done if state is not None else 0
     states = state.convs if state is not None else {}
-    x_bct = dequantize(w, cfg, codes_bqt, tables)
+    x_bct = dequantize(w, cfg, codes_bqt, tables, record)
     record("quantizer", x_bct)
-    x_bct = nn.causal_conv1d(x_bct, w["pre_conv.conv.weight"], w["pre_conv.conv.bias"], state=states.get("pre_conv"))
-    record("pre_conv", x_bct)
+    x_bct = causal_conv(WeightView(w), "pre_conv", x_bct, states, record)
     x_btc = pre_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), np.arange(start, start + T),
                             state.kv if state is not None else None, record.scope("pre_transformer."))
     record("pre_transformer", x_btc)

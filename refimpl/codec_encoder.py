@@ -243,16 +243,30 @@ def causal_conv(x_bct, w_oik, b_o, stride: int = 1, dilation: int = 1, pad_mode:
     return nn.conv1d(pad_for_causal_conv(x_bct, left, right, pad_mode), w_oik, b_o, stride, dilation)
 
 
-def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct):
+def named_causal_conv(w, name: str, x_bct, record: Recorder, **options):
+    """The MimiConv1d ``name`` (a wrapper around ``{name}.conv``; both record the same output)."""
+    y_bct = causal_conv(x_bct, w[f"{name}.conv.weight"], w.get(f"{name}.conv.bias"), **options)
+    record(f"{name}.conv", y_bct)
+    record(name, y_bct)
+    return y_bct
+
+
+def elu(name: str, x_bct, record: Recorder):
+    y_bct = nn.elu(x_bct)
+    record(name, y_bct)
+    return y_bct
+
+
+def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Recorder = NULL_RECORDER):
     """x + conv_k1(ELU(conv_k3(ELU(x)))): C -> C / compress -> C (the shortcut is a 1x1 conv if configured)."""
-    h = nn.elu(x_bct)
-    h = causal_conv(h, w[f"{p}.block.1.conv.weight"], w[f"{p}.block.1.conv.bias"], dilation=dilation,
-                    pad_mode=cfg.pad_mode)
-    h = nn.elu(h)
-    h = causal_conv(h, w[f"{p}.block.3.conv.weight"], w[f"{p}.block.3.conv.bias"], pad_mode=cfg.pad_mode)
+    h = elu(f"{p}.block.0", x_bct, record)
+    h = named_causal_conv(w, f"{p}.block.1", h, record, dilation=dilation, pad_mode=cfg.pad_mode)
+    h = elu(f"{p}.block.2", h, record)
+    h = named_causal_conv(w, f"{p}.block.3", h, record, pad_mode=cfg.pad_mode)
     if cfg.use_conv_shortcut:
-        x_bct = causal_conv(x_bct, w[f"{p}.shortcut.conv.weight"], w[f"{p}.shortcut.conv.bias"],
-                            pad_mode=cfg.pad_mode)
+        x_bct = named_causal_conv(w, f"{p}.shortcut", x_bct, record, pad_mode=cfg.pad_mode)
+    else:
+        record(f"{p}.shortcut", x_bct)  # an Identity module
     return x_bct + h
 
 
@@ -262,14 +276,12 @@ def seanet_encoder(w, cfg: EncoderConfig, x_bct, record: Recorder = NULL_RECORDE
     for kind, idx, details in seanet_layout(cfg):
         p = f"encoder.layers.{idx}"
         if kind == "conv":
-            stride = details[3]
-            x_bct = causal_conv(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], stride=stride,
-                                pad_mode=cfg.pad_mode)
+            x_bct = named_causal_conv(w, p, x_bct, record, stride=details[3], pad_mode=cfg.pad_mode)
         elif kind == "resblock":
-            x_bct = resnet_block(w, cfg, p, details[1], x_bct)
+            x_bct = resnet_block(w, cfg, p, details[1], x_bct, record)
+            record(p, x_bct)
         else:
-            x_bct = nn.elu(x_bct)
-        record(p, x_bct)
+            x_bct = elu(p, x_bct, record)
     return x_bct
 
 
@@ -298,10 +310,10 @@ def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", r
 # ----------------------------------------------------------------------------- 3. downsample
 
 
-def downsample(w, cfg: EncoderConfig, x_bct):
+def downsample(w, cfg: EncoderConfig, x_bct, record: Recorder = NULL_RECORDER):
     """25 Hz -> 12.5 Hz: causal conv, kernel 4, stride 2, no bias, padding by repeating the edge
     samples (this conv pads with ``replicate`` whatever the config's pad_mode)."""
-    return causal_conv(x_bct, w["downsample.conv.weight"], None, stride=DOWNSAMPLE_STRIDE, pad_mode="replicate")
+    return named_causal_conv(w, "downsample", x_bct, record, stride=DOWNSAMPLE_STRIDE, pad_mode="replicate")
 
 
 # ----------------------------------------------------------------------------- 4. residual vector quantisation
@@ -338,9 +350,10 @@ def nearest_rows(x_nd, e_kd, e_sq_k=None):
     return best_n.astype(np.int64), d_n2[:, 1] - d_n2[:, 0]
 
 
-def rvq_encode(w, part: str, tables: dict, latent_bct, n_layers: int):
+def rvq_encode(w, part: str, tables: dict, latent_bct, n_layers: int, record: Recorder = NULL_RECORDER):
     """One residual VQ: 1x1 input projection, then per layer pick the nearest row and subtract it.
-    [B, C, T] -> codes [n, B, T], margins [n, B, T], projected input [B, D, T]."""
+    [B, C, T] -> codes [n, B, T], margins [n, B, T], projected input [B, D, T].  ``record.extra``
+    receives each layer's input residual [B, T, D], chosen codes [B, T] and margins [B, T]."""
     proj = w.get(f"quantizer.{part}.input_proj.weight")
     x_bdt = np.matmul(proj[:, :, 0], latent_bct) if proj is not None else latent_bct
     B, D, T = x_bdt.shape
@@ -349,6 +362,10 @@ def rvq_encode(w, part: str, tables: dict, latent_bct, n_layers: int):
     for layer in range(n_layers):
         e_kd, e_sq_k = tables[part][layer]
         idx_n, margin_n = nearest_rows(residual_nd, e_kd, e_sq_k)
+        layer_name = f"quantizer.{part}.layers.{layer}."
+        record.extra(layer_name + "residual", residual_nd.reshape(B, T, D))
+        record.extra(layer_name + "codes", idx_n.reshape(B, T))
+        record.extra(layer_name + "margin", margin_n.reshape(B, T))
         residual_nd = residual_nd - e_kd[idx_n]
         codes.append(idx_n.reshape(B, T))
         margins.append(margin_n.reshape(B, T))
@@ -366,7 +383,7 @@ def split_rvq_encode(w, cfg: EncoderConfig, latent_bct, n_codes: int, tables=Non
     for part, n in zip(QUANTIZER_PARTS, (n_sem, n_codes - n_sem)):
         if n == 0:
             continue
-        c, m, projected = rvq_encode(w, part, tables, latent_bct, n)
+        c, m, projected = rvq_encode(w, part, tables, latent_bct, n, record)
         record(f"quantizer.{part}.input_proj", projected)
         codes.append(c)
         margins.append(m)
@@ -390,8 +407,7 @@ def encode_latent(w, cfg: EncoderConfig, audio_bn, attention: str = "full", trac
     record("encoder", x_bct)
     x_btc = encoder_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), attention, record.scope("encoder_transformer."))
     record("encoder_transformer", x_btc)
-    latent_bct = downsample(w, cfg, np.swapaxes(x_btc, 1, 2))
-    record("downsample", latent_bct)
+    latent_bct = downsample(w, cfg, np.swapaxes(x_btc, 1, 2), record)   # recorded as "downsample"
     return latent_bct
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import sampling
 from .prompt import assemble_batch
+from .trace import NULL_RECORDER, Recorder
 from .sampling import SamplingSettings
 from .validate import check_finite
 
@@ -77,9 +78,14 @@ def check_prompt_length(positions_bt, max_new_tokens: int, max_position_embeddin
 
 
 def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
-                   eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None):
+                   eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None,
+                   record: Recorder = NULL_RECORDER):
     """Generate frame by frame: yields one int64 array [B, 16] per expanded frame, as soon as it is made.
-    A row that already produced EOS gets frames whose code 0 is EOS (cut them, see ``generate_codes``)."""
+    A row that already produced EOS gets frames whose code 0 is EOS (cut them, see ``generate_codes``).
+
+    ``record`` (a root ``Recorder``) receives every module output of the Talker and the code predictor
+    under the official names (``talker.model.layers.0.mlp:3``... once named by ``CallLog.named``) and,
+    under ``refimpl.talker.``, the prompt, the scores after each sampling step and the chosen ids."""
     settings.validate()
     trace = trace if trace is not None else _NoTrace()
     embeds, valid, positions, trailing = assemble_batch(prompts_th, trailing_nh, pad_vector_h)
@@ -87,32 +93,46 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
     if not 0 <= eos_id < talker.cfg.vocab_size:  # an EOS that can never be drawn: generation would never stop
         raise ValueError(f"eos_token_id {eos_id} is outside the talker vocabulary [0, {talker.cfg.vocab_size})")
     trace.set(prompt_embeds=embeds, key_valid=valid, positions=positions, trailing=trailing)
+    extra = record.extra_scope("talker.")
+    extra("prompt.embeds", embeds)
+    extra("prompt.key_valid", valid)
+    extra("prompt.positions", positions)
+    extra("prompt.trailing", trailing)
+    extra("prompt.tts_pad", np.asarray(pad_vector_h))
     B = embeds.shape[0]
     G = talker.cfg.num_code_groups
     pad_vector = np.asarray(pad_vector_h, dtype=embeds.dtype)
 
+    sub_extra = extra.scope("code_predictor.sampling.")
+
     def choose_sub(g, logits_bv):
         check_finite(logits_bv, f"code predictor (group {g + 1} logits)", NON_FINITE_HINT)
-        return sampling.choose(sampling.subtalker_scores(logits_bv, settings), settings.subtalker_dosample, rng)
+        sub_extra("logits", logits_bv)
+        ids = sampling.choose(sampling.subtalker_scores(logits_bv, settings, sub_extra), settings.subtalker_dosample,
+                              rng)
+        sub_extra("chosen", ids)
+        return ids
 
     caches = talker.new_caches(B)
-    hidden = talker.forward(embeds, positions, valid, caches)[:, -1]                    # prefill
-    logits = talker.logits(hidden)
+    hidden, logits = talker_step(talker, embeds, positions, valid, caches, record)      # prefill
     check_finite(logits, "talker (prompt prefill logits)", NON_FINITE_HINT)
     trace.set(prefill_logits=logits)
     next_position = positions[:, -1] + 1
     previous = np.zeros((B, 0), dtype=np.int64)
     finished = np.zeros(B, dtype=bool)
     for step in range(settings.max_new_tokens):
-        scores = sampling.talker_scores(logits, previous, settings, eos_id)              # 1. code 0
+        extra("sampling.logits", logits)
+        scores = sampling.talker_scores(logits, previous, settings, eos_id, extra.scope("sampling."))  # 1. code 0
         code0 = np.where(finished, eos_id, sampling.choose(scores, settings.do_sample, rng))
+        extra("sampling.chosen", code0)
         previous = np.concatenate([previous, code0[:, None]], axis=1)
         finished |= code0 == eos_id
         trace.add("code0", code0)
         if finished.all() or step + 1 == settings.max_new_tokens:                        # 2. stop
             return
         rest, predictor_logits = talker.code_predictor.predict_frame(hidden, talker.embed_codec(code0),
-                                                                     choose_sub, G - 1)  # 3. codes 1..15
+                                                                     choose_sub, G - 1,
+                                                                     record.scope("talker.code_predictor."))  # 3.
         trace.add("predictor_logits", predictor_logits)
         frame = np.concatenate([code0[:, None], rest], axis=1)
         trace.add("frames", frame)
@@ -120,19 +140,35 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
         text_h = trailing[:, step] if step < trailing.shape[1] else np.broadcast_to(pad_vector, (B, pad_vector.size))
         x = (talker.embed_frames(frame) + text_h)[:, None]                                # 4. next input
         valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
-        hidden = talker.forward(x, next_position[:, None], valid, caches)[:, -1]
-        logits = talker.logits(hidden)
+        hidden, logits = talker_step(talker, x, next_position[:, None], valid, caches, record)
         check_finite(logits, f"talker (logits of generation step {step + 1})", NON_FINITE_HINT)
         next_position = next_position + 1
         trace.add("step_logits", logits)
 
 
+def talker_step(talker, x_btc, positions_bt, valid_bs, caches, record: Recorder = NULL_RECORDER):
+    """One Talker pass over new positions -> (hidden [B, H], logits [B, V]) at the last one.  When
+    tracing, the official modules ``talker.model``, ``talker.codec_head`` and ``talker`` are recorded
+    over all new positions, as the official forward computes them."""
+    hidden_btc = talker.forward(x_btc, positions_bt, valid_bs, caches, record.scope("talker.model."))
+    hidden = hidden_btc[:, -1]
+    logits = talker.logits(hidden)
+    if record.enabled:
+        record("talker.model", hidden_btc)
+        all_logits = talker.logits(hidden_btc)
+        record("talker.codec_head", all_logits)
+        record("talker", all_logits)
+    return hidden, logits
+
+
 def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
-                   eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None):
+                   eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None,
+                   record: Recorder = NULL_RECORDER):
     """Generate frames for a batch of prompts; returns one int64 array [T_i, 16] per item (each row cut
     before its first frame whose code 0 is EOS)."""
     G = talker.cfg.num_code_groups
-    frames = list(iterate_frames(talker, prompts_th, trailing_nh, pad_vector_h, settings, eos_id, rng, trace))
+    frames = list(iterate_frames(talker, prompts_th, trailing_nh, pad_vector_h, settings, eos_id, rng, trace,
+                                 record))
     B = len(prompts_th)
     codes_bt16 = np.stack(frames, axis=1) if frames else np.zeros((B, 0, G), dtype=np.int64)
     out = []

@@ -33,7 +33,7 @@ from .trace import NULL_RECORDER, Recorder
 __all__ = [
     "apply_repetition_penalty", "apply_min_new_tokens", "apply_suppression", "apply_temperature", "apply_top_k",
     "apply_top_p", "SamplingSettings", "talker_scores", "subtalker_scores", "sampling_warpers", "choose",
-    "suppressed_ids",
+    "suppressed_ids", "UniformDraws",
 ]
 
 
@@ -178,8 +178,44 @@ def sampling_warpers(scores_bv, temperature, top_k, top_p, record: Recorder = NU
     return scores_bv
 
 
-def choose(scores_bv, sample: bool, rng: np.random.Generator | None):
-    """argmax, or one draw per row from softmax(scores) by inverting the cumulative distribution."""
+class UniformDraws:
+    """The uniforms that sampling consumes, from a NumPy ``Generator`` or replayed from a recording.
+
+    Every call of ``random((B, 1))`` hands out B uniforms in [0, 1), one per batch row, and keeps them
+    in ``drawn``; ``recorded()`` is the whole sequence as one flat float64 vector in the order consumed
+    (call by call, row by row).  Given ``replay`` (such a vector, e.g. ``refimpl.random_draws`` of a
+    trace), the uniforms come from it instead, in the same order, so that the sampled codes repeat
+    exactly; running out of them is an error."""
+
+    def __init__(self, rng: np.random.Generator | None = None, replay=None):
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.replay = None if replay is None else np.asarray(replay, dtype=np.float64).reshape(-1)
+        self.used = 0
+        self.drawn = []
+
+    def random(self, size):
+        n = int(np.prod(size))
+        if self.replay is None:
+            u = self.rng.random(size)
+        else:
+            if self.used + n > self.replay.size:
+                raise ValueError(f"random_draws ran out: {self.replay.size} recorded uniforms, this run needs more")
+            u = self.replay[self.used:self.used + n].reshape(size)
+        self.used += n
+        self.drawn.append(np.asarray(u, dtype=np.float64).reshape(-1))
+        return u
+
+    def recorded(self) -> np.ndarray:
+        return np.concatenate(self.drawn) if self.drawn else np.zeros(0, dtype=np.float64)
+
+
+def choose(scores_bv, sample: bool, rng: "np.random.Generator | UniformDraws | None"):
+    """argmax, or one draw per row from softmax(scores) by inverting the cumulative distribution.
+
+    The sampling procedure, exactly (what a port replaying recorded uniforms must do): with one uniform
+    u in [0, 1) per row, in float64: p = softmax(scores) (ids at -inf get 0), c = cumsum(p),
+    id = the number of entries of c that are <= u * c[-1] (clamped to V - 1); if p[id] == 0 (only
+    possible by rounding at an edge), id = argmax(p)."""
     if not sample:
         return np.argmax(scores_bv, axis=-1).astype(np.int64)
     probs_bv = nn.softmax(np.asarray(scores_bv, dtype=np.float64), axis=-1)

@@ -31,7 +31,7 @@ from . import nn
 from .audio import audio_as_float, check_amplitude, check_sample_rate, resample
 from .checkpoint import CheckpointError, WeightSpec, check_weights, compute_dtype, read_checkpoint_weights, read_config
 from .config import config_from_dict
-from .trace import as_recorder
+from .trace import NULL_RECORDER, Recorder, as_recorder
 from .validate import check_speaker_encoder_config, raise_non_finite_stage
 
 __all__ = ["SpeakerEncoderConfig", "speaker_encoder_weight_spec", "speaker_encoder_checkpoint_spec",
@@ -278,12 +278,17 @@ def relu(x):
     return np.maximum(x, 0)
 
 
-def tdnn(w, p, x_bct, dilation: int = 1):
-    """TDNN block: ReLU(reflect-"same" conv)."""
-    return relu(reflect_same_conv1d(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation))
+def tdnn(w, p, x_bct, dilation: int = 1, record: Recorder = NULL_RECORDER):
+    """TDNN block: ReLU(reflect-"same" conv).  Records ``{p}.conv``, ``{p}.activation`` and ``{p}``."""
+    h = reflect_same_conv1d(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation)
+    record(f"{p}.conv", h)
+    h = relu(h)
+    record(f"{p}.activation", h)
+    record(p, h)
+    return h
 
 
-def res2net(w, p, x_bct, scale: int, dilation: int):
+def res2net(w, p, x_bct, scale: int, dilation: int, record: Recorder = NULL_RECORDER):
     """Res2Net: split the channels into ``scale`` groups; group 0 passes through, group 1 goes
     through its TDNN, and each later group j goes through its TDNN after adding the output of
     group j - 1 (a cascade that widens the receptive field); the outputs are concatenated."""
@@ -292,29 +297,33 @@ def res2net(w, p, x_bct, scale: int, dilation: int):
     previous = None
     for j in range(1, scale):
         inp = groups[j] if previous is None else groups[j] + previous
-        previous = tdnn(w, f"{p}.blocks.{j - 1}", inp, dilation)
+        previous = tdnn(w, f"{p}.blocks.{j - 1}", inp, dilation, record)
         outputs.append(previous)
     return np.concatenate(outputs, axis=1)
 
 
-def squeeze_excitation(w, p, x_bct):
+def squeeze_excitation(w, p, x_bct, record: Recorder = NULL_RECORDER):
     """Channel gates from the time average: x * sigmoid(W2 ReLU(W1 mean_t(x) + b1) + b2)."""
     mean_bc1 = np.mean(x_bct, axis=2, keepdims=True)
-    squeezed = relu(nn.conv1d(mean_bc1, w[f"{p}.conv1.weight"], w[f"{p}.conv1.bias"]))
-    gates_bc1 = special.expit(nn.conv1d(squeezed, w[f"{p}.conv2.weight"], w[f"{p}.conv2.bias"]))
+    squeezed = nn.conv1d(mean_bc1, w[f"{p}.conv1.weight"], w[f"{p}.conv1.bias"])
+    record(f"{p}.conv1", squeezed)
+    squeezed = relu(squeezed)
+    record(f"{p}.relu", squeezed)
+    gates_bc1 = nn.conv1d(squeezed, w[f"{p}.conv2.weight"], w[f"{p}.conv2.bias"])
+    record(f"{p}.conv2", gates_bc1)
+    gates_bc1 = special.expit(gates_bc1)
+    record(f"{p}.sigmoid", gates_bc1)
     return x_bct * gates_bc1
 
 
 def se_res2net_block(w, cfg: SpeakerEncoderConfig, i: int, x_bct, record):
     """TDNN k1 -> Res2Net (kernel k_i, dilation d_i) -> TDNN k1 -> squeeze-excitation, + x."""
     p = f"blocks.{i}"
-    h = tdnn(w, f"{p}.tdnn1", x_bct)
-    record(f"{p}.tdnn1", h)
-    h = res2net(w, f"{p}.res2net_block", h, cfg.enc_res2net_scale, cfg.enc_dilations[i])
+    h = tdnn(w, f"{p}.tdnn1", x_bct, record=record)
+    h = res2net(w, f"{p}.res2net_block", h, cfg.enc_res2net_scale, cfg.enc_dilations[i], record)
     record(f"{p}.res2net_block", h)
-    h = tdnn(w, f"{p}.tdnn2", h)
-    record(f"{p}.tdnn2", h)
-    h = squeeze_excitation(w, f"{p}.se_block", h)
+    h = tdnn(w, f"{p}.tdnn2", h, record=record)
+    h = squeeze_excitation(w, f"{p}.se_block", h, record)
     record(f"{p}.se_block", h)
     return h + x_bct
 
@@ -336,9 +345,10 @@ def attentive_statistics_pooling(w, x_bct, record):
     context_b3ct = np.concatenate([x_bct, np.repeat(mean_bc[:, :, None], T, axis=2),
                                    np.repeat(std_bc[:, :, None], T, axis=2)], axis=1)
     record("asp.context", context_b3ct)
-    h = tdnn(w, "asp.tdnn", context_b3ct)
-    record("asp.tdnn", h)
-    logits_bct = nn.conv1d(np.tanh(h), w["asp.conv.weight"], w["asp.conv.bias"])
+    h = tdnn(w, "asp.tdnn", context_b3ct, record=record)
+    h = np.tanh(h)
+    record("asp.tanh", h)
+    logits_bct = nn.conv1d(h, w["asp.conv.weight"], w["asp.conv.bias"])
     record("asp.conv", logits_bct)
     weights_bct = nn.softmax(logits_bct, axis=2)
     record("asp.weights", weights_bct)
@@ -354,15 +364,13 @@ def encode_mels(w, cfg: SpeakerEncoderConfig, mels_btm, trace=None):
     If ``trace`` is a dict (or a ``Recorder``), the output of every stage (see ``STAGES``) is stored in it."""
     record = as_recorder(trace)
     x_bct = np.swapaxes(mels_btm, 1, 2)
-    x_bct = tdnn(w, "blocks.0", x_bct, cfg.enc_dilations[0])
-    record("blocks.0", x_bct)
+    x_bct = tdnn(w, "blocks.0", x_bct, cfg.enc_dilations[0], record)
     block_outputs = []
     for i in range(1, len(cfg.enc_channels) - 1):
         x_bct = se_res2net_block(w, cfg, i, x_bct, record)
         record(f"blocks.{i}", x_bct)
         block_outputs.append(x_bct)
-    x_bct = tdnn(w, "mfa", np.concatenate(block_outputs, axis=1), cfg.enc_dilations[-1])
-    record("mfa", x_bct)
+    x_bct = tdnn(w, "mfa", np.concatenate(block_outputs, axis=1), cfg.enc_dilations[-1], record)
     pooled_bc1 = attentive_statistics_pooling(w, x_bct, record)
     xvec_bd1 = nn.conv1d(pooled_bc1, w["fc.weight"], w["fc.bias"])
     record("fc", xvec_bd1)

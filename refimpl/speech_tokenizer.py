@@ -103,23 +103,25 @@ class SpeechTokenizer:
 
     # ------------------------------------------------------------------ decoding
 
-    def _decode_frames(self, codes_tq: np.ndarray) -> np.ndarray:
+    def _decode_frames(self, codes_tq: np.ndarray, trace=None) -> np.ndarray:
         """One causal pass over [T, Q] valid codes -> [T * samples_per_frame]."""
         codes_bqt = codes_tq.T[None]
         if codes_tq.shape[0] == 0:
             return np.zeros(0, dtype=self.dtype)
-        wav = codec_decoder.decode_codes(self.decoder_weights, self.decoder_config, codes_bqt, tables=self.codebooks)
+        wav = codec_decoder.decode_codes(self.decoder_weights, self.decoder_config, codes_bqt, trace,
+                                          tables=self.codebooks)
         if not np.isfinite(wav).all():
             raise_non_finite_stage("codec decoder", lambda trace: codec_decoder.decode_codes(
                 self.decoder_weights, self.decoder_config, codes_bqt, trace=trace, tables=self.codebooks))
         return wav[0]
 
-    def decode_full(self, codes):
+    def decode_full(self, codes, trace=None):
         """One causal pass over the whole sequence (no chunking): [T, 16] -> [T * 1920].
-        A list of sequences gives a list of waveforms."""
+        A list of sequences gives a list of waveforms.  ``trace`` (a dict or ``Recorder``) receives every
+        module's output (``refimpl.tracing``)."""
         if self._is_batch(codes):
-            return [self.decode_full(c) for c in codes]
-        return self._decode_frames(self.check_codes(codes, allow_padding=False))
+            return [self.decode_full(c, trace) for c in codes]
+        return self._decode_frames(self.check_codes(codes, allow_padding=False), trace)
 
     def decode(self, codes):
         """Decode like the official ``Qwen3TTSTokenizer.decode``: [T, 16] -> [n_valid * 1920].
@@ -178,8 +180,9 @@ class SpeechTokenizer:
 
         A list of waveforms is encoded as one batch, like the official encode: each is padded with zeros
         on the right to the longest, and each result is cut to ceil(own length / 1920) frames (so the last,
-        partial, frame of a shorter input can differ from encoding it alone).  ``trace`` (a dict) receives
-        the batch's per-stage intermediates, see ``codec_encoder.encode_audio``."""
+        partial, frame of a shorter input can differ from encoding it alone).  ``trace`` (a dict or
+        ``Recorder``; also accepted by ``encode`` and ``encode_latent``) receives every module's output
+        (``codec_encoder.encode_audio``, ``refimpl.tracing``)."""
         batch = SpeechTokenizer._is_audio_batch(audio)
         items = list(audio) if batch else [audio]
         if not items:
@@ -208,7 +211,7 @@ class SpeechTokenizer:
                                    out.margins_bqt[i, :, :T].T.copy()))
         return results if batch else results[0]
 
-    def encode(self, audio, sr: int | None = None, encoder_attention: str = "full"):
+    def encode(self, audio, sr: int | None = None, encoder_attention: str = "full", trace=None):
         """Audio -> codes, like the official ``Qwen3TTSTokenizer.encode``: a 1-D array of N samples at
         ``sr`` Hz -> int64 ``[ceil(N / 1920), 16]``; a list of arrays -> a list (encoded as one batch).
 
@@ -216,13 +219,13 @@ class SpeechTokenizer:
         (``refimpl.audio.resample``: soxr HQ, as the official); stereo ``[N, 2]`` or ``[2, N]`` is averaged to mono with a warning.
         ``encoder_attention``: "full" (the official CPU result) or "sliding" (the config's window, as the
         official flash-attention path); see ``refimpl.codec_encoder``."""
-        out = self.encode_detailed(audio, sr, encoder_attention)
+        out = self.encode_detailed(audio, sr, encoder_attention, trace)
         return [e.codes for e in out] if isinstance(out, list) else out.codes
 
-    def encode_latent(self, audio, sr: int | None = None, encoder_attention: str = "full"):
+    def encode_latent(self, audio, sr: int | None = None, encoder_attention: str = "full", trace=None):
         """The continuous latent before quantisation, ``[ceil(N / 1920), hidden_size]`` (the transpose of
         the official ``[1, hidden, T]`` downsample output); a list for a list input."""
-        out = self.encode_detailed(audio, sr, encoder_attention)
+        out = self.encode_detailed(audio, sr, encoder_attention, trace)
         return [e.latent for e in out] if isinstance(out, list) else out.latent
 
     @staticmethod

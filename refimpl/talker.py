@@ -37,7 +37,7 @@ from . import nn
 from .checkpoint import CheckpointError, WeightSpec, WeightView, check_weights
 from .code_predictor import CodePredictor, CodePredictorConfig, code_predictor_weight_spec
 from .config import config_from_dict
-from .trace import as_recorder
+from .trace import as_recorder, record_rope_and_mask
 from .transformer import QWEN3, KVCache, check_attention_config, layer_views, qwen3_layer_weight_spec, transformer_stack
 from .validate import check_talker_config
 
@@ -259,9 +259,12 @@ class Talker:
             raise ValueError(f"key_valid must be [B, cache length + T] = {(B, S)}, got {key_valid_bs.shape}")
         # causal over cache indices (not rotary positions, which restart after left padding); padding unseen
         mask = nn.AttentionMask(np.arange(start, S), np.arange(S), key_valid_bs=key_valid_bs)
-        h = transformer_stack(self.layers, QWEN3, c, x, cos_btd, sin_btd, mask, caches, c.rms_norm_eps,
-                              as_recorder(trace))
-        return nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
+        record = as_recorder(trace)
+        record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope=True)
+        h = transformer_stack(self.layers, QWEN3, c, x, cos_btd, sin_btd, mask, caches, c.rms_norm_eps, record)
+        h = nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
+        record("norm", h)
+        return h
 
     def logits(self, hidden_btc):
         """codec_head: [..., H] -> [..., vocab_size]."""

@@ -45,11 +45,15 @@ class LayerKind:
     qk_norm: bool        # RMSNorm of each query / key head before RoPE (Qwen3)
     mlp: str             # "swiglu" (gate_proj, up_proj, down_proj) or "gelu" (fc1, fc2)
     layer_scale: bool    # per-channel scales self_attn_layer_scale / mlp_layer_scale on both branches
+    qk_norm_modules: bool = True  # the official layer has q_norm / k_norm modules (Identity without qk_norm)
+    layer_rotary: bool = False    # the official attention has its own rotary module (Mimi)
+                                  # (these two only say what a trace records, see refimpl.tracing)
 
 
 QWEN3 = LayerKind(norm="rms", qk_norm=True, mlp="swiglu", layer_scale=False)
 CODEC_DECODER = LayerKind(norm="rms", qk_norm=False, mlp="swiglu", layer_scale=True)
-CODEC_ENCODER = LayerKind(norm="layer", qk_norm=False, mlp="gelu", layer_scale=True)
+CODEC_ENCODER = LayerKind(norm="layer", qk_norm=False, mlp="gelu", layer_scale=True, qk_norm_modules=False,
+                          layer_rotary=True)
 
 
 # ----------------------------------------------------------------------------- weights and configs
@@ -186,21 +190,32 @@ def norm(w: WeightView, kind: LayerKind, x_btc, eps: float):
 
 
 def attention_block(a: WeightView, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd, allowed, cache=None,
-                    eps: float = 0.0):
+                    eps: float = 0.0, record: Recorder = NULL_RECORDER):
     """Self-attention of one layer: [B, T, C] -> [B, T, C].
 
     ``cfg`` gives num_attention_heads (H), num_key_value_heads (G) and head_dim (D); ``cos_btd`` and
     ``sin_btd`` are the rotary tables of the new positions ([B or 1, T, D]); ``allowed`` says which keys
     each query sees (an ``nn.AttentionMask``; S = the cached positions followed by the new ones);
-    ``eps`` is the q/k RMSNorm epsilon (Qwen3)."""
+    ``eps`` is the q/k RMSNorm epsilon (Qwen3).  ``record`` receives each projection and norm under its
+    official module name (``q_proj`` [B, T, H*D], ``q_norm`` [B, T, H, D], ...)."""
     B, T, _ = x_btc.shape
     H, G, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_bthd = nn.linear(x_btc, a["q_proj.weight"], a.get("q_proj.bias")).reshape(B, T, H, D)
-    k_btgd = nn.linear(x_btc, a["k_proj.weight"], a.get("k_proj.bias")).reshape(B, T, G, D)
-    v_btgd = nn.linear(x_btc, a["v_proj.weight"], a.get("v_proj.bias")).reshape(B, T, G, D)
+    record("q_proj", q_bthd.reshape(B, T, H * D))
     if kind.qk_norm:
         q_bthd = nn.rms_norm(q_bthd, a["q_norm.weight"], eps)
+    if kind.qk_norm_modules:
+        record("q_norm", q_bthd)
+    k_btgd = nn.linear(x_btc, a["k_proj.weight"], a.get("k_proj.bias")).reshape(B, T, G, D)
+    record("k_proj", k_btgd.reshape(B, T, G * D))
+    if kind.qk_norm:
         k_btgd = nn.rms_norm(k_btgd, a["k_norm.weight"], eps)
+    if kind.qk_norm_modules:
+        record("k_norm", k_btgd)
+    v_btgd = nn.linear(x_btc, a["v_proj.weight"], a.get("v_proj.bias")).reshape(B, T, G, D)
+    record("v_proj", v_btgd.reshape(B, T, G * D))
+    if kind.layer_rotary:
+        record("rotary_emb", cos_btd)
     q_bhtd = nn.apply_rope(q_bthd.transpose(0, 2, 1, 3), cos_btd[:, None], sin_btd[:, None])
     k_bgtd = nn.apply_rope(k_btgd.transpose(0, 2, 1, 3), cos_btd[:, None], sin_btd[:, None])
     v_bgtd = v_btgd.transpose(0, 2, 1, 3)
@@ -208,38 +223,65 @@ def attention_block(a: WeightView, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd
         k_bgtd, v_bgtd = cache.append(k_bgtd, v_bgtd)
     out_bhtd = nn.attention(q_bhtd, k_bgtd, v_bgtd, allowed, scale=D ** -0.5)
     out_btc = out_bhtd.transpose(0, 2, 1, 3).reshape(B, T, H * D)
-    return nn.linear(out_btc, a["o_proj.weight"], a.get("o_proj.bias"))
+    out_btc = nn.linear(out_btc, a["o_proj.weight"], a.get("o_proj.bias"))
+    record("o_proj", out_btc)
+    return out_btc
 
 
-def swiglu_mlp(m: WeightView, x_btc):
+def swiglu_mlp(m: WeightView, x_btc, record: Recorder = NULL_RECORDER):
     """down_proj(silu(gate_proj(x)) * up_proj(x))."""
-    gate = nn.silu(nn.linear(x_btc, m["gate_proj.weight"]))
+    gate = nn.linear(x_btc, m["gate_proj.weight"])
+    record("gate_proj", gate)
+    gate = nn.silu(gate)
+    record("act_fn", gate)
     up = nn.linear(x_btc, m["up_proj.weight"])
-    return nn.linear(gate * up, m["down_proj.weight"])
+    record("up_proj", up)
+    down = nn.linear(gate * up, m["down_proj.weight"])
+    record("down_proj", down)
+    return down
 
 
-def gelu_mlp(m: WeightView, x_btc):
+def gelu_mlp(m: WeightView, x_btc, record: Recorder = NULL_RECORDER):
     """fc2(gelu(fc1(x))), the exact (erf) GELU."""
-    return nn.linear(nn.gelu_erf(nn.linear(x_btc, m["fc1.weight"])), m["fc2.weight"])
+    h = nn.linear(x_btc, m["fc1.weight"])
+    record("fc1", h)
+    h = nn.gelu_erf(h)
+    record("activation_fn", h)
+    out = nn.linear(h, m["fc2.weight"])
+    record("fc2", out)
+    return out
 
 
 def transformer_layer(lw: WeightView, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd, allowed, cache=None,
-                      eps: float = 1e-6):
-    """One pre-norm residual layer (the module docstring): [B, T, C] -> [B, T, C]."""
+                      eps: float = 1e-6, record: Recorder = NULL_RECORDER):
+    """One pre-norm residual layer (the module docstring): [B, T, C] -> [B, T, C].  ``record`` receives
+    every part under its official module name (``input_layernorm``, ``self_attn.q_proj``, ``mlp``, ...)."""
     h = norm(lw.sub("input_layernorm."), kind, x_btc, eps)
-    a = attention_block(lw.sub("self_attn."), kind, cfg, h, cos_btd, sin_btd, allowed, cache, eps)
-    x_btc = x_btc + (lw["self_attn_layer_scale.scale"] * a if kind.layer_scale else a)
+    record("input_layernorm", h)
+    a = attention_block(lw.sub("self_attn."), kind, cfg, h, cos_btd, sin_btd, allowed, cache, eps,
+                        record.scope("self_attn."))
+    record("self_attn", a)
+    if kind.layer_scale:
+        a = lw["self_attn_layer_scale.scale"] * a
+        record("self_attn_layer_scale", a)
+    x_btc = x_btc + a
     h = norm(lw.sub("post_attention_layernorm."), kind, x_btc, eps)
-    m = swiglu_mlp(lw.sub("mlp."), h) if kind.mlp == "swiglu" else gelu_mlp(lw.sub("mlp."), h)
-    return x_btc + (lw["mlp_layer_scale.scale"] * m if kind.layer_scale else m)
+    record("post_attention_layernorm", h)
+    mlp = swiglu_mlp if kind.mlp == "swiglu" else gelu_mlp
+    m = mlp(lw.sub("mlp."), h, record.scope("mlp."))
+    record("mlp", m)
+    if kind.layer_scale:
+        m = lw["mlp_layer_scale.scale"] * m
+        record("mlp_layer_scale", m)
+    return x_btc + m
 
 
 def transformer_stack(layers: list, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd, allowed, caches=None,
                       eps: float = 1e-6, record: Recorder = NULL_RECORDER):
     """Every layer in turn (no final norm: each stack has its own ending).  ``caches`` is None or one
-    cache per layer.  Each layer's output is recorded as ``layers.{i}``."""
+    cache per layer.  Each layer's output is recorded as ``layers.{i}``, its parts as ``layers.{i}.mlp``..."""
     for i, lw in enumerate(layers):
         x_btc = transformer_layer(lw, kind, cfg, x_btc, cos_btd, sin_btd, allowed,
-                                  None if caches is None else caches[i], eps)
+                                  None if caches is None else caches[i], eps, record.scope(f"layers.{i}."))
         record(f"layers.{i}", x_btc)
     return x_btc

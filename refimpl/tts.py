@@ -14,6 +14,9 @@ Sampling keywords (``do_sample, top_k, top_p, temperature, repetition_penalty, s
 subtalker_top_k, subtalker_top_p, subtalker_temperature, max_new_tokens``) default to the model's
 generation_config.json, then to the official hard defaults.  ``seed`` seeds the NumPy generator used for
 sampling; ``return_codes=True`` also returns the generated codes, one int64 array [T, 16] per item.
+``trace=`` (a dict or ``refimpl.trace.Recorder``) receives every module output under the official names
+and the uniforms consumed (``refimpl.random_draws``); ``random_draws=`` replays such uniforms instead of
+drawing them (docs/port_authors.md, ``refimpl.tracing``).
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from .audio import audio_as_float, check_sample_rate, read_wav
 from .checkpoint import CheckpointError, check_prefixes, compute_dtype, read_checkpoint_weights, read_config, read_json_object
 from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import TTSConfig, build_layout, embed_layout
-from .sampling import SamplingSettings
+from .sampling import SamplingSettings, UniformDraws
 from .speaker import SpeakerEncoder
 from .speech_tokenizer import SpeechTokenizer
 from .talker import Talker
+from .trace import NULL_RECORDER, Recorder, as_recorder
 from .text import assistant_prompt, instruct_prompt, load_text_tokenizer, reference_prompt
 
 __all__ = ["Qwen3TTS", "VoiceClonePromptItem", "HARD_DEFAULTS"]
@@ -75,6 +79,15 @@ def _per_text(texts: list, **arguments) -> list:
         sizes = ", ".join(f"{name}={len(values)}" for name, values in zip(arguments, out))
         raise ValueError(f"Batch size mismatch: text={len(texts)}, {sizes}")
     return out
+
+
+def record_layouts(record: Recorder, layouts: list) -> None:
+    """Trace the ids of each prompt (``refimpl.talker.prompt.{text_ids, codec_ids, trailing_ids}.{item}``;
+    codec_ids [T, 16] with -1 where a position has no codec part)."""
+    for i, lay in enumerate(layouts):
+        record.extra(f"talker.prompt.text_ids.{i}", np.asarray(lay.text_ids, dtype=np.int64))
+        record.extra(f"talker.prompt.codec_ids.{i}", np.asarray(lay.codec_codes, dtype=np.int64))
+        record.extra(f"talker.prompt.trailing_ids.{i}", np.asarray(lay.trailing_ids, dtype=np.int64))
 
 
 class Qwen3TTS:
@@ -171,12 +184,13 @@ class Qwen3TTS:
     def _settings(self, kwargs: dict):
         kwargs = dict(kwargs)
         seed = kwargs.pop("seed", None)
+        random_draws = kwargs.pop("random_draws", None)
         return_codes = bool(kwargs.pop("return_codes", False))
         eos = kwargs.pop("eos_token_id", None)
         unknown = sorted(k for k in kwargs if k not in _GEN_KEYS)
         if unknown:
             raise ValueError(f"unknown generation keyword(s) {unknown}; accepted: {list(_GEN_KEYS)} + seed, "
-                             "eos_token_id, return_codes")
+                             "eos_token_id, return_codes, random_draws, trace")
         merged = {}
         for k in _GEN_KEYS:
             v = kwargs.get(k)
@@ -184,16 +198,23 @@ class Qwen3TTS:
         settings = SamplingSettings(**merged)
         settings.validate()
         eos_id = self.config.talker_config.codec_eos_token_id if eos is None else int(eos)
-        return settings, np.random.default_rng(seed), return_codes, eos_id
+        return settings, UniformDraws(np.random.default_rng(seed), random_draws), return_codes, eos_id
 
     def generate_codes_from_layouts(self, layouts: list, speaker_vectors: list, settings: SamplingSettings, rng,
-                                    eos_id: int, trace: GenerationTrace | None = None) -> list:
-        """The model part of every mode: prompts (as ``PromptLayout``) -> codes [T, 16] per item."""
+                                    eos_id: int, trace: GenerationTrace | None = None,
+                                    record: Recorder = NULL_RECORDER) -> list:
+        """The model part of every mode: prompts (as ``PromptLayout``) -> codes [T, 16] per item.
+        ``record`` receives the module outputs (``refimpl.tracing``) and, when ``rng`` is a
+        ``UniformDraws``, every uniform consumed as ``refimpl.random_draws``."""
         cfg = self.config
+        record_layouts(record, layouts)
         prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors)]
         trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
         pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
-        return generate_codes(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace)
+        codes = generate_codes(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record)
+        if isinstance(rng, UniformDraws):
+            record.extra("random_draws", rng.recorded())
+        return codes
 
     def _finish(self, codes: list, return_codes: bool, ref_codes: list | None = None):
         wavs = []
@@ -215,11 +236,12 @@ class Qwen3TTS:
     def generate_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True, **kwargs):
         """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
         self._require_type("custom_voice", "generate_custom_voice")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
         self.last_trace = GenerationTrace()
         codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
-                                                 self.last_trace)
+                                                 self.last_trace, record)
         return self._finish(codes, return_codes)
 
     def stream_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True,
@@ -227,9 +249,10 @@ class Qwen3TTS:
         """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks of
         ``chunk_frames`` frames (chunk_frames * 1920 samples) while the frames are generated."""
         self._require_type("custom_voice", "stream_custom_voice")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, _, eos_id = self._settings(kwargs)
         layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
-        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames)
+        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames, record)
 
     def _custom_voice_layouts(self, text, speaker, language, instruct, non_streaming_mode) -> list:
         texts = _as_list(text)
@@ -253,11 +276,12 @@ class Qwen3TTS:
     def generate_voice_design(self, text, instruct, language=None, non_streaming_mode=True, **kwargs):
         """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
         self._require_type("voice_design", "generate_voice_design")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
         self.last_trace = GenerationTrace()
         codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
-                                                 self.last_trace)
+                                                 self.last_trace, record)
         return self._finish(codes, return_codes)
 
     def stream_voice_design(self, text, instruct, language=None, non_streaming_mode=True, chunk_frames: int = 4,
@@ -265,9 +289,10 @@ class Qwen3TTS:
         """Like ``generate_voice_design`` for ONE text, yielding float32 waveform chunks (see
         ``stream_custom_voice``)."""
         self._require_type("voice_design", "stream_voice_design")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, _, eos_id = self._settings(kwargs)
         layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
-        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames)
+        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames, record)
 
     def _voice_design_layouts(self, text, instruct, language, non_streaming_mode) -> list:
         texts = _as_list(text)
@@ -284,11 +309,15 @@ class Qwen3TTS:
 
     # ------------------------------------------------------------------ Base: voice clone
 
-    def extract_speaker_embedding(self, audio, sr: int = 24000):
-        """The x-vector [enc_dim] of mono audio (resampled to 24 kHz when ``sr`` differs)."""
+    def extract_speaker_embedding(self, audio, sr: int = 24000, trace=None):
+        """The x-vector [enc_dim] of mono audio (resampled to 24 kHz when ``sr`` differs).  ``trace`` (a dict
+        or ``Recorder``) receives every module's output under ``speaker_encoder.`` (``refimpl.tracing``)."""
         if self.speaker_encoder is None:
             raise ValueError(f"extract_speaker_embedding needs a 'base' model (this one is {self.tts_model_type!r})")
-        return self.speaker_encoder.embed(audio, sr)
+        record = as_recorder(trace).scope("speaker_encoder.")
+        xvec = self.speaker_encoder.embed(audio, sr, record)
+        record.output(xvec[None])
+        return xvec
 
     def _load_audio(self, a):
         if _is_audio_tuple(a):
@@ -306,8 +335,10 @@ class Qwen3TTS:
             return wav.astype(np.float32), int(sr)
         raise ValueError(f"Unsupported audio input type: {type(a).__name__}; pass (waveform, sr) or a WAV path")
 
-    def create_voice_clone_prompt(self, ref_audio, ref_text=None, x_vector_only_mode=False) -> list:
-        """Reference voice(s) -> ``VoiceClonePromptItem`` list: the reference codes (ICL mode) and x-vector."""
+    def create_voice_clone_prompt(self, ref_audio, ref_text=None, x_vector_only_mode=False, trace=None) -> list:
+        """Reference voice(s) -> ``VoiceClonePromptItem`` list: the reference codes (ICL mode) and x-vector.
+        ``trace`` receives the speaker encoder's module outputs (the codec encoder's are traced by
+        ``refimpl trace codec-encode``: the official object runs it outside ``Qwen3TTSModel.model``)."""
         self._require_type("base", "create_voice_clone_prompt")
         audios = _as_list(ref_audio)
         ref_texts = _as_list(ref_text) if isinstance(ref_text, list) else [ref_text] * len(audios)
@@ -327,7 +358,7 @@ class Qwen3TTS:
             codes = [self.speech_tokenizer.encode(w, sr=sr) for w, sr in loaded]
         items = []
         for (wav, sr), code, rt, xo in zip(loaded, codes, ref_texts, xvec):
-            emb = self.extract_speaker_embedding(wav, sr)
+            emb = self.extract_speaker_embedding(wav, sr, trace)
             items.append(VoiceClonePromptItem(ref_code=None if xo else np.asarray(code, dtype=np.int64),
                                               ref_spk_embedding=np.asarray(emb), x_vector_only_mode=bool(xo),
                                               icl_mode=bool(not xo), ref_text=rt))
@@ -338,12 +369,13 @@ class Qwen3TTS:
         """Speech in the voice of reference audio (Base models): x-vector only, or ICL (reference text +
         reference codes continue into the new text)."""
         self._require_type("base", "generate_voice_clone")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts, vectors, ref_codes = self._voice_clone_layouts(text, language, ref_audio, ref_text,
                                                                 x_vector_only_mode, voice_clone_prompt,
-                                                                non_streaming_mode)
+                                                                non_streaming_mode, record)
         self.last_trace = GenerationTrace()
-        codes = self.generate_codes_from_layouts(layouts, vectors, settings, rng, eos_id, self.last_trace)
+        codes = self.generate_codes_from_layouts(layouts, vectors, settings, rng, eos_id, self.last_trace, record)
         return self._finish(codes, return_codes, ref_codes)
 
     def stream_voice_clone(self, text, language=None, ref_audio=None, ref_text=None, x_vector_only_mode=False,
@@ -352,14 +384,15 @@ class Qwen3TTS:
         ``stream_custom_voice``); in ICL mode the reference codes are pushed through the streaming
         decoder first as left context and their audio is not yielded."""
         self._require_type("base", "stream_voice_clone")
+        record = as_recorder(kwargs.pop("trace", None))
         settings, rng, _, eos_id = self._settings(kwargs)
         layouts, vectors, ref_codes = self._voice_clone_layouts(text, language, ref_audio, ref_text,
                                                                 x_vector_only_mode, voice_clone_prompt,
-                                                                non_streaming_mode)
-        return self._stream(layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames)
+                                                                non_streaming_mode, record)
+        return self._stream(layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames, record)
 
     def _voice_clone_layouts(self, text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt,
-                             non_streaming_mode):
+                             non_streaming_mode, record: Recorder = NULL_RECORDER):
         texts = _as_list(text)
         self._check_texts(texts)
         (languages,) = _per_text(texts, language=(language, "Auto"))
@@ -368,7 +401,7 @@ class Qwen3TTS:
         if voice_clone_prompt is None:
             if ref_audio is None:
                 raise ValueError("Either `voice_clone_prompt` or `ref_audio` must be provided.")
-            items = self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only_mode)
+            items = self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only_mode, record)
         elif isinstance(voice_clone_prompt, dict):
             items = self._items_from_dict(voice_clone_prompt)
         elif isinstance(voice_clone_prompt, VoiceClonePromptItem):
@@ -399,14 +432,17 @@ class Qwen3TTS:
     def sample_rate(self) -> int:
         return int(self.speech_tokenizer.sample_rate)
 
-    def _stream(self, layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames):
+    def _stream(self, layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames,
+                record: Recorder = NULL_RECORDER):
         """Generator: frames -> the exact streaming decoder -> float32 chunks (the concatenation equals
-        ``SpeechTokenizer.decode_full`` of the codes, i.e. the official decode up to 300 frames)."""
+        ``SpeechTokenizer.decode_full`` of the codes, i.e. the official decode up to 300 frames).
+        ``record`` receives the generation's trace, as ``generate_codes_from_layouts``."""
         if len(layouts) != 1:
             raise ValueError(f"streaming takes one text at a time, got a batch of {len(layouts)}")
         if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, (int, np.integer)) or chunk_frames < 1:
             raise ValueError(f"chunk_frames must be a positive integer, got {chunk_frames!r}")
         cfg = self.config
+        record_layouts(record, layouts)
         prompts = [embed_layout(self.talker, layouts[0], vectors[0])]
         trailing = [self.talker.embed_text(layouts[0].trailing_ids)]
         pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
@@ -418,13 +454,15 @@ class Qwen3TTS:
             if ref_codes[0] is not None:
                 decoder.push(np.asarray(ref_codes[0], dtype=np.int64))  # left context only
             pending = []
-            for frame in iterate_frames(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace):
+            for frame in iterate_frames(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record):
                 pending.append(frame[0])
                 if len(pending) == chunk_frames:
                     yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
                     pending = []
             if pending:
                 yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
+            if isinstance(rng, UniformDraws):
+                record.extra("random_draws", rng.recorded())
 
         return chunks()
 

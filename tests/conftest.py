@@ -49,30 +49,27 @@ def backend(request):
 
 def assert_close_to_oracle(ours, off32, off64, precision: str, what: str, noise_factor: float = 4.0,
                            f64_rel: float = 1e-10):
-    """The tolerance policy of docs/golden.md.
+    """The tolerance policy of docs/golden.md, implemented once in ``refimpl.compare`` (``refimpl compare``
+    uses the same rule).
 
     float64: |ours - official_f64| <= f64_rel * max(1, max|official|).
     float32: the official float32 output itself differs from the float64 run by ``noise`` (measured here,
     from the golden file); ours may differ from official_f32 AND from official_f64 by at most
     noise_factor * noise + noise_factor * eps32 * max|official| (the second term keeps a floor where the
     measured noise happens to be tiny)."""
+    from refimpl.compare import check_against_oracle
     ours = np.asarray(ours)
-    off32 = np.asarray(off32, dtype=np.float64)
     off64 = np.asarray(off64, dtype=np.float64)
     assert ours.shape == off64.shape, f"{what}: shape {ours.shape} != official {off64.shape}"
-    scale = max(1.0, float(np.max(np.abs(off64)))) if off64.size else 1.0
+    c = check_against_oracle(ours, off32, off64, precision, noise_factor, f64_rel)
     if precision == "f64":
-        err = float(np.max(np.abs(ours - off64))) if ours.size else 0.0
-        tol = f64_rel * scale
-        assert err <= tol, f"{what} (float64): max |ours - official| = {err:.3e} > {tol:.3e}"
-        return err, tol
-    noise = float(np.max(np.abs(off32 - off64))) if off64.size else 0.0
-    tol = noise_factor * noise + noise_factor * F32_EPS * scale
-    err32 = float(np.max(np.abs(ours - off32))) if ours.size else 0.0
-    err64 = float(np.max(np.abs(ours - off64))) if ours.size else 0.0
-    assert err32 <= tol, f"{what} (float32): max |ours - official_f32| = {err32:.3e} > tol {tol:.3e} (noise {noise:.3e})"
-    assert err64 <= tol, f"{what} (float32): max |ours - official_f64| = {err64:.3e} > tol {tol:.3e} (noise {noise:.3e})"
-    return err32, tol
+        assert c.err64 <= c.tol, f"{what} (float64): max |ours - official| = {c.err64:.3e} > {c.tol:.3e}"
+        return c.err64, c.tol
+    assert c.err32 <= c.tol, (f"{what} (float32): max |ours - official_f32| = {c.err32:.3e} > tol {c.tol:.3e} "
+                              f"(noise {c.noise:.3e})")
+    assert c.err64 <= c.tol, (f"{what} (float32): max |ours - official_f64| = {c.err64:.3e} > tol {c.tol:.3e} "
+                              f"(noise {c.noise:.3e})")
+    return c.err32, c.tol
 
 
 @pytest.fixture(scope="session")

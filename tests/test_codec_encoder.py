@@ -123,7 +123,7 @@ def test_stages_match_official(tokenizers, name, prec):
     prefix = f"{name}/{prec}/full/stage/"
     stages = [k[len(prefix):] for k in GOLDEN.files if k.startswith(prefix)]
     assert {"encoder", "encoder_transformer", "downsample"} <= set(stages)
-    assert set(stages) == set(trace), "our trace names differ from the recorded stage names"
+    assert set(stages) <= set(trace), "a recorded stage is missing from our trace"
     for stage in stages:
         assert_close_to_oracle(trace[stage][0], GOLDEN[f"{name}/f32/full/stage/{stage}"],
                                GOLDEN[f"{name}/f64/full/stage/{stage}"], prec, f"{name} stage {stage}")
