@@ -121,8 +121,8 @@ class BF16Matrix:
     ndim = 2
 
     def __init__(self, bits_oi: np.ndarray):
-        if bits_oi.dtype != np.uint16 or bits_oi.ndim != 2:
-            raise ValueError(f"BF16Matrix holds uint16 words [O, I], got {bits_oi.dtype} {bits_oi.shape}")
+        if bits_oi.dtype != np.uint16 or bits_oi.ndim != 2 or not bits_oi.flags.c_contiguous:
+            raise ValueError(f"BF16Matrix holds C-contiguous uint16 words [O, I], got {bits_oi.dtype} {bits_oi.shape}")
         self.bits = bits_oi
 
     @property

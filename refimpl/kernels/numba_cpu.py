@@ -13,8 +13,9 @@ Compiled kernels are cached on disk (``cache=True``): next to this file when tha
 in the user's cache directory (``$XDG_CACHE_HOME/refimpl/numba`` or ``~/.cache/refimpl/numba``), else a
 temporary directory; ``NUMBA_CACHE_DIR`` set by the user wins.  Loops use 512-bit vectors where the
 processor has them (LLVM prefers 256-bit ones by default, which halves the speed of these loops).
-Parallel loops run on Numba's "workqueue" threads, which sleep between loops (``NUMBA_THREADING_LAYER``
-set by the user wins); ``NUMBA_NUM_THREADS`` sets their number (default: the cores).
+Parallel loops run on Numba's default (OpenMP) threads; ``NUMBA_NUM_THREADS`` sets their number (default:
+the cores).  The "workqueue" pool, whose threads sleep between loops, made a generation frame 1.5x slower
+here (its wake-up costs more than the 736 small products of a frame can hide; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -54,21 +55,13 @@ def _prefer_512_bit_vectors() -> None:
         os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
 
 
-def _threads_that_sleep() -> None:
-    """Numba's "workqueue" thread pool: its threads sleep between parallel loops.  The OpenMP pool spins
-    after each loop, and on a 2-core machine those spinning threads slow the BLAS calls that come next
-    (and any other OpenMP runtime in the process, e.g. PyTorch's); measured in docs/performance.md."""
-    os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
-
-
 _choose_cache_dir()
 _prefer_512_bit_vectors()
-_threads_that_sleep()
 
 import numba  # noqa: E402  (after the settings above, which Numba reads when imported)
 from llvmlite import ir  # noqa: E402
 from numba import prange  # noqa: E402
-from numba.core import types  # noqa: E402
+from numba.core import cgutils, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from .. import nn  # noqa: E402
@@ -183,12 +176,40 @@ def _bf16_to_f32(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Ask the processor to start loading array[index] into the cache (no effect on the result)."""
+    sig = types.void(array, index)
+
+    def codegen(context, builder, signature, args):
+        ptr = cgutils.get_item_pointer(context, builder, signature.args[0],
+                                       context.make_array(signature.args[0])(context, builder, args[0]), [args[1]],
+                                       wraparound=False)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, ir.IntType(8).as_pointer()), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                          ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+PREFETCH_ROWS_AHEAD = 8   # the weight rows a thread asks for while it multiplies the current one
+
+
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _bf16_rows_times(x_ni, bits_oi, out_no):
-    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x."""
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x.
+    Memory-bound: while row o is multiplied, row o + 8 is prefetched, one request per 64-byte line (the
+    weights are memory-mapped 4 KB pages, where the hardware prefetcher stops at every page end)."""
     O, I = bits_oi.shape
     N = x_ni.shape[0]
+    words = bits_oi.reshape(-1)
     for o in prange(O):
+        if o + PREFETCH_ROWS_AHEAD < O:
+            for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 32):
+                _prefetch(words, j)
         for n in range(N):
             acc = np.float32(0.0)
             for i in range(I):
@@ -196,11 +217,12 @@ def _bf16_rows_times(x_ni, bits_oi, out_no):
             out_no[n, o] = acc
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _widen_bf16_into(bits_oi, out_oi):
-    """out = the float32 values of the bfloat16 words (exact), in parallel over rows."""
+    """out = the float32 values of the bfloat16 words (exact).  One thread: it alternates with BLAS calls,
+    and Numba's parallel threads would still be spinning while BLAS's run (measured: 3x slower prompts)."""
     O, I = bits_oi.shape
-    for o in prange(O):
+    for o in range(O):
         for i in range(I):
             out_oi[o, i] = _bf16_to_f32(bits_oi[o, i])
 
