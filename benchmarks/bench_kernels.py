@@ -4,8 +4,9 @@
 
 For the memory-bound kernels the useful unit is bytes of weights read per second (GB/s), compared with the
 machine's own streaming bandwidth (measured here with a large array copy, reads + writes); for SnakeBeta,
-samples per second.  Shapes: one generation step of the 0.6B Talker (28 layers of q/k/v/o, gate/up/down) and
-the largest SnakeBeta of the codec decoder (96 channels at 24 kHz, 10 s).  Threads: NUMBA_NUM_THREADS and
+samples per second; for the convolutions, GFLOP/s.  Shapes: one generation step of the 0.6B Talker (q/k/v/o,
+gate/up/down of 4 layers), the largest SnakeBeta of the codec decoder (96 channels at 24 kHz, 10 s) and its
+largest convolutions.  Threads: NUMBA_NUM_THREADS and
 OPENBLAS_NUM_THREADS as set in the environment (printed).
 """
 
@@ -72,6 +73,20 @@ def main() -> None:
     print(f"SnakeBeta [1, 96, 240000]: numpy {1e3 * t_ref:.1f} ms ({n / t_ref / 1e9:.2f} G samples/s), "
           f"numba {1e3 * t_nb:.1f} ms ({n / t_nb / 1e9:.2f} G samples/s, x{t_ref / t_nb:.2f}); "
           f"bytes moved by numba {8 * n / t_nb / 1e9:.1f} GB/s")
+    conv_gflops(args.repeats)
+
+
+def conv_gflops(repeats: int) -> None:
+    """The codec decoder's largest convolutions (10 s of audio): residual-unit k7 convs of each block."""
+    rng = np.random.default_rng(1)
+    for C, T, dilation in ((768, 4000, 1), (384, 20000, 3), (192, 80000, 9)):
+        x = rng.standard_normal((1, C, T + 6 * dilation)).astype(np.float32)
+        w = (0.05 * rng.standard_normal((C, C, 7))).astype(np.float32)
+        flops = 2 * C * C * 7 * T
+        t_ref = best(lambda: nn.conv1d.reference(x, w, None, 1, dilation), max(3, repeats // 6))
+        t_twin = best(lambda: numba_cpu.conv1d(x, w, None, 1, dilation), max(3, repeats // 6))
+        print(f"conv1d k7 C={C} T={T} d={dilation}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
+              f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)")
 
 
 if __name__ == "__main__":
