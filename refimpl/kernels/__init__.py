@@ -83,8 +83,7 @@ def primitive(reference):
 
     @functools.wraps(reference)
     def dispatch(*args, **kwargs):
-        backend = _requested.get()
-        backend = backend[0] if backend is not None else active_backend()[0]
+        backend, _ = active_backend()
         if backend == "auto":
             first = args[0] if args else None
             backend = "numba" if getattr(first, "dtype", None) == np.float32 else "numpy"
