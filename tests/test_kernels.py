@@ -139,6 +139,19 @@ def test_linear_twin_reads_bf16_weights_as_stored(case):
     assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (n + 1) * np.finfo(np.float32).eps * abs_sum)
 
 
+def test_linear_twin_edge_shapes():
+    """No rows (an empty time axis), one weight row, one input channel: the kernel and the BLAS path agree
+    with the reference on shapes and values."""
+    rng = np.random.default_rng(5)
+    for O, I, rows in ((3, 5, (0,)), (1, 7, (2,)), (4, 1, (20,)), (2, 3, (1, 0, 3))):
+        w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
+        x = rng.standard_normal(rows + (I,)).astype(np.float32)
+        got, ref = numba_cpu.linear(x, w), nn.linear.reference(x, np.asarray(w))
+        assert got.shape == ref.shape == rows + (O,)
+        abs_sum = np.abs(x.astype(np.float64)) @ np.abs(np.asarray(w, dtype=np.float64)).T
+        assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
 def test_bf16_matrix_widens_exactly_where_used():
     bits = float32_to_bf16_bits(np.array([[1.5, -2.0, 3.140625], [0.0, 1e-3, 65280.0]], np.float32))
     m = BF16Matrix(bits)
