@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import load_npy_codes, write_atomically
 from .kernels import BACKENDS, active_backend, use_backend
 
 from . import __version__
@@ -104,7 +105,6 @@ def check_output_path(path: str) -> None:
 
 def write_output(path: str, data: bytes) -> None:
     """Bytes to a file (atomically) or, for "-", to standard output."""
-    from .files import write_atomically
     if path == STDIO:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
@@ -254,39 +254,14 @@ def cmd_codec_encode(args, say: Reporter) -> int:
 def read_codes(path: str) -> np.ndarray:
     """A .npy array of codes (from a file or, for "-", standard input); anything else names the file."""
     data = input_bytes(path, "a .npy file of codes")
-    name = "standard input" if data is not None else path
-    if data is None:
-        if not os.path.exists(path):
-            raise CliError(f"codes file {path} does not exist")
-        if os.path.isdir(path):
-            raise CliError(f"codes file {path} is a directory")
-        with open(path, "rb") as f:
-            data = f.read()
-    if data[:4] == b"PK\x03\x04":  # a zip file: np.savez
-        raise CliError(f"cannot read codes from {name}: it holds several arrays (an .npz archive), not one .npy array")
-    check_npy_header(data, name)
-    try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        raise CliError(f"cannot read codes from {name}: not a .npy file ({e or 'empty file'})") from None
-
-
-def check_npy_header(data: bytes, name: str) -> None:
-    """The .npy header's shape and dtype must fit the bytes that follow it (a header claiming more would
-    make numpy allocate the claimed size before finding out)."""
-    f = io.BytesIO(data)
-    try:
-        version = np.lib.format.read_magic(f)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(f)
-    except (ValueError, EOFError) as e:
-        raise CliError(f"cannot read codes from {name}: not a .npy file ({e or 'empty file'})") from None
-    if dtype.hasobject:
-        raise CliError(f"cannot read codes from {name}: it holds Python objects, not integer codes")
-    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if need > len(data) - f.tell():
-        raise CliError(f"cannot read codes from {name}: its header claims shape {tuple(shape)} of {dtype} "
-                       f"({need} bytes) but the file holds only {len(data) - f.tell()} (truncated file?)")
+    if data is not None:
+        return load_npy_codes(data, "standard input")
+    if not os.path.exists(path):
+        raise CliError(f"codes file {path} does not exist")
+    if os.path.isdir(path):
+        raise CliError(f"codes file {path} is a directory")
+    with open(path, "rb") as f:
+        return load_npy_codes(f.read(), path)
 
 
 def cmd_codec_decode(args, say: Reporter) -> int:

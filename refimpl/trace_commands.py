@@ -14,6 +14,7 @@ import numpy as np
 
 from . import tracing
 from .compare import PRECISIONS, compare_traces, report_json
+from .files import load_npy_codes
 
 __all__ = ["add_commands", "run_case", "run_cases", "read_cases"]
 
@@ -43,10 +44,13 @@ STAGE_MODELS = {"codec-decode": "default-customvoice", "codec-encode": "default-
 
 
 def read_codes(path) -> np.ndarray:
+    """The codes array of a .npy file, checked like ``refimpl codec decode`` input (``files.load_npy_codes``)."""
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read codes from {path}: {e}") from None
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read codes from {path}: {e.strerror or e}") from None
+    return load_npy_codes(data, str(path))
 
 
 def read_mono(path) -> tuple:
