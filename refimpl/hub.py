@@ -75,6 +75,8 @@ def resolve_model(name_or_path, kind: str | None = None, revision: str | None = 
     commit is read from ``refs/<revision>``) or a full 40-hex commit hash (default "main").  ``cache_dir``
     replaces the environment's cache directory.  Raises ``ModelNotFoundError`` (a ``CheckpointError``, so a
     ``ValueError``) naming every place it looked."""
+    if kind is not None and kind not in KIND_TO_EMBEDDED:
+        raise ValueError(f"kind must be one of {sorted(KIND_TO_EMBEDDED)} or None, not {kind!r}")
     if isinstance(name_or_path, Path):
         text = str(name_or_path)
     elif isinstance(name_or_path, str):

@@ -119,6 +119,8 @@ def test_bad_name_types():
         resolve_model(3)
     with pytest.raises(ModelNotFoundError, match="empty"):
         resolve_model("  ")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        resolve_model("default-base", kind="tts")
 
 
 def test_cli_model_takes_the_same_names(cache):
