@@ -82,11 +82,14 @@ class Reporter:
 
 
 def model_dir(args, kind: str, say: Reporter) -> Path:
-    if args.model:
-        return Path(args.model)
-    path = DEFAULT_MODELS[kind]
-    say(f"note: using the embedded default model ({path.name}): random weights, so the output is noise, "
-        f"not speech; {RELEASED_HINT}")
+    """The model directory of a command: ``--model`` is a directory, an embedded model name ("default" is the
+    embedded model of the command's ``kind``, or "default-base", ...) or a Hugging Face repo id found in the
+    local cache (``refimpl.hub.resolve_model``); without ``--model``, ``DEFAULT_MODELS[kind]``."""
+    from .hub import resolve_model
+    path = resolve_model(args.model, kind) if args.model else DEFAULT_MODELS[kind]
+    if path.resolve().parent == DATA:
+        say(f"note: using the embedded default model ({path.name}): random weights, so the output is noise, "
+            f"not speech; {RELEASED_HINT}")
     return path
 
 

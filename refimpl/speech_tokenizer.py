@@ -24,6 +24,7 @@ from .audio import audio_as_float, check_amplitude, check_sample_rate, resample
 from .checkpoint import (CheckpointError, check_prefixes, check_weights, compute_dtype, read_checkpoint_weights,
                          read_config)
 from .codec_decoder import DecoderConfig
+from .hub import resolve_model
 from .validate import check_codes, check_finite, check_speech_tokenizer_config, raise_non_finite_stage
 
 __all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir", "Encoded", "prepare_audio"]
@@ -76,9 +77,12 @@ class SpeechTokenizer:
         self._encoder = None
 
     @classmethod
-    def from_pretrained(cls, path, dtype=np.float32) -> "SpeechTokenizer":
+    def from_pretrained(cls, path, dtype=np.float32, revision: str | None = None) -> "SpeechTokenizer":
+        """Load a speech-tokenizer directory, or the speech_tokenizer/ of a model directory.  ``path`` may
+        also be an embedded model name or a Hugging Face repo id in the local cache
+        (``refimpl.hub.resolve_model``)."""
         dtype = compute_dtype(dtype)
-        directory = resolve_speech_tokenizer_dir(path)
+        directory = resolve_speech_tokenizer_dir(resolve_model(path, revision=revision))
         config = read_config(directory)
         if "decoder_config" not in config:
             raise CheckpointError(f"{directory}/config.json has no decoder_config: not a 12 Hz speech tokenizer")

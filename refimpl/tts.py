@@ -29,6 +29,7 @@ import numpy as np
 from .audio import audio_as_float, check_sample_rate, read_wav
 from .checkpoint import CheckpointError, check_prefixes, compute_dtype, read_checkpoint_weights, read_config, read_json_object
 from .generate import GenerationTrace, generate_codes, iterate_frames
+from .hub import resolve_model
 from .prompt import TTSConfig, build_layout, embed_layout
 from .sampling import SamplingSettings, UniformDraws
 from .speaker import SpeakerEncoder
@@ -111,13 +112,13 @@ class Qwen3TTS:
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def from_pretrained(cls, path, dtype=np.float32) -> "Qwen3TTS":
+    def from_pretrained(cls, path, dtype=np.float32, revision: str | None = None) -> "Qwen3TTS":
         """Load a model directory: config.json, model.safetensors (or shards), the text tokenizer files,
-        generation_config.json and speech_tokenizer/."""
+        generation_config.json and speech_tokenizer/.  ``path`` is a directory, an embedded model name
+        ("default", "default-base", ...) or a Hugging Face repo id in the local cache
+        ("Qwen/Qwen3-TTS-12Hz-0.6B-Base", at ``revision``); see ``refimpl.hub.resolve_model``."""
         dtype = compute_dtype(dtype)
-        directory = Path(path)
-        if not directory.is_dir():
-            raise CheckpointError(f"model directory {str(directory)!r} does not exist or is not a directory")
+        directory = resolve_model(path, revision=revision)
         config = read_config(directory)
         if "talker_config" not in config:
             raise CheckpointError(f"{directory}/config.json has no talker_config: not a Qwen3-TTS model")
