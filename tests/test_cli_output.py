@@ -112,6 +112,7 @@ def test_warnings_are_one_line_and_quiet_silences_them(tmp_path, capsys, monkeyp
     assert "warning: overflow encountered in scalar multiply" in err.splitlines()
     assert ("warning: 3 of 6 samples were outside [-1, 1] and clipped to 16-bit full scale (largest |sample| 2; "
             "a float WAV keeps them)") in err.splitlines()
+    # the 16-bit PCM rule, by definition: round(clip(x, -1, 1) * 32767)
     np.testing.assert_array_equal(wavfile.read(tmp_path / "o.wav")[1], [16384, 32767, -32767, 0, 32767, 32767])
     status, err = run(capsys, "codec", "decode", tmp_path / "codes.npy", "-o", tmp_path / "f.wav", "--float-wav")
     assert status == 0 and "clipped" not in err
