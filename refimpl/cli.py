@@ -545,7 +545,7 @@ def main(argv=None) -> int:
     say = Reporter(getattr(args, "quiet", False))
     args.dtype_np = np.float64 if getattr(args, "dtype", "float32") == "float64" else np.float32
     try:
-        if getattr(args, "output", None) is not None:
+        if getattr(args, "output", None) is not None and args.command != "golden":  # golden -o names a directory
             check_output_path(args.output)
         with warnings.catch_warnings(), \
                 use_backend(args.backend, "--backend") if getattr(args, "backend", None) else contextlib.nullcontext():

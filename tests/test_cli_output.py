@@ -147,3 +147,15 @@ def test_codec_help_describes_the_action(capsys, action, words):
         cli.main(["codec", action, "--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and words in out
+
+
+def test_trace_and_golden_show_progress(tmp_path, capsys):
+    status, err = run(capsys, "trace", "say", "Hello.", "--speaker", "dylan", "--max-new-tokens", "4", "-o",
+                      tmp_path / "say.safetensors")
+    assert status == 0 and "generating frames: 3 frames [" in err, err
+    (tmp_path / "cases.jsonl").write_text('{"name": "a", "stage": "codec-decode", "input": [[1, 2, 3, 4, 5, 6, 7, 8, 9, '
+                                          '10, 11, 12, 13, 14, 15, 16]]}\n{"name": "b", "stage": "codec-decode", '
+                                          '"input": [[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]]}\n')
+    status, err = run(capsys, "golden", "--cases", tmp_path / "cases.jsonl", "-o", tmp_path / "corpus")
+    assert status == 0 and "tracing cases: 100%|##########| 2/2 [" in err, err
+    assert run(capsys, "golden", "--cases", tmp_path / "cases.jsonl", "-o", tmp_path / "corpus", "-q") == (0, "")
