@@ -16,6 +16,7 @@ import io
 import math
 import os
 import struct
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -29,7 +30,8 @@ try:  # the official resampler; the polyphase filter below is the readable fallb
 except ImportError:  # pragma: no cover - soxr is a declared dependency
     soxr = None
 
-__all__ = ["read_wav", "read_wav_bytes", "write_wav", "wav_bytes", "resample", "resample_polyphase", "resampling_filter",
+__all__ = ["read_wav", "read_wav_bytes", "write_wav", "wav_bytes", "ClippingWarning", "resample", "resample_polyphase",
+           "resampling_filter",
            "check_sample_rate", "audio_as_float", "check_amplitude", "MIN_SAMPLE_RATE", "MAX_SAMPLE_RATE",
            "MAX_AMPLITUDE"]
 
@@ -223,10 +225,15 @@ def _decode_samples(raw: bytes, fmt: _Format) -> np.ndarray:
 # ----------------------------------------------------------------------------- writing WAV
 
 
+class ClippingWarning(UserWarning):
+    """Samples outside [-1, 1] were clipped to full scale when written as 16-bit PCM."""
+
+
 def wav_bytes(audio, sample_rate: int, sample_format: str = "pcm16") -> bytes:
     """A whole WAV file for mono float audio: ``sample_format`` is ``"pcm16"`` (clipped to [-1, 1],
-    rounded) or ``"float"`` (32-bit IEEE float, unclipped).  NaN or infinite samples are refused: they
-    would silently become noise or a broken float WAV."""
+    rounded) or ``"float"`` (32-bit IEEE float, unclipped).  Clipping is reported, not hidden: a
+    ``ClippingWarning`` says how many samples were outside [-1, 1] (``--float-wav`` keeps them).  NaN or
+    infinite samples are refused: they would silently become noise or a broken float WAV."""
     audio = np.asarray(audio)
     if audio.ndim != 1:
         raise ValueError(f"write_wav expects mono audio [N], got shape {audio.shape}")
@@ -237,6 +244,11 @@ def wav_bytes(audio, sample_rate: int, sample_format: str = "pcm16") -> bytes:
         raise ValueError(f"refusing to write audio with {int(bad.sum())} NaN or infinite samples (first at "
                          f"sample {int(np.argmax(bad))})")
     if sample_format == "pcm16":
+        clipped = int(np.count_nonzero(np.abs(audio) > 1.0))
+        if clipped:
+            warnings.warn(f"{clipped} of {audio.size} samples were outside [-1, 1] and clipped to 16-bit full "
+                          f"scale (largest |sample| {float(np.max(np.abs(audio))):.3g}; a float WAV keeps them)",
+                          ClippingWarning, stacklevel=2)
         data = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
     elif sample_format == "float":
         if audio.size and np.max(np.abs(audio)) > np.finfo(np.float32).max:

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,8 +71,39 @@ class CliError(Exception):
 # ----------------------------------------------------------------------------- output helpers
 
 
+# progress bars: redrawn in place (at most 10 times a second) on a terminal; in a log (stderr is a file or
+# a pipe) one plain line at the start, then at most one every LOG_INTERVAL_S seconds, and one at the end
+LOG_INTERVAL_S = 10.0
+UNITS = {"generating frames": " frames", "decoding 300-frame chunks": " chunks", "decoding": " frames",
+         "streamed audio": " s", "tracing cases": " cases"}
+
+
+class LogLines:
+    """A file for tqdm when stderr is not a terminal: each redraw becomes one line (no carriage return),
+    so a log reads as a few plain lines instead of one line of overwritten updates."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").strip()
+        if line:
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def stderr_is_a_terminal() -> bool:
+    """stderr is a terminal with a width (a pseudo-terminal of width 0 would show empty bars)."""
+    try:
+        return sys.stderr.isatty() and os.get_terminal_size(sys.stderr.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 class Reporter:
-    """Progress and notes on stderr, silenced by -q."""
+    """Notes, warnings and progress bars on stderr, all silenced by -q."""
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
@@ -79,6 +111,65 @@ class Reporter:
     def __call__(self, message: str, end: str = "\n") -> None:
         if not self.quiet:
             print(message, file=sys.stderr, end=end, flush=True)
+
+    def bar(self, iterable=None, desc: str = "", total=None):
+        """A ``tqdm`` progress bar on stderr (None under -q): in place on a terminal, sparse lines in a log."""
+        if self.quiet:
+            return None
+        from tqdm import tqdm
+        terminal = stderr_is_a_terminal()
+        return tqdm(iterable, desc=desc, total=total, unit=UNITS.get(desc, " steps"), leave=True,
+                    file=sys.stderr if terminal else LogLines(sys.stderr), dynamic_ncols=terminal,
+                    mininterval=0.1 if terminal else LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S)
+
+    def progress(self, iterable, desc: str, total=None):
+        """The library's ``progress=`` hook (``progress(iterable, desc) -> iterable``): a bar, or the
+        iterable itself under -q."""
+        return iterable if self.quiet else self.bar(iterable, desc, total)
+
+    def warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        """``warnings.showwarning`` for the command line: one line "warning: ..." (NumPy's and ours)."""
+        self(f"warning: {message}")
+
+
+# The embedded models are for trying the pipeline; the note that they speak noise is shown once per user
+# (a marker file in the user's cache directory), always by 'refimpl info', never under -q.
+EMBEDDED_NOTE = "note: the embedded default model has random weights: noise, not speech (see 'refimpl info')"
+NOTE_MARKER = "embedded-model-note-shown"
+
+
+def user_cache_dir() -> Path | None:
+    """$XDG_CACHE_HOME/refimpl, else ~/.cache/refimpl; None when neither is known.  A relative
+    XDG_CACHE_HOME is ignored, as the XDG specification says."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):
+            return None
+    return Path(base) / "refimpl"
+
+
+def first_time_for_this_user(marker: str) -> bool:
+    """True unless the marker file exists in the user cache directory; creates it.  Never fails: when
+    the cache cannot be written, every run is the first."""
+    directory = user_cache_dir()
+    if directory is None:
+        return True
+    try:
+        if (directory / marker).exists():
+            return False
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / marker).touch()
+    except OSError:
+        pass
+    return True
+
+
+def embedded_model_note(say: Reporter, always: bool = False) -> None:
+    """EMBEDDED_NOTE on stderr: the first time for this user (``always``: every time); never under -q."""
+    if not say.quiet and (always or first_time_for_this_user(NOTE_MARKER)):
+        say(EMBEDDED_NOTE)
 
 
 def model_dir(args, kind: str, say: Reporter) -> Path:
@@ -88,8 +179,7 @@ def model_dir(args, kind: str, say: Reporter) -> Path:
     from .hub import resolve_model
     path = resolve_model(args.model, kind) if args.model else DEFAULT_MODELS[kind]
     if path.resolve().parent == DATA:
-        say(f"note: using the embedded default model ({path.name}): random weights, so the output is noise, "
-            f"not speech; {RELEASED_HINT}")
+        embedded_model_note(say)
     return path
 
 
@@ -164,7 +254,7 @@ def generation_kwargs(args) -> dict:
 
 def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int:
     """Shared body of say / design / clone: load, generate (or stream) with ``make_call(tts)`` as the
-    arguments, report progress, write the WAV."""
+    arguments, with progress bars, and write the WAV."""
     path = model_dir(args, kind, say)
     t0 = time.perf_counter()
     tts = load_tts(path, args.dtype_np)
@@ -174,20 +264,12 @@ def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int
         call["text"] = read_text_argument(call["text"])
     t0 = time.perf_counter()
     if args.stream:
-        pieces, first = [], None
-        for chunk in getattr(tts, "stream_" + method)(chunk_frames=args.chunk_frames, **call):
-            pieces.append(chunk)
-            if first is None:
-                first = time.perf_counter() - t0
-            seconds = sum(p.shape[0] for p in pieces) / tts.sample_rate
-            say(f"\rstreamed {seconds:6.2f} s of audio, first chunk after {first:.2f} s", end="")
-        say("")
-        wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        chunks = getattr(tts, "stream_" + method)(chunk_frames=args.chunk_frames, **call)
+        wav = collect_stream(chunks, tts.sample_rate, say)
         sr = tts.sample_rate
     else:
-        wavs, sr, codes = getattr(tts, "generate_" + method)(return_codes=True, **call)
+        wavs, sr, codes = getattr(tts, "generate_" + method)(return_codes=True, progress=say.progress, **call)
         wav = wavs[0]
-        say(f"generated {codes[0].shape[0]} frames")
     elapsed = time.perf_counter() - t0
     seconds = wav.shape[0] / sr
     rtf = f", real-time factor {elapsed / seconds:.2f}" if seconds > 0 else ""
@@ -195,6 +277,22 @@ def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int
     write_audio(args.output, wav, sr, args.float_wav)
     say(f"wrote {output_name(args.output)}")
     return 0
+
+
+def collect_stream(chunks, sample_rate: int, say: Reporter) -> np.ndarray:
+    """The streamed waveform chunks concatenated, with a bar counting seconds of audio (and the time to the
+    first chunk, the latency a listener would wait)."""
+    pieces, t0 = [], time.perf_counter()
+    bar = say.bar(desc="streamed audio")
+    for chunk in chunks:
+        if not pieces and bar is not None:
+            bar.set_postfix_str(f"first chunk after {time.perf_counter() - t0:.2f} s", refresh=False)
+        pieces.append(chunk)
+        if bar is not None:
+            bar.update(round(chunk.shape[0] / sample_rate, 2))
+    if bar is not None:
+        bar.close()
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
 # ----------------------------------------------------------------------------- commands
@@ -210,6 +308,8 @@ def cmd_say(args, say: Reporter) -> int:
                                "(use 'design' or 'clone' for the other model types)")
             speaker = sorted(speakers)[0]
             say(f"speaker: {speaker} (choose with --speaker; see 'refimpl info')")
+        if args.instruct and tts.tts_model_size is not None and tts.tts_model_size in "0b6":
+            say("note: --instruct is ignored by 0.6B CustomVoice models (as by the official)")
         return dict(text=args.text, speaker=speaker, language=args.language, instruct=args.instruct)
     return run_synthesis(args, say, "custom_voice", "custom_voice", call)
 
@@ -244,6 +344,7 @@ def cmd_codec_encode(args, say: Reporter) -> int:
     if sr != tok.input_sample_rate:
         say(f"note: resampling {sr} Hz to {tok.input_sample_rate} Hz")
     t0 = time.perf_counter()
+    say(f"encoding {audio.shape[0] / sr:.2f} s of audio (one pass: no progress bar)")
     codes = tok.encode(audio, sr=sr)
     say(f"encoded {audio.shape[0] / sr:.2f} s into {codes.shape[0]} frames x {codes.shape[1]} codes "
         f"in {time.perf_counter() - t0:.2f} s")
@@ -274,16 +375,19 @@ def cmd_codec_decode(args, say: Reporter) -> int:
     t0 = time.perf_counter()
     if args.stream:
         stream, pieces = tok.stream(), []
-        step = args.chunk_frames
-        for start in range(0, len(codes), step):
-            pieces.append(stream.push(codes[start:start + step]))
-            say(f"\rdecoded {stream.frames_done} / {len(codes)} frames", end="")
-        say("")
+        bar = say.bar(desc="decoding", total=len(codes))
+        for start in range(0, len(codes), args.chunk_frames):
+            piece = codes[start:start + args.chunk_frames]
+            pieces.append(stream.push(piece))
+            if bar is not None:
+                bar.update(len(piece))
+        if bar is not None:
+            bar.close()
         wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         if len(codes) == 0:
             tok.decode_full(codes)  # validates the (empty) array's shape
     else:
-        wav = tok.decode(codes)
+        wav = tok.decode(codes, progress=say.progress)
     elapsed = time.perf_counter() - t0
     seconds = wav.shape[0] / tok.sample_rate
     say(f"{seconds:.2f} s of audio in {elapsed:.2f} s" + (f", real-time factor {elapsed / seconds:.2f}" if seconds else ""))
@@ -294,7 +398,10 @@ def cmd_codec_decode(args, say: Reporter) -> int:
 
 def cmd_info(args, say: Reporter) -> int:
     from .model_info import describe_model
-    path = model_dir(args, "custom_voice", say)
+    path = model_dir(args, "custom_voice", Reporter(quiet=True))
+    if path in DEFAULT_MODELS.values():  # 'refimpl info' always says what the embedded model is
+        embedded_model_note(say, always=True)
+        say(f"note: {RELEASED_HINT}")
     info = describe_model(path, args.dtype_np)
     backend, why = active_backend()
     info["backend"] = f"{backend} ({why})"
@@ -331,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the small random checkpoint embedded in the package)")
     common.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                         help="compute precision (float64 is the high-precision oracle mode; default float32)")
-    common.add_argument("-q", "--quiet", action="store_true", help="no progress or notes on stderr")
+    common.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors: no progress "
+                        "bars, notes or warnings")
     common.add_argument("--backend", choices=BACKENDS, default=None,
                         help="which implementation of the primitives runs: numpy (the plain formulas) or numba "
                         "(the fast CPU twins); default: $REFIMPL_BACKEND, else numba for float32 and numpy for "
@@ -382,11 +490,16 @@ def build_parser() -> argparse.ArgumentParser:
     codec = sub.add_parser("codec", help="the 12 Hz speech codec: audio <-> codes",
                            description="Encode audio to codes (16 per 80 ms frame) or decode codes to audio.")
     csub = codec.add_subparsers(dest="codec_command", metavar="ACTION")
-    ce = csub.add_parser("encode", parents=[common], help="WAV -> codes.npy ([frames, 16] int64)")
+    ce = csub.add_parser("encode", parents=[common], help="WAV -> codes.npy ([frames, 16] int64)",
+                         description="Encode a WAV file (any sample rate; stereo is mixed down) into the 12 Hz "
+                         "codes: an int64 array [frames, 16] saved as .npy, one frame per 80 ms.")
     ce.add_argument("input", metavar="WAV", help='input WAV file ("-": standard input)')
-    ce.add_argument("-o", "--output", required=True, metavar="NPY", help="output .npy file; - for standard output")
+    ce.add_argument("-o", "--output", required=True, metavar="NPY", help="output .npy file, written under exactly "
+                    "this name (no .npy is added); - for standard output")
     ce.set_defaults(func=cmd_codec_encode)
-    cd = csub.add_parser("decode", parents=[common], help="codes.npy -> WAV")
+    cd = csub.add_parser("decode", parents=[common], help="codes.npy -> WAV",
+                         description="Decode codes [frames, 16] (a .npy file) into a 24 kHz mono WAV, like the "
+                         "official decode, or chunk by chunk with the exact streaming decoder (--stream).")
     cd.add_argument("input", metavar="NPY", help='codes [frames, 16] as a .npy file ("-": standard input)')
     cd.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file; - for standard output")
     cd.add_argument("--stream", action="store_true", help="decode with the streaming decoder, chunk by chunk")
@@ -435,9 +548,14 @@ def main(argv=None) -> int:
     say = Reporter(getattr(args, "quiet", False))
     args.dtype_np = np.float64 if getattr(args, "dtype", "float32") == "float64" else np.float32
     try:
-        if getattr(args, "output", None) is not None:
+        if getattr(args, "output", None) is not None and args.command != "golden":  # golden -o names a directory
             check_output_path(args.output)
-        with use_backend(args.backend, "--backend") if getattr(args, "backend", None) else contextlib.nullcontext():
+        with warnings.catch_warnings(), \
+                use_backend(args.backend, "--backend") if getattr(args, "backend", None) else contextlib.nullcontext():
+            if say.quiet:
+                warnings.simplefilter("ignore")
+            else:
+                warnings.showwarning = say.warning
             status = args.func(args, say)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
         return status

@@ -163,12 +163,13 @@ def talker_step(talker, x_btc, positions_bt, valid_bs, caches, record: Recorder 
 
 def generate_codes(talker, prompts_th: list, trailing_nh: list, pad_vector_h, settings: SamplingSettings,
                    eos_id: int, rng: np.random.Generator | None = None, trace: GenerationTrace | None = None,
-                   record: Recorder = NULL_RECORDER):
+                   record: Recorder = NULL_RECORDER, *, progress=None):
     """Generate frames for a batch of prompts; returns one int64 array [T_i, 16] per item (each row cut
-    before its first frame whose code 0 is EOS)."""
+    before its first frame whose code 0 is EOS).  ``progress``: None (silent) or a callable
+    ``progress(iterable, desc) -> iterable`` wrapped around the frame loop, e.g. ``tqdm.tqdm``."""
     G = talker.cfg.num_code_groups
-    frames = list(iterate_frames(talker, prompts_th, trailing_nh, pad_vector_h, settings, eos_id, rng, trace,
-                                 record))
+    frames = iterate_frames(talker, prompts_th, trailing_nh, pad_vector_h, settings, eos_id, rng, trace, record)
+    frames = list(frames if progress is None else progress(frames, "generating frames"))
     B = len(prompts_th)
     codes_bt16 = np.stack(frames, axis=1) if frames else np.zeros((B, 0, G), dtype=np.int64)
     out = []

@@ -127,26 +127,28 @@ class SpeechTokenizer:
             return [self.decode_full(c, trace) for c in codes]
         return self._decode_frames(self.check_codes(codes, allow_padding=False), trace)
 
-    def decode(self, codes):
+    def decode(self, codes, *, progress=None):
         """Decode like the official ``Qwen3TTSTokenizer.decode``: [T, 16] -> [n_valid * 1920].
 
         Frames whose group-0 code is -1 are padding: they are decoded as code 0 (as the official
         clamps them) and the output is cut to 1920 samples per non-padding frame.  Long sequences are
         decoded in chunks of 300 frames, each with 25 frames of left context whose output is dropped,
-        so for more than 300 frames the result differs (slightly) from ``decode_full``."""
+        so for more than 300 frames the result differs (slightly) from ``decode_full``.  ``progress``:
+        None (silent) or a callable ``progress(iterable, desc) -> iterable`` wrapped around the chunk
+        loop, e.g. ``tqdm.tqdm``."""
         if self._is_batch(codes):
-            return [self.decode(c) for c in codes]
+            return [self.decode(c, progress=progress) for c in codes]
         arr = self.check_codes(codes, allow_padding=True)
         n_valid = int(np.sum(arr[:, 0] > -1))
         arr = np.maximum(arr, 0)
         T, spf = arr.shape[0], self.samples_per_frame
-        pieces, start = [], 0
-        while start < T:
+        starts = range(0, T, OFFICIAL_CHUNK_FRAMES)
+        pieces = []
+        for start in (starts if progress is None else progress(starts, "decoding 300-frame chunks")):
             end = min(start + OFFICIAL_CHUNK_FRAMES, T)
             context = OFFICIAL_LEFT_CONTEXT_FRAMES if start - OFFICIAL_LEFT_CONTEXT_FRAMES > 0 else start
             wav = self._decode_frames(arr[start - context:end])
             pieces.append(wav[context * spf:])
-            start = end
         wav = np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
         return wav[:n_valid * spf]
 

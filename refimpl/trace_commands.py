@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -112,6 +113,8 @@ def cmd_trace(args, say) -> int:
     if args.stage == "clone" and args.ref_text is None and not args.x_vector_only:
         raise ValueError("trace clone needs --ref-text or --x-vector-only")
     options = generation_options(args) if args.stage in ("say", "design", "clone") else {}
+    if options:
+        options["progress"] = say.progress  # a bar over the generated frames (none under -q)
     t0 = time.perf_counter()
     trace = trace_case(args.model, args.stage, args.input, options, args.dtype_np)
     path = trace.save(args.output, args.format)
@@ -237,10 +240,12 @@ def run_case(model, case: dict, out_dir: str, fmt: str, dtype: str) -> dict:
 
 
 def run_cases(model, cases: list, out_dir, fmt: str = "safetensors", dtype: str = "float32", jobs: int = 1,
-              dask_address: str | None = None) -> list:
+              dask_address: str | None = None, *, progress=None) -> list:
     """Every case in parallel: ``jobs`` local processes (concurrent.futures), or the workers of the Dask
-    scheduler at ``dask_address`` (dask.distributed).  Returns the index entries in case order."""
+    scheduler at ``dask_address`` (dask.distributed).  Returns the index entries in case order.
+    ``progress``: None or ``progress(iterable, desc) -> iterable``, wrapped around the finished cases."""
     args = [(str(model) if model else None, case, str(out_dir), fmt, dtype) for case in cases]
+    progress = progress or (lambda iterable, desc: iterable)
     if dask_address:
         try:
             from distributed import Client
@@ -248,14 +253,14 @@ def run_cases(model, cases: list, out_dir, fmt: str = "safetensors", dtype: str 
             raise ValueError("--dask needs dask.distributed: pip install 'qwen3-tts-refimpl[dask]'") from None
         with Client(dask_address) as client:
             futures = [client.submit(run_case, *a, pure=False) for a in args]
-            return client.gather(futures)
+            return [f.result() for f in progress(futures, "tracing cases")]  # in case order
     if jobs <= 1:
-        return [run_case(*a) for a in args]
+        return list(progress((run_case(*a) for a in args), "tracing cases"))
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     # spawned, not forked: a fork of a process whose Numba kernels already started OpenMP threads is unsafe
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(run_case, *zip(*args)))
+        return list(progress(pool.map(run_case, *zip(*args)), "tracing cases"))
 
 
 def cmd_golden(args, say) -> int:
@@ -263,7 +268,8 @@ def cmd_golden(args, say) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    entries = run_cases(args.model, cases, out, args.format, args.dtype, args.jobs, args.dask)
+    entries = run_cases(args.model, cases, out, args.format, args.dtype, args.jobs, args.dask,
+                        progress=functools.partial(say.progress, total=len(cases)))
     index = {"model": str(args.model) if args.model else "(embedded default)", "dtype": args.dtype,
              "cases": entries}
     (out / "index.json").write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")

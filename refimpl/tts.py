@@ -16,7 +16,9 @@ generation_config.json, then to the official hard defaults.  ``seed`` seeds the 
 sampling; ``return_codes=True`` also returns the generated codes, one int64 array [T, 16] per item.
 ``trace=`` (a dict or ``refimpl.trace.Recorder``) receives every module output under the official names
 and the uniforms consumed (``refimpl.random_draws``); ``random_draws=`` replays such uniforms instead of
-drawing them (docs/port_authors.md, ``refimpl.tracing``).
+drawing them (docs/port_authors.md, ``refimpl.tracing``).  ``progress=`` (``generate_*`` only; default
+None: silent) is a callable ``progress(iterable, desc) -> iterable`` wrapped around the frame loop and
+the decoder's chunk loop, e.g. ``progress=tqdm.tqdm`` (the command line passes its own bars).
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ class Qwen3TTS:
 
     def generate_codes_from_layouts(self, layouts: list, speaker_vectors: list, settings: SamplingSettings, rng,
                                     eos_id: int, trace: GenerationTrace | None = None,
-                                    record: Recorder = NULL_RECORDER) -> list:
+                                    record: Recorder = NULL_RECORDER, *, progress=None) -> list:
         """The model part of every mode: prompts (as ``PromptLayout``) -> codes [T, 16] per item.
         ``record`` receives the module outputs (``refimpl.tracing``) and, when ``rng`` is a
         ``UniformDraws``, every uniform consumed as ``refimpl.random_draws``."""
@@ -212,21 +214,22 @@ class Qwen3TTS:
         prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors)]
         trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
         pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
-        codes = generate_codes(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record)
+        codes = generate_codes(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record,
+                               progress=progress)
         if isinstance(rng, UniformDraws):
             record.extra("random_draws", rng.recorded())
         return codes
 
-    def _finish(self, codes: list, return_codes: bool, ref_codes: list | None = None):
+    def _finish(self, codes: list, return_codes: bool, ref_codes: list | None = None, progress=None):
         wavs = []
         for i, c in enumerate(codes):
             ref = None if ref_codes is None else ref_codes[i]
             if ref is None:
-                wavs.append(np.asarray(self.speech_tokenizer.decode(c), dtype=np.float32))
+                wavs.append(np.asarray(self.speech_tokenizer.decode(c, progress=progress), dtype=np.float32))
                 continue
             # voice clone ICL: decode reference + new codes together, then cut the reference's share
             both = np.concatenate([np.asarray(ref, dtype=np.int64), c], axis=0)
-            wav = np.asarray(self.speech_tokenizer.decode(both), dtype=np.float32)
+            wav = np.asarray(self.speech_tokenizer.decode(both, progress=progress), dtype=np.float32)
             cut = int(len(ref) / max(len(both), 1) * wav.shape[0])
             wavs.append(wav[cut:])
         sr = int(self.speech_tokenizer.sample_rate)
@@ -238,12 +241,13 @@ class Qwen3TTS:
         """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
         self._require_type("custom_voice", "generate_custom_voice")
         record = as_recorder(kwargs.pop("trace", None))
+        progress = kwargs.pop("progress", None)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
         self.last_trace = GenerationTrace()
         codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
-                                                 self.last_trace, record)
-        return self._finish(codes, return_codes)
+                                                 self.last_trace, record, progress=progress)
+        return self._finish(codes, return_codes, progress=progress)
 
     def stream_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True,
                             chunk_frames: int = 4, **kwargs):
@@ -278,12 +282,13 @@ class Qwen3TTS:
         """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
         self._require_type("voice_design", "generate_voice_design")
         record = as_recorder(kwargs.pop("trace", None))
+        progress = kwargs.pop("progress", None)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
         self.last_trace = GenerationTrace()
         codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
-                                                 self.last_trace, record)
-        return self._finish(codes, return_codes)
+                                                 self.last_trace, record, progress=progress)
+        return self._finish(codes, return_codes, progress=progress)
 
     def stream_voice_design(self, text, instruct, language=None, non_streaming_mode=True, chunk_frames: int = 4,
                             **kwargs):
@@ -371,13 +376,15 @@ class Qwen3TTS:
         reference codes continue into the new text)."""
         self._require_type("base", "generate_voice_clone")
         record = as_recorder(kwargs.pop("trace", None))
+        progress = kwargs.pop("progress", None)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts, vectors, ref_codes = self._voice_clone_layouts(text, language, ref_audio, ref_text,
                                                                 x_vector_only_mode, voice_clone_prompt,
                                                                 non_streaming_mode, record)
         self.last_trace = GenerationTrace()
-        codes = self.generate_codes_from_layouts(layouts, vectors, settings, rng, eos_id, self.last_trace, record)
-        return self._finish(codes, return_codes, ref_codes)
+        codes = self.generate_codes_from_layouts(layouts, vectors, settings, rng, eos_id, self.last_trace, record,
+                                                 progress=progress)
+        return self._finish(codes, return_codes, ref_codes, progress)
 
     def stream_voice_clone(self, text, language=None, ref_audio=None, ref_text=None, x_vector_only_mode=False,
                            voice_clone_prompt=None, non_streaming_mode=False, chunk_frames: int = 4, **kwargs):

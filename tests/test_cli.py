@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import filecmp
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,12 +17,16 @@ from scipy.io import wavfile
 
 from conftest import CHECKPOINTS, REPO
 
-ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+# the commands run with a user cache directory of their own (where the embedded-model note leaves its
+# marker), removed at exit: the tests never write into the real user's cache
+CACHE = tempfile.mkdtemp(prefix="refimpl-test-cache-")
+atexit.register(shutil.rmtree, CACHE, True)
+ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), XDG_CACHE_HOME=CACHE)
 
 
-def run(*args, cwd=None):
+def run(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "refimpl", *map(str, args)], capture_output=True, text=True,
-                          env=ENV, cwd=cwd, timeout=300)
+                          env=ENV if env is None else env, cwd=cwd, timeout=300)
 
 
 def read_wav(path):
@@ -53,9 +60,9 @@ def test_no_command_prints_usage():
 def test_say_on_the_embedded_default_writes_a_wav(tmp_path, stream):
     out = tmp_path / "hello.wav"
     args = ["say", "Hello there.", "-o", out, "--max-new-tokens", "12", "--seed", "3"] + (["--stream"] if stream else [])
-    r = run(*args)
+    r = run(*args, env=dict(ENV, XDG_CACHE_HOME=str(tmp_path / "cache")))  # a user who never ran refimpl
     assert r.returncode == 0, r.stderr
-    assert "random weights" in r.stderr and "--model" in r.stderr  # says plainly it is not a real model
+    assert "random weights" in r.stderr and "noise, not speech" in r.stderr  # says plainly it is not a real model
     sr, data = read_wav(out)
     assert sr == 24000 and data.dtype == np.int16
     assert data.shape[0] % 1920 == 0 and 0 < data.shape[0] <= 11 * 1920
@@ -178,10 +185,22 @@ def test_embedded_defaults_are_the_tested_tiny_checkpoints():
         assert not mismatch and not errors
 
 
-def test_installed_console_script_runs():
-    """`pip install .` provides the `refimpl` command (CI installs the package before the tests)."""
-    exe = shutil.which("refimpl")
+def test_installed_console_script_runs(tmp_path):
+    """`pip install .` provides the `refimpl` command: found next to this interpreter (a virtual
+    environment need not be activated) or on PATH; run with this working tree first on the path, it
+    writes the WAV of what the Python API returns for the same options."""
+    exe = Path(sys.executable).parent / "refimpl"
+    exe = str(exe) if exe.is_file() else shutil.which("refimpl")
     if exe is None:
-        pytest.skip("the package is not installed in this environment (CI installs it)")
-    r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+        pytest.skip(f"no refimpl console script next to {sys.executable} or on PATH: the package is not "
+                    "installed in this environment (pip install . provides it; CI installs it)")
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 0 and "codec" in r.stdout
+    args = ["say", "Hello.", "--speaker", "serena", "--max-new-tokens", "4", "--seed", "2", "-q", "-o"]
+    r = subprocess.run([exe, *args, str(tmp_path / "script.wav")], capture_output=True, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr
+    from refimpl.audio import wav_bytes
+    from refimpl.tts import Qwen3TTS
+    tts = Qwen3TTS.from_pretrained(REPO / "refimpl" / "data" / "default-customvoice")
+    wavs, sr = tts.generate_custom_voice("Hello.", speaker="serena", max_new_tokens=4, seed=2)
+    assert (tmp_path / "script.wav").read_bytes() == wav_bytes(wavs[0], sr)

@@ -68,6 +68,15 @@ def test_wav_to_standard_output_equals_the_file(tmp_path):
     assert sr == 24000 and data.shape[0] % 1920 == 0
 
 
+def test_progress_and_notes_never_reach_standard_output(tmp_path):
+    """Without -q the bars, notes and summary all go to stderr: the WAV on standard output is intact."""
+    args = ["say", "Hello there.", "--max-new-tokens", "5", "--seed", "2"]
+    to_stdout = run_bytes(*args, "-o", "-")
+    assert to_stdout.returncode == 0 and b"generating frames: 4 frames" in to_stdout.stderr, to_stdout.stderr
+    assert run_bytes(*args, "-q", "-o", tmp_path / "a.wav").returncode == 0
+    assert to_stdout.stdout == (tmp_path / "a.wav").read_bytes()
+
+
 def test_text_from_standard_input(tmp_path):
     args = ["--max-new-tokens", "5", "--seed", "2", "-q", "-o"]
     a = run_bytes("say", "Grüße, 世界.", *args, tmp_path / "a.wav")
