@@ -91,10 +91,16 @@ def test_the_embedded_model_note_once_per_user(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "home" / ".cache" / "refimpl" / cli.NOTE_MARKER).is_file()
 
 
-def test_no_note_for_a_model_given_with_model(tmp_path, capsys):
-    status, err = run(capsys, *SAY, "--model", cli.DEFAULT_MODELS["custom_voice"].parent / "default-customvoice",
-                      "-o", tmp_path / "a.wav")
+def test_note_only_for_the_embedded_model(tmp_path, capsys, monkeypatch):
+    """The note is about the embedded model, whichever way it is named; a copy of it elsewhere (a model
+    directory of the user's) gets no note."""
+    import shutil
+    shutil.copytree(cli.DEFAULT_MODELS["custom_voice"], tmp_path / "mine")
+    status, err = run(capsys, *SAY, "--model", tmp_path / "mine", "-o", tmp_path / "a.wav")
     assert status == 0 and cli.EMBEDDED_NOTE not in err
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
+    status, err = run(capsys, *SAY, "--model", "default", "-o", tmp_path / "b.wav")
+    assert status == 0 and cli.EMBEDDED_NOTE in err
 
 
 def overflowing_decode(self, codes, progress=None):
