@@ -295,14 +295,26 @@ def rope_inverse_frequencies(head_dim: int, theta: float, dtype=np.float32):
     return (dtype(1.0) / (dtype(theta) ** exponent)).astype(dtype)
 
 
+_UPLOADED: dict = {}   # (head_dim, theta, dtype, device backend) -> inv_freq on that device
+
+
+def _uploaded_inverse_frequencies(head_dim: int, theta: float, dtype: np.dtype, backend: str):
+    """``rope_inverse_frequencies`` uploaded once per device backend (a constant of the config)."""
+    key = (head_dim, float(theta), dtype, backend)
+    if key not in _UPLOADED:
+        _UPLOADED[key] = to_device(rope_inverse_frequencies(head_dim, theta, dtype.type))
+    return _UPLOADED[key]
+
+
 def rope_cos_sin(positions_t, head_dim: int, theta: float, dtype=np.float32):
     """cos and sin tables [..., T, head_dim] for integer positions [..., T] (any leading axes):
     angle[..., t, j] = position[..., t] * inv_freq[j], the two halves repeated.  In float32 mode the
     angle is a float32 product, like the official code.  Positions on a device give tables on the device."""
     positions_t = as_array(positions_t)
-    inv_freq = rope_inverse_frequencies(head_dim, theta, dtype)
-    if not isinstance(positions_t, np.ndarray):
-        inv_freq = to_device(inv_freq)
+    if isinstance(positions_t, np.ndarray):
+        inv_freq = rope_inverse_frequencies(head_dim, theta, dtype)
+    else:
+        inv_freq = _uploaded_inverse_frequencies(head_dim, theta, np.dtype(dtype), kernels.device_backend())
     angles_tj = positions_t.astype(dtype)[..., None] * inv_freq
     angles_td = np.concatenate([angles_tj, angles_tj], axis=-1)
     return np.cos(angles_td), np.sin(angles_td)

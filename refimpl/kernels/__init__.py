@@ -40,7 +40,8 @@ import numpy as np
 from scipy import special as host_special
 
 __all__ = ["BACKENDS", "BackendUnavailable", "primitive", "use_backend", "active_backend", "twin_of",
-           "device_backend", "installed_backends", "array_module", "device_module", "to_device", "to_host", "model_scope"]
+           "device_backend", "installed_backends", "array_module", "device_module", "to_device", "to_host", "model_scope",
+           "on_model_backend", "iterate_on_model_backend"]
 
 BACKENDS = ("numpy", "numba", "cupy")
 TEST_BACKENDS = ("strict",)            # accepted by name, never offered (see the module docstring)
@@ -53,8 +54,9 @@ _twins: dict = {}      # backend -> {primitive name: twin}, filled on first use
 _modules: dict = {}    # device backend -> its module, once ``available()`` passed
 
 
-class BackendUnavailable(RuntimeError):
-    """A backend was asked for that cannot run here (its library is not installed, or no device)."""
+class BackendUnavailable(RuntimeError, ValueError):
+    """A backend was asked for that cannot run here (its library is not installed, or no device).  A
+    ValueError too: the argument names a backend this machine cannot run (the CLI reports it in one line)."""
 
 
 def _check_name(name: str, where: str) -> str:
@@ -180,6 +182,29 @@ def model_scope(loaded_on: str | None, what: str):
         raise ValueError(f"{what} was loaded on backend {loaded_on!r}, not on the active {active!r}: load it "
                          "again under the backend it should run on")
     return use_backend(loaded_on, f"the backend {what} was loaded on")
+
+
+def on_model_backend(method):
+    """Decorate a public method of a model (an object with ``backend``: the device backend its weights
+    were uploaded to, or None): it runs under ``model_scope``."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with model_scope(self.backend, type(self).__name__):
+            return method(self, *args, **kwargs)
+    return run
+
+
+def iterate_on_model_backend(model, items):
+    """Iterate ``items`` (a generator of the model's) with every step run under ``model_scope``: a
+    ``with`` inside a generator would stay entered while the caller holds a chunk."""
+    items = iter(items)
+    while True:
+        with model_scope(model.backend, type(model).__name__):
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+        yield item
 
 
 # ----------------------------------------------------------------------------- primitives and their twins
