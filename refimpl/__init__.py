@@ -4,7 +4,8 @@ Public entry points:
 
 - ``SpeechTokenizer``: the 12 Hz codec (decode, streaming decode, encode).
 - ``Qwen3TTS``: a full model (talker + code predictor + codec), the official generate_* API.
-- ``use_backend("numpy" | "numba")``: which implementation of the primitives runs (``refimpl.kernels``).
+- ``use_backend("numpy" | "numba" | "cupy")``: which implementation of the primitives runs, and (cupy) on
+  which device (``refimpl.kernels``, docs/backends.md).
 """
 
 from .checkpoint import CheckpointError

@@ -24,8 +24,8 @@ PARITY_MODULES = {"test_codec_decoder", "test_codec_encoder", "test_codec_stream
 
 
 def pytest_addoption(parser):
-    from refimpl.kernels import BACKENDS
-    parser.addoption("--backend", action="append", choices=BACKENDS, default=None,
+    from refimpl.kernels import BACKENDS, TEST_BACKENDS
+    parser.addoption("--backend", action="append", choices=BACKENDS + TEST_BACKENDS, default=None,
                      help="run the parity suite on this backend only (repeatable; default: every backend)")
 
 
@@ -59,7 +59,8 @@ def assert_close_to_oracle(ours, off32, off64, precision: str, what: str, noise_
     noise_factor * noise + noise_factor * eps32 * max|official| (the second term keeps a floor where the
     measured noise happens to be tiny)."""
     from refimpl.compare import check_against_oracle
-    ours = np.asarray(ours)
+    from refimpl.kernels import to_host
+    ours = to_host(ours)   # a stage function called directly on a device backend returns a device array
     off64 = np.asarray(off64, dtype=np.float64)
     assert ours.shape == off64.shape, f"{what}: shape {ours.shape} != official {off64.shape}"
     c = check_against_oracle(ours, off32, off64, precision, noise_factor, f64_rel)

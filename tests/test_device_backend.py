@@ -349,3 +349,11 @@ def test_the_ast_check_sees_what_it_forbids(tmp_path, monkeypatch):
     found = numpy_creations_and_scipy("fake")
     assert ("f", "np.zeros (line 5)") in found and ("", "scipy import (line 2)") in found
     assert ("f", "special (line 5)") in found
+
+
+def test_the_command_line_says_in_one_line_that_cupy_cannot_run(monkeypatch, capsys, no_loaded_cupy):
+    from refimpl import cli
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert cli.main(["info", "--backend", "cupy"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("refimpl: error:") and "CuPy is not installed" in err and "\n" not in err
