@@ -104,7 +104,7 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
     extra("prompt.key_valid", valid)
     extra("prompt.positions", positions)
     extra("prompt.trailing", trailing)
-    extra("prompt.tts_pad", pad_vector_h)
+    extra("prompt.tts_pad", nn.to_host(pad_vector_h))
     B = embeds.shape[0]
     G = talker.cfg.num_code_groups
     pad_vector = nn.to_device(pad_vector_h).astype(embeds.dtype, copy=False)
