@@ -279,6 +279,18 @@ def test_a_model_runs_on_the_backend_it_was_loaded_on(pairs, host_reference):
     assert isinstance(wavs[0], np.ndarray)
 
 
+def test_a_device_model_refuses_another_device(pairs, host_reference, monkeypatch):
+    """A second device backend (the stand-in again, under another name): weights on one device cannot
+    serve a run asked for on another."""
+    monkeypatch.setitem(kernels._ARRAY_MODULES, "other", "refimpl.kernels.strict_device")
+    monkeypatch.setattr(kernels, "_modules", dict(kernels._modules))   # forget "other" afterwards
+    monkeypatch.setattr(kernels, "TEST_BACKENDS", kernels.TEST_BACKENDS + ("other",))
+    _, dev = pairs["customvoice"]
+    with use_backend("other"):
+        with pytest.raises(ValueError, match="loaded on backend 'strict', not on the active 'other'"):
+            dev.speech_tokenizer.decode(np.zeros((2, 16), dtype=np.int64))
+
+
 # ----------------------------------------------------------------------------- 5. stage modules create no host arrays
 
 STAGE_MODULES = ("transformer", "talker", "code_predictor", "generate", "sampling", "prompt", "codec_decoder",
