@@ -6,7 +6,8 @@ Public entry points:
 - ``Qwen3TTS``: a full model (talker + code predictor + codec), the official generate_* API.
 - ``Qwen3TTSModel``, ``Qwen3TTSTokenizer``: drop-ins for the official ``qwen_tts`` classes of those names
   (``import refimpl as qwen_tts``; ``refimpl.official_api``).
-- ``use_backend("numpy" | "numba")``: which implementation of the primitives runs (``refimpl.kernels``).
+- ``use_backend("numpy" | "numba" | "cupy")``: which implementation of the primitives runs, and (cupy) on
+  which device (``refimpl.kernels``, docs/backends.md).
 """
 
 from .checkpoint import CheckpointError

@@ -41,6 +41,7 @@ __all__ = [
     "write_safetensors_file",
     "bf16_bits_to_float32",
     "float32_to_bf16_bits",
+    "upload_weights",
 ]
 
 
@@ -155,6 +156,17 @@ class BF16Matrix:
 
     def __repr__(self) -> str:
         return f"BF16Matrix(shape={self.shape})"
+
+
+def upload_weights(weights: Mapping[str, np.ndarray]) -> dict:
+    """The weights of a model on the active backend, moved once at load: on a device backend every
+    tensor is uploaded (a ``BF16Matrix`` widened to float32 first: exact, and what every use computes
+    with); on the host backends the dict is returned as it is."""
+    from .kernels import device_backend, to_device
+    if device_backend() is None:
+        return weights
+    return {name: to_device(np.asarray(arr)) if isinstance(arr, (np.ndarray, BF16Matrix)) else arr
+            for name, arr in weights.items()}
 
 
 def bf16_bits_to_float32(bits_u16: np.ndarray) -> np.ndarray:

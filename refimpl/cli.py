@@ -441,9 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors: no progress "
                         "bars, notes or warnings")
     common.add_argument("--backend", choices=BACKENDS, default=None,
-                        help="which implementation of the primitives runs: numpy (the plain formulas) or numba "
-                        "(the fast CPU twins); default: $REFIMPL_BACKEND, else numba for float32 and numpy for "
-                        "float64 (see 'refimpl info')")
+                        help="which implementation of the primitives runs: numpy (the plain formulas), numba "
+                        "(the fast CPU twins) or cupy (a CUDA GPU; needs CuPy, see docs/backends.md); default: "
+                        "$REFIMPL_BACKEND, else numba for float32 and numpy for float64 (see 'refimpl info')")
 
     synth = argparse.ArgumentParser(add_help=False)
     synth.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file (24 kHz mono); - for "

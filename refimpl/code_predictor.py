@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from . import nn
-from .checkpoint import WeightSpec, WeightView, check_weights
+from .checkpoint import WeightSpec, WeightView, check_weights, upload_weights
 from .config import config_from_dict
 from .trace import NULL_RECORDER, Recorder, record_rope_and_mask
 from .transformer import QWEN3, KVCache, check_attention_config, layer_views, qwen3_layer_weight_spec, transformer_stack
@@ -96,18 +96,20 @@ class CodePredictor:
         self.cfg = cfg
         self.talker_hidden = talker_hidden
         self.dtype = np.dtype(dtype).type
-        self.weights = {k: v.astype(self.dtype, copy=False) for k, v in weights.items()}
+        self.weights = upload_weights({k: v.astype(self.dtype, copy=False) for k, v in weights.items()})
         self.w = WeightView(self.weights)
         self.layers = layer_views(self.weights, "model.layers.", cfg.num_hidden_layers)
         self.n_groups = cfg.num_code_groups - 1  # codes 1..15 of a frame
 
-    def embed(self, group: int, ids):
-        """Embedding of code group ``group`` (1..15) at talker width: codec_embedding[group - 1]."""
+    def embed(self, group: int, ids, on_backend=None):
+        """Embedding of code group ``group`` (1..15) at talker width: codec_embedding[group - 1].
+        ``on_backend``: the same ids already uploaded (checked here on the host all the same)."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
             raise ValueError(f"code of group {group} out of range [0, {self.cfg.vocab_size}): "
                              f"{ids.min()}..{ids.max()}")
-        return self.w[f"model.codec_embedding.{group - 1}.weight"][ids]
+        table = self.w[f"model.codec_embedding.{group - 1}.weight"]
+        return table[nn.to_device(ids) if on_backend is None else on_backend]
 
     def project(self, x_btc, record: Recorder = NULL_RECORDER):
         """small_to_mtp_projection (talker width -> predictor width), the identity when they agree."""
@@ -128,9 +130,9 @@ class CodePredictor:
         c = self.cfg
         B, T, _ = x_btc.shape
         start = caches[0].length
-        positions_t = np.arange(start, start + T)
+        positions_t = nn.arange(start, start + T)
         cos_td, sin_td = nn.rope_cos_sin(positions_t, c.head_dim, c.rope_theta, self.dtype)
-        mask = nn.AttentionMask(positions_t, np.arange(start + T))
+        mask = nn.AttentionMask(positions_t, nn.arange(start + T))
         x_btc = self.project(x_btc, record)
         model_record = record.scope("model.")
         record_rope_and_mask(model_record, cos_td[None], sin_td[None], mask)
@@ -151,7 +153,8 @@ class CodePredictor:
 
         talker_hidden_bc  [B, H]  the talker's hidden state of the step that produced code 0
         code0_emb_bc      [B, H]  the talker's codec embedding of code 0
-        choose(g, logits_bv) -> ids_b  picks code g + 1 from the logits of head g (see ``refimpl.sampling``)
+        choose(g, logits_bv) -> ids_b  picks code g + 1 from the logits of head g (see ``refimpl.sampling``);
+                                       the ids are host int64 (the codes are chosen on the host)
         returns codes [B, n_groups] (int64) and the logits they were chosen from [B, n_groups, V].
         ``record`` (scoped to the code predictor, ``talker.code_predictor.``) receives every module output;
         the heads are traced over all new positions, as the official model computes them."""

@@ -213,9 +213,11 @@ def pre_transformer(w, cfg: DecoderConfig, x_btl, positions_t, caches=None, reco
     x_btc = nn.linear(x_btl, t["input_proj.weight"], t["input_proj.bias"])
     record("input_proj", x_btc)
     cos_td, sin_td = nn.rope_cos_sin(positions_t, cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
-    start = int(positions_t[0]) if len(positions_t) else 0
-    n_cached = caches[0].kept if caches is not None else 0
-    key_positions = np.arange(start - n_cached, start + len(positions_t))
+    if caches is None:
+        key_positions = positions_t            # offline: the keys are the same frames
+    else:                                      # the cached frames, then the new ones (no device read needed:
+        start = caches[0].length               # the caches know the position of this push's first frame)
+        key_positions = nn.arange(start - caches[0].kept, start + len(positions_t))
     mask = nn.AttentionMask(positions_t, key_positions, cfg.sliding_window)
     record_rope_and_mask(record, cos_td[None], sin_td[None], mask)
     layers = layer_views(w, "pre_transformer.layers.", cfg.num_hidden_layers)
@@ -333,14 +335,16 @@ def conv_stages(w, cfg: DecoderConfig, x_bct, states: dict, record: Recorder = N
 def decode_stages(w, cfg: DecoderConfig, codes_bqt, tables: dict, state: "DecoderState | None" = None,
                   record: Recorder = NULL_RECORDER):
     """Stages 1-5 over new frames: codes [B, Q, T] -> waveform [B, T * samples_per_frame] in [-1, 1].
-    Offline (``state=None``) the frames are the whole sequence; streaming continues from ``state``."""
+    Offline (``state=None``) the frames are the whole sequence; streaming continues from ``state``.
+    Host codes are uploaded to the active backend here (the waveform stays there)."""
+    codes_bqt = nn.to_device(codes_bqt)
     T = codes_bqt.shape[-1]
     start = state.frames_done if state is not None else 0
     states = state.convs if state is not None else {}
     x_bct = dequantize(w, cfg, codes_bqt, tables, record)
     record("quantizer", x_bct)
     x_bct = causal_conv(WeightView(w), "pre_conv", x_bct, states, record)
-    x_btc = pre_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), np.arange(start, start + T),
+    x_btc = pre_transformer(w, cfg, np.swapaxes(x_bct, 1, 2), nn.arange(start, start + T),
                             state.kv if state is not None else None, record.scope("pre_transformer."))
     record("pre_transformer", x_btc)
     x_bct = conv_stages(w, cfg, np.swapaxes(x_btc, 1, 2), states, record)
@@ -416,5 +420,5 @@ class DecoderStream:
 
     def push(self, codes_bqt):
         if codes_bqt.shape[-1] == 0:
-            return np.zeros((self.batch, 0), dtype=self.dtype)
+            return nn.zeros((self.batch, 0), dtype=self.dtype)
         return decode_stages(self.w, self.cfg, codes_bqt, self.tables, self.state)

@@ -293,7 +293,8 @@ def attention_mask(cfg: EncoderConfig, T: int, attention: str) -> nn.AttentionMa
     if attention not in ATTENTION_MODES:
         raise ValueError(f"encoder attention must be one of {ATTENTION_MODES}, not {attention!r}")
     window = cfg.sliding_window if attention == "sliding" else None
-    return nn.AttentionMask(np.arange(T), np.arange(T), window)
+    positions_t = nn.arange(T)
+    return nn.AttentionMask(positions_t, positions_t, window)
 
 
 def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", record: Recorder = NULL_RECORDER):
@@ -301,7 +302,7 @@ def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", r
     norm.  [B, T, C] -> [B, T, C]; each layer's output is recorded as ``layers.{i}``."""
     T = x_btc.shape[1]
     mask = attention_mask(cfg, T, attention)
-    cos_td, sin_td = nn.rope_cos_sin(np.arange(T), cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
+    cos_td, sin_td = nn.rope_cos_sin(nn.arange(T), cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
     layers = layer_views(w, "encoder_transformer.layers.", cfg.num_hidden_layers)
     return transformer_stack(layers, CODEC_ENCODER, cfg, x_btc, cos_td[None], sin_td[None], mask, None,
                              cfg.norm_eps, record)
@@ -343,7 +344,7 @@ def nearest_rows(x_nd, e_kd, e_sq_k=None):
     score_nk = e_sq_k[None, :] - 2 * (x_nd @ e_kd.T)
     best_n = np.argmin(score_nk, axis=1)
     if e_kd.shape[0] < 2:
-        return best_n.astype(np.int64), np.full(x_nd.shape[0], np.inf, dtype=x_nd.dtype)
+        return best_n.astype(np.int64), nn.module_of(x_nd).full(x_nd.shape[0], np.inf, dtype=x_nd.dtype)
     two_nk = np.partition(score_nk, 1, axis=1)[:, :2]
     x_sq_n = np.sum(x_nd * x_nd, axis=1)
     d_n2 = np.sqrt(np.maximum(two_nk + x_sq_n[:, None], 0))

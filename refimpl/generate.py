@@ -14,6 +14,12 @@ One generation step for a batch (B rows), after the prompt has been run through 
        at the next position of each row; one talker step with the KV cache -> new h, logits.
 
 Finally each row is cut before its first frame whose code 0 is EOS.
+
+On a device backend the networks, their KV caches and the prompt vectors stay on the device; what
+crosses to the host per frame is exactly the logits the 16 codes are chosen from (one row of at most
+vocab_size values each).  Sampling runs on the host, in float64, on those copies: the same arithmetic
+on every backend, so the same recorded uniforms give the same ids (``refimpl.sampling.choose``), and the
+chosen ids (host int64) are uploaded where they index an embedding table.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import sampling
+from . import nn, sampling
 from .prompt import assemble_batch
 from .trace import NULL_RECORDER, Recorder
 from .sampling import SamplingSettings
@@ -36,7 +42,7 @@ NON_FINITE_HINT = "damaged weights or an extreme speaker embedding?"
 
 @dataclass
 class GenerationTrace:
-    """What a run saw, for tests and debugging (filled when passed to ``generate_codes``)."""
+    """What a run saw, for tests and debugging (filled when passed to ``generate_codes``); host arrays."""
 
     prefill_logits: np.ndarray | None = None          # [B, V] talker logits at the last prompt position
     step_logits: list = field(default_factory=list)   # [B, V] per decode step
@@ -50,10 +56,10 @@ class GenerationTrace:
 
     def set(self, **values) -> None:
         for name, value in values.items():
-            setattr(self, name, value)
+            setattr(self, name, nn.to_host(value))
 
     def add(self, name: str, value) -> None:
-        getattr(self, name).append(value)
+        getattr(self, name).append(nn.to_host(value))
 
 
 class _NoTrace:
@@ -98,14 +104,17 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
     extra("prompt.key_valid", valid)
     extra("prompt.positions", positions)
     extra("prompt.trailing", trailing)
-    extra("prompt.tts_pad", np.asarray(pad_vector_h))
+    extra("prompt.tts_pad", nn.to_host(pad_vector_h))
     B = embeds.shape[0]
     G = talker.cfg.num_code_groups
-    pad_vector = np.asarray(pad_vector_h, dtype=embeds.dtype)
+    pad_vector = nn.to_device(pad_vector_h).astype(embeds.dtype, copy=False)
 
     sub_extra = extra.scope("code_predictor.sampling.")
+    frame_logits = []   # the host copies of this frame's code-predictor logits
 
     def choose_sub(g, logits_bv):
+        logits_bv = nn.to_host(logits_bv)                                                 # the one copy down
+        frame_logits.append(logits_bv)
         check_finite(logits_bv, f"code predictor (group {g + 1} logits)", NON_FINITE_HINT)
         sub_extra("logits", logits_bv)
         ids = sampling.choose(sampling.subtalker_scores(logits_bv, settings, sub_extra), settings.subtalker_dosample,
@@ -115,6 +124,7 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
 
     caches = talker.new_caches(B)
     hidden, logits = talker_step(talker, embeds, positions, valid, caches, record)      # prefill
+    logits = nn.to_host(logits)
     check_finite(logits, "talker (prompt prefill logits)", NON_FINITE_HINT)
     trace.set(prefill_logits=logits)
     next_position = positions[:, -1] + 1
@@ -130,9 +140,12 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
         trace.add("code0", code0)
         if finished.all() or step + 1 == settings.max_new_tokens:                        # 2. stop
             return
+        frame_logits.clear()
         rest, predictor_logits = talker.code_predictor.predict_frame(hidden, talker.embed_codec(code0),
                                                                      choose_sub, G - 1,
                                                                      record.scope("talker.code_predictor."))  # 3.
+        if not isinstance(predictor_logits, np.ndarray):   # on a device: the host copies already made
+            predictor_logits = np.stack(frame_logits, axis=1)
         trace.add("predictor_logits", predictor_logits)
         frame = np.concatenate([code0[:, None], rest], axis=1)
         trace.add("frames", frame)
@@ -141,6 +154,7 @@ def iterate_frames(talker, prompts_th: list, trailing_nh: list, pad_vector_h, se
         x = (talker.embed_frames(frame) + text_h)[:, None]                                # 4. next input
         valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
         hidden, logits = talker_step(talker, x, next_position[:, None], valid, caches, record)
+        logits = nn.to_host(logits)
         check_finite(logits, f"talker (logits of generation step {step + 1})", NON_FINITE_HINT)
         next_position = next_position + 1
         trace.add("step_logits", logits)

@@ -9,6 +9,13 @@ Each function here has one job, a name that says what it is, and a body that is 
 docstring.  Speed lives elsewhere: a function marked ``@primitive`` hands its call to the active
 backend's twin of the same name and signature when there is one (``refimpl/kernels``); its own body
 is the reference the twins are tested against.
+
+The formulas are written once for every backend: on a device backend (CuPy, or the strict stand-in
+of the tests) the same NumPy calls run on device arrays, through NumPy's dispatch protocols
+(``__array_ufunc__``, ``__array_function__``).  What NumPy cannot dispatch goes through the helpers
+below: arrays created from nothing (``zeros``, ``arange``...: the active backend decides where they
+live; inside a primitive, where its input lives), uploads and downloads (``to_device``, ``to_host``),
+and ``scipy.special`` (``sigmoid``, ``erf``: computed by the device's own special functions).
 """
 
 from __future__ import annotations
@@ -17,9 +24,57 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
 
+from . import kernels
 from .kernels import primitive
+
+# ----------------------------------------------------------------------------- arrays of the active backend
+
+to_device = kernels.to_device   # host array -> array of the active backend (np.asarray on the host ones)
+to_host = kernels.to_host       # any array -> numpy.ndarray (a device array is copied down)
+array_module = kernels.array_module  # numpy, or the device backend's namespace (cupy)
+
+
+def zeros(shape, dtype=np.float32):
+    """Zeros of the active backend (on the device for a device backend)."""
+    return kernels.array_module().zeros(shape, dtype=dtype)
+
+
+def empty(shape, dtype=np.float32):
+    return kernels.array_module().empty(shape, dtype=dtype)
+
+
+def ones(shape, dtype=np.float32):
+    return kernels.array_module().ones(shape, dtype=dtype)
+
+
+def full(shape, value, dtype=np.float32):
+    return kernels.array_module().full(shape, value, dtype=dtype)
+
+
+def arange(*args, dtype=np.int64):
+    """``arange`` of the active backend (positions, mask indices); int64 unless told."""
+    return kernels.array_module().arange(*args, dtype=dtype)
+
+
+def module_of(x):
+    """The namespace that created ``x``: numpy for a host array, else the active device backend's."""
+    return np if isinstance(x, np.ndarray) else kernels.array_module()
+
+
+def as_array(x):
+    """``x`` as it is when it already is an array (host or device), else ``np.asarray(x)`` (lists, ranges)."""
+    return x if hasattr(x, "__array_function__") else np.asarray(x)
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)) (``scipy.special.expit``, or the device's twin of it)."""
+    return kernels.special_module(x).expit(x)
+
+
+def erf(x):
+    """The error function (``scipy.special.erf``, or the device's twin of it)."""
+    return kernels.special_module(x).erf(x)
 
 # ----------------------------------------------------------------------------- elementwise
 
@@ -27,13 +82,13 @@ from .kernels import primitive
 @primitive
 def silu(x):
     """x * sigmoid(x)."""
-    return x * special.expit(x)
+    return x * sigmoid(x)
 
 
 @primitive
 def gelu_erf(x):
     """The exact GELU: 0.5 * x * (1 + erf(x / sqrt(2)))."""
-    return 0.5 * x * (1.0 + special.erf(x * x.dtype.type(1.0 / math.sqrt(2.0))))
+    return 0.5 * x * (1.0 + erf(x * x.dtype.type(1.0 / math.sqrt(2.0))))
 
 
 @primitive
@@ -139,7 +194,7 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     """
     B, C, T = x_bct.shape
     I, O, K = w_iok.shape
-    out = np.zeros((B, O, (T - 1) * stride + K), dtype=x_bct.dtype)
+    out = module_of(x_bct).zeros((B, O, (T - 1) * stride + K), dtype=x_bct.dtype)
     for k in range(K):
         out[:, :, k:k + stride * (T - 1) + 1:stride] += np.matmul(w_iok[:, :, k].T, x_bct)
     if b_o is not None:
@@ -193,11 +248,12 @@ def causal_conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, gr
     if stride != 1:
         raise ValueError("a streaming causal conv must have stride 1")
     B, C, T = x_bct.shape
-    past_bct = state.context_bct if state.context_bct is not None else np.zeros((B, C, left), dtype=x_bct.dtype)
+    xp = module_of(x_bct)
+    past_bct = state.context_bct if state.context_bct is not None else xp.zeros((B, C, left), dtype=x_bct.dtype)
     x_bct = np.concatenate([past_bct, x_bct], axis=-1)
     state.context_bct = x_bct[:, :, x_bct.shape[-1] - left:]
     if T == 0:
-        return np.zeros((B, w_oik.shape[0], 0), dtype=x_bct.dtype)
+        return xp.zeros((B, w_oik.shape[0], 0), dtype=x_bct.dtype)
     return conv1d(x_bct, w_oik, b_o, 1, dilation, groups)
 
 
@@ -215,10 +271,11 @@ def causal_conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1, state: Tran
         return out[:, :, :out.shape[-1] - trim] if trim > 0 else out
     B, _, T = x_bct.shape
     O = w_iok.shape[1]
+    xp = module_of(x_bct)
     if state.tail_bot is None:
-        state.tail_bot = np.zeros((B, O, K - stride), dtype=x_bct.dtype)
+        state.tail_bot = xp.zeros((B, O, K - stride), dtype=x_bct.dtype)
     if T == 0:
-        return np.zeros((B, O, 0), dtype=x_bct.dtype)
+        return xp.zeros((B, O, 0), dtype=x_bct.dtype)
     full_bot = conv_transpose1d(x_bct, w_iok, None, stride)  # [B, O, (T - 1) * stride + K]
     full_bot[:, :, :K - stride] += state.tail_bot
     state.tail_bot = full_bot[:, :, T * stride:]
@@ -233,17 +290,32 @@ def rope_inverse_frequencies(head_dim: int, theta: float, dtype=np.float32):
     """inv_freq[j] = 1 / theta^(2j / head_dim), j < head_dim / 2.
 
     In float32 mode this is computed in float32, like the official code, so that the angle
-    roundings match; in float64 mode everything is float64."""
+    roundings match; in float64 mode everything is float64.  A small host table (a constant of the config)."""
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(dtype) / dtype(head_dim)
     return (dtype(1.0) / (dtype(theta) ** exponent)).astype(dtype)
+
+
+_UPLOADED: dict = {}   # (head_dim, theta, dtype, device backend) -> inv_freq on that device
+
+
+def _uploaded_inverse_frequencies(head_dim: int, theta: float, dtype: np.dtype, backend: str):
+    """``rope_inverse_frequencies`` uploaded once per device backend (a constant of the config)."""
+    key = (head_dim, float(theta), dtype, backend)
+    if key not in _UPLOADED:
+        _UPLOADED[key] = to_device(rope_inverse_frequencies(head_dim, theta, dtype.type))
+    return _UPLOADED[key]
 
 
 def rope_cos_sin(positions_t, head_dim: int, theta: float, dtype=np.float32):
     """cos and sin tables [..., T, head_dim] for integer positions [..., T] (any leading axes):
     angle[..., t, j] = position[..., t] * inv_freq[j], the two halves repeated.  In float32 mode the
-    angle is a float32 product, like the official code."""
-    inv_freq = rope_inverse_frequencies(head_dim, theta, dtype)
-    angles_tj = np.asarray(positions_t).astype(dtype)[..., None] * inv_freq
+    angle is a float32 product, like the official code.  Positions on a device give tables on the device."""
+    positions_t = as_array(positions_t)
+    if isinstance(positions_t, np.ndarray):
+        inv_freq = rope_inverse_frequencies(head_dim, theta, dtype)
+    else:
+        inv_freq = _uploaded_inverse_frequencies(head_dim, theta, np.dtype(dtype), kernels.device_backend())
+    angles_tj = positions_t.astype(dtype)[..., None] * inv_freq
     angles_td = np.concatenate([angles_tj, angles_tj], axis=-1)
     return np.cos(angles_td), np.sin(angles_td)
 
@@ -263,8 +335,8 @@ def apply_rope(x_bhtd, cos_td, sin_td):
 def causal_window_mask(query_positions_t, key_positions_s, window: int | None = None):
     """Boolean [Tq, Tk]: True where query at position p may attend to key at position s:
     s <= p and, with a sliding window, s > p - window (the query sees ``window`` keys, itself included)."""
-    q = np.asarray(query_positions_t)[:, None]
-    k = np.asarray(key_positions_s)[None, :]
+    q = as_array(query_positions_t)[:, None]
+    k = as_array(key_positions_s)[None, :]
     allowed = k <= q
     if window is not None:
         allowed &= k > q - window
@@ -287,7 +359,7 @@ class AttentionMask:
         allowed_ts = causal_window_mask(self.query_positions_t[start:stop], self.key_positions_s, self.window)
         if self.key_valid_bs is None:
             return allowed_ts
-        return allowed_ts[None, None] & np.asarray(self.key_valid_bs, dtype=bool)[:, None, None, :]
+        return allowed_ts[None, None] & as_array(self.key_valid_bs).astype(bool, copy=False)[:, None, None, :]
 
 
 ATTENTION_QUERY_BLOCK = 256  # queries per block: the scores held at once are [B, H, 256, S]
@@ -309,13 +381,14 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
         k_bgsd = np.repeat(k_bgsd, H // G, axis=1)
         v_bgsd = np.repeat(v_bgsd, H // G, axis=1)
     T = q_bhtd.shape[2]
-    out_bhtd = np.empty(q_bhtd.shape[:-1] + v_bgsd.shape[-1:], dtype=np.result_type(q_bhtd, v_bgsd))
+    out_bhtd = module_of(q_bhtd).empty(q_bhtd.shape[:-1] + v_bgsd.shape[-1:], dtype=np.result_type(q_bhtd, v_bgsd))
     for start in range(0, T, ATTENTION_QUERY_BLOCK):
         stop = min(T, start + ATTENTION_QUERY_BLOCK)
         if isinstance(allowed, AttentionMask):
             allowed_ts = allowed.rows(start, stop)
         else:
-            allowed_ts = allowed if np.shape(allowed)[-2] == 1 else np.asarray(allowed)[..., start:stop, :]
+            allowed = as_array(allowed)
+            allowed_ts = allowed if allowed.shape[-2] == 1 else allowed[..., start:stop, :]
         scores_bhts = np.matmul(q_bhtd[:, :, start:stop], np.swapaxes(k_bgsd, -1, -2)) * q_bhtd.dtype.type(scale)
         scores_bhts = np.where(allowed_ts, scores_bhts, -np.inf)
         out_bhtd[:, :, start:stop] = np.matmul(softmax(scores_bhts, axis=-1), v_bgsd)

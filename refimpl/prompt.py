@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import nn
 from .config import config_from_dict
 from .talker import TalkerConfig
 from .validate import check_codes, check_tts_config
@@ -211,18 +212,19 @@ def embed_layout(talker, layout: PromptLayout, speaker_vector=None):
     codes = layout.codec_codes
     codec_th = np.zeros_like(text_th)
     has0 = codes[:, 0] >= 0
-    codec_th[has0] = talker.embed_codec(codes[has0, 0])
+    codec_th[nn.to_device(has0)] = talker.embed_codec(codes[has0, 0])
     for g in range(1, codes.shape[1]):
         present = codes[:, g] >= 0
         if present.any():
-            codec_th[present] += talker.code_predictor.embed(g, codes[present, g])
+            rows = nn.to_device(present)
+            codec_th[rows] += talker.code_predictor.embed(g, codes[present, g])
     if layout.speaker_position >= 0:
         if speaker_vector is None:
             raise ValueError("this prompt has a speaker slot but no speaker vector was given")
         v = np.asarray(speaker_vector, dtype=text_th.dtype).reshape(-1)
         if v.shape[0] != text_th.shape[1]:
             raise ValueError(f"speaker embedding has {v.shape[0]} values, the talker width is {text_th.shape[1]}")
-        codec_th[layout.speaker_position] = v
+        codec_th[layout.speaker_position] = nn.to_device(v)
     return text_th + codec_th
 
 
@@ -231,19 +233,20 @@ def assemble_batch(prompts_th: list, trailing_nh: list, pad_vector_h):
 
     returns embeds [B, T, H], key_valid [B, T] (False on padding), positions [B, T] (0, 1, ... from each
     row's first real position; padding gets 1, as the official), trailing [B, N, H] (padded with the
-    tts_pad vector)."""
+    tts_pad vector).  The vectors stay on the backend of the prompts; key_valid and positions are host
+    bookkeeping (the generation loop extends them)."""
     B = len(prompts_th)
     T = max(p.shape[0] for p in prompts_th)
     H = prompts_th[0].shape[1]
     dtype = prompts_th[0].dtype
-    embeds = np.zeros((B, T, H), dtype=dtype)
+    embeds = nn.zeros((B, T, H), dtype=dtype)
     valid = np.zeros((B, T), dtype=bool)
     for b, p in enumerate(prompts_th):
         embeds[b, T - p.shape[0]:] = p
         valid[b, T - p.shape[0]:] = True
     positions = np.where(valid, np.cumsum(valid, axis=1) - 1, 1)
     N = max(t.shape[0] for t in trailing_nh)
-    trailing = np.broadcast_to(np.asarray(pad_vector_h, dtype=dtype), (B, N, H)).copy()
+    trailing = np.broadcast_to(nn.to_device(pad_vector_h).astype(dtype, copy=False), (B, N, H)).copy()
     for b, t in enumerate(trailing_nh):
         trailing[b, :t.shape[0]] = t
     return embeds, valid, positions, trailing

@@ -19,6 +19,9 @@ suppression), then sample or argmax (``subtalker_dosample``).
 
 Every function takes and returns a score array [B, V]; -inf marks removed ids.  Sampling draws from a
 NumPy ``Generator``, so a ``seed`` makes runs reproducible (the draws cannot equal torch's).
+
+Sampling works on host arrays on every backend: on a device backend the generation loop copies each
+logits row down first (``refimpl.generate``), so the same draws give the same ids everywhere.
 """
 
 from __future__ import annotations

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy import special
 
 from . import nn
 from .audio import audio_as_float, check_amplitude, check_sample_rate, resample
-from .checkpoint import CheckpointError, WeightSpec, check_weights, compute_dtype, read_checkpoint_weights, read_config
+from .checkpoint import (CheckpointError, WeightSpec, check_weights, compute_dtype, read_checkpoint_weights, read_config,
+                         upload_weights)
 from .config import config_from_dict
+from .kernels import device_backend, on_model_backend
 from .trace import NULL_RECORDER, Recorder, as_recorder
 from .validate import check_speaker_encoder_config, raise_non_finite_stage
 
@@ -311,7 +312,7 @@ def squeeze_excitation(w, p, x_bct, record: Recorder = NULL_RECORDER):
     record(f"{p}.relu", squeezed)
     gates_bc1 = nn.conv1d(squeezed, w[f"{p}.conv2.weight"], w[f"{p}.conv2.bias"])
     record(f"{p}.conv2", gates_bc1)
-    gates_bc1 = special.expit(gates_bc1)
+    gates_bc1 = nn.sigmoid(gates_bc1)
     record(f"{p}.sigmoid", gates_bc1)
     return x_bct * gates_bc1
 
@@ -340,7 +341,7 @@ def attentive_statistics_pooling(w, x_bct, record):
     """[B, C, T] -> [B, 2C, 1]: attention weights over time per channel, from the frame itself and
     the utterance's plain mean and std (global context); then the attention-weighted mean and std."""
     B, C, T = x_bct.shape
-    uniform_bct = np.full((B, 1, T), 1.0 / T, dtype=x_bct.dtype)
+    uniform_bct = nn.module_of(x_bct).full((B, 1, T), 1.0 / T, dtype=x_bct.dtype)
     mean_bc, std_bc = mean_and_std(x_bct, uniform_bct)
     context_b3ct = np.concatenate([x_bct, np.repeat(mean_bc[:, :, None], T, axis=2),
                                    np.repeat(std_bc[:, :, None], T, axis=2)], axis=1)
@@ -394,7 +395,9 @@ class SpeakerEncoder:
 
         enc = SpeakerEncoder.from_pretrained("Qwen3-TTS-12Hz-0.6B-Base")
         xvec = enc.embed(audio, sr=16000)   # [enc_dim]
-    """
+
+    The log-mel front end runs on the host (input preprocessing, like resampling); the network runs on
+    the backend the encoder was built under (its weights uploaded once, ``backend``), NumPy in and out."""
 
     def __init__(self, config, weights: dict, dtype=np.float32, directory: Path | None = None):
         dtype = compute_dtype(dtype)
@@ -402,7 +405,8 @@ class SpeakerEncoder:
         self.dtype = np.dtype(dtype).type
         self.directory = directory
         check_weights(weights, speaker_encoder_weight_spec(self.config), f"speaker encoder ({directory})")
-        self.weights = {name: np.asarray(arr, dtype=self.dtype) for name, arr in weights.items()}
+        self.backend = device_backend()
+        self.weights = upload_weights({name: np.asarray(arr, dtype=self.dtype) for name, arr in weights.items()})
         if self.config.mel_dim != MEL_SETTINGS["num_mels"]:
             raise ValueError(f"speaker_encoder_config.mel_dim is {self.config.mel_dim}, but the official mel "
                              f"spectrogram has {MEL_SETTINGS['num_mels']} bands")
@@ -438,16 +442,18 @@ class SpeakerEncoder:
         """Log mels [T, mel_dim] of 24 kHz audio [N] (the official settings)."""
         return mel_spectrogram(audio, dtype=self.dtype, **MEL_SETTINGS).T
 
+    @on_model_backend
     def forward(self, mels_btm, trace=None):
-        """x-vectors [B, enc_dim] of log mels [B, T, mel_dim]."""
+        """x-vectors [B, enc_dim] of log mels [B, T, mel_dim] (host arrays in and out)."""
         mels_btm = np.asarray(mels_btm, dtype=self.dtype)
         if mels_btm.ndim != 3 or mels_btm.shape[-1] != self.config.mel_dim:
             raise ValueError(f"speaker encoder: mels must be [B, T, {self.config.mel_dim}], got {mels_btm.shape}")
         if mels_btm.shape[1] < min_mel_frames(self.config):
             raise ValueError(f"speaker encoder: {mels_btm.shape[1]} mel frames are too few; the network needs at "
                              f"least {min_mel_frames(self.config)}")
-        return encode_mels(self.weights, self.config, mels_btm, trace)
+        return nn.to_host(encode_mels(self.weights, self.config, nn.to_device(mels_btm), trace))
 
+    @on_model_backend
     def embed(self, audio, sr: int = 24000, trace=None):
         """The x-vector [enc_dim] of mono audio [N] sampled at ``sr`` Hz (resampled to 24 kHz first).
 

@@ -19,12 +19,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import codec_decoder, codec_encoder
+from . import codec_decoder, codec_encoder, nn
 from .audio import audio_as_float, check_amplitude, check_sample_rate, resample
 from .checkpoint import (CheckpointError, check_prefixes, check_weights, compute_dtype, read_checkpoint_weights,
-                         read_config)
+                         read_config, upload_weights)
 from .codec_decoder import DecoderConfig
 from .hub import resolve_model
+from .kernels import device_backend, on_model_backend
 from .validate import check_codes, check_finite, check_speech_tokenizer_config, raise_non_finite_stage
 
 __all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir", "Encoded", "prepare_audio"]
@@ -53,7 +54,11 @@ def resolve_speech_tokenizer_dir(path) -> Path:
 
 class SpeechTokenizer:
     """The 12 Hz speech tokenizer (codec).  Arrays are NumPy; ``dtype`` is the compute dtype
-    (float32 like the official model, or float64 as a higher-precision oracle)."""
+    (float32 like the official model, or float64 as a higher-precision oracle).
+
+    Built while a device backend is active (``use_backend("cupy")``), its weights are uploaded once and
+    ``backend`` remembers it: its methods then run there (NumPy in, NumPy out) whatever host backend is
+    active (``refimpl.kernels.model_scope``)."""
 
     def __init__(self, config: dict, decoder_weights: dict, dtype=np.float32, directory: Path | None = None):
         self.config = config
@@ -63,7 +68,8 @@ class SpeechTokenizer:
         check_speech_tokenizer_config(config, self.decoder_config.num_quantizers)
         check_weights(decoder_weights, codec_decoder.decoder_weight_spec(self.decoder_config),
                       f"speech tokenizer decoder ({directory})")
-        self.decoder_weights = decoder_weights
+        self.backend = device_backend()
+        self.decoder_weights = decoder_weights = upload_weights(decoder_weights)
         self.codebooks = codec_decoder.dequantize_tables(decoder_weights, self.decoder_config)  # effective RVQ tables
         self.sample_rate = int(config.get("output_sample_rate", 24000))
         self.input_sample_rate = int(config.get("input_sample_rate", 24000))
@@ -107,11 +113,11 @@ class SpeechTokenizer:
 
     # ------------------------------------------------------------------ decoding
 
-    def _decode_frames(self, codes_tq: np.ndarray, trace=None) -> np.ndarray:
-        """One causal pass over [T, Q] valid codes -> [T * samples_per_frame]."""
+    def _decode_frames(self, codes_tq: np.ndarray, trace=None):
+        """One causal pass over [T, Q] valid codes -> [T * samples_per_frame] (an array of the backend)."""
         codes_bqt = codes_tq.T[None]
         if codes_tq.shape[0] == 0:
-            return np.zeros(0, dtype=self.dtype)
+            return nn.zeros(0, dtype=self.dtype)
         wav = codec_decoder.decode_codes(self.decoder_weights, self.decoder_config, codes_bqt, trace,
                                           tables=self.codebooks)
         if not np.isfinite(wav).all():
@@ -119,14 +125,16 @@ class SpeechTokenizer:
                 self.decoder_weights, self.decoder_config, codes_bqt, trace=trace, tables=self.codebooks))
         return wav[0]
 
+    @on_model_backend
     def decode_full(self, codes, trace=None):
         """One causal pass over the whole sequence (no chunking): [T, 16] -> [T * 1920].
         A list of sequences gives a list of waveforms.  ``trace`` (a dict or ``Recorder``) receives every
         module's output (``refimpl.tracing``)."""
         if self._is_batch(codes):
             return [self.decode_full(c, trace) for c in codes]
-        return self._decode_frames(self.check_codes(codes, allow_padding=False), trace)
+        return nn.to_host(self._decode_frames(self.check_codes(codes, allow_padding=False), trace))
 
+    @on_model_backend
     def decode(self, codes, *, progress=None):
         """Decode like the official ``Qwen3TTSTokenizer.decode``: [T, 16] -> [n_valid * 1920].
 
@@ -149,9 +157,10 @@ class SpeechTokenizer:
             context = OFFICIAL_LEFT_CONTEXT_FRAMES if start - OFFICIAL_LEFT_CONTEXT_FRAMES > 0 else start
             wav = self._decode_frames(arr[start - context:end])
             pieces.append(wav[context * spf:])
-        wav = np.concatenate(pieces) if pieces else np.zeros(0, dtype=self.dtype)
-        return wav[:n_valid * spf]
+        wav = np.concatenate(pieces) if pieces else nn.zeros(0, dtype=self.dtype)
+        return nn.to_host(wav[:n_valid * spf])
 
+    @on_model_backend
     def stream(self) -> "DecodeStream":
         """A stateful decoder: ``push(codes [n, 16])`` returns the ``n * 1920`` samples of those frames."""
         return DecodeStream(self)
@@ -172,6 +181,7 @@ class SpeechTokenizer:
                                       f"({cfg.samples_per_frame} samples per frame)")
             weights = read_checkpoint_weights(self.directory, self.dtype, prefix="encoder.")
             check_weights(weights, codec_encoder.encoder_weight_spec(cfg), f"speech tokenizer encoder ({self.directory})")
+            weights = upload_weights(weights)
             self._encoder = (cfg, weights, codec_encoder.encoder_tables(weights, cfg))
         return self._encoder
 
@@ -179,6 +189,7 @@ class SpeechTokenizer:
     def encoder_valid_num_quantizers(self) -> int:
         return int(self.config.get("encoder_valid_num_quantizers", self.num_quantizers))
 
+    @on_model_backend
     def encode_detailed(self, audio, sr: int | None = None, encoder_attention: str = "full", trace=None):
         """Encode and return everything: an ``Encoded(codes [T, 16], latent [T, hidden], margins [T, 16])``
         per input (a list for a list input).  ``margins`` is, per code, the distance to the second-nearest
@@ -204,11 +215,13 @@ class SpeechTokenizer:
         audio_bn = np.zeros((len(wavs), max(lengths)), dtype=self.dtype)
         for i, wav in enumerate(wavs):
             audio_bn[i, :len(wav)] = wav
-        out = codec_encoder.encode_audio(weights, cfg, audio_bn, self.encoder_valid_num_quantizers,
+        device_audio_bn = nn.to_device(audio_bn)
+        out = codec_encoder.encode_audio(weights, cfg, device_audio_bn, self.encoder_valid_num_quantizers,
                                          encoder_attention, tables, trace)
+        out = codec_encoder.EncoderOutput(*(nn.to_host(x) for x in out))
         if not np.isfinite(out.latent_bct).all():
             raise_non_finite_stage("codec encoder", lambda t: codec_encoder.encode_latent(
-                weights, cfg, audio_bn, encoder_attention, t), f"largest |sample| {np.max(np.abs(audio_bn)):.3g}")
+                weights, cfg, device_audio_bn, encoder_attention, t), f"largest |sample| {np.max(np.abs(audio_bn)):.3g}")
         spf = cfg.samples_per_frame
         results = []
         for i, n in enumerate(lengths):
@@ -295,6 +308,7 @@ class DecodeStream:
 
     def __init__(self, tokenizer: SpeechTokenizer):
         self.tokenizer = tokenizer
+        self.backend = tokenizer.backend
         self.decoder = codec_decoder.DecoderStream(tokenizer.decoder_weights, tokenizer.decoder_config,
                                                    batch=1, dtype=tokenizer.dtype, tables=tokenizer.codebooks)
 
@@ -306,11 +320,12 @@ class DecodeStream:
     def state(self) -> codec_decoder.DecoderState:
         return self.decoder.state
 
+    @on_model_backend
     def push(self, codes) -> np.ndarray:
         arr = np.asarray(codes)
         if arr.size == 0 and arr.ndim <= 2:
             arr = np.zeros((0, self.tokenizer.num_quantizers), dtype=np.int64)
         arr = self.tokenizer.check_codes(arr)
-        wav = self.decoder.push(arr.T[None])[0]
+        wav = nn.to_host(self.decoder.push(arr.T[None])[0])
         check_finite(wav, "streaming codec decoder", "damaged weights?")
         return wav

@@ -29,14 +29,17 @@ Weights are a flat dict keyed by the checkpoint names with the ``talker.`` prefi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import nn
-from .checkpoint import CheckpointError, WeightSpec, WeightView, check_weights
+from .checkpoint import CheckpointError, WeightSpec, WeightView, check_weights, upload_weights
 from .code_predictor import CodePredictor, CodePredictorConfig, code_predictor_weight_spec
 from .config import config_from_dict
+from . import kernels
+from .kernels import device_backend
 from .trace import as_recorder, record_rope_and_mask
 from .transformer import QWEN3, KVCache, check_attention_config, layer_views, qwen3_layer_weight_spec, transformer_stack
 from .validate import check_talker_config
@@ -156,7 +159,7 @@ def mrope_stream_of_channel(mrope_section, interleaved: bool, head_dim: int) -> 
     Interleaved (the released setting): on the first half, channel j reads stream 1 when j % 3 == 1 and
     j < 3 * section[1], stream 2 when j % 3 == 2 and j < 3 * section[2], else stream 0; the second half
     repeats the first.  Not interleaved: the channels are cut into consecutive blocks of sizes
-    section + section, block i reading stream i % 3."""
+    section + section, block i reading stream i % 3.  (A host table: a constant of the config.)"""
     half = head_dim // 2
     if interleaved:
         j = np.arange(half)
@@ -168,6 +171,12 @@ def mrope_stream_of_channel(mrope_section, interleaved: bool, head_dim: int) -> 
     return np.concatenate([np.full(n, i % 3, dtype=np.int64) for i, n in enumerate(sizes)])
 
 
+@functools.lru_cache(maxsize=None)
+def _uploaded_streams(mrope_section: tuple, interleaved: bool, head_dim: int, backend: str):
+    """``mrope_stream_of_channel`` uploaded once per device backend (a constant of the config)."""
+    return nn.to_device(mrope_stream_of_channel(mrope_section, interleaved, head_dim))
+
+
 def multimodal_rope_cos_sin(positions_3bt, head_dim: int, theta: float, mrope_section, interleaved: bool,
                             dtype=np.float32):
     """mRoPE tables cos, sin [B, T, head_dim] from three position streams [3, B, T].
@@ -175,10 +184,11 @@ def multimodal_rope_cos_sin(positions_3bt, head_dim: int, theta: float, mrope_se
     Each stream gives a full ordinary table; channel c then takes its value from stream
     ``mrope_stream_of_channel(...)[c]``.  With the three streams equal (TTS), all three tables are the
     same, so the result is the ordinary ``nn.rope_cos_sin`` of that stream."""
-    positions_3bt = np.asarray(positions_3bt)
-    cos_3btd, sin_3btd = nn.rope_cos_sin(positions_3bt, head_dim, theta, dtype)
+    cos_3btd, sin_3btd = nn.rope_cos_sin(nn.as_array(positions_3bt), head_dim, theta, dtype)
     stream_d = mrope_stream_of_channel(mrope_section, interleaved, head_dim)
-    channel_d = np.arange(head_dim)
+    if not isinstance(cos_3btd, np.ndarray):   # positions on a device: index there
+        stream_d = _uploaded_streams(tuple(mrope_section), interleaved, head_dim, kernels.device_backend())
+    channel_d = nn.module_of(cos_3btd).arange(head_dim)
     return cos_3btd[stream_d, ..., channel_d].transpose(1, 2, 0), sin_3btd[stream_d, ..., channel_d].transpose(1, 2, 0)
 
 
@@ -188,13 +198,16 @@ def multimodal_rope_cos_sin(positions_3bt, head_dim: int, theta: float, mrope_se
 class Talker:
     """The talker network (weights + config).  ``dtype`` is the compute dtype (float32 or float64).
 
-    The code predictor is ``self.code_predictor`` (a ``refimpl.code_predictor.CodePredictor``)."""
+    The code predictor is ``self.code_predictor`` (a ``refimpl.code_predictor.CodePredictor``).
+    Built under a device backend, the weights are uploaded once (``backend`` names it); ids come in
+    as host arrays and are uploaded where they index a table."""
 
     def __init__(self, cfg: TalkerConfig, weights: dict, dtype=np.float32):
         check_weights(weights, talker_weight_spec(cfg), "talker")
         self.cfg = cfg
         self.dtype = np.dtype(dtype).type
-        self.weights = {k: v.astype(self.dtype, copy=False) for k, v in weights.items()}
+        self.backend = device_backend()
+        self.weights = upload_weights({k: v.astype(self.dtype, copy=False) for k, v in weights.items()})
         self.w = WeightView(self.weights)
         self.layers = layer_views(self.weights, "model.layers.", cfg.num_hidden_layers)
         prefix = "code_predictor."
@@ -210,24 +223,26 @@ class Talker:
         ids = np.asarray(text_ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.text_vocab_size):
             raise ValueError(f"text id out of range [0, {self.cfg.text_vocab_size}): {ids.min()}..{ids.max()}")
-        e = w["model.text_embedding.weight"][ids]
+        e = w["model.text_embedding.weight"][nn.to_device(ids)]
         h = nn.silu(nn.linear(e, w["text_projection.linear_fc1.weight"], w["text_projection.linear_fc1.bias"]))
         return nn.linear(h, w["text_projection.linear_fc2.weight"], w["text_projection.linear_fc2.bias"])
 
-    def embed_codec(self, codec_ids):
-        """Talker codec ids (group-0 codes and control ids) [...] -> [..., H]."""
+    def embed_codec(self, codec_ids, on_backend=None):
+        """Talker codec ids (group-0 codes and control ids) [...] -> [..., H].  ``on_backend``: the same ids
+        already uploaded (checked here on the host all the same)."""
         ids = np.asarray(codec_ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
             raise ValueError(f"codec id out of range [0, {self.cfg.vocab_size}): {ids.min()}..{ids.max()}")
-        return self.w["model.codec_embedding.weight"][ids]
+        return self.w["model.codec_embedding.weight"][nn.to_device(ids) if on_backend is None else on_backend]
 
     def embed_frames(self, codes_n16):
         """Whole frames [..., 16] -> the sum of their 16 embeddings [..., H]: group 0 through the talker's
         codec_embedding, groups 1..15 through the code predictor's 15 embeddings (talker width)."""
         codes = np.asarray(codes_n16, dtype=np.int64)
-        total = self.embed_codec(codes[..., 0])
+        uploaded = nn.to_device(codes)   # once for the 16 lookups
+        total = self.embed_codec(codes[..., 0], uploaded[..., 0])
         for g in range(1, codes.shape[-1]):
-            total = total + self.code_predictor.embed(g, codes[..., g])
+            total = total + self.code_predictor.embed(g, codes[..., g], uploaded[..., g])
         return total
 
     # ---- the network
@@ -246,9 +261,9 @@ class Talker:
         returns the final-norm hidden states [B, T, H]; ``logits`` maps them to talker ids.
         ``trace`` (dict or Recorder) receives each layer's output as ``layers.{i}`` and its parts."""
         c = self.cfg
-        x = np.asarray(embeds_btc, dtype=self.dtype)
+        x = nn.to_device(embeds_btc).astype(self.dtype, copy=False)
         B, T, _ = x.shape
-        positions_bt = np.asarray(positions_bt)
+        positions_bt = nn.to_device(positions_bt)
         cos_btd, sin_btd = multimodal_rope_cos_sin(np.broadcast_to(positions_bt, (3,) + positions_bt.shape),
                                                    c.head_dim, c.rope_theta, c.mrope_section, c.mrope_interleaved,
                                                    self.dtype)
@@ -258,7 +273,7 @@ class Talker:
         if key_valid_bs.shape != (B, S):
             raise ValueError(f"key_valid must be [B, cache length + T] = {(B, S)}, got {key_valid_bs.shape}")
         # causal over cache indices (not rotary positions, which restart after left padding); padding unseen
-        mask = nn.AttentionMask(np.arange(start, S), np.arange(S), key_valid_bs=key_valid_bs)
+        mask = nn.AttentionMask(nn.arange(start, S), nn.arange(S), key_valid_bs=nn.to_device(key_valid_bs))
         record = as_recorder(trace)
         record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope=True)
         h = transformer_stack(self.layers, QWEN3, c, x, cos_btd, sin_btd, mask, caches, c.rms_norm_eps, record)

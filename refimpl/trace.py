@@ -18,6 +18,8 @@ from collections import Counter
 
 import numpy as np
 
+from .kernels import to_host
+
 __all__ = ["Recorder", "NULL_RECORDER", "as_recorder", "CallLog", "call_names", "EXTRA_PREFIX", "record_rope_and_mask"]
 
 # Names of tensors that are not the output of an official module start with this (no official module
@@ -26,7 +28,8 @@ EXTRA_PREFIX = "refimpl."
 
 
 class Recorder:
-    """Stores ``name -> array`` into ``store`` (a dict) under ``prefix``; with no store it does nothing."""
+    """Stores ``name -> array`` into ``store`` (a dict) under ``prefix``; with no store it does nothing.
+    A recording is a host array: a device array (CuPy backend) is copied down when it is recorded."""
 
     __slots__ = ("store", "prefix")
 
@@ -40,18 +43,18 @@ class Recorder:
 
     def __call__(self, name: str, value) -> None:
         if self.store is not None:
-            self.store[self.prefix + name] = value
+            self.store[self.prefix + name] = _on_host(value)
 
     def extra(self, name: str, value) -> None:
         """Record a tensor that no official module outputs (a residual, a margin, a mask...) under the
         separate namespace ``refimpl.`` + the full name."""
         if self.store is not None:
-            self.store[EXTRA_PREFIX + self.prefix + name] = value
+            self.store[EXTRA_PREFIX + self.prefix + name] = _on_host(value)
 
     def output(self, value) -> None:
         """Record the output of the module this recorder is scoped to (``talker.model.`` -> ``talker.model``)."""
         if self.store is not None:
-            self.store[self.prefix.rstrip(".")] = value
+            self.store[self.prefix.rstrip(".")] = _on_host(value)
 
     def extra_scope(self, prefix: str) -> "Recorder":
         """A recorder whose names all go to the ``refimpl.`` namespace: ``refimpl.`` + this prefix + prefix."""
@@ -67,6 +70,13 @@ class Recorder:
 
 
 NULL_RECORDER = Recorder(None)
+
+
+def _on_host(value):
+    """A device array copied to the host; host arrays and other values as they are."""
+    if isinstance(value, np.ndarray) or not hasattr(value, "__array_function__"):
+        return value
+    return to_host(value)
 
 
 def as_recorder(trace) -> Recorder:

@@ -118,8 +118,8 @@ class KVCache:
     so appending one position costs O(1) amortised."""
 
     def __init__(self, batch: int, n_kv_heads: int, head_dim: int, dtype, capacity: int = 64):
-        self.k = np.zeros((batch, n_kv_heads, capacity, head_dim), dtype=dtype)
-        self.v = np.zeros((batch, n_kv_heads, capacity, head_dim), dtype=dtype)
+        self.k = nn.zeros((batch, n_kv_heads, capacity, head_dim), dtype=dtype)
+        self.v = nn.zeros((batch, n_kv_heads, capacity, head_dim), dtype=dtype)
         self.length = 0   # positions stored (= the cache index of the next position)
 
     @property
@@ -143,7 +143,7 @@ class KVCache:
 
 
 def _grown(buf_bgsd, used: int, capacity: int):
-    grown = np.zeros(buf_bgsd.shape[:2] + (capacity,) + buf_bgsd.shape[3:], dtype=buf_bgsd.dtype)
+    grown = nn.module_of(buf_bgsd).zeros(buf_bgsd.shape[:2] + (capacity,) + buf_bgsd.shape[3:], dtype=buf_bgsd.dtype)
     grown[:, :, :used] = buf_bgsd[:, :, :used]
     return grown
 
@@ -158,8 +158,8 @@ class SlidingKVCache:
 
     def __init__(self, window: int, batch: int, n_kv_heads: int, head_dim: int, dtype):
         self.window = window
-        self.k = np.zeros((batch, n_kv_heads, 0, head_dim), dtype=dtype)
-        self.v = np.zeros((batch, n_kv_heads, 0, head_dim), dtype=dtype)
+        self.k = nn.zeros((batch, n_kv_heads, 0, head_dim), dtype=dtype)
+        self.v = nn.zeros((batch, n_kv_heads, 0, head_dim), dtype=dtype)
         self.length = 0   # positions seen in total (the position of the next one)
 
     @property

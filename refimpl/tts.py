@@ -1,5 +1,9 @@
 """``Qwen3TTS``: the official public API (``qwen_tts.Qwen3TTSModel``) on the NumPy reference.
 
+Loaded under a device backend (``with refimpl.use_backend("cupy"): Qwen3TTS.from_pretrained(...)``, or
+``--backend cupy``) every network's weights go to the device once; the public methods stay NumPy in,
+NumPy out and run on that device (docs/backends.md).
+
     tts = Qwen3TTS.from_pretrained("Qwen3-TTS-12Hz-1.7B-CustomVoice")          # dtype=numpy.float32
     wavs, sr = tts.generate_custom_voice("Hello.", speaker="vivian", language="english", seed=0)
     wavs, sr, codes = tts.generate_voice_design(["a", "b"], instruct="calm", return_codes=True,
@@ -32,6 +36,7 @@ from .audio import audio_as_float, check_sample_rate, read_wav
 from .checkpoint import CheckpointError, check_prefixes, compute_dtype, read_checkpoint_weights, read_config, read_json_object
 from .generate import GenerationTrace, generate_codes, iterate_frames
 from .hub import resolve_model
+from .kernels import iterate_on_model_backend, on_model_backend
 from .prompt import TTSConfig, build_layout, embed_layout
 from .sampling import SamplingSettings, UniformDraws
 from .speaker import SpeakerEncoder
@@ -110,6 +115,8 @@ class Qwen3TTS:
         self.tts_model_size = self.config.tts_model_size
         self.tokenizer_type = self.config.tokenizer_type
         self.last_trace: GenerationTrace | None = None
+        # the device backend the networks were built under (None: the host); the public methods run there
+        self.backend = getattr(talker, "backend", None)
 
     # ------------------------------------------------------------------ loading
 
@@ -203,6 +210,7 @@ class Qwen3TTS:
         eos_id = self.config.talker_config.codec_eos_token_id if eos is None else int(eos)
         return settings, UniformDraws(np.random.default_rng(seed), random_draws), return_codes, eos_id
 
+    @on_model_backend
     def generate_codes_from_layouts(self, layouts: list, speaker_vectors: list, settings: SamplingSettings, rng,
                                     eos_id: int, trace: GenerationTrace | None = None,
                                     record: Recorder = NULL_RECORDER, *, progress=None) -> list:
@@ -237,6 +245,7 @@ class Qwen3TTS:
 
     # ------------------------------------------------------------------ CustomVoice
 
+    @on_model_backend
     def generate_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True, **kwargs):
         """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
         self._require_type("custom_voice", "generate_custom_voice")
@@ -249,6 +258,7 @@ class Qwen3TTS:
                                                  self.last_trace, record, progress=progress)
         return self._finish(codes, return_codes, progress=progress)
 
+    @on_model_backend
     def stream_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True,
                             chunk_frames: int = 4, **kwargs):
         """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks of
@@ -278,6 +288,7 @@ class Qwen3TTS:
 
     # ------------------------------------------------------------------ VoiceDesign
 
+    @on_model_backend
     def generate_voice_design(self, text, instruct, language=None, non_streaming_mode=True, **kwargs):
         """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
         self._require_type("voice_design", "generate_voice_design")
@@ -290,6 +301,7 @@ class Qwen3TTS:
                                                  self.last_trace, record, progress=progress)
         return self._finish(codes, return_codes, progress=progress)
 
+    @on_model_backend
     def stream_voice_design(self, text, instruct, language=None, non_streaming_mode=True, chunk_frames: int = 4,
                             **kwargs):
         """Like ``generate_voice_design`` for ONE text, yielding float32 waveform chunks (see
@@ -315,6 +327,7 @@ class Qwen3TTS:
 
     # ------------------------------------------------------------------ Base: voice clone
 
+    @on_model_backend
     def extract_speaker_embedding(self, audio, sr: int = 24000, trace=None):
         """The x-vector [enc_dim] of mono audio (resampled to 24 kHz when ``sr`` differs).  ``trace`` (a dict
         or ``Recorder``) receives every module's output under ``speaker_encoder.`` (``refimpl.tracing``)."""
@@ -341,6 +354,7 @@ class Qwen3TTS:
             return wav.astype(np.float32), int(sr)
         raise ValueError(f"Unsupported audio input type: {type(a).__name__}; pass (waveform, sr) or a WAV path")
 
+    @on_model_backend
     def create_voice_clone_prompt(self, ref_audio, ref_text=None, x_vector_only_mode=False, trace=None) -> list:
         """Reference voice(s) -> ``VoiceClonePromptItem`` list: the reference codes (ICL mode) and x-vector.
         ``trace`` receives the speaker encoder's module outputs (the codec encoder's are traced by
@@ -370,6 +384,7 @@ class Qwen3TTS:
                                               icl_mode=bool(not xo), ref_text=rt))
         return items
 
+    @on_model_backend
     def generate_voice_clone(self, text, language=None, ref_audio=None, ref_text=None, x_vector_only_mode=False,
                              voice_clone_prompt=None, non_streaming_mode=False, **kwargs):
         """Speech in the voice of reference audio (Base models): x-vector only, or ICL (reference text +
@@ -386,6 +401,7 @@ class Qwen3TTS:
                                                  progress=progress)
         return self._finish(codes, return_codes, ref_codes, progress)
 
+    @on_model_backend
     def stream_voice_clone(self, text, language=None, ref_audio=None, ref_text=None, x_vector_only_mode=False,
                            voice_clone_prompt=None, non_streaming_mode=False, chunk_frames: int = 4, **kwargs):
         """Like ``generate_voice_clone`` for ONE text, yielding float32 waveform chunks (see
@@ -472,7 +488,7 @@ class Qwen3TTS:
             if isinstance(rng, UniformDraws):
                 record.extra("random_draws", rng.recorded())
 
-        return chunks()
+        return iterate_on_model_backend(self, chunks())
 
     @staticmethod
     def _items_from_dict(d: dict) -> list:

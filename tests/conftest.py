@@ -17,21 +17,22 @@ if str(REPO) not in sys.path:  # tests run against the working tree even when re
 F32_EPS = float(np.finfo(np.float32).eps)
 
 # The parity suite (every comparison with the official outputs, and the streaming properties) runs once
-# per backend: the plain primitives ("numpy") and their fast twins ("numba"), each in float32 and float64.
+# per INSTALLED backend (``refimpl.kernels.installed_backends``): the plain primitives ("numpy"), their fast
+# CPU twins ("numba") and, where CuPy and a GPU are there, the GPU ("cupy"), each in float32 and float64.
 PARITY_MODULES = {"test_codec_decoder", "test_codec_encoder", "test_codec_streaming", "test_speaker_encoder",
                   "test_talker", "test_end_to_end"}
 
 
 def pytest_addoption(parser):
-    from refimpl.kernels import BACKENDS
-    parser.addoption("--backend", action="append", choices=BACKENDS, default=None,
+    from refimpl.kernels import BACKENDS, TEST_BACKENDS
+    parser.addoption("--backend", action="append", choices=BACKENDS + TEST_BACKENDS, default=None,
                      help="run the parity suite on this backend only (repeatable; default: every backend)")
 
 
 def pytest_generate_tests(metafunc):
     if metafunc.module.__name__ in PARITY_MODULES:
-        from refimpl.kernels import BACKENDS
-        names = metafunc.config.getoption("--backend") or list(BACKENDS)
+        from refimpl.kernels import installed_backends
+        names = metafunc.config.getoption("--backend") or list(installed_backends())
         metafunc.parametrize("backend", names, indirect=True, scope="module")
 
 
@@ -58,7 +59,8 @@ def assert_close_to_oracle(ours, off32, off64, precision: str, what: str, noise_
     noise_factor * noise + noise_factor * eps32 * max|official| (the second term keeps a floor where the
     measured noise happens to be tiny)."""
     from refimpl.compare import check_against_oracle
-    ours = np.asarray(ours)
+    from refimpl.kernels import to_host
+    ours = to_host(ours)   # a stage function called directly on a device backend returns a device array
     off64 = np.asarray(off64, dtype=np.float64)
     assert ours.shape == off64.shape, f"{what}: shape {ours.shape} != official {off64.shape}"
     c = check_against_oracle(ours, off32, off64, precision, noise_factor, f64_rel)
@@ -77,11 +79,26 @@ def tiny_speech_tokenizer_dir():
     return CHECKPOINTS / "tiny-speech-tokenizer"
 
 
+class _TokenizersPerDevice:
+    """``speech_tokenizers["f32"]``: the tiny tokenizer in that precision, loaded once per device backend
+    (a model keeps the device its weights were uploaded to, so the GPU parity run needs its own)."""
+
+    def __init__(self, directory):
+        self.directory, self.loaded = directory, {}
+
+    def __getitem__(self, precision: str):
+        from refimpl import SpeechTokenizer
+        from refimpl.kernels import device_backend
+        key = (device_backend(), precision)
+        if key not in self.loaded:
+            dtype = {"f32": np.float32, "f64": np.float64}[precision]
+            self.loaded[key] = SpeechTokenizer.from_pretrained(self.directory, dtype=dtype)
+        return self.loaded[key]
+
+
 @pytest.fixture(scope="session")
 def speech_tokenizers(tiny_speech_tokenizer_dir):
-    from refimpl import SpeechTokenizer
-    return {"f32": SpeechTokenizer.from_pretrained(tiny_speech_tokenizer_dir, dtype=np.float32),
-            "f64": SpeechTokenizer.from_pretrained(tiny_speech_tokenizer_dir, dtype=np.float64)}
+    return _TokenizersPerDevice(tiny_speech_tokenizer_dir)
 
 
 def read_or_named_error(read, path, error=ValueError):

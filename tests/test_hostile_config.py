@@ -153,7 +153,7 @@ def test_non_finite_talker_weights_are_refused_at_load(tmp_path):
 
 def with_poisoned_weight(weights: dict, name: str) -> dict:
     out = dict(weights)
-    out[name] = np.array(weights[name])
+    out[name] = weights[name].copy()   # (a copy where it lives: host or device)
     out[name].reshape(-1)[0] = np.nan
     return out
 

@@ -30,13 +30,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import refimpl.nn
-from refimpl.kernels import BACKENDS, use_backend
+from refimpl.kernels import installed_backends, use_backend
 
 DTYPES = [np.float32, np.float64]
 DTYPE_IDS = ["f32", "f64"]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=installed_backends())
 def nn_impl(request):
     """The primitives under test, once per backend: ``refimpl.nn`` with that backend active (its
     primitives hand each call to the backend's twin where one exists)."""
