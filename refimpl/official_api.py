@@ -11,8 +11,10 @@
 Same names, arguments, defaults and return types as the official package (0.1.1), with NumPy arrays
 where it returns torch tensors.  The differences, all deliberate:
 
-- Keyword arguments that only steer PyTorch (``device_map``, ``attn_implementation``, ``low_cpu_mem_usage``,
-  ...) are accepted and ignored, with a one-time ``IgnoredArgumentWarning``.  ``dtype`` (or ``torch_dtype``)
+- ``device_map="cuda:0"`` (or "cuda", "auto") loads the model on the cupy backend when CuPy and a GPU are
+  there (docs/backends.md), else on the CPU with a one-time note saying what is missing.  Keyword
+  arguments that only steer PyTorch (``attn_implementation``, ``low_cpu_mem_usage``, ...) are accepted
+  and ignored, with a one-time ``IgnoredArgumentWarning``.  ``dtype`` (or ``torch_dtype``)
   chooses the compute dtype: float32 (the default) or float64; ``torch.bfloat16`` / ``torch.float16`` /
   ``"auto"`` run float32 math from the stored (bfloat16) weights, which the one-time note says: the
   official runs bfloat16 math then, so its output differs from ours at bfloat16 rounding level.
@@ -27,6 +29,7 @@ where it returns torch tensors.  The differences, all deliberate:
 from __future__ import annotations
 
 import base64
+import contextlib
 import binascii
 import os
 import warnings
@@ -48,17 +51,16 @@ class IgnoredArgumentWarning(UserWarning):
 
 
 # keyword arguments of the official from_pretrained that only place or schedule PyTorch work
-IGNORED_LOAD_ARGS = ("device_map", "device", "attn_implementation", "low_cpu_mem_usage", "trust_remote_code",
+IGNORED_LOAD_ARGS = ("attn_implementation", "low_cpu_mem_usage", "trust_remote_code",
                      "use_safetensors", "local_files_only", "token", "use_auth_token", "force_download",
                      "resume_download", "proxies", "max_memory", "offload_folder", "offload_state_dict")
 IGNORED_BECAUSE = {
-    "device_map": "refimpl runs on the CPU with NumPy", "device": "refimpl runs on the CPU with NumPy",
-    "max_memory": "refimpl runs on the CPU with NumPy",
+    "max_memory": "refimpl places no weights by a memory budget",
     "attn_implementation": "every attention implementation computes the same attention here (only the codec "
                            "encoder's flash-attention window differs; Qwen3TTSTokenizer honours it)",
     "low_cpu_mem_usage": "refimpl maps the weights it reads without a second copy",
 }
-USED_LOAD_ARGS = ("dtype", "torch_dtype", "revision", "cache_dir")
+USED_LOAD_ARGS = ("dtype", "torch_dtype", "revision", "cache_dir", "device_map", "device")
 _NOTED: set = set()
 
 
@@ -108,7 +110,40 @@ def load_arguments(kwargs: dict, where: str) -> dict:
         if key in kwargs:
             note_once(key, f"{key}={kwargs[key]!r} is ignored: {IGNORED_BECAUSE.get(key, 'refimpl reads local files only')}")
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
-    return dict(dtype=compute_dtype_of(dtype), revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
+    device = kwargs.get("device_map", kwargs.get("device"))
+    return dict(dtype=compute_dtype_of(dtype), revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"),
+                backend=backend_of_device(device))
+
+
+def backend_of_device(device) -> str | None:
+    """The official ``device_map`` / ``device`` -> the backend the model is loaded on.
+
+    "cuda", "cuda:0" and "auto" -> "cupy" when the CuPy backend can run here (docs/backends.md); otherwise,
+    and for "cpu" or None, the host backends (None: the active one).  A CUDA device that cannot be had is
+    said once (with what is missing), not an error: the official code then still runs, on the CPU.  Other
+    devices and per-module device maps (dicts) are noted once and ignored."""
+    if device is None or str(device) == "cpu":
+        return None
+    name = str(device)
+    if name in ("cuda", "cuda:0", "auto"):
+        from .kernels import BackendUnavailable, device_module
+        try:
+            device_module("cupy")
+        except BackendUnavailable as e:
+            note_once("device_map", f"device_map={device!r}: running on the CPU, since {e}")
+            return None
+        return "cupy"
+    note_once("device_map", f"device_map={device!r} is ignored: refimpl runs on the CPU, or with the cupy "
+                            "backend on CUDA device 0 ('cuda:0')")
+    return None
+
+
+def loaded_on(backend: str | None):
+    """The context a model is loaded in: ``use_backend(backend)`` for a device, else as it is."""
+    if backend is None:
+        return contextlib.nullcontext()
+    from .kernels import use_backend
+    return use_backend(backend, "from_pretrained(device_map=...)")
 
 
 # ----------------------------------------------------------------------------- audio given as a string
@@ -162,7 +197,10 @@ class Qwen3TTSModel(Qwen3TTS):
         args = load_arguments(kwargs, "Qwen3TTSModel")
         directory = resolve_model(pretrained_model_name_or_path, revision=args["revision"],
                                   cache_dir=args["cache_dir"])
-        return super().from_pretrained(directory, dtype=args["dtype"])
+        with loaded_on(args["backend"]):
+            model = super().from_pretrained(directory, dtype=args["dtype"])
+        model.device = "cuda:0" if args["backend"] else "cpu"
+        return model
 
     def _load_audio(self, a):
         """A path / base64 string (``load_audio_string``), or as ``Qwen3TTS``: a (waveform, sr) tuple."""
@@ -225,7 +263,10 @@ class Qwen3TTSTokenizer:
         args = load_arguments(kwargs, "Qwen3TTSTokenizer")
         directory = resolve_model(pretrained_model_name_or_path, revision=args["revision"],
                                   cache_dir=args["cache_dir"])
-        return cls(SpeechTokenizer.from_pretrained(directory, dtype=args["dtype"]), attention)
+        with loaded_on(args["backend"]):
+            tokenizer = cls(SpeechTokenizer.from_pretrained(directory, dtype=args["dtype"]), attention)
+        tokenizer.device = "cuda:0" if args["backend"] else "cpu"
+        return tokenizer
 
     # ------------------------------------------------------------------ what it is
 

@@ -185,12 +185,37 @@ def test_official_tokenizer_examples(ref_wav):
 
 def test_torch_only_arguments_are_noted_once(monkeypatch):
     monkeypatch.setattr(official_api, "_NOTED", set())
-    with pytest.warns(official_api.IgnoredArgumentWarning, match="device_map") as record:
-        qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", device_map="cuda:0")
+    with pytest.warns(official_api.IgnoredArgumentWarning, match="low_cpu_mem_usage") as record:
+        qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", low_cpu_mem_usage=True)
     assert len(record) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second time: no note
-        qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", device_map="cuda:0")
+        qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", low_cpu_mem_usage=True)
+
+
+def test_device_map_cuda_loads_on_the_device_backend_or_says_why_not(monkeypatch):
+    """device_map="cuda:0" asks for the cupy backend: where it cannot run, the model loads on the CPU and
+    one note says what is missing; where it can (here: the cupy backend stood in by the strict device
+    backend, so CI exercises the path), the weights are uploaded and the model runs there."""
+    from refimpl import kernels
+    monkeypatch.setattr(official_api, "_NOTED", set())
+
+    def no_cupy(name):
+        raise kernels.BackendUnavailable("backend 'cupy': CuPy is not installed")
+    monkeypatch.setattr(kernels, "device_module", no_cupy)
+    with pytest.warns(official_api.IgnoredArgumentWarning, match="running on the CPU, since backend 'cupy'"):
+        tok = qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", device_map="cuda:0")
+    assert tok.device == "cpu" and tok.tokenizer.backend is None
+    monkeypatch.undo()
+
+    monkeypatch.setattr(official_api, "backend_of_device", lambda device: "strict" if device == "cuda" else None)
+    host = qwen_tts.Qwen3TTSTokenizer.from_pretrained("default")
+    dev = qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", device_map="cuda")
+    assert dev.device == "cuda:0" and dev.tokenizer.backend == "strict" and host.tokenizer.backend is None
+    codes = np.random.default_rng(0).integers(0, 64, size=(3, 16))
+    (wav_dev,), sr = dev.decode([codes])
+    (wav_host,), _ = host.decode([codes])
+    assert isinstance(wav_dev, np.ndarray) and np.array_equal(wav_dev, wav_host)
 
 
 class FakeTorchDtype:
