@@ -213,8 +213,8 @@ def test_device_map_cuda_loads_on_the_device_backend_or_says_why_not(monkeypatch
     dev = qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", device_map="cuda")
     assert dev.device == "cuda:0" and dev.tokenizer.backend == "strict" and host.tokenizer.backend is None
     codes = np.random.default_rng(0).integers(0, 64, size=(3, 16))
-    (wav_dev,), sr = dev.decode([codes])
-    (wav_host,), _ = host.decode([codes])
+    (wav_dev,), sr = dev.decode({"audio_codes": [codes]})
+    (wav_host,), _ = host.decode({"audio_codes": [codes]})
     assert isinstance(wav_dev, np.ndarray) and np.array_equal(wav_dev, wav_host)
 
 
