@@ -214,7 +214,8 @@ def test_device_map_cuda_loads_on_the_device_backend_or_says_why_not(monkeypatch
     assert dev.device == "cuda:0" and dev.tokenizer.backend == "strict" and host.tokenizer.backend is None
     codes = np.random.default_rng(0).integers(0, 64, size=(3, 16))
     (wav_dev,), sr = dev.decode({"audio_codes": [codes]})
-    (wav_host,), _ = host.decode({"audio_codes": [codes]})
+    with refimpl.use_backend("numpy"):  # the strict device runs the reference formulas: the same bits
+        (wav_host,), _ = host.decode({"audio_codes": [codes]})
     assert isinstance(wav_dev, np.ndarray) and np.array_equal(wav_dev, wav_host)
 
 
