@@ -39,7 +39,7 @@ except ImportError:  # the backend layer does not define it (yet): the same-name
     class BackendUnavailable(RuntimeError):
         """A backend was asked for that cannot run here (its package or its device is missing)."""
 
-__all__ = ["BackendUnavailable", "available", "array_module", "to_device", "to_host", "TWINS"]
+__all__ = ["BackendUnavailable", "available", "array_module", "to_device", "to_host", "TWINS"]   # and xp, special
 
 INSTALL_HINT = ("pip install 'qwen3-tts-refimpl[cuda12]' for a CUDA 12 driver, or "
                 "'qwen3-tts-refimpl[cuda13]' for a CUDA 13 driver (nvidia-smi shows the driver's CUDA version)")
@@ -90,9 +90,14 @@ def array_module():
 
 
 def __getattr__(name):
-    """``cupy_cuda.xp`` is the ``cupy`` module, imported on first use (module-level attribute hook)."""
+    """``cupy_cuda.xp`` is the ``cupy`` module and ``cupy_cuda.special`` its ``cupyx.scipy.special``, both
+    imported on first use (a module-level attribute hook)."""
     if name == "xp":
         return array_module()
+    if name == "special":
+        array_module()
+        import cupyx.scipy.special
+        return cupyx.scipy.special
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -461,11 +466,12 @@ def _attention_module():
 
 
 def _mask_arrays(allowed: nn.AttentionMask):
-    """The mask's positions as int64 device arrays, its window as an int (-1: none), its key_valid as uint8."""
+    """The mask's positions as int64 device arrays, its window as an int (-1: none), its key_valid as uint8
+    (positions already on the device stay there; host ones, a few hundred integers, are uploaded)."""
     xp = array_module()
-    query_pos = xp.asarray(to_host(allowed.query_positions_t), dtype=np.int64)
-    key_pos = xp.asarray(to_host(allowed.key_positions_s), dtype=np.int64)
-    valid = None if allowed.key_valid_bs is None else xp.asarray(to_host(allowed.key_valid_bs).astype(np.uint8))
+    query_pos = xp.asarray(allowed.query_positions_t).astype(np.int64, copy=False)
+    key_pos = xp.asarray(allowed.key_positions_s).astype(np.int64, copy=False)
+    valid = None if allowed.key_valid_bs is None else xp.asarray(allowed.key_valid_bs).astype(np.uint8)
     return query_pos, key_pos, -1 if allowed.window is None else int(allowed.window), valid
 
 
