@@ -4,7 +4,7 @@ Every test skips, saying what is missing, where CuPy or a CUDA device is not the
 deselects them all: setup.cfg).  On a GPU:
 - each twin of refimpl/kernels/cupy_cuda.py equals its NumPy reference on device arrays (float32, float64);
 - every parity module (golden files of every stage, streaming properties) passes on the cupy backend, in
-  float32 and float64 (each module in its own ``pytest --backend cupy`` run);
+  float32 and float64 (each module in a ``pytest --backend cupy`` process of its own, all side by side);
 - streaming decoding equals the one-pass decode on the device;
 - greedy generation gives the CPU numpy backend's codes, and the weights are not uploaded again per call;
 - the decode speed of the released decoder is printed (a measurement, not an assertion).
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.cuda
 DTYPES = (np.float32, np.float64)
 PARITY_MODULES = ("test_codec_decoder", "test_codec_encoder", "test_codec_streaming", "test_speaker_encoder",
                   "test_talker", "test_end_to_end")
-PARITY_TIMEOUT_S = int(os.environ.get("REFIMPL_CUDA_PARITY_TIMEOUT", "240"))   # per module
+PARITY_TIMEOUT_S = int(os.environ.get("REFIMPL_CUDA_PARITY_TIMEOUT", "180"))   # per module
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -132,19 +132,39 @@ def test_attention_kernel_on_a_long_cache(cp):
 # ----------------------------------------------------------------------------- the parity suite on the GPU
 
 
-@pytest.mark.parametrize("module", PARITY_MODULES)
-def test_parity_module_passes_on_the_cupy_backend(module):
-    """``pytest --backend cupy tests/<module>.py``: the module's every test (golden files of every stage in
-    float32 and float64, streaming properties) on the GPU, in a process of its own."""
+@pytest.fixture(scope="module")
+def parity_runs():
+    """Every parity module started at once, each in ``pytest --backend cupy`` of its own (the tiny models
+    leave the GPU mostly idle: side by side they take the time of the slowest); {module: (Popen, start)}."""
     if "cupy" not in kernels.BACKENDS:
         pytest.skip("refimpl.kernels has no 'cupy' backend in this tree (conftest's --backend would refuse it)")
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--backend", "cupy",
-               f"tests/{module}.py"]
-    t0 = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=PARITY_TIMEOUT_S)
-    summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
-    print(f"\n{module} on cupy: {summary} ({time.perf_counter() - t0:.0f} s)")
-    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+    runs = {}
+    for module in PARITY_MODULES:
+        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--backend", "cupy",
+                   f"tests/{module}.py"]
+        runs[module] = (subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True), time.perf_counter())
+    yield runs
+    for process, _ in runs.values():
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+@pytest.mark.parametrize("module", PARITY_MODULES)
+def test_parity_module_passes_on_the_cupy_backend(parity_runs, module):
+    """``pytest --backend cupy tests/<module>.py``: the module's every test (golden files of every stage in
+    float32 and float64, streaming properties) on the GPU."""
+    process, start = parity_runs[module]
+    try:
+        output, _ = process.communicate(timeout=max(1.0, PARITY_TIMEOUT_S - (time.perf_counter() - start)))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        pytest.fail(f"{module} on cupy did not finish in {PARITY_TIMEOUT_S} s:\n{output[-4000:]}")
+    summary = (output.strip().splitlines() or ["(no output)"])[-1]
+    print(f"\n{module} on cupy: {summary} ({time.perf_counter() - start:.0f} s)")
+    assert process.returncode == 0, f"pytest --backend cupy tests/{module}.py failed:\n{output[-8000:]}"
 
 
 def test_streaming_decode_equals_one_pass_on_the_device():
