@@ -332,3 +332,77 @@ def test_importing_refimpl_and_the_backend_module_does_not_import_cupy():
             "assert 'cupy' not in sys.modules, 'cupy imported'; print('ok')")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# ----------------------------------------------------------------------------- the twins inside the whole pipeline
+
+
+@pytest.fixture
+def cupy_twins_on_the_strict_stand_in(monkeypatch):
+    """The backend "strict" (NumPy underneath, as strict as CuPy about host round trips) running THESE twins:
+    CuPy replaced by the stand-in's namespace, the CUDA kernels by their NumPy replays (given the stand-in's
+    underlying buffers, which they fill in place), the elementwise kernels by their formulas.  {twin: calls}."""
+    strict = pytest.importorskip("refimpl.kernels.strict_device",
+                                 reason="the strict stand-in of the backend layer is not in this tree")
+    from refimpl import kernels
+    monkeypatch.setattr(cupy_cuda, "array_module", lambda: strict.xp)
+
+    def launch(emulation):
+        return lambda grid, block, args: emulation(grid, block, tuple(getattr(a, "_data", a) for a in args))
+
+    emulations = {"attention_rows<float>": launch(emulate_attention_rows),
+                  "attention_rows<double>": launch(emulate_attention_rows),
+                  "bf16_rows_times": launch(emulate_bf16_rows_times)}
+    fake_module = types.SimpleNamespace(get_function=emulations.__getitem__)
+    monkeypatch.setattr(cupy_cuda, "_attention_module", lambda: fake_module)
+    monkeypatch.setattr(cupy_cuda, "_bf16_module", lambda: fake_module)
+    formulas = {cupy_cuda.SNAKE_BETA: lambda x, alpha, inv_beta: x + inv_beta * np.sin(alpha * x) ** 2,
+                cupy_cuda.ELU: nn.elu.reference, cupy_cuda.SILU: nn.silu.reference,
+                cupy_cuda.GELU_ERF: nn.gelu_erf.reference}
+    monkeypatch.setattr(cupy_cuda, "_elementwise", formulas.__getitem__)
+    calls = dict.fromkeys(cupy_cuda.TWINS, 0)
+
+    def counted(name, twin):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return twin(*args, **kwargs)
+        return call
+
+    monkeypatch.setitem(kernels._twins, "strict", {n: counted(n, t) for n, t in cupy_cuda.TWINS.items()})
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_pipeline_with_these_twins_on_device_arrays_equals_numpy(cupy_twins_on_the_strict_stand_in, dtype):
+    """Decode (one pass and streamed), encode and greedy text-to-speech with the twins on device arrays: the
+    twins take what the stages hand them (no host array reaches the device but through to_device, no device
+    array is read implicitly) and give the numpy backend's results (float32: within the reordered sums)."""
+    from conftest import CHECKPOINTS
+    from refimpl import Qwen3TTS, SpeechTokenizer
+    from refimpl.kernels import use_backend
+    calls = cupy_twins_on_the_strict_stand_in
+    tol = 1e-12 if dtype == np.float64 else 2e-5    # float32: the decoder parity tests' waveform tolerance
+    with use_backend("numpy"):
+        cpu_tok = SpeechTokenizer.from_pretrained(CHECKPOINTS / "tiny-speech-tokenizer", dtype=dtype)
+        cpu_tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice", dtype=dtype)
+    with use_backend("strict"):
+        dev_tok = SpeechTokenizer.from_pretrained(CHECKPOINTS / "tiny-speech-tokenizer", dtype=dtype)
+        dev_tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice", dtype=dtype)
+    codes = np.random.default_rng(0).integers(0, cpu_tok.codebook_size, size=(23, cpu_tok.num_quantizers))
+    wav = dev_tok.decode(codes)
+    assert isinstance(wav, np.ndarray)
+    np.testing.assert_allclose(wav, cpu_tok.decode(codes), rtol=0, atol=tol)
+    stream = dev_tok.stream()
+    np.testing.assert_allclose(np.concatenate([stream.push(codes[i:i + 4]) for i in range(0, 23, 4)]), wav, rtol=0,
+                               atol=tol)
+    audio = (0.3 * np.sin(np.arange(24000) / 24000 * 2 * np.pi * 220)).astype(np.float32)
+    np.testing.assert_array_equal(dev_tok.encode(audio, sr=24000), cpu_tok.encode(audio, sr=24000))
+    greedy = dict(text="The GPU speaks as the CPU does.", speaker="vivian", language="english", do_sample=False,
+                  subtalker_dosample=False, max_new_tokens=8, return_codes=True)
+    dev_wavs, _, dev_codes = dev_tts.generate_custom_voice(**greedy)
+    cpu_wavs, _, cpu_codes = cpu_tts.generate_custom_voice(**greedy)
+    np.testing.assert_array_equal(dev_codes[0], cpu_codes[0])
+    np.testing.assert_allclose(dev_wavs[0], cpu_wavs[0], rtol=0, atol=tol)
+    ran = {name for name, n in calls.items() if n}
+    assert ran >= {"snake_beta", "elu", "silu", "gelu_erf", "linear", "rms_norm", "layer_norm", "conv1d",
+                   "conv_transpose1d", "apply_rope", "attention"}, sorted(set(calls) - ran)

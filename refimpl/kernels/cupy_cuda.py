@@ -114,6 +114,11 @@ def to_host(device_array):
     return get() if callable(get) else np.asarray(device_array)
 
 
+def _contiguous(array):
+    """``array`` itself when it is C-contiguous (what a kernel indexes as flat memory), else a C-ordered copy."""
+    return array if array.flags.c_contiguous else array.copy()
+
+
 def _is_host(array) -> bool:
     """True for a NumPy array (host memory)."""
     return isinstance(array, np.ndarray)
@@ -272,7 +277,7 @@ def bf16_rows_times(x_ni, bits_oi):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for float32 x [N, I] and device words [O, I] (the kernel
     BF16_SOURCE: the weights are read once per row of x, as 16-bit words)."""
     xp = array_module()
-    x_ni = xp.ascontiguousarray(x_ni)
+    x_ni = _contiguous(x_ni)
     O, I = bits_oi.shape
     N = x_ni.shape[0]
     out_no = xp.empty((N, O), dtype=np.float32)
@@ -283,7 +288,7 @@ def bf16_rows_times(x_ni, bits_oi):
         return out_no
     kernel = _bf16_module().get_function("bf16_rows_times")
     kernel(((O + BF16_WARPS - 1) // BF16_WARPS,), (32 * BF16_WARPS,),
-           (x_ni, xp.ascontiguousarray(bits_oi), out_no, np.int32(N), np.int32(O), np.int32(I)))
+           (x_ni, _contiguous(bits_oi), out_no, np.int32(N), np.int32(O), np.int32(I)))
     return out_no
 
 
@@ -479,7 +484,7 @@ def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, sca
     """``nn.attention`` for an ``AttentionMask``, one thread block per query row (RawModule ATTENTION_SOURCE;
     the comment above it gives the steps).  What ``attention`` runs for a few queries against a KV cache."""
     xp = array_module()
-    q_bhtd, k_bgsd, v_bgsd = (xp.ascontiguousarray(a) for a in _on_device(q_bhtd, k_bgsd, v_bgsd))
+    q_bhtd, k_bgsd, v_bgsd = (_contiguous(a) for a in _on_device(q_bhtd, k_bgsd, v_bgsd))
     B, H, Tq, D = q_bhtd.shape
     G, S, Dv = k_bgsd.shape[1], k_bgsd.shape[2], v_bgsd.shape[3]
     dtype = q_bhtd.dtype
