@@ -193,6 +193,17 @@ def part_official(report: Report, args) -> None:
     device = "cuda:0"
     report.put("official", "torch", {"version": torch.__version__, "device": torch.cuda.get_device_name(0)})
 
+    def on_gpu(cls, path):
+        """The official class loaded onto the GPU: device_map (needs accelerate), else loaded and moved."""
+        try:
+            return cls.from_pretrained(str(path), dtype=torch.float32, device_map=device)
+        except (ImportError, ValueError) as e:
+            print(f"[official] device_map={device!r} failed ({e}): loading on the CPU and moving the model")
+            official = cls.from_pretrained(str(path), dtype=torch.float32)
+            official.model.to(device)
+            official.device = torch.device(device)
+            return official
+
     def official_timed(fn, repeats):
         def call():
             with torch.inference_mode():
@@ -208,7 +219,7 @@ def part_official(report: Report, args) -> None:
         return best, out
 
     path = released_speech_tokenizer()
-    off_tok = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32, device_map=device)
+    off_tok = on_gpu(Qwen3TTSTokenizer, path)
     codes = report.codes if report.codes is not None else np.random.default_rng(0).integers(0, 2048, (args.frames, 16))
     codes_t = torch.from_numpy(codes).to(device)
     took, _ = official_timed(lambda: off_tok.decode([{"audio_codes": codes_t}]), args.repeats)
@@ -225,7 +236,7 @@ def part_official(report: Report, args) -> None:
     model_path = CACHE / "released-0.6b-customvoice"
     if not (model_path / "model.safetensors").is_file():
         return
-    off = Qwen3TTSModel.from_pretrained(str(model_path), dtype=torch.float32, device_map=device)
+    off = on_gpu(Qwen3TTSModel, model_path)
     gen = dict(GREEDY, max_new_tokens=args.e2e_frames + 1)
     took, (wavs, _) = official_timed(lambda: off.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, **gen),
                                      args.repeats)

@@ -122,7 +122,8 @@ def test_bf16_linear_on_the_device(cp):
 def test_attention_kernel_on_a_long_cache(cp):
     """One query against 5000 cached keys (more than a block's threads many times over), window 4096, GQA 16/8."""
     rng = np.random.default_rng(2)
-    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 16, 1, 128), (1, 8, 5000, 128), (1, 8, 5000, 128)))
+    shapes = ((1, 16, 1, 128), (1, 8, 5000, 128), (1, 8, 5000, 128))
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in shapes)
     mask = nn.AttentionMask(np.array([4999]), np.arange(5000), 4096)
     ref = nn.attention.reference(q, k, v, mask, 128 ** -0.5)
     got = cupy_cuda.attention_rows_kernel(cp.asarray(q), cp.asarray(k), cp.asarray(v), mask, 128 ** -0.5)
@@ -199,7 +200,8 @@ def test_greedy_codes_equal_the_cpu_and_weights_are_uploaded_once(monkeypatch, d
         gpu = Qwen3TTS.from_pretrained(path, dtype=dtype)
         uploaded = []
         real_to_device = cupy_cuda.to_device
-        monkeypatch.setattr(cupy_cuda, "to_device", lambda a: uploaded.append(np.asarray(a).nbytes) or real_to_device(a))
+        monkeypatch.setattr(cupy_cuda, "to_device",
+                            lambda a: uploaded.append(np.asarray(a).nbytes) or real_to_device(a))
         gpu_wavs, _, gpu_codes = gpu.generate_custom_voice(**GREEDY)
     np.testing.assert_array_equal(gpu_codes[0], cpu_codes[0])
     assert isinstance(gpu_wavs[0], np.ndarray) and gpu_wavs[0].dtype == cpu_wavs[0].dtype

@@ -65,8 +65,9 @@ def elementwise_check_source(spec: cupy_cuda.ElementwiseSpec, ctype: str) -> str
 def nvcc_compile(tmp_path, name: str, source: str) -> None:
     path = tmp_path / f"{name}.cu"
     path.write_text(source)
-    done = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-Werror", "all-warnings", "-o", str(path.with_suffix(".cubin")),
-                           str(path)], capture_output=True, text=True, timeout=300)
+    cubin = path.with_suffix(".cubin")
+    command = [NVCC, "-arch=sm_90", "-cubin", "-Werror", "all-warnings", "-o", str(cubin), str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"nvcc rejected {name}:\n{done.stderr}\n--- source ---\n{source}"
 
 
@@ -100,12 +101,25 @@ def warp_sum(lanes_32):
     return lanes_32
 
 
+def device_memory_from(array):
+    """The memory a kernel sees from a (possibly strided) array's first element on: a flat view running
+    up to its last element, read through the array's own buffer."""
+    if array.size == 0:
+        return array.reshape(-1)
+    span = 1 + sum((n - 1) * s for n, s in zip(array.shape, array.strides)) // array.itemsize
+    assert all(s >= 0 for s in array.strides)
+    return np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,), writeable=False)
+
+
 def emulate_attention_rows(grid, block, args):
     """ATTENTION_SOURCE's ``attention_rows`` replayed in NumPy: the same arguments (flat device buffers), the
     same index arithmetic, one block after another; the threads of a block as loops in the kernel's order."""
-    (q, k, v, query_pos, key_pos, key_valid, scores, out, H, G, Tq, S, D, Dv, window, has_key_valid, scale) = args
-    q, k, v, key_valid, scores, out = (a.reshape(-1) for a in (q, k, v, key_valid, scores, out))
+    (q, k, v, query_pos, key_pos, key_valid, scores, out, H, G, Tq, S, D, Dv, ksb, ksg, vsb, vsg, window,
+     has_key_valid, scale) = args
+    q, key_valid, scores, out = (a.reshape(-1) for a in (q, key_valid, scores, out))
+    k, v = device_memory_from(k), device_memory_from(v)
     H, G, Tq, S, D, Dv, window, has_key_valid = map(int, (H, G, Tq, S, D, Dv, window, has_key_valid))
+    ksb, ksg, vsb, vsg = map(int, (ksb, ksg, vsb, vsg))
     T = q.dtype.type
     n_threads = block[0]
     n_warps = n_threads // 32
@@ -115,7 +129,7 @@ def emulate_attention_rows(grid, block, args):
         h = (row // Tq) % H
         b = row // (Tq * H)
         g = h // (H // G)
-        q_row, k_bg, v_bg, score_row = row * D, (b * G + g) * S * D, (b * G + g) * S * Dv, row * S
+        q_row, k_bg, v_bg, score_row = row * D, b * ksb + g * ksg, b * vsb + g * vsg, row * S
         p = query_pos[t]
         for warp in range(n_warps):
             for s in range(warp, S, n_warps):
@@ -125,7 +139,8 @@ def emulate_attention_rows(grid, block, args):
                         lanes[lane] += q[q_row + d] * k[k_bg + s * D + d]
                 dot = warp_sum(lanes)[0]
                 ks = key_pos[s]
-                visible = ks <= p and (window < 0 or ks > p - window) and (not has_key_valid or key_valid[b * S + s] != 0)
+                visible = (ks <= p and (window < 0 or ks > p - window)
+                           and (not has_key_valid or key_valid[b * S + s] != 0))
                 scores[score_row + s] = dot * scale if visible else neg_inf
         m = max((scores[score_row + s] for s in range(S)), default=neg_inf)
         with np.errstate(invalid="ignore"):
@@ -181,11 +196,16 @@ def numpy_as_xp(monkeypatch):
     return cupy_cuda
 
 
-def attention_case(seed, dtype, B=2, H=4, G=2, Tq=3, S=11, D=40, window=None, padded=False, start=8):
+def attention_case(seed, dtype, B=2, H=4, G=2, Tq=3, S=11, D=40, window=None, padded=False, start=8,
+                   cache_view=False):
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((B, H, Tq, D)).astype(dtype)
     k = rng.standard_normal((B, G, S, D)).astype(dtype)
     v = rng.standard_normal((B, G, S, D + 3)).astype(dtype)   # Dv != D: the kernel must keep them apart
+    if cache_view:   # k and v as the KV cache hands them: the first S positions of a larger buffer (NaN beyond)
+        k_buffer, v_buffer = (np.full(a.shape[:2] + (S + 7,) + a.shape[3:], np.nan, dtype) for a in (k, v))
+        k_buffer[:, :, :S], v_buffer[:, :, :S] = k, v
+        k, v = k_buffer[:, :, :S], v_buffer[:, :, :S]
     valid = None
     if padded:
         valid = rng.random((B, S)) < 0.7
@@ -197,7 +217,7 @@ def attention_case(seed, dtype, B=2, H=4, G=2, Tq=3, S=11, D=40, window=None, pa
 CASES = {"causal": {}, "window": {"window": 4}, "window_0": {"window": 0}, "padded": {"padded": True},
          "mha": {"G": 4}, "mqa_window_padded": {"G": 1, "window": 3, "padded": True},
          "one_query": {"Tq": 1, "S": 40, "D": 64}, "query_before_every_key": {"start": 2, "S": 9},
-         "long_head": {"D": 70, "Tq": 2}}
+         "long_head": {"D": 70, "Tq": 2}, "kv_cache_view": {"cache_view": True, "window": 5, "padded": True}}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

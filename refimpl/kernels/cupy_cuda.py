@@ -53,7 +53,7 @@ def _import_cupy():
         import cupy
     except ModuleNotFoundError as e:
         if e.name != "cupy":
-            raise BackendUnavailable(f"backend 'cupy': CuPy is installed but one of its modules is missing ({e})") from e
+            raise BackendUnavailable(f"backend 'cupy': CuPy is installed but a module it needs is missing ({e})") from e
         raise BackendUnavailable(f"backend 'cupy': CuPy is not installed; {INSTALL_HINT}") from e
     except ImportError as e:  # a CuPy built for another CUDA, or a missing CUDA library
         raise BackendUnavailable(f"backend 'cupy': CuPy is installed but cannot be imported: {e}; "
@@ -79,8 +79,9 @@ def available() -> str:
     except Exception as e:  # CUDARuntimeError (no driver, no device), or the zero count above
         raise BackendUnavailable(f"backend 'cupy': CuPy {cupy.__version__} is installed but found no usable CUDA "
                                  f"device: {type(e).__name__}: {e}") from e
-    return (f"CuPy {cupy.__version__}, device {device.id}: {name}, CUDA runtime {runtime // 1000}.{runtime % 1000 // 10}"
-            f", driver {driver // 1000}.{driver % 1000 // 10}")
+    version = lambda v: f"{v // 1000}.{v % 1000 // 10}"  # noqa: E731 - CUDA writes 12.4 as 12040
+    return (f"CuPy {cupy.__version__}, device {device.id}: {name}, CUDA runtime {version(runtime)}, "
+            f"driver {version(driver)}")
 
 
 def array_module():
@@ -117,6 +118,16 @@ def to_host(device_array):
 def _contiguous(array):
     """``array`` itself when it is C-contiguous (what a kernel indexes as flat memory), else a C-ordered copy."""
     return array if array.flags.c_contiguous else array.copy()
+
+
+def _rows_contiguous(x_bgsd):
+    """``x_bgsd`` itself when each [S, D] block of rows is C-contiguous (a view of a KV-cache buffer with room
+    for more positions is), else a C-ordered copy; the kernel steps over batches and heads by strides."""
+    S, D = x_bgsd.shape[-2:]
+    item = x_bgsd.itemsize
+    if (D <= 1 or x_bgsd.strides[-1] == item) and (S <= 1 or x_bgsd.strides[-2] == D * item):
+        return x_bgsd
+    return x_bgsd.copy()
 
 
 def _is_host(array) -> bool:
@@ -369,7 +380,8 @@ def apply_rope(x_bhtd, cos_td, sin_td):
 #   2. the row's max m (0 when no key is visible: m - m is not 0 for -inf), e_s = exp(score_s - m) in
 #      place, their sum (1 when 0), then p_s = e_s / sum: the reference's softmax, step by step.
 #   3. out[r, d] = sum_s p_s v[s, d]: thread j takes the channels d = j, j + blockDim, ... (coalesced).
-# Query head h reads key/value head g = h / (H / G) (grouped-query attention).
+# Query head h reads key/value head g = h / (H / G) (grouped-query attention).  K and V may be views of a
+# larger KV-cache buffer: only the [S, D] rows of one (b, g) need be contiguous; b and g step by strides.
 # A key s is visible to query t when key_pos[s] <= query_pos[t], with a window (window >= 0; -1 is none)
 # also key_pos[s] > query_pos[t] - window, and with padding (has_key_valid) key_valid[b, s] != 0.
 ATTENTION_SOURCE = r"""
@@ -406,14 +418,16 @@ template <typename T> __device__ T block_reduce(T value, bool is_max) {
 
 template <typename T>
 __global__ void attention_rows(const T* q,                    // [B, H, Tq, D]
-                               const T* k,                    // [B, G, S, D]
-                               const T* v,                    // [B, G, S, Dv]
+                               const T* k,                    // [B, G, S, D], rows of a (b, g) contiguous
+                               const T* v,                    // [B, G, S, Dv], the same
                                const long long* query_pos,    // [Tq]
                                const long long* key_pos,      // [S]
                                const unsigned char* key_valid, // [B, S], read only when has_key_valid
                                T* scores,                     // [B, H, Tq, S] scratch
                                T* out,                        // [B, H, Tq, Dv]
                                int H, int G, int Tq, int S, int D, int Dv,
+                               long long k_stride_b, long long k_stride_g,   // elements between batches,
+                               long long v_stride_b, long long v_stride_g,   // between heads (a KV cache view)
                                long long window, int has_key_valid, T scale) {   // window -1: none
     const long long row = blockIdx.x;                         // (b * H + h) * Tq + t
     const int t = (int)(row % Tq);
@@ -421,8 +435,8 @@ __global__ void attention_rows(const T* q,                    // [B, H, Tq, D]
     const int b = (int)(row / ((long long)Tq * H));
     const int g = h / (H / G);
     const T* q_row = q + row * D;
-    const T* k_bg = k + ((long long)b * G + g) * S * D;
-    const T* v_bg = v + ((long long)b * G + g) * S * Dv;
+    const T* k_bg = k + b * k_stride_b + g * k_stride_g;
+    const T* v_bg = v + b * v_stride_b + g * v_stride_g;
     T* score_row = scores + row * S;
     const long long p = query_pos[t];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
@@ -484,11 +498,12 @@ def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, sca
     """``nn.attention`` for an ``AttentionMask``, one thread block per query row (RawModule ATTENTION_SOURCE;
     the comment above it gives the steps).  What ``attention`` runs for a few queries against a KV cache."""
     xp = array_module()
-    q_bhtd, k_bgsd, v_bgsd = (_contiguous(a) for a in _on_device(q_bhtd, k_bgsd, v_bgsd))
+    q_bhtd, k_bgsd, v_bgsd = _on_device(q_bhtd, k_bgsd, v_bgsd)
+    dtype = q_bhtd.dtype
+    q_bhtd = _contiguous(q_bhtd)
+    k_bgsd, v_bgsd = (_rows_contiguous(a.astype(dtype, copy=False)) for a in (k_bgsd, v_bgsd))
     B, H, Tq, D = q_bhtd.shape
     G, S, Dv = k_bgsd.shape[1], k_bgsd.shape[2], v_bgsd.shape[3]
-    dtype = q_bhtd.dtype
-    k_bgsd, v_bgsd = k_bgsd.astype(dtype, copy=False), v_bgsd.astype(dtype, copy=False)
     query_pos, key_pos, window, valid = _mask_arrays(allowed)
     out_bhtd = xp.empty((B, H, Tq, Dv), dtype=dtype)
     if out_bhtd.size == 0:
@@ -498,6 +513,7 @@ def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, sca
     kernel((B * H * Tq,), (ATTENTION_THREADS,),
            (q_bhtd, k_bgsd, v_bgsd, query_pos, key_pos, valid if valid is not None else xp.zeros(1, xp.uint8),
             scores, out_bhtd, np.int32(H), np.int32(G), np.int32(Tq), np.int32(S), np.int32(D), np.int32(Dv),
+            *(np.int64(a.strides[axis] // a.itemsize) for a in (k_bgsd, v_bgsd) for axis in (0, 1)),
             np.int64(window), np.int32(valid is not None), dtype.type(scale)))
     return out_bhtd
 
