@@ -162,7 +162,7 @@ def part_end_to_end(report: Report, args) -> None:
     cpu_wav, cpu_codes = run(cpu)
     cpu_s = time.perf_counter() - t0
     report.put("end_to_end", "cpu_numba_float32", {"frames": len(cpu_codes), "seconds": cpu_s, "cpus": os.cpu_count()})
-    del cpu
+    cpu = None
     for name, dtype in DTYPES.items():
         extra = {} if name == "float32" else {"max_new_tokens": min(args.e2e_frames, 10) + 1}
         t0 = time.perf_counter()
@@ -177,7 +177,7 @@ def part_end_to_end(report: Report, args) -> None:
                                         "greedy_codes_equal_cpu_float32": same,
                                         "max_abs_wav_minus_cpu": float(np.max(np.abs(wav - cpu_wav[:len(wav)])))
                                         if same and name == "float32" else None})
-        del tts
+        tts = None   # frees the device memory before the next precision loads
 
 
 def part_official(report: Report, args) -> None:
@@ -232,7 +232,7 @@ def part_official(report: Report, args) -> None:
     ours = report.data.get("encode", {}).get("float32", {}).get("seconds")
     report.put("official", "encode_float32", {"seconds": took, "x_realtime": args.seconds / took,
                                               "ratio_ours_over_official": ours / took if ours else None})
-    del off_tok
+    off_tok = None
     model_path = CACHE / "released-0.6b-customvoice"
     if not (model_path / "model.safetensors").is_file():
         return

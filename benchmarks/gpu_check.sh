@@ -32,6 +32,9 @@
 #     pip download --dest benchmarks/gpu_wheels --no-deps qwen-tts==0.1.1
 #
 # (from another machine add  --only-binary=:all: --python-version 3.X --platform manylinux2014_x86_64).
+# Leave out the wheels of what the GPU machine already has (NumPy, SciPy, Numba, PyTorch, CuPy usually): the
+# folder travels with the working tree, and a tool that copies it may limit its size (the project's device
+# tool carries at most 64 MiB: name the folder in its carry list).
 # Without the folder, or when pip cannot install, the check runs with what the machine has: the tests skip
 # what they cannot run, and the official side by side is skipped, each saying why.
 #

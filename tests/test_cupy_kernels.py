@@ -190,9 +190,8 @@ def numpy_as_xp(monkeypatch):
     monkeypatch.setattr(cupy_cuda, "_is_host", lambda array: False)
     emulations = {"attention_rows<float>": emulate_attention_rows, "attention_rows<double>": emulate_attention_rows,
                   "bf16_rows_times": emulate_bf16_rows_times}
-    fake_module = types.SimpleNamespace(get_function=emulations.__getitem__)
-    monkeypatch.setattr(cupy_cuda, "_attention_module", lambda: fake_module)
-    monkeypatch.setattr(cupy_cuda, "_bf16_module", lambda: fake_module)
+    monkeypatch.setattr(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
     return cupy_cuda
 
 
@@ -373,9 +372,8 @@ def cupy_twins_on_the_strict_stand_in(monkeypatch):
     emulations = {"attention_rows<float>": launch(emulate_attention_rows),
                   "attention_rows<double>": launch(emulate_attention_rows),
                   "bf16_rows_times": launch(emulate_bf16_rows_times)}
-    fake_module = types.SimpleNamespace(get_function=emulations.__getitem__)
-    monkeypatch.setattr(cupy_cuda, "_attention_module", lambda: fake_module)
-    monkeypatch.setattr(cupy_cuda, "_bf16_module", lambda: fake_module)
+    monkeypatch.setattr(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
     formulas = {cupy_cuda.SNAKE_BETA: lambda x, alpha, inv_beta: x + inv_beta * np.sin(alpha * x) ** 2,
                 cupy_cuda.ELU: nn.elu.reference, cupy_cuda.SILU: nn.silu.reference,
                 cupy_cuda.GELU_ERF: nn.gelu_erf.reference}

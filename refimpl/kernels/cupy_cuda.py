@@ -275,8 +275,9 @@ MATVEC_MAX_ROWS = 16         # up to this many rows of x: the bf16 kernel; more:
 
 
 @functools.lru_cache(maxsize=1)
-def _bf16_module():
-    return array_module().RawModule(code=BF16_SOURCE)
+def _bf16_function():
+    """The compiled ``bf16_rows_times`` (compiled once, on first use)."""
+    return array_module().RawModule(code=BF16_SOURCE).get_function("bf16_rows_times")
 
 
 def widen_bf16(bits):
@@ -297,7 +298,7 @@ def bf16_rows_times(x_ni, bits_oi):
     if I == 0:
         out_no[...] = 0
         return out_no
-    kernel = _bf16_module().get_function("bf16_rows_times")
+    kernel = _bf16_function()
     kernel(((O + BF16_WARPS - 1) // BF16_WARPS,), (32 * BF16_WARPS,),
            (x_ni, _contiguous(bits_oi), out_no, np.int32(N), np.int32(O), np.int32(I)))
     return out_no
@@ -484,6 +485,12 @@ def _attention_module():
     return array_module().RawModule(code=ATTENTION_SOURCE, name_expressions=tuple(ATTENTION_KERNELS.values()))
 
 
+@functools.lru_cache(maxsize=None)
+def _attention_function(dtype):
+    """The compiled ``attention_rows`` instance for ``dtype`` (compiled once, on first use)."""
+    return _attention_module().get_function(ATTENTION_KERNELS[dtype])
+
+
 def _mask_arrays(allowed: nn.AttentionMask):
     """The mask's positions as int64 device arrays, its window as an int (-1: none), its key_valid as uint8
     (positions already on the device stay there; host ones, a few hundred integers, are uploaded)."""
@@ -509,7 +516,7 @@ def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, sca
     if out_bhtd.size == 0:
         return out_bhtd
     scores = xp.empty((B, H, Tq, S), dtype=dtype)
-    kernel = _attention_module().get_function(ATTENTION_KERNELS[dtype])
+    kernel = _attention_function(dtype)
     kernel((B * H * Tq,), (ATTENTION_THREADS,),
            (q_bhtd, k_bgsd, v_bgsd, query_pos, key_pos, valid if valid is not None else xp.zeros(1, xp.uint8),
             scores, out_bhtd, np.int32(H), np.int32(G), np.int32(Tq), np.int32(S), np.int32(D), np.int32(Dv),
