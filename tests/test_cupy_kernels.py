@@ -9,6 +9,9 @@
   place of CuPy, equals ``nn.attention`` (window, grouped-query heads, padding, rows with no visible key);
 - the twins that are the reference's formula with ``xp`` for ``numpy`` give the reference's result when
   ``xp`` is NumPy;
+- the twins inside the whole pipeline on the backend layer's strict stand-in device (NumPy underneath, as
+  strict as CuPy about host round trips; the kernels replayed): decode, streaming, encode and greedy
+  text-to-speech equal to the numpy backend (needs the stand-in: skipped, saying so, in a tree without it);
 - asking for the backend without CuPy, or without a device, is one error naming what is missing;
 - importing refimpl does not import CuPy.
 The same twins on a real GPU: tests/test_cuda.py (python -m pytest -m cuda).

@@ -1,10 +1,12 @@
 """The GPU twins of the primitives of ``refimpl/nn.py`` on CuPy: same names, same signatures, device arrays.
 
-Every twin takes CuPy arrays (host NumPy arrays given to it are uploaded: the rotary tables and masks
-that the stage code builds on the host are small) and returns CuPy arrays; the stage code never sees a
-difference, since a CuPy array has the NumPy array interface.  Only what has no fused CuPy equivalent is
-a hand-written CUDA kernel, kept here as source text (``tests/test_cupy_kernels.py`` compiles every one
-of them with ``nvcc`` where it is installed, and replays the attention kernel's index arithmetic in NumPy):
+The backend layer (``refimpl/kernels/__init__.py``) finds here what a device backend provides: ``xp`` (the
+``cupy`` module), ``special`` (``cupyx.scipy.special``), ``to_device``, ``to_host``, ``available()`` and
+``TWINS``.  Every twin takes CuPy arrays and returns CuPy arrays (a host array handed to a twin is uploaded;
+the stages keep everything on the device, so that happens only when a twin is called directly).  Only what
+has no fused CuPy equivalent is a hand-written CUDA kernel, kept here as source text
+(``tests/test_cupy_kernels.py`` compiles every one with ``nvcc`` where it is installed, replays the kernels'
+index arithmetic in NumPy, and runs these twins through the whole pipeline on the strict stand-in device):
 
     twin          how                                   formula (the primitive's docstring)
     snake_beta    ElementwiseKernel SNAKE_BETA          x + 1 / (beta + 1e-9) * sin(alpha * x)^2
