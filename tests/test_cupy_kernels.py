@@ -359,15 +359,14 @@ def test_importing_refimpl_and_the_backend_module_does_not_import_cupy():
 # ----------------------------------------------------------------------------- the twins inside the whole pipeline
 
 
-@pytest.fixture
-def cupy_twins_on_the_strict_stand_in(monkeypatch):
-    """The backend "strict" (NumPy underneath, as strict as CuPy about host round trips) running THESE twins:
-    CuPy replaced by the stand-in's namespace, the CUDA kernels by their NumPy replays (given the stand-in's
-    underlying buffers, which they fill in place), the elementwise kernels by their formulas.  {twin: calls}."""
-    strict = pytest.importorskip("refimpl.kernels.strict_device",
-                                 reason="the strict stand-in of the backend layer is not in this tree")
+def put_these_twins_on_the_strict_stand_in(setattr_, setitem, strict) -> dict:
+    """Make the backend "strict" (``strict``: NumPy underneath, as strict as CuPy about host round trips) run
+    THESE twins: CuPy replaced by the stand-in's namespace, the CUDA kernels by their NumPy replays (given the
+    stand-in's underlying buffers, which they fill in place), the elementwise kernels by their formulas.
+    ``setattr_`` / ``setitem`` do the patching (monkeypatch's, or the builtins for a whole session: see
+    tests/cupy_twins_on_strict.py).  Returns {twin: calls}."""
     from refimpl import kernels
-    monkeypatch.setattr(cupy_cuda, "array_module", lambda: strict.xp)
+    setattr_(cupy_cuda, "array_module", lambda: strict.xp)
 
     def launch(emulation):
         return lambda grid, block, args: emulation(grid, block, tuple(getattr(a, "_data", a) for a in args))
@@ -375,12 +374,12 @@ def cupy_twins_on_the_strict_stand_in(monkeypatch):
     emulations = {"attention_rows<float>": launch(emulate_attention_rows),
                   "attention_rows<double>": launch(emulate_attention_rows),
                   "bf16_rows_times": launch(emulate_bf16_rows_times)}
-    monkeypatch.setattr(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
-    monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
+    setattr_(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    setattr_(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
     formulas = {cupy_cuda.SNAKE_BETA: lambda x, alpha, inv_beta: x + inv_beta * np.sin(alpha * x) ** 2,
                 cupy_cuda.ELU: nn.elu.reference, cupy_cuda.SILU: nn.silu.reference,
                 cupy_cuda.GELU_ERF: nn.gelu_erf.reference}
-    monkeypatch.setattr(cupy_cuda, "_elementwise", formulas.__getitem__)
+    setattr_(cupy_cuda, "_elementwise", formulas.__getitem__)
     calls = dict.fromkeys(cupy_cuda.TWINS, 0)
 
     def counted(name, twin):
@@ -389,8 +388,15 @@ def cupy_twins_on_the_strict_stand_in(monkeypatch):
             return twin(*args, **kwargs)
         return call
 
-    monkeypatch.setitem(kernels._twins, "strict", {n: counted(n, t) for n, t in cupy_cuda.TWINS.items()})
+    setitem(kernels._twins, "strict", {n: counted(n, t) for n, t in cupy_cuda.TWINS.items()})
     return calls
+
+
+@pytest.fixture
+def cupy_twins_on_the_strict_stand_in(monkeypatch):
+    strict = pytest.importorskip("refimpl.kernels.strict_device",
+                                 reason="the strict stand-in of the backend layer is not in this tree")
+    return put_these_twins_on_the_strict_stand_in(monkeypatch.setattr, monkeypatch.setitem, strict)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
