@@ -94,7 +94,7 @@ def test_no_page_or_script_holds_a_path_of_the_machine_it_was_written_on():
 
 def test_relink_rewrites_a_moved_anchor():
     page = DOCS / "example.md"
-    text = "See [`rms_norm`](../refimpl/talker.py#L1) and [`Talker.forward`](../refimpl/nn.py)."
+    text = "See [`causal_window_mask`](../refimpl/talker.py#L1) and [`Talker.forward`](../refimpl/nn.py)."
     new, changes = relink.relink_text(page, text)
     assert len(changes) == 2
     for m in relink.LINK_RE.finditer(new):
