@@ -20,18 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from .files import load_npy_codes, write_atomically
+from .hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
 from .kernels import BACKENDS, active_backend, use_backend
 
 from . import __version__
 
-DATA = Path(__file__).resolve().parent / "data"
-DEFAULT_MODELS = {  # command -> embedded checkpoint of the model type the command needs
-    "custom_voice": DATA / "default-customvoice",
-    "base": DATA / "default-base",
-    "voice_design": DATA / "default-voicedesign",
-}
-RELEASED_HINT = ("pass --model DIR with a released checkpoint (e.g. Qwen3-TTS-12Hz-0.6B-CustomVoice, "
-                 "-Base or -1.7B-VoiceDesign) for real speech")
+# model kind a command needs -> the embedded tiny checkpoint of that kind (refimpl/data/)
+DEFAULT_MODELS = {kind: embedded_model(kind) for kind in KIND_TO_EMBEDDED}
+RELEASED_HINT = ("pass --model with a released checkpoint for real speech: a directory, or a repo id already "
+                 "in the Hugging Face cache (e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, -Base, -1.7B-VoiceDesign)")
 
 EPILOG = """\
 examples:
@@ -42,7 +39,7 @@ examples:
   refimpl clone "Now in my voice." --ref-audio me.wav --ref-text "What I said in me.wav." -o clone.wav
   refimpl codec encode speech.wav -o codes.npy
   refimpl codec decode codes.npy -o back.wav --stream
-  refimpl info --model /path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice
+  refimpl info --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice     # a repo id in the Hugging Face cache
 
 Without --model, each command uses a tiny checkpoint embedded in the package: random weights in the
 real layout, so the whole pipeline runs with no download, but the output is noise, not speech.
@@ -176,7 +173,6 @@ def model_dir(args, kind: str, say: Reporter) -> Path:
     """The model directory of a command: ``--model`` is a directory, an embedded model name ("default" is the
     embedded model of the command's ``kind``, or "default-base", ...) or a Hugging Face repo id found in the
     local cache (``refimpl.hub.resolve_model``); without ``--model``, ``DEFAULT_MODELS[kind]``."""
-    from .hub import resolve_model
     path = resolve_model(args.model, kind) if args.model else DEFAULT_MODELS[kind]
     if path.resolve().parent == DATA:
         embedded_model_note(say)
@@ -399,7 +395,7 @@ def cmd_codec_decode(args, say: Reporter) -> int:
 def cmd_info(args, say: Reporter) -> int:
     from .model_info import describe_model
     path = model_dir(args, "custom_voice", Reporter(quiet=True))
-    if path in DEFAULT_MODELS.values():  # 'refimpl info' always says what the embedded model is
+    if path.resolve().parent == DATA:  # 'refimpl info' always says what the embedded model is
         embedded_model_note(say, always=True)
         say(f"note: {RELEASED_HINT}")
     info = describe_model(path, args.dtype_np)
@@ -434,8 +430,10 @@ def count(minimum: int):
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", metavar="DIR", help="a Qwen3-TTS checkpoint directory "
-                        "(default: the small random checkpoint embedded in the package)")
+    common.add_argument("--model", metavar="MODEL", help="a Qwen3-TTS checkpoint: a directory, an embedded "
+                        "model name (default, default-base, default-voicedesign) or a Hugging Face repo id in "
+                        "the local cache (Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice); default: the small random "
+                        "checkpoint embedded in the package")
     common.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                         help="compute precision (float64 is the high-precision oracle mode; default float32)")
     common.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors: no progress "

@@ -72,7 +72,7 @@ def test_the_embedded_model_note_once_per_user(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "cache" / "refimpl" / cli.NOTE_MARKER).is_file()
     assert note not in run(capsys, *SAY, "-o", tmp_path / "a.wav")[1]
     status, err = run(capsys, "info")
-    assert status == 0 and note in err and "--model DIR" in err    # info always says it, with the advice
+    assert status == 0 and note in err and "pass --model" in err    # info always says it, with the advice
     assert run(capsys, "info", "-q")[1] == ""
     # a new user, quiet: no note, and the note is still due
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache2"))
