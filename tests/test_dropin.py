@@ -4,10 +4,8 @@ golden/oracle/record_dropin.py): the same return types and shapes, the same code
 
 from __future__ import annotations
 
-import base64
 import json
 import warnings
-import wave
 
 import numpy as np
 import pytest
@@ -18,6 +16,7 @@ from refimpl import official_api
 from refimpl.hub import ModelNotFoundError
 
 from conftest import CHECKPOINTS, GOLDEN
+from golden.dropin_cases import Placeholders, reference_pcm16, write_pcm16
 
 GOLD = json.loads((GOLDEN / "dropin.json").read_text(encoding="utf-8"))
 WAVEFORM_ATOL = 2e-5   # as tests/test_talker.py: official float32 waveform vs ours on equal codes
@@ -25,61 +24,11 @@ SPK_ATOL = 1e-5        # as tests/test_talker.py: x-vectors
 PROMPT_ATOL = 1e-5     # the prompt vectors summed over the (tiny) hidden axis: float32 rounding only
 
 
-def reference_pcm16(n: int = 9600, step: int = 7) -> np.ndarray:
-    """The oracle script's integer-only test signal (golden/oracle/record_dropin.py), rebuilt bit for bit."""
-    t = np.arange(n, dtype=np.int64)
-    saw = (t * step % 160) * 150 - 12000
-    envelope = 1024 + (t * 3072) // n
-    noise = ((t * 1103515245 + 12345) % 2147483648) // 65536 % 2001 - 1000
-    return ((saw * envelope) // 4096 + noise).astype(np.int16)
-
-
 @pytest.fixture(scope="module")
 def ref_wav(tmp_path_factory):
     path = tmp_path_factory.mktemp("dropin") / "ref.wav"
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(24000)
-        w.writeframes(reference_pcm16().astype("<i2").tobytes())
+    write_pcm16(path, reference_pcm16(), 24000)
     return path
-
-
-class Placeholders:
-    """The "@..." arguments of the recording, as the oracle script resolves them."""
-
-    def __init__(self, wav_path):
-        self.wav = wav_path
-        self.outputs = {}
-
-    def value(self, v):
-        if isinstance(v, list):
-            return [self.value(x) for x in v]
-        if not (isinstance(v, str) and v.startswith("@")):
-            return v
-        kind, _, name = v[1:].partition(":")
-        if v == "@ref.wav":
-            return str(self.wav)
-        if v == "@b64:ref.wav":
-            return "data:audio/wav;base64," + base64.b64encode(self.wav.read_bytes()).decode("ascii")
-        if v == "@array16k":
-            return reference_pcm16(8000, 5).astype(np.float32) / 32768
-        if v == "@array16k_short":
-            return reference_pcm16(3000, 9).astype(np.float32) / 32768
-        out = self.outputs[name]
-        if kind == "wav0":
-            return (out[0][0], out[1])
-        if kind in ("prompt", "codes"):
-            return out
-        codes = out.audio_codes
-        if kind == "dicts":
-            return [{"audio_codes": c} for c in codes]
-        if kind == "padded":
-            padded = np.full((len(codes), max(len(c) for c in codes), codes[0].shape[1]), -1, dtype=np.int64)
-            for i, c in enumerate(codes):
-                padded[i, :len(c)] = c
-            return {"audio_codes": padded}
-        raise ValueError(f"unknown placeholder {v}")
 
 
 def check_wavs_sr(out, expected: dict, what: str) -> None:

@@ -20,15 +20,15 @@ the codes an earlier case returned as the encode output, a list of dicts, a dict
 
 from __future__ import annotations
 
-import base64
 import json
 import tempfile
-import wave
 from pathlib import Path
 
 from common import CHECKPOINTS, GOLDEN, to_numpy, versions, np, torch  # noqa: I001
 
 from qwen_tts import Qwen3TTSModel, Qwen3TTSTokenizer
+
+from golden.dropin_cases import Placeholders, reference_pcm16, write_pcm16
 
 GREEDY = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=6)
 ZH = "其实我真的有发现，我是一个特别善于观察别人情绪的人。"
@@ -80,24 +80,6 @@ TOKENIZER_CASES = [
 ]
 
 
-def reference_pcm16(n: int = 9600, step: int = 7) -> np.ndarray:
-    """A deterministic int16 test signal from integer arithmetic only (a sawtooth near 150 Hz under a
-    rising envelope, plus hashed-index noise), identical on every machine and NumPy version."""
-    t = np.arange(n, dtype=np.int64)
-    saw = (t * step % 160) * 150 - 12000
-    envelope = 1024 + (t * 3072) // n                  # /4096 below: from 0.25 to 1
-    noise = ((t * 1103515245 + 12345) % 2147483648) // 65536 % 2001 - 1000
-    return ((saw * envelope) // 4096 + noise).astype(np.int16)
-
-
-def write_pcm16(path: Path, samples: np.ndarray, sr: int) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sr)
-        w.writeframes(samples.astype("<i2").tobytes())
-
-
 def wav_summary(w) -> dict:
     w = np.asarray(w, dtype=np.float64)
     return {"len": int(w.shape[0]), "rms": float(np.sqrt(np.mean(w ** 2))) if w.size else 0.0,
@@ -131,46 +113,6 @@ def describe_encoded(enc) -> dict:
             "item0_type": type(enc[0]).__name__, "codes_type": type(enc.audio_codes).__name__,
             "to_tuple_len": len(enc.to_tuple()), "code_dtypes": [str(c.dtype) for c in enc.audio_codes],
             "codes": [to_numpy(c).tolist() for c in enc.audio_codes]}
-
-
-class Placeholders:
-    """Turns "@..." arguments into values (see the module docstring)."""
-
-    def __init__(self, folder: Path):
-        self.wav = folder / "ref.wav"
-        write_pcm16(self.wav, reference_pcm16(), 24000)
-        self.outputs = {}
-
-    def value(self, v):
-        if isinstance(v, list):
-            return [self.value(x) for x in v]
-        if not (isinstance(v, str) and v.startswith("@")):
-            return v
-        kind, _, name = v[1:].partition(":")
-        if v == "@ref.wav":
-            return str(self.wav)
-        if v == "@b64:ref.wav":
-            return "data:audio/wav;base64," + base64.b64encode(self.wav.read_bytes()).decode("ascii")
-        if v == "@array16k":
-            return reference_pcm16(8000, 5).astype(np.float32) / 32768
-        if v == "@array16k_short":
-            return reference_pcm16(3000, 9).astype(np.float32) / 32768
-        out = self.outputs[name]
-        if kind == "wav0":
-            return (out[0][0], out[1])
-        if kind == "prompt":
-            return out
-        codes = out.audio_codes
-        if kind == "codes":
-            return out
-        if kind == "dicts":
-            return [{"audio_codes": to_numpy(c)} for c in codes]
-        if kind == "padded":
-            padded = np.full((len(codes), max(len(c) for c in codes), codes[0].shape[1]), -1, dtype=np.int64)
-            for i, c in enumerate(codes):
-                padded[i, :len(c)] = to_numpy(c)
-            return {"audio_codes": padded}
-        raise ValueError(f"unknown placeholder {v}")
 
 
 def record_models(ph: Placeholders) -> dict:
@@ -236,7 +178,8 @@ def record_tokenizer(ph: Placeholders) -> dict:
 def main() -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
-        ph = Placeholders(Path(folder))
+        write_pcm16(Path(folder) / "ref.wav", reference_pcm16(), 24000)
+        ph = Placeholders(Path(folder) / "ref.wav", to_numpy)
         golden = {"versions": versions(), "greedy": GREEDY, "model": record_models(ph),
                   "tokenizer": record_tokenizer(ph)}
     path = GOLDEN / "dropin.json"
