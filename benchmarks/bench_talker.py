@@ -72,7 +72,7 @@ def main() -> None:
     t0 = time.perf_counter()
     tts = Qwen3TTS.from_pretrained(path)
     load_t = time.perf_counter() - t0
-    tts.speech_tokenizer.decode = lambda codes: np.zeros(len(codes) * 1920, dtype=np.float32)  # stub: codes only
+    tts.speech_tokenizer.decode = lambda codes, **_: np.zeros(len(codes) * 1920, dtype=np.float32)  # stub: codes only
 
     def ours():
         return tts.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, return_codes=True, **gen)[2][0]
