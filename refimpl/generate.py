@@ -42,7 +42,9 @@ NON_FINITE_HINT = "damaged weights or an extreme speaker embedding?"
 
 @dataclass
 class GenerationTrace:
-    """What a run saw, for tests and debugging (filled when passed to ``generate_codes``); host arrays."""
+    """What a run saw, for tests and debugging (filled when passed to ``generate_codes``); host arrays.
+    With ``keep_logits=False`` the three logits fields stay empty: they are most of its size (at the
+    released sizes about 130 KB a frame, a gigabyte for the longest generations)."""
 
     prefill_logits: np.ndarray | None = None          # [B, V] talker logits at the last prompt position
     step_logits: list = field(default_factory=list)   # [B, V] per decode step
@@ -53,13 +55,19 @@ class GenerationTrace:
     key_valid: np.ndarray | None = None               # [B, T]
     positions: np.ndarray | None = None               # [B, T]
     trailing: np.ndarray | None = None                # [B, N, H]
+    keep_logits: bool = True
 
     def set(self, **values) -> None:
         for name, value in values.items():
-            setattr(self, name, nn.to_host(value))
+            if self.keep_logits or name not in LOGITS_FIELDS:
+                setattr(self, name, nn.to_host(value))
 
     def add(self, name: str, value) -> None:
-        getattr(self, name).append(nn.to_host(value))
+        if self.keep_logits or name not in LOGITS_FIELDS:
+            getattr(self, name).append(nn.to_host(value))
+
+
+LOGITS_FIELDS = ("prefill_logits", "step_logits", "predictor_logits")
 
 
 class _NoTrace:

@@ -115,6 +115,8 @@ class Qwen3TTS:
         self.tts_model_size = self.config.tts_model_size
         self.tokenizer_type = self.config.tokenizer_type
         self.last_trace: GenerationTrace | None = None
+        # last_trace keeps every step's logits only when asked (about 130 KB a frame at the released sizes)
+        self.keep_logits = False
         # the device backend the networks were built under (None: the host); the public methods run there
         self.backend = getattr(talker, "backend", None)
 
@@ -253,7 +255,7 @@ class Qwen3TTS:
         progress = kwargs.pop("progress", None)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
-        self.last_trace = GenerationTrace()
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
         codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
                                                  self.last_trace, record, progress=progress)
         return self._finish(codes, return_codes, progress=progress)
@@ -296,7 +298,7 @@ class Qwen3TTS:
         progress = kwargs.pop("progress", None)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
-        self.last_trace = GenerationTrace()
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
         codes = self.generate_codes_from_layouts(layouts, [None] * len(layouts), settings, rng, eos_id,
                                                  self.last_trace, record, progress=progress)
         return self._finish(codes, return_codes, progress=progress)
@@ -396,7 +398,7 @@ class Qwen3TTS:
         layouts, vectors, ref_codes = self._voice_clone_layouts(text, language, ref_audio, ref_text,
                                                                 x_vector_only_mode, voice_clone_prompt,
                                                                 non_streaming_mode, record)
-        self.last_trace = GenerationTrace()
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
         codes = self.generate_codes_from_layouts(layouts, vectors, settings, rng, eos_id, self.last_trace, record,
                                                  progress=progress)
         return self._finish(codes, return_codes, ref_codes, progress)
@@ -470,7 +472,7 @@ class Qwen3TTS:
         prompts = [embed_layout(self.talker, layouts[0], vectors[0])]
         trailing = [self.talker.embed_text(layouts[0].trailing_ids)]
         pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
-        self.last_trace = GenerationTrace()
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
         trace = self.last_trace
 
         def chunks():

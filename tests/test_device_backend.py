@@ -221,6 +221,7 @@ GREEDY = dict(do_sample=False, subtalker_dosample=False)
 @pytest.mark.parametrize("sampling", ["greedy", "sampled"])
 def test_generation_equals_the_host_with_the_same_draws(pairs, host_reference, sampling):
     host, dev = pairs["customvoice"]
+    host.keep_logits = dev.keep_logits = True   # compare every step's logits too
     kwargs = dict(text="Device arrays.", speaker="vivian", language="english", max_new_tokens=12, return_codes=True)
     kwargs.update(GREEDY if sampling == "greedy" else dict(seed=5))
     trace_h, trace_d = {}, {}

@@ -30,6 +30,7 @@ WAVEFORM_ATOL = 2e-5  # official float32 waveform vs ours, on the same (equal) c
 def model(kind: str, precision: str = "f32") -> Qwen3TTS:
     if (kind, precision) not in _MODELS:
         _MODELS[(kind, precision)] = Qwen3TTS.from_pretrained(CHECKPOINTS / f"tiny-{kind}", dtype=DTYPES[precision])
+        _MODELS[(kind, precision)].keep_logits = True   # check_trace compares every step's logits
     return _MODELS[(kind, precision)]
 
 
@@ -411,3 +412,18 @@ def test_voice_clone_prompt_from_audio_matches_official_prompt():
             assert item.ref_code is None and not item.icl_mode
         else:
             np.testing.assert_array_equal(item.ref_code, GOLD[f"prompt/{name}/ref_code"])
+
+
+def test_last_trace_keeps_logits_only_when_asked():
+    """By default ``last_trace`` holds the codes and prompt but no logits (they are most of its size);
+    ``keep_logits = True`` keeps one [B, V] talker row per step and one [B, 15, V'] block per frame."""
+    m = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")
+    kwargs = dict(speaker="vivian", language="english", max_new_tokens=5, do_sample=False, subtalker_dosample=False)
+    m.generate_custom_voice("Logits or not.", **kwargs)
+    assert m.last_trace.prefill_logits is None and m.last_trace.step_logits == [] == m.last_trace.predictor_logits
+    frames = len(m.last_trace.frames)
+    assert frames > 0 and len(m.last_trace.code0) >= frames
+    m.keep_logits = True
+    m.generate_custom_voice("Logits or not.", **kwargs)
+    assert len(m.last_trace.predictor_logits) == frames == len(m.last_trace.frames)
+    assert m.last_trace.prefill_logits.shape[0] == 1 and len(m.last_trace.step_logits) == len(m.last_trace.code0) - 1
