@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import load_npy_codes, write_atomically
+from .files import load_npy_codes, user_cache_dir, write_atomically
 from .hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
 from .kernels import BACKENDS, active_backend, use_backend
 
@@ -133,18 +133,6 @@ class Reporter:
 # (a marker file in the user's cache directory), always by 'refimpl info', never under -q.
 EMBEDDED_NOTE = "note: the embedded default model has random weights: noise, not speech (see 'refimpl info')"
 NOTE_MARKER = "embedded-model-note-shown"
-
-
-def user_cache_dir() -> Path | None:
-    """$XDG_CACHE_HOME/refimpl, else ~/.cache/refimpl; None when neither is known.  A relative
-    XDG_CACHE_HOME is ignored, as the XDG specification says."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        try:
-            base = str(Path.home() / ".cache")
-        except (RuntimeError, KeyError):
-            return None
-    return Path(base) / "refimpl"
 
 
 def first_time_for_this_user(marker: str) -> bool:

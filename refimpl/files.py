@@ -12,10 +12,11 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["write_atomically", "load_npy_codes"]
+__all__ = ["write_atomically", "load_npy_codes", "user_cache_dir"]
 
 
 def _default_mode() -> int:
@@ -80,3 +81,15 @@ def check_npy_header(data: bytes, name: str) -> None:
     if need > len(data) - f.tell():
         raise ValueError(f"cannot read codes from {name}: its header claims shape {tuple(shape)} of {dtype} "
                          f"({need} bytes) but the file holds only {len(data) - f.tell()} (truncated file?)")
+
+
+def user_cache_dir() -> Path | None:
+    """This package's per-user cache directory: $XDG_CACHE_HOME/refimpl, else ~/.cache/refimpl; None when
+    neither is known.  A relative XDG_CACHE_HOME is ignored, as the XDG specification says."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):
+            return None
+    return Path(base) / "refimpl"

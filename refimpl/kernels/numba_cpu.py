@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import user_cache_dir
+
 
 def _writable(directory: Path) -> bool:
     try:
@@ -40,8 +42,10 @@ def _choose_cache_dir() -> None:
     """Set NUMBA_CACHE_DIR where Numba's own choice (this package's __pycache__) is not writable."""
     if os.environ.get("NUMBA_CACHE_DIR") or _writable(Path(__file__).resolve().parent / "__pycache__"):
         return
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "refimpl" / "numba"
-    os.environ["NUMBA_CACHE_DIR"] = str(base if _writable(base) else tempfile.mkdtemp(prefix="refimpl-numba-"))
+    user_cache = user_cache_dir()
+    base = None if user_cache is None else user_cache / "numba"
+    os.environ["NUMBA_CACHE_DIR"] = str(base if base is not None and _writable(base)
+                                        else tempfile.mkdtemp(prefix="refimpl-numba-"))
 
 
 def _prefer_512_bit_vectors() -> None:
