@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-
 from common import best_time, official_available, released_speech_tokenizer
 
 
@@ -23,14 +22,16 @@ def main() -> None:
     args = ap.parse_args()
 
     from refimpl import SpeechTokenizer
+
     path = released_speech_tokenizer()
     tok = SpeechTokenizer.from_pretrained(path)
     codes = np.random.default_rng(0).integers(0, tok.codebook_size, size=(args.frames, tok.num_quantizers))
     seconds = args.frames * tok.samples_per_frame / tok.sample_rate
     ours_t, ours = best_time(lambda: tok.decode(codes), args.repeats)
     print(f"refimpl  decode {args.frames} frames ({seconds:.1f} s audio): {ours_t:.2f} s, RTF {ours_t / seconds:.3f}")
-    stream_t, streamed = best_time(lambda: np.concatenate([s.push(codes[i:i + 5]) for s in [tok.stream()]
-                                                           for i in range(0, args.frames, 5)]), 1)
+    stream_t, streamed = best_time(
+        lambda: np.concatenate([s.push(codes[i : i + 5]) for s in [tok.stream()] for i in range(0, args.frames, 5)]), 1
+    )
     print(f"refimpl  streaming decode, 5-frame pushes: {stream_t:.2f} s, RTF {stream_t / seconds:.3f}")
 
     if not official_available():
@@ -38,6 +39,7 @@ def main() -> None:
         return
     import torch
     from qwen_tts import Qwen3TTSTokenizer
+
     off_tok = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32)
     codes_t = torch.from_numpy(codes)
 
@@ -46,10 +48,14 @@ def main() -> None:
             return off_tok.decode([{"audio_codes": codes_t}])[0][0]
 
     off_t, off = best_time(official, args.repeats)
-    print(f"official decode: {off_t:.2f} s, RTF {off_t / seconds:.3f}  (torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads)")
-    print(f"ratio refimpl / official: {ours_t / off_t:.2f}x   max |refimpl - official| = {np.max(np.abs(ours - off)):.2e}"
-          f"   max |stream - decode| = {np.max(np.abs(streamed - ours)):.2e}")
+    print(
+        f"official decode: {off_t:.2f} s, RTF {off_t / seconds:.3f}  (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads)"
+    )
+    print(
+        f"ratio refimpl / official: {ours_t / off_t:.2f}x   max |refimpl - official| = {np.max(np.abs(ours - off)):.2e}"
+        f"   max |stream - decode| = {np.max(np.abs(streamed - ours)):.2e}"
+    )
 
 
 if __name__ == "__main__":

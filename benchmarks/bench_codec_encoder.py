@@ -14,7 +14,6 @@ import argparse
 import os
 
 import numpy as np
-
 from common import best_time, official_available, released_speech_tokenizer
 
 
@@ -24,8 +23,9 @@ def test_audio(seconds: float, sr: int = 24000) -> np.ndarray:
     t = np.arange(int(seconds * sr)) / sr
     phase = 180 * t + 2 * np.sin(2 * np.pi * 4 * t)
     tone = sum(np.sin(2 * np.pi * h * phase) / h for h in (1, 2, 3, 4))
-    return (0.25 * (0.6 + 0.4 * np.sin(2 * np.pi * 0.7 * t)) * tone
-            + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+    return (0.25 * (0.6 + 0.4 * np.sin(2 * np.pi * 0.7 * t)) * tone + 0.01 * rng.standard_normal(len(t))).astype(
+        np.float32
+    )
 
 
 def main() -> None:
@@ -35,19 +35,23 @@ def main() -> None:
     args = ap.parse_args()
 
     from refimpl import SpeechTokenizer
+
     path = released_speech_tokenizer()
     tok = SpeechTokenizer.from_pretrained(path)
     audio = test_audio(args.seconds)
     tok.encode(audio[:1920], sr=24000)  # loads the encoder weights
     ours_t, ours = best_time(lambda: tok.encode_detailed(audio, sr=24000), args.repeats)
-    print(f"refimpl  encode {args.seconds:g} s audio ({len(audio)} samples, {os.cpu_count()} cpus): {ours_t:.2f} s, "
-          f"RTF {ours_t / args.seconds:.3f}; codes {ours.codes.shape}, smallest margin {ours.margins.min():.3g}")
+    print(
+        f"refimpl  encode {args.seconds:g} s audio ({len(audio)} samples, {os.cpu_count()} cpus): {ours_t:.2f} s, "
+        f"RTF {ours_t / args.seconds:.3f}; codes {ours.codes.shape}, smallest margin {ours.margins.min():.3g}"
+    )
 
     if not official_available():
         print("official qwen-tts not importable: no side-by-side ratio (run in the oracle environment)")
         return
     import torch
     from qwen_tts import Qwen3TTSTokenizer
+
     off_tok = Qwen3TTSTokenizer.from_pretrained(str(path), dtype=torch.float32)
 
     def official():
@@ -56,16 +60,20 @@ def main() -> None:
 
     official()  # warm-up
     off_t, off_codes = best_time(official, args.repeats)
-    print(f"official encode: {off_t:.2f} s, RTF {off_t / args.seconds:.3f}  (torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, attention {off_tok.model.encoder.config._attn_implementation})")
+    print(
+        f"official encode: {off_t:.2f} s, RTF {off_t / args.seconds:.3f}  (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, attention {off_tok.model.encoder.config._attn_implementation})"
+    )
     print(f"ratio refimpl / official: {ours_t / off_t:.2f}")
     with torch.inference_mode():
         enc = off_tok.model.encoder
         h = enc.encoder(torch.from_numpy(audio)[None, None])
         latent = enc.downsample(enc.encoder_transformer(h.transpose(1, 2)).last_hidden_state.transpose(1, 2))
     latent_err = np.abs(ours.latent - latent[0].numpy().T).max()
-    print(f"codes equal: {int((off_codes == ours.codes).sum())} / {off_codes.size}; latent max |refimpl - official| "
-          f"{latent_err:.3g} (latent max {np.abs(ours.latent).max():.3g})")
+    print(
+        f"codes equal: {int((off_codes == ours.codes).sum())} / {off_codes.size}; latent max |refimpl - official| "
+        f"{latent_err:.3g} (latent max {np.abs(ours.latent).max():.3g})"
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import os
 import time
 
 import numpy as np
-
 from bench_talker import GREEDY, LANGUAGE, SPEAKER, TEXT
 from common import best_time, official_available, peak_rss_gb, released_custom_voice_0_6b
 
@@ -33,34 +32,39 @@ def main() -> None:
     gen = dict(GREEDY, max_new_tokens=args.frames + 1)
 
     from refimpl import Qwen3TTS
+
     path = released_custom_voice_0_6b()
     tts = Qwen3TTS.from_pretrained(path)
 
     def ours():
-        wavs, sr, codes = tts.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, return_codes=True,
-                                                    **gen)
+        wavs, sr, codes = tts.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, return_codes=True, **gen)
         return wavs[0], codes[0]
 
     ours_t, (wav, codes) = best_time(ours, args.repeats)
     seconds = len(wav) / tts.sample_rate
-    print(f"refimpl  text -> {len(codes)} frames -> {seconds:.2f} s audio ({os.cpu_count()} cpus): {ours_t:.2f} s, "
-          f"RTF {ours_t / seconds:.2f}")
+    print(
+        f"refimpl  text -> {len(codes)} frames -> {seconds:.2f} s audio ({os.cpu_count()} cpus): {ours_t:.2f} s, "
+        f"RTF {ours_t / seconds:.2f}"
+    )
 
     def stream():
         t0 = time.perf_counter()
         first, chunks = None, []
-        for chunk in tts.stream_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE,
-                                             chunk_frames=args.chunk_frames, **gen):
+        for chunk in tts.stream_custom_voice(
+            TEXT, speaker=SPEAKER, language=LANGUAGE, chunk_frames=args.chunk_frames, **gen
+        ):
             if first is None:
                 first = (time.perf_counter() - t0, len(chunk))
             chunks.append(chunk)
         return first, np.concatenate(chunks)
 
     stream_t, ((first_t, first_n), streamed) = best_time(stream, args.repeats)
-    print(f"refimpl  streaming, chunk_frames={args.chunk_frames}: first chunk "
-          f"({first_n / tts.sample_rate * 1000:.0f} ms of audio) after {first_t:.2f} s, total "
-          f"{stream_t:.2f} s, RTF {stream_t / seconds:.2f};  max |stream - generate| = "
-          f"{np.max(np.abs(streamed - wav)) if streamed.shape == wav.shape else float('nan'):.2e}")
+    print(
+        f"refimpl  streaming, chunk_frames={args.chunk_frames}: first chunk "
+        f"({first_n / tts.sample_rate * 1000:.0f} ms of audio) after {first_t:.2f} s, total "
+        f"{stream_t:.2f} s, RTF {stream_t / seconds:.2f};  max |stream - generate| = "
+        f"{np.max(np.abs(streamed - wav)) if streamed.shape == wav.shape else float('nan'):.2e}"
+    )
     print(f"refimpl  peak memory (ru_maxrss, before the official is loaded): {peak_rss_gb():.2f} GB")
 
     if not official_available():
@@ -68,6 +72,7 @@ def main() -> None:
         return
     import torch
     from qwen_tts import Qwen3TTSModel
+
     off = Qwen3TTSModel.from_pretrained(str(path), dtype=torch.float32)
     decode, captured = off.model.speech_tokenizer.decode, []
 
@@ -84,12 +89,16 @@ def main() -> None:
 
     off_t, off_wav = best_time(official, args.repeats)
     off_seconds = len(off_wav) / 24000
-    print(f"official text -> {len(captured[0])} frames -> {off_seconds:.2f} s audio: {off_t:.2f} s, "
-          f"RTF {off_t / off_seconds:.2f}  (torch {torch.__version__}, {torch.get_num_threads()} threads)")
+    print(
+        f"official text -> {len(captured[0])} frames -> {off_seconds:.2f} s audio: {off_t:.2f} s, "
+        f"RTF {off_t / off_seconds:.2f}  (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+    )
     same = captured[0].shape == codes.shape and np.array_equal(captured[0], codes)
     diff = np.max(np.abs(off_wav - wav)) if same and off_wav.shape == wav.shape else float("nan")
-    print(f"ratio refimpl / official: {ours_t / off_t:.2f}   greedy codes equal: {same}   "
-          f"max |refimpl - official| waveform = {diff:.2e}")
+    print(
+        f"ratio refimpl / official: {ours_t / off_t:.2f}   greedy codes equal: {same}   "
+        f"max |refimpl - official| waveform = {diff:.2e}"
+    )
 
 
 if __name__ == "__main__":

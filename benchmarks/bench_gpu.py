@@ -36,7 +36,6 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-
 from common import CACHE, official_available
 
 PARTS = ("decode", "encode", "end_to_end", "official")
@@ -48,6 +47,7 @@ DTYPES = {"float32": np.float32, "float64": np.float64}
 
 def synchronize() -> None:
     import cupy
+
     cupy.cuda.Device().synchronize()
 
 
@@ -68,12 +68,14 @@ def test_audio(seconds: float, sr: int = 24000) -> np.ndarray:
     """The tone of bench_codec_encoder.py: harmonics with vibrato, a slow envelope, a little noise (float32)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_codec_encoder import test_audio as tone
+
     return tone(seconds, sr)
 
 
 def load_on(backend: str, loader, *args, **kwargs):
     """``loader(*args, **kwargs)`` under ``use_backend(backend)``: the model keeps that backend's arrays."""
     from refimpl import use_backend
+
     with use_backend(backend):
         return loader(*args, **kwargs)
 
@@ -83,9 +85,14 @@ class Report:
 
     def __init__(self, out: Path):
         self.path = out / "bench_gpu.json"
-        self.data = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "python": sys.version.split()[0],
-                     "machine": platform.machine(), "cpus": os.cpu_count(), "errors": {}}
-        self.codes = None   # the decoded codes, decoded again by the official
+        self.data = {
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "python": sys.version.split()[0],
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "errors": {},
+        }
+        self.codes = None  # the decoded codes, decoded again by the official
 
     def put(self, part: str, key: str, value) -> None:
         self.data.setdefault(part, {})[key] = value
@@ -103,7 +110,9 @@ class Report:
 
 def part_decode(report: Report, args) -> None:
     from common import released_speech_tokenizer
+
     from refimpl import SpeechTokenizer
+
     path = released_speech_tokenizer()
     for name, dtype in DTYPES.items():
         t0 = time.perf_counter()
@@ -112,22 +121,42 @@ def part_decode(report: Report, args) -> None:
         codes = np.random.default_rng(0).integers(0, tok.codebook_size, size=(args.frames, tok.num_quantizers))
         audio_s = args.frames * tok.samples_per_frame / tok.sample_rate
         took, wav = timed(lambda: tok.decode(codes), args.repeats)
-        report.put("decode", name, {"frames": args.frames, "audio_s": audio_s, "seconds": took,
-                                    "x_realtime": audio_s / took, "load_s": load_s, "output": type(wav).__name__})
+        report.put(
+            "decode",
+            name,
+            {
+                "frames": args.frames,
+                "audio_s": audio_s,
+                "seconds": took,
+                "x_realtime": audio_s / took,
+                "load_s": load_s,
+                "output": type(wav).__name__,
+            },
+        )
         if name == "float32":
+
             def streamed():
                 stream = tok.stream()
-                return np.concatenate([stream.push(codes[i:i + 5]) for i in range(0, args.frames, 5)])
+                return np.concatenate([stream.push(codes[i : i + 5]) for i in range(0, args.frames, 5)])
+
             took_s, pieces = timed(streamed, 1)
-            report.put("decode", "float32_stream_5_frames", {"seconds": took_s, "x_realtime": audio_s / took_s,
-                                                             "max_abs_stream_minus_decode":
-                                                             float(np.max(np.abs(pieces - tok.decode_full(codes))))})
+            report.put(
+                "decode",
+                "float32_stream_5_frames",
+                {
+                    "seconds": took_s,
+                    "x_realtime": audio_s / took_s,
+                    "max_abs_stream_minus_decode": float(np.max(np.abs(pieces - tok.decode_full(codes)))),
+                },
+            )
             report.codes = codes
 
 
 def part_encode(report: Report, args) -> None:
     from common import released_speech_tokenizer
+
     from refimpl import SpeechTokenizer
+
     path = released_speech_tokenizer()
     audio = test_audio(args.seconds)
     cpu = load_on("numba", SpeechTokenizer.from_pretrained, path, dtype=np.float32)
@@ -140,12 +169,22 @@ def part_encode(report: Report, args) -> None:
         took, codes = timed(lambda: tok.encode(audio, sr=24000), args.repeats)
         codes, cpu_c = np.asarray(codes), np.asarray(cpu_codes)
         equal = int((codes == cpu_c).sum()) if codes.shape == cpu_c.shape else None
-        report.put("encode", name, {"audio_s": args.seconds, "seconds": took, "x_realtime": args.seconds / took,
-                                    "codes_equal_cpu": equal, "codes": int(cpu_c.size)})
+        report.put(
+            "encode",
+            name,
+            {
+                "audio_s": args.seconds,
+                "seconds": took,
+                "x_realtime": args.seconds / took,
+                "codes_equal_cpu": equal,
+                "codes": int(cpu_c.size),
+            },
+        )
 
 
 def part_end_to_end(report: Report, args) -> None:
     from refimpl import Qwen3TTS
+
     path = CACHE / "released-0.6b-customvoice"
     if not (path / "model.safetensors").is_file() or not (path / "speech_tokenizer").exists():
         report.put("end_to_end", "skipped", f"no 0.6B model in {path.name}/ (gpu_check.sh writes it)")
@@ -154,8 +193,9 @@ def part_end_to_end(report: Report, args) -> None:
     gen = dict(GREEDY, max_new_tokens=args.e2e_frames + 1)
 
     def run(model, **extra):
-        wavs, sr, codes = model.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, return_codes=True,
-                                                      **{**gen, **extra})
+        wavs, sr, codes = model.generate_custom_voice(
+            TEXT, speaker=SPEAKER, language=LANGUAGE, return_codes=True, **{**gen, **extra}
+        )
         return wavs[0], codes[0]
 
     t0 = time.perf_counter()
@@ -170,14 +210,24 @@ def part_end_to_end(report: Report, args) -> None:
         load_s = time.perf_counter() - t0
         took, (wav, codes) = timed(lambda: run(tts, **extra), 1 if name == "float64" else args.repeats)
         n = len(codes)
-        same = codes.shape == cpu_codes[:n].shape and bool(np.array_equal(codes, cpu_codes[:n]))   # a prefix
-        report.put("end_to_end", name, {"frames": n, "audio_s": len(wav) / 24000, "seconds": took,
-                                        "ms_per_frame": 1000 * took / max(n, 1),
-                                        "x_realtime": (len(wav) / 24000) / took, "load_s": load_s,
-                                        "greedy_codes_equal_cpu_float32": same,
-                                        "max_abs_wav_minus_cpu": float(np.max(np.abs(wav - cpu_wav[:len(wav)])))
-                                        if same and name == "float32" else None})
-        tts = None   # frees the device memory before the next precision loads
+        same = codes.shape == cpu_codes[:n].shape and bool(np.array_equal(codes, cpu_codes[:n]))  # a prefix
+        report.put(
+            "end_to_end",
+            name,
+            {
+                "frames": n,
+                "audio_s": len(wav) / 24000,
+                "seconds": took,
+                "ms_per_frame": 1000 * took / max(n, 1),
+                "x_realtime": (len(wav) / 24000) / took,
+                "load_s": load_s,
+                "greedy_codes_equal_cpu_float32": same,
+                "max_abs_wav_minus_cpu": float(np.max(np.abs(wav - cpu_wav[: len(wav)])))
+                if same and name == "float32"
+                else None,
+            },
+        )
+        tts = None  # frees the device memory before the next precision loads
 
 
 def part_official(report: Report, args) -> None:
@@ -185,11 +235,13 @@ def part_official(report: Report, args) -> None:
         report.put("official", "skipped", "import qwen_tts, torch failed: no official side by side")
         return
     import torch
+
     if not torch.cuda.is_available():
         report.put("official", "skipped", f"torch {torch.__version__} sees no CUDA device")
         return
-    from qwen_tts import Qwen3TTSModel, Qwen3TTSTokenizer
     from common import released_speech_tokenizer
+    from qwen_tts import Qwen3TTSModel, Qwen3TTSTokenizer
+
     device = "cuda:0"
     report.put("official", "torch", {"version": torch.__version__, "device": torch.cuda.get_device_name(0)})
 
@@ -210,6 +262,7 @@ def part_official(report: Report, args) -> None:
                 out = fn()
             torch.cuda.synchronize()
             return out
+
         call()
         best = float("inf")
         for _ in range(repeats):
@@ -225,25 +278,38 @@ def part_official(report: Report, args) -> None:
     took, _ = official_timed(lambda: off_tok.decode([{"audio_codes": codes_t}]), args.repeats)
     audio_s = len(codes) * 1920 / 24000
     ours = report.data.get("decode", {}).get("float32", {}).get("seconds")
-    report.put("official", "decode_float32", {"seconds": took, "x_realtime": audio_s / took,
-                                              "ratio_ours_over_official": ours / took if ours else None})
+    report.put(
+        "official",
+        "decode_float32",
+        {"seconds": took, "x_realtime": audio_s / took, "ratio_ours_over_official": ours / took if ours else None},
+    )
     audio = test_audio(args.seconds)
     took, _ = official_timed(lambda: off_tok.encode(audio, sr=24000), args.repeats)
     ours = report.data.get("encode", {}).get("float32", {}).get("seconds")
-    report.put("official", "encode_float32", {"seconds": took, "x_realtime": args.seconds / took,
-                                              "ratio_ours_over_official": ours / took if ours else None})
+    report.put(
+        "official",
+        "encode_float32",
+        {"seconds": took, "x_realtime": args.seconds / took, "ratio_ours_over_official": ours / took if ours else None},
+    )
     off_tok = None
     model_path = CACHE / "released-0.6b-customvoice"
     if not (model_path / "model.safetensors").is_file():
         return
     off = on_gpu(Qwen3TTSModel, model_path)
     gen = dict(GREEDY, max_new_tokens=args.e2e_frames + 1)
-    took, (wavs, _) = official_timed(lambda: off.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, **gen),
-                                     args.repeats)
+    took, (wavs, _) = official_timed(
+        lambda: off.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, **gen), args.repeats
+    )
     ours = report.data.get("end_to_end", {}).get("float32", {})
-    report.put("official", "end_to_end_float32", {
-        "seconds": took, "audio_s": len(wavs[0]) / 24000,
-        "ratio_ours_over_official": ours["seconds"] / took if ours.get("seconds") else None})
+    report.put(
+        "official",
+        "end_to_end_float32",
+        {
+            "seconds": took,
+            "audio_s": len(wavs[0]) / 24000,
+            "ratio_ours_over_official": ours["seconds"] / took if ours.get("seconds") else None,
+        },
+    )
 
 
 def main() -> int:
@@ -261,7 +327,8 @@ def main() -> int:
         ap.error(f"unknown part(s) {', '.join(unknown)}; choose among {', '.join(PARTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)
-    from refimpl.kernels import cupy_cuda
+    from refimpl.backends import cupy_cuda
+
     try:
         report.put("device", "cupy", cupy_cuda.available())
     except cupy_cuda.BackendUnavailable as e:

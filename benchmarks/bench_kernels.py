@@ -16,13 +16,12 @@ import argparse
 import os
 import time
 
+import common  # noqa: F401  (puts the repository on sys.path)
 import numpy as np
 
-import common  # noqa: F401  (puts the repository on sys.path)
-
 from refimpl import nn
-from refimpl.checkpoint import BF16Matrix, float32_to_bf16_bits
-from refimpl.kernels import numba_cpu
+from refimpl.backends import numba_cpu
+from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
 
 # (rows, columns) of every matrix one 0.6B Talker layer multiplies a hidden state by
 TALKER_LAYER = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)]
@@ -42,11 +41,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
     import numba
-    print(f"numba {numba.__version__}, {numba.get_num_threads()} threads; OPENBLAS_NUM_THREADS="
-          f"{os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}; load average {os.getloadavg()[0]:.2f}")
+
+    print(
+        f"numba {numba.__version__}, {numba.get_num_threads()} threads; OPENBLAS_NUM_THREADS="
+        f"{os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}; load average {os.getloadavg()[0]:.2f}"
+    )
     rng = np.random.default_rng(0)
 
-    big = np.ones(256 * 2 ** 20 // 4, np.float32)  # 256 MB
+    big = np.ones(256 * 2**20 // 4, np.float32)  # 256 MB
     out = np.empty_like(big)
     t = best(lambda: np.copyto(out, big), max(3, args.repeats // 4))
     copy_gbs = 2 * big.nbytes / t / 1e9
@@ -62,17 +64,21 @@ def main() -> None:
     t_bf16 = best(lambda: [numba_cpu.linear(x[m.shape[1]], m) for m in bf16], args.repeats)
     print(f"talker step matrices (4 layers, {len(bf16)} products, batch 1):")
     print(f"  numpy, float32 weights : {1e3 * t_numpy:7.2f} ms  {nbytes_f32 / t_numpy / 1e9:5.1f} GB/s of weights")
-    print(f"  numba, bf16 as stored  : {1e3 * t_bf16:7.2f} ms  {nbytes_bf16 / t_bf16 / 1e9:5.1f} GB/s of weights  "
-          f"(x{t_numpy / t_bf16:.2f})")
+    print(
+        f"  numba, bf16 as stored  : {1e3 * t_bf16:7.2f} ms  {nbytes_bf16 / t_bf16 / 1e9:5.1f} GB/s of weights  "
+        f"(x{t_numpy / t_bf16:.2f})"
+    )
 
     x_bct = (2 * rng.standard_normal((1, 96, 240000))).astype(np.float32)
     la, lb = (0.3 * rng.standard_normal((2, 96))).astype(np.float32)
     n = x_bct.size
     t_ref = best(lambda: nn.snake_beta.reference(x_bct, la, lb), max(3, args.repeats // 4))
     t_nb = best(lambda: numba_cpu.snake_beta(x_bct, la, lb), max(3, args.repeats // 4))
-    print(f"SnakeBeta [1, 96, 240000]: numpy {1e3 * t_ref:.1f} ms ({n / t_ref / 1e9:.2f} G samples/s), "
-          f"numba {1e3 * t_nb:.1f} ms ({n / t_nb / 1e9:.2f} G samples/s, x{t_ref / t_nb:.2f}); "
-          f"bytes moved by numba {8 * n / t_nb / 1e9:.1f} GB/s")
+    print(
+        f"SnakeBeta [1, 96, 240000]: numpy {1e3 * t_ref:.1f} ms ({n / t_ref / 1e9:.2f} G samples/s), "
+        f"numba {1e3 * t_nb:.1f} ms ({n / t_nb / 1e9:.2f} G samples/s, x{t_ref / t_nb:.2f}); "
+        f"bytes moved by numba {8 * n / t_nb / 1e9:.1f} GB/s"
+    )
     conv_gflops(args.repeats)
 
 
@@ -85,8 +91,10 @@ def conv_gflops(repeats: int) -> None:
         flops = 2 * C * C * 7 * T
         t_ref = best(lambda: nn.conv1d.reference(x, w, None, 1, dilation), max(3, repeats // 6))
         t_twin = best(lambda: numba_cpu.conv1d(x, w, None, 1, dilation), max(3, repeats // 6))
-        print(f"conv1d k7 C={C} T={T} d={dilation}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
-              f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)")
+        print(
+            f"conv1d k7 C={C} T={T} d={dilation}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
+            f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)"
+        )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import os
 import types
 
 import numpy as np
-
 from bench_codec_encoder import test_audio
 from common import best_time, official_available, released_speaker_encoder
 
@@ -27,12 +26,13 @@ PREFIX = "speaker_encoder."
 
 def official_encoder(path):
     """The official speaker-encoder module with the checkpoint's weights (float32 parameters)."""
-    from safetensors.torch import load_file
     from qwen_tts.core.models import modeling_qwen3_tts as mq
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSSpeakerEncoderConfig
+    from safetensors.torch import load_file
+
     config = json.loads((path / "config.json").read_text())["speaker_encoder_config"]
     module = mq.Qwen3TTSSpeakerEncoder(Qwen3TTSSpeakerEncoderConfig(**config))
-    state = {k[len(PREFIX):]: v for k, v in load_file(str(path / "model.safetensors")).items() if k.startswith(PREFIX)}
+    state = {k[len(PREFIX) :]: v for k, v in load_file(str(path / "model.safetensors")).items() if k.startswith(PREFIX)}
     module.load_state_dict(state, strict=True)
     return module.eval()
 
@@ -43,22 +43,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
 
-    from refimpl.speaker import SpeakerEncoder
+    from refimpl.tts.speaker_encoder import SpeakerEncoder
+
     path = released_speaker_encoder()
     enc = SpeakerEncoder.from_pretrained(path)
     audio = test_audio(args.seconds)
     ours_t, ours = best_time(lambda: enc.embed(audio), args.repeats)
     mel_t, _ = best_time(lambda: enc.mels(audio), args.repeats)
-    print(f"refimpl  x-vector of {args.seconds:g} s audio (enc_dim {ours.shape[0]}, {os.cpu_count()} cpus): "
-          f"{ours_t:.3f} s, RTF {ours_t / args.seconds:.4f} (of which the log-mel spectrogram {mel_t:.3f} s)")
+    print(
+        f"refimpl  x-vector of {args.seconds:g} s audio (enc_dim {ours.shape[0]}, {os.cpu_count()} cpus): "
+        f"{ours_t:.3f} s, RTF {ours_t / args.seconds:.4f} (of which the log-mel spectrogram {mel_t:.3f} s)"
+    )
 
     if not official_available():
         print("official qwen-tts not importable: no side-by-side ratio (run in the oracle environment)")
         return
     import torch
     from qwen_tts.core.models import modeling_qwen3_tts as mq
-    owner = types.SimpleNamespace(speaker_encoder=official_encoder(path), device=torch.device("cpu"),
-                                  dtype=torch.float32)
+
+    owner = types.SimpleNamespace(
+        speaker_encoder=official_encoder(path), device=torch.device("cpu"), dtype=torch.float32
+    )
 
     def official():
         with torch.inference_mode():
@@ -66,10 +71,14 @@ def main() -> None:
 
     official()  # warm-up
     off_t, off = best_time(official, args.repeats)
-    print(f"official x-vector: {off_t:.3f} s, RTF {off_t / args.seconds:.4f}  (torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads)")
-    print(f"ratio refimpl / official: {ours_t / off_t:.2f}   max |refimpl - official| = "
-          f"{np.max(np.abs(ours - off)):.2e} (x-vector max {np.max(np.abs(off)):.3g})")
+    print(
+        f"official x-vector: {off_t:.3f} s, RTF {off_t / args.seconds:.4f}  (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads)"
+    )
+    print(
+        f"ratio refimpl / official: {ours_t / off_t:.2f}   max |refimpl - official| = "
+        f"{np.max(np.abs(ours - off)):.2e} (x-vector max {np.max(np.abs(off)):.3g})"
+    )
 
 
 if __name__ == "__main__":

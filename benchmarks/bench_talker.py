@@ -20,7 +20,6 @@ import os
 import time
 
 import numpy as np
-
 from common import best_time, official_available, peak_rss_gb, released_custom_voice_0_6b
 
 TEXT = "Hello, world! This is a tiny text for a tiny tokenizer."
@@ -36,8 +35,9 @@ class StageTimer:
         self.calls = {k: 0 for k in self.seconds}
         talker = tts.talker
         self._wrap(talker, "forward", lambda: "prefill" if self.calls["prefill"] == 0 else "talker step")
-        self._wrap(talker, "logits", lambda: "prefill" if self.calls["talker step"] == 0 else "talker step",
-                   count=False)
+        self._wrap(
+            talker, "logits", lambda: "prefill" if self.calls["talker step"] == 0 else "talker step", count=False
+        )
         self._wrap(talker.code_predictor, "predict_frame", lambda: "code predictor")
 
     def _wrap(self, obj, name, stage_of, count=True):
@@ -68,10 +68,11 @@ def main() -> None:
     gen = dict(GREEDY, max_new_tokens=args.frames + 1)
 
     from refimpl import Qwen3TTS
+
     path = released_custom_voice_0_6b()
     t0 = time.perf_counter()
     tts = Qwen3TTS.from_pretrained(path)
-    tts.keep_logits = True   # the near-tie report below reads the logits of the run
+    tts.keep_logits = True  # the near-tie report below reads the logits of the run
     load_t = time.perf_counter() - t0
     tts.speech_tokenizer.decode = lambda codes, **_: np.zeros(len(codes) * 1920, dtype=np.float32)  # stub: codes only
 
@@ -81,16 +82,20 @@ def main() -> None:
     ours_t, codes = best_time(ours, args.repeats)
     n = len(codes)
     prompt_len = tts.last_trace.prompt_embeds.shape[1]
-    print(f"refimpl  0.6B CustomVoice (load {load_t:.1f} s), prompt {prompt_len} positions, {n} frames "
-          f"({n / 12.5:.2f} s audio), {os.cpu_count()} cpus: {ours_t:.2f} s, {1000 * ours_t / max(n, 1):.0f} ms/frame, "
-          f"RTF {ours_t / max(n / 12.5, 1e-9):.2f}")
+    print(
+        f"refimpl  0.6B CustomVoice (load {load_t:.1f} s), prompt {prompt_len} positions, {n} frames "
+        f"({n / 12.5:.2f} s audio), {os.cpu_count()} cpus: {ours_t:.2f} s, {1000 * ours_t / max(n, 1):.0f} ms/frame, "
+        f"RTF {ours_t / max(n / 12.5, 1e-9):.2f}"
+    )
     timer = StageTimer(tts)
     split_t, _ = best_time(ours, 1)
     s, c = timer.seconds, timer.calls
-    print(f"refimpl  split (one more run): prefill {1000 * s['prefill']:.0f} ms; talker step "
-          f"{1000 * s['talker step'] / max(c['talker step'], 1):.0f} ms x {c['talker step']}; code predictor "
-          f"{1000 * s['code predictor'] / max(c['code predictor'], 1):.0f} ms/frame x {c['code predictor']}; "
-          f"rest (prompt building, sampling) {1000 * (split_t - sum(s.values())):.0f} ms; total {split_t:.2f} s")
+    print(
+        f"refimpl  split (one more run): prefill {1000 * s['prefill']:.0f} ms; talker step "
+        f"{1000 * s['talker step'] / max(c['talker step'], 1):.0f} ms x {c['talker step']}; code predictor "
+        f"{1000 * s['code predictor'] / max(c['code predictor'], 1):.0f} ms/frame x {c['code predictor']}; "
+        f"rest (prompt building, sampling) {1000 * (split_t - sum(s.values())):.0f} ms; total {split_t:.2f} s"
+    )
     print(f"refimpl  peak memory (ru_maxrss, before the official is loaded): {peak_rss_gb():.2f} GB")
 
     if not official_available():
@@ -98,6 +103,7 @@ def main() -> None:
         return
     import torch
     from qwen_tts import Qwen3TTSModel
+
     off = Qwen3TTSModel.from_pretrained(str(path), dtype=torch.float32)
     captured = []
 
@@ -113,9 +119,11 @@ def main() -> None:
         return captured[0]
 
     off_t, off_codes = best_time(official, args.repeats)
-    print(f"official {len(off_codes)} frames: {off_t:.2f} s, {1000 * off_t / max(len(off_codes), 1):.0f} ms/frame "
-          f"(torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"attention {off.model.config.talker_config._attn_implementation})")
+    print(
+        f"official {len(off_codes)} frames: {off_t:.2f} s, {1000 * off_t / max(len(off_codes), 1):.0f} ms/frame "
+        f"(torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"attention {off.model.config.talker_config._attn_implementation})"
+    )
     print(f"ratio refimpl / official: {ours_t / off_t:.2f}")
     if off_codes.shape == codes.shape and np.array_equal(off_codes, codes):
         print(f"greedy codes equal: all {codes.size} ({n} frames x 16)")
@@ -126,10 +134,15 @@ def main() -> None:
     if len(diff):
         f, g = diff[0]
         trace = tts.last_trace
-        logits = ((trace.prefill_logits if f == 0 else trace.step_logits[f - 1])[0] if g == 0
-                  else trace.predictor_logits[f][0, g - 1])
-        print(f"first difference at frame {f}, group {g}: ours {codes[f, g]}, official {off_codes[f, g]}; "
-              f"our top-2 raw logit gap there {top2_gap(logits):.3g}")
+        logits = (
+            (trace.prefill_logits if f == 0 else trace.step_logits[f - 1])[0]
+            if g == 0
+            else trace.predictor_logits[f][0, g - 1]
+        )
+        print(
+            f"first difference at frame {f}, group {g}: ours {codes[f, g]}, official {off_codes[f, g]}; "
+            f"our top-2 raw logit gap there {top2_gap(logits):.3g}"
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ CACHE = Path(os.environ.get("REFIMPL_BENCH_DIR", REPO / "bench-checkpoints"))
 
 def released_speech_tokenizer(seed: int = 0) -> Path:
     """The released speech-tokenizer config with seeded random weights (written once, ~680 MB)."""
-    from refimpl import presets, synthetic
+    from refimpl.porting import presets, synthetic
+
     path = CACHE / "released-speech-tokenizer"
     if not (path / "model.safetensors").is_file():
         print(f"writing a full-size synthetic speech tokenizer to {path} ...", flush=True)
@@ -28,6 +29,7 @@ def _in_child(fn, *args) -> None:
     """Run ``fn(*args)`` in a forked process, so that writing a checkpoint (several GB of random
     tensors) does not count in this process's peak memory (resource.getrusage ru_maxrss)."""
     import multiprocessing
+
     p = multiprocessing.get_context("fork").Process(target=fn, args=args)
     p.start()
     p.join()
@@ -39,14 +41,20 @@ def _write_released_custom_voice(path: Path, seed: int) -> None:
     """Like ``synthetic.write_tts_model`` with the tiny text tokenizer, but the text embedding keeps its
     released size (151936 x 2048; the tiny tokenizer's ids all lie below it), bf16 on disk like the
     release (speech_tokenizer/ is linked by the caller)."""
-    from refimpl import presets, synthetic
+    from refimpl.porting import presets, synthetic
+
     path.mkdir(parents=True, exist_ok=True)
     added = synthetic.write_tiny_text_tokenizer(path)
     config = {
-        "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
-        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": "0b6", "tts_model_type": "custom_voice",
-        "im_start_token_id": added["<|im_start|>"], "im_end_token_id": added["<|im_end|>"],
-        "tts_pad_token_id": added["<tts_pad>"], "tts_bos_token_id": added["<tts_text_bos>"],
+        "architectures": ["Qwen3TTSForConditionalGeneration"],
+        "model_type": "qwen3_tts",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "tts_model_size": "0b6",
+        "tts_model_type": "custom_voice",
+        "im_start_token_id": added["<|im_start|>"],
+        "im_end_token_id": added["<|im_end|>"],
+        "tts_pad_token_id": added["<tts_pad>"],
+        "tts_bos_token_id": added["<tts_text_bos>"],
         "tts_eos_token_id": added["<tts_text_eod>"],
         "talker_config": presets.preset(presets.RELEASED_TALKER_0_6B_CUSTOMVOICE),
     }
@@ -72,7 +80,8 @@ def released_custom_voice_0_6b(seed: int = 0) -> Path:
 
 def released_speaker_encoder(seed: int = 0) -> Path:
     """The 0.6B-Base speaker encoder (enc_dim 1024) alone, seeded random weights, bf16 (written once)."""
-    from refimpl import presets, synthetic
+    from refimpl.porting import presets, synthetic
+
     path = CACHE / "released-speaker-encoder"
     if not (path / "model.safetensors").is_file():
         print(f"writing a full-size synthetic speaker encoder to {path} ...", flush=True)
@@ -83,6 +92,7 @@ def released_speaker_encoder(seed: int = 0) -> Path:
 def peak_rss_gb() -> float:
     """This process's peak resident memory so far, in GB (Linux reports ru_maxrss in KiB)."""
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
@@ -100,6 +110,7 @@ def official_available() -> bool:
     try:
         import qwen_tts  # noqa: F401
         import torch  # noqa: F401
+
         return True
     except Exception:
         return False

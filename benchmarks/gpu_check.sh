@@ -14,7 +14,7 @@
 #   3. writes the full-size synthetic speech tokenizer (benchmarks/common.py; about 30 s on 2 cores), then
 #      starts writing the 0.6B CustomVoice model in the background (about 3.5 min on 2 cores with a slow
 #      disk; far less on a 16-core machine) while the tests run;
-#   4. python -m pytest -m cuda (tests/test_cuda.py: every twin on the device, every parity module on the
+#   4. python -m pytest -m cuda (tests/backends/test_cuda.py: every twin on the device, every parity module on the
 #      cupy backend in float32 and float64, streaming = one pass, greedy codes equal to the CPU, the decode
 #      speed printed);
 #   5. python benchmarks/bench_gpu.py: decode / encode / end-to-end timings in float32 and float64, and the
@@ -94,7 +94,7 @@ try:
     print(f"  torch.cuda.is_available() = {torch.cuda.is_available()}")
 except Exception:
     pass
-from refimpl.kernels import cupy_cuda
+from refimpl.backends import cupy_cuda
 try:
     print(f"  cupy backend: {cupy_cuda.available()}")
 except cupy_cuda.BackendUnavailable as e:
@@ -135,7 +135,7 @@ MODEL_DIR="$REFIMPL_BENCH_DIR/released-0.6b-customvoice"
   echo $? > "$RESULTS/build_0_6b.rc" ) &
 BUILD=$!
 step cuda_tests 220 "$PY" -m pytest -m cuda -p no:cacheprovider -q -rs -s --junitxml "$RESULTS/cuda_tests.xml" \
-    tests/test_cuda.py
+    tests/backends/test_cuda.py
 # the benchmark needs about 200 s: wait for the model only as long as that leaves
 echo "=== waiting for the 0.6B model ($SECONDS s elapsed)"
 while kill -0 "$BUILD" 2> /dev/null && [ "$SECONDS" -lt $((BUDGET - 200)) ]; do sleep 2; done

@@ -24,11 +24,11 @@ if str(REPO) not in sys.path:  # run against this working tree even when refimpl
 
 import refimpl  # noqa: E402
 from refimpl import sampling  # noqa: E402
-from refimpl.codec_decoder import decode_codes  # noqa: E402
-from refimpl.prompt import build_layout, embed_layout  # noqa: E402
-from refimpl.text import assistant_prompt  # noqa: E402
+from refimpl.codec.decoder import decode_codes  # noqa: E402
+from refimpl.tts.prompt import build_layout, embed_layout  # noqa: E402
+from refimpl.tts.text_tokenizer import assistant_prompt  # noqa: E402
 
-MODEL = REPO / "refimpl" / "data" / "default-customvoice"   # what `refimpl say` uses without --model
+MODEL = REPO / "refimpl" / "data" / "default-customvoice"  # what `refimpl say` uses without --model
 TEXT, SPEAKER, LANGUAGE = "Hello!", "vivian", "english"
 
 
@@ -44,9 +44,11 @@ def main() -> None:
     tts = refimpl.Qwen3TTS.from_pretrained(MODEL, dtype=np.float32)
     cfg, talker, tok = tts.config, tts.talker, tts.speech_tokenizer
     t = cfg.talker_config
-    print(f"model: {MODEL.name}: talker width {t.hidden_size}, {t.num_hidden_layers} layers, "
-          f"{t.num_attention_heads} query / {t.num_key_value_heads} key-value heads of {t.head_dim}; "
-          f"code predictor width {t.code_predictor_config.hidden_size}")
+    print(
+        f"model: {MODEL.name}: talker width {t.hidden_size}, {t.num_hidden_layers} layers, "
+        f"{t.num_attention_heads} query / {t.num_key_value_heads} key-value heads of {t.head_dim}; "
+        f"code predictor width {t.code_predictor_config.hidden_size}"
+    )
 
     # ---- 1. text -> ids -> prompt layout (ids per position) -> prompt vectors (two summed streams)
     print("\n1. the prompt")
@@ -56,9 +58,9 @@ def main() -> None:
     show("layout.text_ids", layout.text_ids)
     show("layout.codec_codes (-1 = none)", layout.codec_codes)
     show("segments", [(name, end - start) for name, start, end in layout.segments])
-    prompt_th = embed_layout(talker, layout)                      # text stream + codec stream
-    trailing_nh = talker.embed_text(layout.trailing_ids)          # fed one per step after the prompt
-    pad_h = talker.embed_text([cfg.tts_pad_token_id])[0]          # ... then tts_pad forever
+    prompt_th = embed_layout(talker, layout)  # text stream + codec stream
+    trailing_nh = talker.embed_text(layout.trailing_ids)  # fed one per step after the prompt
+    pad_h = talker.embed_text([cfg.tts_pad_token_id])[0]  # ... then tts_pad forever
     show("prompt vectors", prompt_th)
     show("trailing text vectors", trailing_nh)
 
@@ -66,7 +68,7 @@ def main() -> None:
     print("\n2. the Talker, prefill")
     T = len(layout)
     cache = talker.new_caches(batch=1)
-    positions_bt = np.arange(T)[None]                             # one row, no left padding
+    positions_bt = np.arange(T)[None]  # one row, no left padding
     key_valid_bs = np.ones((1, T), dtype=bool)
     hidden_bth = talker.forward(prompt_th[None], positions_bt, key_valid_bs, cache)
     hidden_bh = hidden_bth[:, -1]
@@ -76,8 +78,8 @@ def main() -> None:
 
     # greedy code 0: the processors that act without sampling (sampling.py's steps 1-3)
     eos = t.codec_eos_token_id
-    penalty = tts.generate_defaults.get("repetition_penalty", 1.05)   # generation_config.json
-    min_new_tokens = sampling.SamplingSettings().min_new_tokens           # 2: no EOS before 2 codes
+    penalty = tts.generate_defaults.get("repetition_penalty", 1.05)  # generation_config.json
+    min_new_tokens = sampling.SamplingSettings().min_new_tokens  # 2: no EOS before 2 codes
 
     def choose_code0(logits_bv, previous_bn):
         scores = sampling.apply_repetition_penalty(logits_bv, previous_bn, penalty)
@@ -95,7 +97,7 @@ def main() -> None:
         # ---- 3./5. the code predictor: 15 sequential steps fill in codes 1..15 of this frame
         shapes = []
 
-        def greedy(g, logits_bv):          # called once per step with head g's logits
+        def greedy(g, logits_bv):  # called once per step with head g's logits
             shapes.append(logits_bv.shape)
             return np.argmax(logits_bv, axis=-1)
 
@@ -109,7 +111,7 @@ def main() -> None:
         # ---- 4./6. one Talker step with the KV cache: the frame goes back in as one position
         print(f"\n{4 + 2 * step}. the Talker, one step (position {T + step})")
         text_h = trailing_nh[step] if step < len(trailing_nh) else pad_h
-        x_bth = (talker.embed_frames(frame_b16) + text_h)[:, None]   # sum of 16 embeddings + text
+        x_bth = (talker.embed_frames(frame_b16) + text_h)[:, None]  # sum of 16 embeddings + text
         key_valid_bs = np.ones((1, T + step + 1), dtype=bool)
         hidden_bh = talker.forward(x_bth, np.array([[T + step]]), key_valid_bs, cache)[:, -1]
         logits_bv = talker.logits(hidden_bh)
@@ -127,7 +129,7 @@ def main() -> None:
     show("waveform", wav)
     assert np.array_equal(wav, tok.decode_full(codes_t16))
     stream = tok.stream()
-    streamed = np.concatenate([stream.push(codes_t16[i:i + 1]) for i in range(len(codes_t16))])
+    streamed = np.concatenate([stream.push(codes_t16[i : i + 1]) for i in range(len(codes_t16))])
     show("streamed, one frame per push", streamed)
     err = np.max(np.abs(streamed - wav))
     print(f"    max |streamed - one pass| {'<' if err < 2e-5 else '>='} 2e-5 (float32 summation order only)")
@@ -135,8 +137,15 @@ def main() -> None:
 
     # ---- 8. the same through the public API
     print("\n8. the public API, greedy")
-    wavs, sr, api_codes = tts.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, do_sample=False,
-                                                    subtalker_dosample=False, max_new_tokens=3, return_codes=True)
+    wavs, sr, api_codes = tts.generate_custom_voice(
+        TEXT,
+        speaker=SPEAKER,
+        language=LANGUAGE,
+        do_sample=False,
+        subtalker_dosample=False,
+        max_new_tokens=3,
+        return_codes=True,
+    )
     show("generate_custom_voice codes", api_codes[0])
     show("waveform", wavs[0])
     assert np.array_equal(api_codes[0], codes_t16), "codes differ from the public API"

@@ -16,7 +16,7 @@ def reference_pcm16(n: int = 9600, step: int = 7) -> np.ndarray:
     rising envelope, plus hashed-index noise), identical on every machine and NumPy version."""
     t = np.arange(n, dtype=np.int64)
     saw = (t * step % 160) * 150 - 12000
-    envelope = 1024 + (t * 3072) // n                  # /4096 below: from 0.25 to 1
+    envelope = 1024 + (t * 3072) // n  # /4096 below: from 0.25 to 1
     noise = ((t * 1103515245 + 12345) % 2147483648) // 65536 % 2001 - 1000
     return ((saw * envelope) // 4096 + noise).astype(np.int16)
 
@@ -66,6 +66,6 @@ class Placeholders:
         if kind == "padded":
             padded = np.full((len(codes), max(len(c) for c in codes), codes[0].shape[1]), -1, dtype=np.int64)
             for i, c in enumerate(codes):
-                padded[i, :len(c)] = self.to_numpy(c)
+                padded[i, : len(c)] = self.to_numpy(c)
             return {"audio_codes": padded}
         raise ValueError(f"unknown placeholder {v}")

@@ -1,5 +1,5 @@
 """The model-directory layouts of the text-tokenizer golden file, shared by the oracle recorder
-(golden/oracle/record_text_tokenizer.py) and the tests (tests/test_text_tokenizer.py), so that both
+(golden/oracle/record_text_tokenizer.py) and the tests (tests/tts/test_text_tokenizer.py), so that both
 build exactly the same directories.  Needs no torch.
 """
 
@@ -9,7 +9,7 @@ import json
 import lzma
 from pathlib import Path
 
-from refimpl import synthetic
+from refimpl.porting import synthetic
 
 CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
 REAL_MERGES = CHECKPOINTS / "qwen3-text-bpe" / "merges.txt.xz"

@@ -7,15 +7,27 @@ Public entry points:
 - ``Qwen3TTSModel``, ``Qwen3TTSTokenizer``: drop-ins for the official ``qwen_tts`` classes of those names
   (``import refimpl as qwen_tts``; ``refimpl.official_api``).
 - ``use_backend("numpy" | "numba" | "cupy")``: which implementation of the primitives runs, and (cupy) on
-  which device (``refimpl.kernels``, docs/backends.md).
+  which device (``refimpl.backends``, docs/backends.md).
 """
 
-from .checkpoint import CheckpointError
-from .kernels import active_backend, use_backend
+from . import _old_paths
+from ._version import __version__ as __version__
+from .backends import active_backend, use_backend
+from .codec.speech_tokenizer import SpeechTokenizer
+from .io.checkpoint import CheckpointError
 from .official_api import Qwen3TTSModel, Qwen3TTSTokenizer, Qwen3TTSTokenizerV2EncoderOutput
-from .speech_tokenizer import SpeechTokenizer
-from .tts import Qwen3TTS, VoiceClonePromptItem
+from .tts.model import Qwen3TTS, VoiceClonePromptItem
 
-__all__ = ["SpeechTokenizer", "CheckpointError", "Qwen3TTS", "VoiceClonePromptItem", "Qwen3TTSModel",
-           "Qwen3TTSTokenizer", "Qwen3TTSTokenizerV2EncoderOutput", "use_backend", "active_backend"]
-__version__ = "0.1.0"
+__all__ = [
+    "SpeechTokenizer",
+    "CheckpointError",
+    "Qwen3TTS",
+    "VoiceClonePromptItem",
+    "Qwen3TTSModel",
+    "Qwen3TTSTokenizer",
+    "Qwen3TTSTokenizerV2EncoderOutput",
+    "use_backend",
+    "active_backend",
+]
+
+_old_paths.install()

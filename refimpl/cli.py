@@ -19,16 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import load_npy_codes, user_cache_dir, write_atomically
-from .hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
-from .kernels import BACKENDS, active_backend, use_backend
-
 from . import __version__
+from .backends import BACKENDS, active_backend, use_backend
+from .io.files import load_npy_codes, user_cache_dir, write_atomically
+from .io.hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
 
 # model kind a command needs -> the embedded tiny checkpoint of that kind (refimpl/data/)
 DEFAULT_MODELS = {kind: embedded_model(kind) for kind in KIND_TO_EMBEDDED}
-RELEASED_HINT = ("pass --model with a released checkpoint for real speech: a directory, or a repo id already "
-                 "in the Hugging Face cache (e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, -Base, -1.7B-VoiceDesign)")
+RELEASED_HINT = (
+    "pass --model with a released checkpoint for real speech: a directory, or a repo id already "
+    "in the Hugging Face cache (e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, -Base, -1.7B-VoiceDesign)"
+)
 
 EPILOG = """\
 examples:
@@ -71,8 +72,13 @@ class CliError(Exception):
 # progress bars: redrawn in place (at most 10 times a second) on a terminal; in a log (stderr is a file or
 # a pipe) one plain line at the start, then at most one every LOG_INTERVAL_S seconds, and one at the end
 LOG_INTERVAL_S = 10.0
-UNITS = {"generating frames": " frames", "decoding 300-frame chunks": " chunks", "decoding": " frames",
-         "streamed audio": " s", "tracing cases": " cases"}
+UNITS = {
+    "generating frames": " frames",
+    "decoding 300-frame chunks": " chunks",
+    "decoding": " frames",
+    "streamed audio": " s",
+    "tracing cases": " cases",
+}
 
 
 class LogLines:
@@ -114,10 +120,19 @@ class Reporter:
         if self.quiet:
             return None
         from tqdm import tqdm
+
         terminal = stderr_is_a_terminal()
-        return tqdm(iterable, desc=desc, total=total, unit=UNITS.get(desc, " steps"), leave=True,
-                    file=sys.stderr if terminal else LogLines(sys.stderr), dynamic_ncols=terminal,
-                    mininterval=0.1 if terminal else LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S)
+        return tqdm(
+            iterable,
+            desc=desc,
+            total=total,
+            unit=UNITS.get(desc, " steps"),
+            leave=True,
+            file=sys.stderr if terminal else LogLines(sys.stderr),
+            dynamic_ncols=terminal,
+            mininterval=0.1 if terminal else LOG_INTERVAL_S,
+            maxinterval=LOG_INTERVAL_S,
+        )
 
     def progress(self, iterable, desc: str, total=None):
         """The library's ``progress=`` hook (``progress(iterable, desc) -> iterable``): a bar, or the
@@ -160,7 +175,7 @@ def embedded_model_note(say: Reporter, always: bool = False) -> None:
 def model_dir(args, kind: str, say: Reporter) -> Path:
     """The model directory of a command: ``--model`` is a directory, an embedded model name ("default" is the
     embedded model of the command's ``kind``, or "default-base", ...) or a Hugging Face repo id found in the
-    local cache (``refimpl.hub.resolve_model``); without ``--model``, ``DEFAULT_MODELS[kind]``."""
+    local cache (``refimpl.io.hub.resolve_model``); without ``--model``, ``DEFAULT_MODELS[kind]``."""
     path = resolve_model(args.model, kind) if args.model else DEFAULT_MODELS[kind]
     if path.resolve().parent == DATA:
         embedded_model_note(say)
@@ -197,7 +212,8 @@ def output_name(path: str) -> str:
 
 
 def write_audio(path: str, wav: np.ndarray, sr: int, float_wav: bool) -> None:
-    from .audio import wav_bytes
+    from .io.audio import wav_bytes
+
     write_output(path, wav_bytes(wav, sr, "float" if float_wav else "pcm16"))
 
 
@@ -209,7 +225,9 @@ def read_text_argument(text: str) -> str:
     try:
         return raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
     except UnicodeDecodeError as e:
-        raise CliError(f"standard input is not valid UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+        raise CliError(
+            f"standard input is not valid UTF-8 text (byte {e.start}: {raw[e.start : e.start + 1]!r})"
+        ) from None
 
 
 def input_bytes(path: str, what: str) -> bytes | None:
@@ -223,7 +241,8 @@ def input_bytes(path: str, what: str) -> bytes | None:
 
 
 def load_tts(path: Path, dtype):
-    from .tts import Qwen3TTS
+    from .tts.model import Qwen3TTS
+
     return Qwen3TTS.from_pretrained(path, dtype=dtype)
 
 
@@ -288,37 +307,57 @@ def cmd_say(args, say: Reporter) -> int:
         if speaker is None:
             speakers = tts.get_supported_speakers() or []
             if not speakers:
-                raise CliError("this checkpoint has no preset speakers: 'say' needs a CustomVoice checkpoint "
-                               "(use 'design' or 'clone' for the other model types)")
+                raise CliError(
+                    "this checkpoint has no preset speakers: 'say' needs a CustomVoice checkpoint "
+                    "(use 'design' or 'clone' for the other model types)"
+                )
             speaker = sorted(speakers)[0]
             say(f"speaker: {speaker} (choose with --speaker; see 'refimpl info')")
         if args.instruct and tts.tts_model_size is not None and tts.tts_model_size in "0b6":
             say("note: --instruct is ignored by 0.6B CustomVoice models (as by the official)")
         return dict(text=args.text, speaker=speaker, language=args.language, instruct=args.instruct)
+
     return run_synthesis(args, say, "custom_voice", "custom_voice", call)
 
 
 def cmd_design(args, say: Reporter) -> int:
-    return run_synthesis(args, say, "voice_design", "voice_design",
-                         lambda tts: dict(text=args.text, instruct=args.instruct, language=args.language))
+    return run_synthesis(
+        args,
+        say,
+        "voice_design",
+        "voice_design",
+        lambda tts: dict(text=args.text, instruct=args.instruct, language=args.language),
+    )
 
 
 def cmd_clone(args, say: Reporter) -> int:
-    from .audio import read_wav
+    from .io.audio import read_wav
+
     if args.ref_text is None and not args.x_vector_only:
         raise CliError("clone needs --ref-text (the transcript of --ref-audio) or --x-vector-only")
     audio, sr = read_wav(args.ref_audio)
     if audio.ndim == 2:
         say(f"note: {audio.shape[1]}-channel reference audio mixed down to mono")
         audio = audio.mean(axis=1)
-    return run_synthesis(args, say, "base", "voice_clone",
-                         lambda tts: dict(text=args.text, language=args.language, ref_audio=(audio, sr),
-                                          ref_text=args.ref_text, x_vector_only_mode=args.x_vector_only))
+    return run_synthesis(
+        args,
+        say,
+        "base",
+        "voice_clone",
+        lambda tts: dict(
+            text=args.text,
+            language=args.language,
+            ref_audio=(audio, sr),
+            ref_text=args.ref_text,
+            x_vector_only_mode=args.x_vector_only,
+        ),
+    )
 
 
 def cmd_codec_encode(args, say: Reporter) -> int:
-    from .audio import read_wav, read_wav_bytes
-    from .speech_tokenizer import SpeechTokenizer
+    from .codec.speech_tokenizer import SpeechTokenizer
+    from .io.audio import read_wav, read_wav_bytes
+
     data = input_bytes(args.input, "a WAV file")
     audio, sr = read_wav(args.input) if data is None else read_wav_bytes(data, "standard input")
     if audio.ndim == 2:
@@ -330,8 +369,10 @@ def cmd_codec_encode(args, say: Reporter) -> int:
     t0 = time.perf_counter()
     say(f"encoding {audio.shape[0] / sr:.2f} s of audio (one pass: no progress bar)")
     codes = tok.encode(audio, sr=sr)
-    say(f"encoded {audio.shape[0] / sr:.2f} s into {codes.shape[0]} frames x {codes.shape[1]} codes "
-        f"in {time.perf_counter() - t0:.2f} s")
+    say(
+        f"encoded {audio.shape[0] / sr:.2f} s into {codes.shape[0]} frames x {codes.shape[1]} codes "
+        f"in {time.perf_counter() - t0:.2f} s"
+    )
     buffer = io.BytesIO()
     np.save(buffer, codes)
     write_output(args.output, buffer.getvalue())
@@ -353,7 +394,8 @@ def read_codes(path: str) -> np.ndarray:
 
 
 def cmd_codec_decode(args, say: Reporter) -> int:
-    from .speech_tokenizer import SpeechTokenizer
+    from .codec.speech_tokenizer import SpeechTokenizer
+
     codes = read_codes(args.input)
     tok = SpeechTokenizer.from_pretrained(model_dir(args, "custom_voice", say), dtype=args.dtype_np)
     t0 = time.perf_counter()
@@ -361,7 +403,7 @@ def cmd_codec_decode(args, say: Reporter) -> int:
         stream, pieces = tok.stream(), []
         bar = say.bar(desc="decoding", total=len(codes))
         for start in range(0, len(codes), args.chunk_frames):
-            piece = codes[start:start + args.chunk_frames]
+            piece = codes[start : start + args.chunk_frames]
             pieces.append(stream.push(piece))
             if bar is not None:
                 bar.update(len(piece))
@@ -374,14 +416,18 @@ def cmd_codec_decode(args, say: Reporter) -> int:
         wav = tok.decode(codes, progress=say.progress)
     elapsed = time.perf_counter() - t0
     seconds = wav.shape[0] / tok.sample_rate
-    say(f"{seconds:.2f} s of audio in {elapsed:.2f} s" + (f", real-time factor {elapsed / seconds:.2f}" if seconds else ""))
+    say(
+        f"{seconds:.2f} s of audio in {elapsed:.2f} s"
+        + (f", real-time factor {elapsed / seconds:.2f}" if seconds else "")
+    )
     write_audio(args.output, wav, tok.sample_rate, args.float_wav)
     say(f"wrote {output_name(args.output)}")
     return 0
 
 
 def cmd_info(args, say: Reporter) -> int:
-    from .model_info import describe_model
+    from .io.model_info import describe_model
+
     path = model_dir(args, "custom_voice", Reporter(quiet=True))
     if path.resolve().parent == DATA:  # 'refimpl info' always says what the embedded model is
         embedded_model_note(say, always=True)
@@ -405,6 +451,7 @@ def cmd_info(args, say: Reporter) -> int:
 
 def count(minimum: int):
     """An argparse type: an integer >= minimum, else a usage error naming the rule."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -413,59 +460,96 @@ def count(minimum: int):
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
         return value
+
     return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", metavar="MODEL", help="a Qwen3-TTS checkpoint: a directory, an embedded "
-                        "model name (default, default-base, default-voicedesign) or a Hugging Face repo id in "
-                        "the local cache (Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice); default: the small random "
-                        "checkpoint embedded in the package")
-    common.add_argument("--dtype", choices=["float32", "float64"], default="float32",
-                        help="compute precision (float64 is the high-precision oracle mode; default float32)")
-    common.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors: no progress "
-                        "bars, notes or warnings")
-    common.add_argument("--backend", choices=BACKENDS, default=None,
-                        help="which implementation of the primitives runs: numpy (the plain formulas), numba "
-                        "(the fast CPU twins) or cupy (a CUDA GPU; needs CuPy, see docs/backends.md); default: "
-                        "$REFIMPL_BACKEND, else numba for float32 and numpy for float64 (see 'refimpl info')")
+    common.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="a Qwen3-TTS checkpoint: a directory, an embedded "
+        "model name (default, default-base, default-voicedesign) or a Hugging Face repo id in "
+        "the local cache (Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice); default: the small random "
+        "checkpoint embedded in the package",
+    )
+    common.add_argument(
+        "--dtype",
+        choices=["float32", "float64"],
+        default="float32",
+        help="compute precision (float64 is the high-precision oracle mode; default float32)",
+    )
+    common.add_argument(
+        "-q", "--quiet", action="store_true", help="nothing on stderr but errors: no progress bars, notes or warnings"
+    )
+    common.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="which implementation of the primitives runs: numpy (the plain formulas), numba "
+        "(the fast CPU twins) or cupy (a CUDA GPU; needs CuPy, see docs/backends.md); default: "
+        "$REFIMPL_BACKEND, else numba for float32 and numpy for float64 (see 'refimpl info')",
+    )
 
     synth = argparse.ArgumentParser(add_help=False)
-    synth.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file (24 kHz mono); - for "
-                       "standard output")
+    synth.add_argument(
+        "-o", "--output", required=True, metavar="WAV", help="output WAV file (24 kHz mono); - for standard output"
+    )
     synth.add_argument("--language", metavar="L", help="language name from the checkpoint (default: auto)")
     synth.add_argument("--seed", type=count(0), default=0, help="random seed for sampling, >= 0 (default 0)")
     synth.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    synth.add_argument("--max-new-tokens", type=count(1), metavar="N", help="generation budget: at most N - 1 frames of 80 ms (the official rule: the "
-                       "code drawn at the last step is not expanded into a frame)")
-    synth.add_argument("--stream", action="store_true",
-                       help="decode audio while the codes are generated (exact streaming decoder)")
-    synth.add_argument("--chunk-frames", type=count(1), default=4, metavar="N",
-                       help="frames per streamed chunk (default 4 = 320 ms)")
+    synth.add_argument(
+        "--max-new-tokens",
+        type=count(1),
+        metavar="N",
+        help="generation budget: at most N - 1 frames of 80 ms (the official rule: the "
+        "code drawn at the last step is not expanded into a frame)",
+    )
+    synth.add_argument(
+        "--stream", action="store_true", help="decode audio while the codes are generated (exact streaming decoder)"
+    )
+    synth.add_argument(
+        "--chunk-frames", type=count(1), default=4, metavar="N", help="frames per streamed chunk (default 4 = 320 ms)"
+    )
     synth.add_argument("--float-wav", action="store_true", help="write 32-bit float WAV instead of 16-bit PCM")
 
     p = argparse.ArgumentParser(
-        prog="refimpl", description="Qwen3-TTS reference implementation in NumPy: text to 24 kHz speech, "
-        "and the 12 Hz speech codec.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="refimpl",
+        description="Qwen3-TTS reference implementation in NumPy: text to 24 kHz speech, and the 12 Hz speech codec.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"refimpl {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    s = sub.add_parser("say", parents=[common, synth], help="speak TEXT with a preset speaker (CustomVoice model)",
-                       description="Speak TEXT with one of the checkpoint's preset speakers.")
+    s = sub.add_parser(
+        "say",
+        parents=[common, synth],
+        help="speak TEXT with a preset speaker (CustomVoice model)",
+        description="Speak TEXT with one of the checkpoint's preset speakers.",
+    )
     s.add_argument("text", metavar="TEXT", help='the text to speak ("-": read it from standard input)')
     s.add_argument("--speaker", metavar="NAME", help="preset speaker (see 'refimpl info'; default: the first)")
     s.add_argument("--instruct", metavar="TEXT", help="a style instruction, e.g. 'Speak slowly and warmly.'")
     s.set_defaults(func=cmd_say)
 
-    d = sub.add_parser("design", parents=[common, synth], help="speak TEXT in a voice described by --instruct "
-                       "(VoiceDesign model)", description="Speak TEXT in a voice described in words.")
+    d = sub.add_parser(
+        "design",
+        parents=[common, synth],
+        help="speak TEXT in a voice described by --instruct (VoiceDesign model)",
+        description="Speak TEXT in a voice described in words.",
+    )
     d.add_argument("text", metavar="TEXT", help='the text to speak ("-": read it from standard input)')
     d.add_argument("--instruct", required=True, metavar="TEXT", help="the voice description")
     d.set_defaults(func=cmd_design)
 
-    c = sub.add_parser("clone", parents=[common, synth], help="speak TEXT in the voice of --ref-audio "
-                       "(Base model)", description="Speak TEXT in the voice of a reference recording.")
+    c = sub.add_parser(
+        "clone",
+        parents=[common, synth],
+        help="speak TEXT in the voice of --ref-audio (Base model)",
+        description="Speak TEXT in the voice of a reference recording.",
+    )
     c.add_argument("text", metavar="TEXT", help='the text to speak ("-": read it from standard input)')
     c.add_argument("--ref-audio", required=True, metavar="WAV", help="reference recording (any sample rate)")
     g = c.add_mutually_exclusive_group()
@@ -473,19 +557,35 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding only")
     c.set_defaults(func=cmd_clone)
 
-    codec = sub.add_parser("codec", help="the 12 Hz speech codec: audio <-> codes",
-                           description="Encode audio to codes (16 per 80 ms frame) or decode codes to audio.")
+    codec = sub.add_parser(
+        "codec",
+        help="the 12 Hz speech codec: audio <-> codes",
+        description="Encode audio to codes (16 per 80 ms frame) or decode codes to audio.",
+    )
     csub = codec.add_subparsers(dest="codec_command", metavar="ACTION")
-    ce = csub.add_parser("encode", parents=[common], help="WAV -> codes.npy ([frames, 16] int64)",
-                         description="Encode a WAV file (any sample rate; stereo is mixed down) into the 12 Hz "
-                         "codes: an int64 array [frames, 16] saved as .npy, one frame per 80 ms.")
+    ce = csub.add_parser(
+        "encode",
+        parents=[common],
+        help="WAV -> codes.npy ([frames, 16] int64)",
+        description="Encode a WAV file (any sample rate; stereo is mixed down) into the 12 Hz "
+        "codes: an int64 array [frames, 16] saved as .npy, one frame per 80 ms.",
+    )
     ce.add_argument("input", metavar="WAV", help='input WAV file ("-": standard input)')
-    ce.add_argument("-o", "--output", required=True, metavar="NPY", help="output .npy file, written under exactly "
-                    "this name (no .npy is added); - for standard output")
+    ce.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="NPY",
+        help="output .npy file, written under exactly this name (no .npy is added); - for standard output",
+    )
     ce.set_defaults(func=cmd_codec_encode)
-    cd = csub.add_parser("decode", parents=[common], help="codes.npy -> WAV",
-                         description="Decode codes [frames, 16] (a .npy file) into a 24 kHz mono WAV, like the "
-                         "official decode, or chunk by chunk with the exact streaming decoder (--stream).")
+    cd = csub.add_parser(
+        "decode",
+        parents=[common],
+        help="codes.npy -> WAV",
+        description="Decode codes [frames, 16] (a .npy file) into a 24 kHz mono WAV, like the "
+        "official decode, or chunk by chunk with the exact streaming decoder (--stream).",
+    )
     cd.add_argument("input", metavar="NPY", help='codes [frames, 16] as a .npy file ("-": standard input)')
     cd.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file; - for standard output")
     cd.add_argument("--stream", action="store_true", help="decode with the streaming decoder, chunk by chunk")
@@ -494,13 +594,17 @@ def build_parser() -> argparse.ArgumentParser:
     cd.set_defaults(func=cmd_codec_decode)
     codec.set_defaults(func=lambda args, say: _usage(codec))
 
-    i = sub.add_parser("info", parents=[common], help="describe a checkpoint: type, size, speakers, languages",
-                       description="Describe a checkpoint: model type and size, speakers, languages, dtype, "
-                       "parameters and memory.")
+    i = sub.add_parser(
+        "info",
+        parents=[common],
+        help="describe a checkpoint: type, size, speakers, languages",
+        description="Describe a checkpoint: model type and size, speakers, languages, dtype, parameters and memory.",
+    )
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=cmd_info)
 
-    from .trace_commands import add_commands  # trace, compare, golden: the port author's tools
+    from .porting.commands import add_commands  # trace, compare, golden: the port author's tools
+
     add_commands(sub, common)
     return p
 
@@ -536,8 +640,10 @@ def main(argv=None) -> int:
     try:
         if getattr(args, "output", None) is not None and args.command != "golden":  # golden -o names a directory
             check_output_path(args.output)
-        with warnings.catch_warnings(), \
-                use_backend(args.backend, "--backend") if getattr(args, "backend", None) else contextlib.nullcontext():
+        with (
+            warnings.catch_warnings(),
+            use_backend(args.backend, "--backend") if getattr(args, "backend", None) else contextlib.nullcontext(),
+        ):
             if say.quiet:
                 warnings.simplefilter("ignore")
             else:
@@ -559,8 +665,11 @@ def main(argv=None) -> int:
     except Exception as e:  # a bug, not a user error: still one line, unless REFIMPL_DEBUG asks for the traceback
         if os.environ.get("REFIMPL_DEBUG"):
             raise
-        print(f"refimpl: internal error: {type(e).__name__}: {e} (set REFIMPL_DEBUG=1 for the traceback; "
-              f"please report it)", file=sys.stderr)
+        print(
+            f"refimpl: internal error: {type(e).__name__}: {e} (set REFIMPL_DEBUG=1 for the traceback; "
+            f"please report it)",
+            file=sys.stderr,
+        )
         return 3
 
 

@@ -7,7 +7,7 @@ Conventions: ``x_bct`` is [batch, channels, time] (the layout of the convolution
 
 Each function here has one job, a name that says what it is, and a body that is the formula of its
 docstring.  Speed lives elsewhere: a function marked ``@primitive`` hands its call to the active
-backend's twin of the same name and signature when there is one (``refimpl/kernels``); its own body
+backend's twin of the same name and signature when there is one (``refimpl/backends``); its own body
 is the reference the twins are tested against.
 
 The formulas are written once for every backend: on a device backend (CuPy, or the strict stand-in
@@ -25,41 +25,41 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
-from .kernels import primitive
+from . import backends
+from .backends import primitive
 
 # ----------------------------------------------------------------------------- arrays of the active backend
 
-to_device = kernels.to_device   # host array -> array of the active backend (np.asarray on the host ones)
-to_host = kernels.to_host       # any array -> numpy.ndarray (a device array is copied down)
-array_module = kernels.array_module  # numpy, or the device backend's namespace (cupy)
+to_device = backends.to_device  # host array -> array of the active backend (np.asarray on the host ones)
+to_host = backends.to_host  # any array -> numpy.ndarray (a device array is copied down)
+array_module = backends.array_module  # numpy, or the device backend's namespace (cupy)
 
 
 def zeros(shape, dtype=np.float32):
     """Zeros of the active backend (on the device for a device backend)."""
-    return kernels.array_module().zeros(shape, dtype=dtype)
+    return backends.array_module().zeros(shape, dtype=dtype)
 
 
 def empty(shape, dtype=np.float32):
-    return kernels.array_module().empty(shape, dtype=dtype)
+    return backends.array_module().empty(shape, dtype=dtype)
 
 
 def ones(shape, dtype=np.float32):
-    return kernels.array_module().ones(shape, dtype=dtype)
+    return backends.array_module().ones(shape, dtype=dtype)
 
 
 def full(shape, value, dtype=np.float32):
-    return kernels.array_module().full(shape, value, dtype=dtype)
+    return backends.array_module().full(shape, value, dtype=dtype)
 
 
 def arange(*args, dtype=np.int64):
     """``arange`` of the active backend (positions, mask indices); int64 unless told."""
-    return kernels.array_module().arange(*args, dtype=dtype)
+    return backends.array_module().arange(*args, dtype=dtype)
 
 
 def module_of(x):
     """The namespace that created ``x``: numpy for a host array, else the active device backend's."""
-    return np if isinstance(x, np.ndarray) else kernels.array_module()
+    return np if isinstance(x, np.ndarray) else backends.array_module()
 
 
 def as_array(x):
@@ -69,12 +69,13 @@ def as_array(x):
 
 def sigmoid(x):
     """1 / (1 + exp(-x)) (``scipy.special.expit``, or the device's twin of it)."""
-    return kernels.special_module(x).expit(x)
+    return backends.special_module(x).expit(x)
 
 
 def erf(x):
     """The error function (``scipy.special.erf``, or the device's twin of it)."""
-    return kernels.special_module(x).erf(x)
+    return backends.special_module(x).erf(x)
+
 
 # ----------------------------------------------------------------------------- elementwise
 
@@ -153,8 +154,10 @@ def check_conv1d_shapes(x_bct, w_oik, stride: int, dilation: int, groups: int) -
     C, T = x_bct.shape[1], x_bct.shape[-1]
     O, I, K = w_oik.shape
     if groups < 1 or C % groups or O % groups or I * groups != C:
-        raise ValueError(f"conv1d: {C} input channels, weight {w_oik.shape} and groups={groups} do not fit "
-                         f"(the weight must be [O, C / groups, K] with C and O multiples of groups)")
+        raise ValueError(
+            f"conv1d: {C} input channels, weight {w_oik.shape} and groups={groups} do not fit "
+            f"(the weight must be [O, C / groups, K] with C and O multiples of groups)"
+        )
     if stride < 1 or dilation < 1:
         raise ValueError(f"conv1d: stride {stride} and dilation {dilation} must be positive")
     span = dilation * (K - 1) + 1
@@ -179,7 +182,7 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
     w_goik = w_oik.reshape(groups, O // groups, I, K)
     out_bgot = 0
     for k in range(K):
-        tap_bgit = x_bgit[..., k * dilation:k * dilation + stride * (T_out - 1) + 1:stride]
+        tap_bgit = x_bgit[..., k * dilation : k * dilation + stride * (T_out - 1) + 1 : stride]
         out_bgot = out_bgot + np.matmul(w_goik[:, :, :, k], tap_bgit)
     out = out_bgot.reshape(B, O, T_out)
     return out + b_o[None, :, None] if b_o is not None else out
@@ -196,7 +199,7 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     I, O, K = w_iok.shape
     out = module_of(x_bct).zeros((B, O, (T - 1) * stride + K), dtype=x_bct.dtype)
     for k in range(K):
-        out[:, :, k:k + stride * (T - 1) + 1:stride] += np.matmul(w_iok[:, :, k].T, x_bct)
+        out[:, :, k : k + stride * (T - 1) + 1 : stride] += np.matmul(w_iok[:, :, k].T, x_bct)
     if b_o is not None:
         out += b_o[None, :, None]
     return out
@@ -233,8 +236,9 @@ class TransposedConvState:
     tail_bot: np.ndarray | None = None
 
 
-def causal_conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1,
-                  state: CausalConvState | None = None):
+def causal_conv1d(
+    x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1, state: CausalConvState | None = None
+):
     """Causal conv: the output at t sees inputs <= t only.
 
     Offline (``state=None``): pad the left with span - stride zeros (and the right by the extra padding
@@ -251,7 +255,7 @@ def causal_conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, gr
     xp = module_of(x_bct)
     past_bct = state.context_bct if state.context_bct is not None else xp.zeros((B, C, left), dtype=x_bct.dtype)
     x_bct = np.concatenate([past_bct, x_bct], axis=-1)
-    state.context_bct = x_bct[:, :, x_bct.shape[-1] - left:]
+    state.context_bct = x_bct[:, :, x_bct.shape[-1] - left :]
     if T == 0:
         return xp.zeros((B, w_oik.shape[0], 0), dtype=x_bct.dtype)
     return conv1d(x_bct, w_oik, b_o, 1, dilation, groups)
@@ -268,7 +272,7 @@ def causal_conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1, state: Tran
     if state is None:
         out = conv_transpose1d(x_bct, w_iok, b_o, stride)
         trim = K - stride
-        return out[:, :, :out.shape[-1] - trim] if trim > 0 else out
+        return out[:, :, : out.shape[-1] - trim] if trim > 0 else out
     B, _, T = x_bct.shape
     O = w_iok.shape[1]
     xp = module_of(x_bct)
@@ -277,9 +281,9 @@ def causal_conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1, state: Tran
     if T == 0:
         return xp.zeros((B, O, 0), dtype=x_bct.dtype)
     full_bot = conv_transpose1d(x_bct, w_iok, None, stride)  # [B, O, (T - 1) * stride + K]
-    full_bot[:, :, :K - stride] += state.tail_bot
-    state.tail_bot = full_bot[:, :, T * stride:]
-    out = full_bot[:, :, :T * stride]
+    full_bot[:, :, : K - stride] += state.tail_bot
+    state.tail_bot = full_bot[:, :, T * stride :]
+    out = full_bot[:, :, : T * stride]
     return out + b_o[None, :, None] if b_o is not None else out
 
 
@@ -295,7 +299,7 @@ def rope_inverse_frequencies(head_dim: int, theta: float, dtype=np.float32):
     return (dtype(1.0) / (dtype(theta) ** exponent)).astype(dtype)
 
 
-_UPLOADED: dict = {}   # (head_dim, theta, dtype, device backend) -> inv_freq on that device
+_UPLOADED: dict = {}  # (head_dim, theta, dtype, device backend) -> inv_freq on that device
 
 
 def _uploaded_inverse_frequencies(head_dim: int, theta: float, dtype: np.dtype, backend: str):
@@ -314,7 +318,7 @@ def rope_cos_sin(positions_t, head_dim: int, theta: float, dtype=np.float32):
     if isinstance(positions_t, np.ndarray):
         inv_freq = rope_inverse_frequencies(head_dim, theta, dtype)
     else:
-        inv_freq = _uploaded_inverse_frequencies(head_dim, theta, np.dtype(dtype), kernels.device_backend())
+        inv_freq = _uploaded_inverse_frequencies(head_dim, theta, np.dtype(dtype), backends.device_backend())
     angles_tj = positions_t.astype(dtype)[..., None] * inv_freq
     angles_td = np.concatenate([angles_tj, angles_tj], axis=-1)
     return np.cos(angles_td), np.sin(angles_td)
@@ -352,7 +356,7 @@ class AttentionMask:
     query_positions_t: np.ndarray
     key_positions_s: np.ndarray
     window: int | None = None
-    key_valid_bs: np.ndarray | None = None   # [B, S], False on padding
+    key_valid_bs: np.ndarray | None = None  # [B, S], False on padding
 
     def rows(self, start: int, stop: int):
         """The mask of queries start..stop-1: bool [stop - start, S], or [B, 1, stop - start, S]."""

@@ -21,7 +21,7 @@ where it returns torch tensors.  The differences, all deliberate:
 - ``Qwen3TTSTokenizer.from_pretrained(..., attn_implementation="flash_attention_2")`` makes the official
   codec encoder attend within its sliding window; here it selects ``encoder_attention="sliding"``, the same
   math (docs/codec_encoder.md).  Every other value is the full attention of the CPU paths.
-- Names resolve offline (``refimpl.hub.resolve_model``): a directory, an embedded model ("default", ...),
+- Names resolve offline (``refimpl.io.hub.resolve_model``): a directory, an embedded model ("default", ...),
   or a Hugging Face repo id already in the local cache.  Audio given as a URL is refused (nothing here
   uses the network); a path or a base64 string must hold a WAV file (the official also reads other formats).
 """
@@ -29,21 +29,26 @@ where it returns torch tensors.  The differences, all deliberate:
 from __future__ import annotations
 
 import base64
-import contextlib
 import binascii
+import contextlib
 import os
 import warnings
 from urllib.parse import urlparse
 
 import numpy as np
 
-from .audio import read_wav, read_wav_bytes
-from .hub import resolve_model
-from .speech_tokenizer import SpeechTokenizer, prepare_audio
-from .tts import Qwen3TTS, VoiceClonePromptItem
+from .codec.speech_tokenizer import SpeechTokenizer, prepare_audio
+from .io.audio import read_wav, read_wav_bytes
+from .io.hub import resolve_model
+from .tts.model import Qwen3TTS, VoiceClonePromptItem
 
-__all__ = ["Qwen3TTSModel", "Qwen3TTSTokenizer", "Qwen3TTSTokenizerV2EncoderOutput", "VoiceClonePromptItem",
-           "IgnoredArgumentWarning"]
+__all__ = [
+    "Qwen3TTSModel",
+    "Qwen3TTSTokenizer",
+    "Qwen3TTSTokenizerV2EncoderOutput",
+    "VoiceClonePromptItem",
+    "IgnoredArgumentWarning",
+]
 
 
 class IgnoredArgumentWarning(UserWarning):
@@ -51,13 +56,25 @@ class IgnoredArgumentWarning(UserWarning):
 
 
 # keyword arguments of the official from_pretrained that only place or schedule PyTorch work
-IGNORED_LOAD_ARGS = ("attn_implementation", "low_cpu_mem_usage", "trust_remote_code",
-                     "use_safetensors", "local_files_only", "token", "use_auth_token", "force_download",
-                     "resume_download", "proxies", "max_memory", "offload_folder", "offload_state_dict")
+IGNORED_LOAD_ARGS = (
+    "attn_implementation",
+    "low_cpu_mem_usage",
+    "trust_remote_code",
+    "use_safetensors",
+    "local_files_only",
+    "token",
+    "use_auth_token",
+    "force_download",
+    "resume_download",
+    "proxies",
+    "max_memory",
+    "offload_folder",
+    "offload_state_dict",
+)
 IGNORED_BECAUSE = {
     "max_memory": "refimpl places no weights by a memory budget",
     "attn_implementation": "every attention implementation computes the same attention here (only the codec "
-                           "encoder's flash-attention window differs; Qwen3TTSTokenizer honours it)",
+    "encoder's flash-attention window differs; Qwen3TTSTokenizer honours it)",
     "low_cpu_mem_usage": "refimpl maps the weights it reads without a second copy",
 }
 USED_LOAD_ARGS = ("dtype", "torch_dtype", "revision", "cache_dir", "device_map", "device")
@@ -83,15 +100,21 @@ def compute_dtype_of(dtype) -> type:
     if name in ("float32", "float", "float64", "double"):
         return np.float64 if name in ("float64", "double") else np.float32
     if name in ("bfloat16", "float16", "half", "auto"):
-        note_once(f"dtype={name}", f"dtype={name}: refimpl computes in float32 from the stored weights "
-                  f"(bfloat16 matrices are widened exactly); the official computes in {name}, so its output "
-                  "differs at that precision's rounding level", stacklevel=5)
+        note_once(
+            f"dtype={name}",
+            f"dtype={name}: refimpl computes in float32 from the stored weights "
+            f"(bfloat16 matrices are widened exactly); the official computes in {name}, so its output "
+            "differs at that precision's rounding level",
+            stacklevel=5,
+        )
         return np.float32
     try:
         kind = np.dtype(dtype)
     except TypeError:
-        raise ValueError(f"dtype must be float32 or float64 (or torch.bfloat16 / torch.float16 / 'auto', "
-                         f"run in float32), not {dtype!r}") from None
+        raise ValueError(
+            f"dtype must be float32 or float64 (or torch.bfloat16 / torch.float16 / 'auto', "
+            f"run in float32), not {dtype!r}"
+        ) from None
     if kind not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype must be float32 or float64, not {kind}")
     return kind.type
@@ -102,17 +125,25 @@ def load_arguments(kwargs: dict, where: str) -> dict:
     ``revision`` and ``cache_dir``; notes the ignored ones once; TypeError for any other name."""
     unknown = sorted(k for k in kwargs if k not in IGNORED_LOAD_ARGS + USED_LOAD_ARGS)
     if unknown:
-        raise TypeError(f"{where}.from_pretrained got unexpected keyword argument(s) {unknown}; accepted: "
-                        f"{list(USED_LOAD_ARGS)}, and ignored: {list(IGNORED_LOAD_ARGS)}")
+        raise TypeError(
+            f"{where}.from_pretrained got unexpected keyword argument(s) {unknown}; accepted: "
+            f"{list(USED_LOAD_ARGS)}, and ignored: {list(IGNORED_LOAD_ARGS)}"
+        )
     if kwargs.get("dtype") is not None and kwargs.get("torch_dtype") is not None:
         raise TypeError(f"{where}.from_pretrained: pass dtype or torch_dtype, not both")
     for key in IGNORED_LOAD_ARGS:
         if key in kwargs:
-            note_once(key, f"{key}={kwargs[key]!r} is ignored: {IGNORED_BECAUSE.get(key, 'refimpl reads local files only')}")
+            note_once(
+                key, f"{key}={kwargs[key]!r} is ignored: {IGNORED_BECAUSE.get(key, 'refimpl reads local files only')}"
+            )
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
     device = kwargs.get("device_map", kwargs.get("device"))
-    return dict(dtype=compute_dtype_of(dtype), revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"),
-                backend=backend_of_device(device))
+    return dict(
+        dtype=compute_dtype_of(dtype),
+        revision=kwargs.get("revision"),
+        cache_dir=kwargs.get("cache_dir"),
+        backend=backend_of_device(device),
+    )
 
 
 def backend_of_device(device) -> str | None:
@@ -126,15 +157,19 @@ def backend_of_device(device) -> str | None:
         return None
     name = str(device)
     if name in ("cuda", "cuda:0", "auto"):
-        from .kernels import BackendUnavailable, device_module
+        from .backends import BackendUnavailable, device_module
+
         try:
             device_module("cupy")
         except BackendUnavailable as e:
             note_once("device_map", f"device_map={device!r}: running on the CPU, since {e}")
             return None
         return "cupy"
-    note_once("device_map", f"device_map={device!r} is ignored: refimpl runs on the CPU, or with the cupy "
-                            "backend on CUDA device 0 ('cuda:0')")
+    note_once(
+        "device_map",
+        f"device_map={device!r} is ignored: refimpl runs on the CPU, or with the cupy "
+        "backend on CUDA device 0 ('cuda:0')",
+    )
     return None
 
 
@@ -142,7 +177,8 @@ def loaded_on(backend: str | None):
     """The context a model is loaded in: ``use_backend(backend)`` for a device, else as it is."""
     if backend is None:
         return contextlib.nullcontext()
-    from .kernels import use_backend
+    from .backends import use_backend
+
     return use_backend(backend, "from_pretrained(device_map=...)")
 
 
@@ -164,8 +200,10 @@ def load_audio_string(s) -> tuple[np.ndarray, int]:
     A URL is a ValueError: nothing here uses the network."""
     s = os.fspath(s)
     if is_url(s):
-        raise ValueError(f"audio URL {s[:80]!r} is not fetched: refimpl does not use the network; download the "
-                         "file and pass its path (or (waveform, sr))")
+        raise ValueError(
+            f"audio URL {s[:80]!r} is not fetched: refimpl does not use the network; download the "
+            "file and pass its path (or (waveform, sr))"
+        )
     if is_probably_base64(s):
         payload = s.split(",", 1)[1] if s.strip().startswith("data:") and "," in s else s
         try:
@@ -195,8 +233,7 @@ class Qwen3TTSModel(Qwen3TTS):
         """The official signature: a directory, embedded name or cached repo id; ``dtype`` and the
         ignored PyTorch arguments as the module docstring says."""
         args = load_arguments(kwargs, "Qwen3TTSModel")
-        directory = resolve_model(pretrained_model_name_or_path, revision=args["revision"],
-                                  cache_dir=args["cache_dir"])
+        directory = resolve_model(pretrained_model_name_or_path, revision=args["revision"], cache_dir=args["cache_dir"])
         with loaded_on(args["backend"]):
             model = super().from_pretrained(directory, dtype=args["dtype"])
         model.device = "cuda:0" if args["backend"] else "cpu"
@@ -258,11 +295,9 @@ class Qwen3TTSTokenizer:
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "Qwen3TTSTokenizer":
         """A speech-tokenizer directory (or a model directory with speech_tokenizer/), an embedded model
         name or a cached repo id ("Qwen/Qwen3-TTS-Tokenizer-12Hz"); keyword arguments as the official."""
-        attention = "sliding" if str(kwargs.get("attn_implementation", "")).startswith("flash_attention") \
-            else "full"
+        attention = "sliding" if str(kwargs.get("attn_implementation", "")).startswith("flash_attention") else "full"
         args = load_arguments(kwargs, "Qwen3TTSTokenizer")
-        directory = resolve_model(pretrained_model_name_or_path, revision=args["revision"],
-                                  cache_dir=args["cache_dir"])
+        directory = resolve_model(pretrained_model_name_or_path, revision=args["revision"], cache_dir=args["cache_dir"])
         with loaded_on(args["backend"]):
             tokenizer = cls(SpeechTokenizer.from_pretrained(directory, dtype=args["dtype"]), attention)
         tokenizer.device = "cuda:0" if args["backend"] else "cpu"
@@ -298,8 +333,9 @@ class Qwen3TTSTokenizer:
         if isinstance(audios, (str, os.PathLike, np.ndarray)):
             audios = [audios]
         if not isinstance(audios, (list, tuple)):
-            raise TypeError(f"audios must be a path, a base64 string, an array or a list of them, not "
-                            f"{type(audios).__name__}")
+            raise TypeError(
+                f"audios must be a path, a base64 string, an array or a list of them, not {type(audios).__name__}"
+            )
         if len(audios) == 0:
             raise ValueError("audios is an empty list: nothing to encode")
         target, dtype = self.get_input_sample_rate(), self.tokenizer.dtype
@@ -315,8 +351,7 @@ class Qwen3TTSTokenizer:
         """Audio -> ``Qwen3TTSTokenizerV2EncoderOutput(audio_codes=[int64 [ceil(N_i / 1920), 16], ...])``
         (``(audio_codes,)`` when ``return_dict=False``), one entry per input, encoded as one batch."""
         wavs = self._waveforms(audios, sr)
-        codes = self.tokenizer.encode(wavs, sr=self.get_input_sample_rate(),
-                                      encoder_attention=self.encoder_attention)
+        codes = self.tokenizer.encode(wavs, sr=self.get_input_sample_rate(), encoder_attention=self.encoder_attention)
         return Qwen3TTSTokenizerV2EncoderOutput(codes) if return_dict else (codes,)
 
     # ------------------------------------------------------------------ decode
@@ -339,9 +374,9 @@ class Qwen3TTSTokenizer:
         if isinstance(codes, (list, tuple)):
             return [np.asarray(c) for c in codes]
         arr = np.asarray(codes)
-        if arr.ndim == 2:      # one sequence [T, 16]
+        if arr.ndim == 2:  # one sequence [T, 16]
             return [arr]
-        if arr.ndim == 3:      # a padded batch [B, T, 16]
+        if arr.ndim == 3:  # a padded batch [B, T, 16]
             return list(arr)
         raise ValueError(f"audio_codes must be [T, 16], [B, T, 16] or a list of [T, 16]; got shape {arr.shape}")
 

@@ -21,7 +21,7 @@ Every function takes and returns a score array [B, V]; -inf marks removed ids.  
 NumPy ``Generator``, so a ``seed`` makes runs reproducible (the draws cannot equal torch's).
 
 Sampling works on host arrays on every backend: on a device backend the generation loop copies each
-logits row down first (``refimpl.generate``), so the same draws give the same ids everywhere.
+logits row down first (``refimpl.tts.generate``), so the same draws give the same ids everywhere.
 """
 
 from __future__ import annotations
@@ -31,12 +31,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nn
-from .trace import NULL_RECORDER, Recorder
+from .recorder import NULL_RECORDER, Recorder
 
 __all__ = [
-    "apply_repetition_penalty", "apply_min_new_tokens", "apply_suppression", "apply_temperature", "apply_top_k",
-    "apply_top_p", "SamplingSettings", "talker_scores", "subtalker_scores", "sampling_warpers", "choose",
-    "suppressed_ids", "UniformDraws",
+    "apply_repetition_penalty",
+    "apply_min_new_tokens",
+    "apply_suppression",
+    "apply_temperature",
+    "apply_top_k",
+    "apply_top_p",
+    "SamplingSettings",
+    "talker_scores",
+    "subtalker_scores",
+    "sampling_warpers",
+    "choose",
+    "suppressed_ids",
+    "UniformDraws",
 ]
 
 
@@ -80,7 +90,7 @@ def apply_temperature(scores_bv, temperature: float):
 def apply_top_k(scores_bv, k: int):
     """Keep the ids whose score is >= the k-th largest score of the row (ties are all kept)."""
     k = min(int(k), scores_bv.shape[-1])
-    kth_b1 = -np.sort(-scores_bv, axis=-1)[:, k - 1:k]
+    kth_b1 = -np.sort(-scores_bv, axis=-1)[:, k - 1 : k]
     return np.where(scores_bv < kth_b1, -np.inf, scores_bv).astype(scores_bv.dtype)
 
 
@@ -120,14 +130,20 @@ class SamplingSettings:
         def positive(name, value, allow_none=True):
             if value is None and allow_none:
                 return
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not np.isfinite(value) or value <= 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float, np.integer, np.floating))
+                or not np.isfinite(value)
+                or value <= 0
+            ):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+
         positive("repetition_penalty", self.repetition_penalty)
         for prefix, sample in (("", self.do_sample), ("subtalker_", self.subtalker_dosample)):
             if not isinstance(sample, (bool, np.bool_)):
-                raise ValueError(f"{prefix or 'do_'}{'dosample' if prefix else 'sample'} must be True or False, "
-                                 f"got {sample!r}")
+                raise ValueError(
+                    f"{prefix or 'do_'}{'dosample' if prefix else 'sample'} must be True or False, got {sample!r}"
+                )
             t, k, p = (getattr(self, prefix + n) for n in ("temperature", "top_k", "top_p"))
             if sample:
                 positive(prefix + "temperature", t)
@@ -135,27 +151,29 @@ class SamplingSettings:
                 raise ValueError(f"{prefix}top_k must be a non-negative integer, got {k!r}")
             if p is not None and (not isinstance(p, (int, float, np.integer, np.floating)) or not 0 <= p <= 1):
                 raise ValueError(f"{prefix}top_p must be a number in [0, 1], got {p!r}")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
-                or self.max_new_tokens < 1:
+        if (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, (int, np.integer))
+            or self.max_new_tokens < 1
+        ):
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
 
 
-def talker_scores(logits_bv, previous_bn, settings: SamplingSettings, eos_id: int,
-                  record: Recorder = NULL_RECORDER):
+def talker_scores(logits_bv, previous_bn, settings: SamplingSettings, eos_id: int, record: Recorder = NULL_RECORDER):
     """The scores code 0 is chosen from: the six steps of the module docstring, in the official order.
     ``previous_bn`` holds the codes 0 generated so far; each applied step is recorded under its name."""
     s, scores = settings, np.asarray(logits_bv)
     previous_bn = np.asarray(previous_bn, dtype=np.int64).reshape(scores.shape[0], -1)
     if s.repetition_penalty is not None and s.repetition_penalty != 1.0:
-        scores = apply_repetition_penalty(scores, previous_bn, s.repetition_penalty)          # 1
+        scores = apply_repetition_penalty(scores, previous_bn, s.repetition_penalty)  # 1
         record("repetition_penalty", scores)
     if s.min_new_tokens:
         scores = apply_min_new_tokens(scores, previous_bn.shape[1], s.min_new_tokens, eos_id)  # 2
         record("min_new_tokens", scores)
-    scores = apply_suppression(scores, suppressed_ids(scores.shape[-1], eos_id))             # 3
+    scores = apply_suppression(scores, suppressed_ids(scores.shape[-1], eos_id))  # 3
     record("suppress", scores)
     if s.do_sample:
-        scores = sampling_warpers(scores, s.temperature, s.top_k, s.top_p, record)            # 4, 5, 6
+        scores = sampling_warpers(scores, s.temperature, s.top_k, s.top_p, record)  # 4, 5, 6
     return scores
 
 
@@ -170,13 +188,13 @@ def subtalker_scores(logits_bv, settings: SamplingSettings, record: Recorder = N
 def sampling_warpers(scores_bv, temperature, top_k, top_p, record: Recorder = NULL_RECORDER):
     """Steps 4-6 (only when sampling): temperature, top-k, top-p, each skipped at its neutral value."""
     if temperature is not None and temperature != 1.0:
-        scores_bv = apply_temperature(scores_bv, temperature)                                  # 4
+        scores_bv = apply_temperature(scores_bv, temperature)  # 4
         record("temperature", scores_bv)
     if top_k is not None and top_k != 0:
-        scores_bv = apply_top_k(scores_bv, top_k)                                              # 5
+        scores_bv = apply_top_k(scores_bv, top_k)  # 5
         record("top_k", scores_bv)
     if top_p is not None and top_p < 1.0:
-        scores_bv = apply_top_p(scores_bv, top_p)                                              # 6
+        scores_bv = apply_top_p(scores_bv, top_p)  # 6
         record("top_p", scores_bv)
     return scores_bv
 
@@ -203,7 +221,7 @@ class UniformDraws:
         else:
             if self.used + n > self.replay.size:
                 raise ValueError(f"random_draws ran out: {self.replay.size} recorded uniforms, this run needs more")
-            u = self.replay[self.used:self.used + n].reshape(size)
+            u = self.replay[self.used : self.used + n].reshape(size)
         self.used += n
         self.drawn.append(np.asarray(u, dtype=np.float64).reshape(-1))
         return u

@@ -29,52 +29,78 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nn
-from .checkpoint import WeightSpec, WeightView
-from .trace import NULL_RECORDER, Recorder
+from .io.checkpoint import WeightSpec, WeightView
+from .recorder import NULL_RECORDER, Recorder
 
-__all__ = ["LayerKind", "attention_weight_spec", "qwen3_layer_weight_spec", "check_attention_config",
-           "KVCache", "SlidingKVCache", "attention_block", "swiglu_mlp", "gelu_mlp", "transformer_layer",
-           "transformer_stack", "layer_views", "QWEN3", "CODEC_DECODER", "CODEC_ENCODER"]
+__all__ = [
+    "LayerKind",
+    "attention_weight_spec",
+    "qwen3_layer_weight_spec",
+    "check_attention_config",
+    "KVCache",
+    "SlidingKVCache",
+    "attention_block",
+    "swiglu_mlp",
+    "gelu_mlp",
+    "transformer_layer",
+    "transformer_stack",
+    "layer_views",
+    "QWEN3",
+    "CODEC_DECODER",
+    "CODEC_ENCODER",
+]
 
 
 @dataclass(frozen=True)
 class LayerKind:
     """What distinguishes the layers of one stack (the table of the module docstring)."""
 
-    norm: str            # "rms" (weight only) or "layer" (weight and bias, mean removed)
-    qk_norm: bool        # RMSNorm of each query / key head before RoPE (Qwen3)
-    mlp: str             # "swiglu" (gate_proj, up_proj, down_proj) or "gelu" (fc1, fc2)
-    layer_scale: bool    # per-channel scales self_attn_layer_scale / mlp_layer_scale on both branches
+    norm: str  # "rms" (weight only) or "layer" (weight and bias, mean removed)
+    qk_norm: bool  # RMSNorm of each query / key head before RoPE (Qwen3)
+    mlp: str  # "swiglu" (gate_proj, up_proj, down_proj) or "gelu" (fc1, fc2)
+    layer_scale: bool  # per-channel scales self_attn_layer_scale / mlp_layer_scale on both branches
     qk_norm_modules: bool = True  # the official layer has q_norm / k_norm modules (Identity without qk_norm)
-    layer_rotary: bool = False    # the official attention has its own rotary module (Mimi)
-                                  # (these two only say what a trace records, see refimpl.tracing)
+    layer_rotary: bool = False  # the official attention has its own rotary module (Mimi)
+    # (these two only say what a trace records, see refimpl.porting.trace_files)
 
 
 QWEN3 = LayerKind(norm="rms", qk_norm=True, mlp="swiglu", layer_scale=False)
 CODEC_DECODER = LayerKind(norm="rms", qk_norm=False, mlp="swiglu", layer_scale=True)
-CODEC_ENCODER = LayerKind(norm="layer", qk_norm=False, mlp="gelu", layer_scale=True, qk_norm_modules=False,
-                          layer_rotary=True)
+CODEC_ENCODER = LayerKind(
+    norm="layer", qk_norm=False, mlp="gelu", layer_scale=True, qk_norm_modules=False, layer_rotary=True
+)
 
 
 # ----------------------------------------------------------------------------- weights and configs
 
 
-def attention_weight_spec(prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool = False,
-                          out_init: str = "linear") -> list:
+def attention_weight_spec(
+    prefix: str, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool = False, out_init: str = "linear"
+) -> list:
     """The q/k/v/o projections of one attention block (``{prefix}q_proj.weight`` ...): q and o have
     ``heads * head_dim`` rows / columns, k and v ``kv_heads * head_dim``."""
-    spec = [WeightSpec(f"{prefix}q_proj.weight", (heads * head_dim, hidden)),
-            WeightSpec(f"{prefix}k_proj.weight", (kv_heads * head_dim, hidden)),
-            WeightSpec(f"{prefix}v_proj.weight", (kv_heads * head_dim, hidden)),
-            WeightSpec(f"{prefix}o_proj.weight", (hidden, heads * head_dim), out_init)]
+    spec = [
+        WeightSpec(f"{prefix}q_proj.weight", (heads * head_dim, hidden)),
+        WeightSpec(f"{prefix}k_proj.weight", (kv_heads * head_dim, hidden)),
+        WeightSpec(f"{prefix}v_proj.weight", (kv_heads * head_dim, hidden)),
+        WeightSpec(f"{prefix}o_proj.weight", (hidden, heads * head_dim), out_init),
+    ]
     if bias:
-        spec += [WeightSpec(f"{prefix}{n}_proj.bias", (size,), "bias") for n, size in
-                 (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim), ("o", hidden))]
+        spec += [
+            WeightSpec(f"{prefix}{n}_proj.bias", (size,), "bias")
+            for n, size in (
+                ("q", heads * head_dim),
+                ("k", kv_heads * head_dim),
+                ("v", kv_heads * head_dim),
+                ("o", hidden),
+            )
+        ]
     return spec
 
 
-def qwen3_layer_weight_spec(prefix: str, hidden: int, intermediate: int, n_heads: int, n_kv_heads: int,
-                            head_dim: int, bias: bool) -> list:
+def qwen3_layer_weight_spec(
+    prefix: str, hidden: int, intermediate: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool
+) -> list:
     """One Qwen3 decoder layer (Talker, code predictor): attention with per-head q/k RMSNorm, SwiGLU MLP,
     two RMSNorms."""
     p = prefix
@@ -96,8 +122,10 @@ def check_attention_config(where: str, cfg, activation: str = "silu") -> None:
     if cfg.hidden_act != activation:
         raise ValueError(f"{where}.hidden_act {cfg.hidden_act!r} is not supported (only {activation!r})")
     if cfg.num_key_value_heads < 1 or cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise ValueError(f"{where}: num_attention_heads {cfg.num_attention_heads} is not a multiple of "
-                         f"num_key_value_heads {cfg.num_key_value_heads}")
+        raise ValueError(
+            f"{where}: num_attention_heads {cfg.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads {cfg.num_key_value_heads}"
+        )
     if cfg.head_dim % 2:
         raise ValueError(f"{where}: head_dim {cfg.head_dim} must be even for the rotary embedding")
 
@@ -120,7 +148,7 @@ class KVCache:
     def __init__(self, batch: int, n_kv_heads: int, head_dim: int, dtype, capacity: int = 64):
         self.k = nn.zeros((batch, n_kv_heads, capacity, head_dim), dtype=dtype)
         self.v = nn.zeros((batch, n_kv_heads, capacity, head_dim), dtype=dtype)
-        self.length = 0   # positions stored (= the cache index of the next position)
+        self.length = 0  # positions stored (= the cache index of the next position)
 
     @property
     def kept(self) -> int:
@@ -133,13 +161,13 @@ class KVCache:
             capacity = max(2 * self.k.shape[2], n + T)
             self.k = _grown(self.k, n, capacity)
             self.v = _grown(self.v, n, capacity)
-        self.k[:, :, n:n + T] = k_bgtd
-        self.v[:, :, n:n + T] = v_bgtd
+        self.k[:, :, n : n + T] = k_bgtd
+        self.v[:, :, n : n + T] = v_bgtd
         self.length = n + T
         return self.view()
 
     def view(self):
-        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
 
 def _grown(buf_bgsd, used: int, capacity: int):
@@ -160,7 +188,7 @@ class SlidingKVCache:
         self.window = window
         self.k = nn.zeros((batch, n_kv_heads, 0, head_dim), dtype=dtype)
         self.v = nn.zeros((batch, n_kv_heads, 0, head_dim), dtype=dtype)
-        self.length = 0   # positions seen in total (the position of the next one)
+        self.length = 0  # positions seen in total (the position of the next one)
 
     @property
     def kept(self) -> int:
@@ -171,7 +199,7 @@ class SlidingKVCache:
         v_bgsd = np.concatenate([self.v, v_bgtd], axis=2)
         keep = max(self.window - 1, 0)
         S = k_bgsd.shape[2]
-        self.k, self.v = k_bgsd[:, :, S - min(keep, S):], v_bgsd[:, :, S - min(keep, S):]
+        self.k, self.v = k_bgsd[:, :, S - min(keep, S) :], v_bgsd[:, :, S - min(keep, S) :]
         self.length += k_bgtd.shape[2]
         return k_bgsd, v_bgsd
 
@@ -189,8 +217,18 @@ def norm(w: WeightView, kind: LayerKind, x_btc, eps: float):
     return nn.layer_norm(x_btc, w["weight"], w["bias"], eps)
 
 
-def attention_block(a: WeightView, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd, allowed, cache=None,
-                    eps: float = 0.0, record: Recorder = NULL_RECORDER):
+def attention_block(
+    a: WeightView,
+    kind: LayerKind,
+    cfg,
+    x_btc,
+    cos_btd,
+    sin_btd,
+    allowed,
+    cache=None,
+    eps: float = 0.0,
+    record: Recorder = NULL_RECORDER,
+):
     """Self-attention of one layer: [B, T, C] -> [B, T, C].
 
     ``cfg`` gives num_attention_heads (H), num_key_value_heads (G) and head_dim (D); ``cos_btd`` and
@@ -221,7 +259,7 @@ def attention_block(a: WeightView, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd
     v_bgtd = v_btgd.transpose(0, 2, 1, 3)
     if cache is not None:
         k_bgtd, v_bgtd = cache.append(k_bgtd, v_bgtd)
-    out_bhtd = nn.attention(q_bhtd, k_bgtd, v_bgtd, allowed, scale=D ** -0.5)
+    out_bhtd = nn.attention(q_bhtd, k_bgtd, v_bgtd, allowed, scale=D**-0.5)
     out_btc = out_bhtd.transpose(0, 2, 1, 3).reshape(B, T, H * D)
     out_btc = nn.linear(out_btc, a["o_proj.weight"], a.get("o_proj.bias"))
     record("o_proj", out_btc)
@@ -252,14 +290,25 @@ def gelu_mlp(m: WeightView, x_btc, record: Recorder = NULL_RECORDER):
     return out
 
 
-def transformer_layer(lw: WeightView, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd, allowed, cache=None,
-                      eps: float = 1e-6, record: Recorder = NULL_RECORDER):
+def transformer_layer(
+    lw: WeightView,
+    kind: LayerKind,
+    cfg,
+    x_btc,
+    cos_btd,
+    sin_btd,
+    allowed,
+    cache=None,
+    eps: float = 1e-6,
+    record: Recorder = NULL_RECORDER,
+):
     """One pre-norm residual layer (the module docstring): [B, T, C] -> [B, T, C].  ``record`` receives
     every part under its official module name (``input_layernorm``, ``self_attn.q_proj``, ``mlp``, ...)."""
     h = norm(lw.sub("input_layernorm."), kind, x_btc, eps)
     record("input_layernorm", h)
-    a = attention_block(lw.sub("self_attn."), kind, cfg, h, cos_btd, sin_btd, allowed, cache, eps,
-                        record.scope("self_attn."))
+    a = attention_block(
+        lw.sub("self_attn."), kind, cfg, h, cos_btd, sin_btd, allowed, cache, eps, record.scope("self_attn.")
+    )
     record("self_attn", a)
     if kind.layer_scale:
         a = lw["self_attn_layer_scale.scale"] * a
@@ -276,12 +325,32 @@ def transformer_layer(lw: WeightView, kind: LayerKind, cfg, x_btc, cos_btd, sin_
     return x_btc + m
 
 
-def transformer_stack(layers: list, kind: LayerKind, cfg, x_btc, cos_btd, sin_btd, allowed, caches=None,
-                      eps: float = 1e-6, record: Recorder = NULL_RECORDER):
+def transformer_stack(
+    layers: list,
+    kind: LayerKind,
+    cfg,
+    x_btc,
+    cos_btd,
+    sin_btd,
+    allowed,
+    caches=None,
+    eps: float = 1e-6,
+    record: Recorder = NULL_RECORDER,
+):
     """Every layer in turn (no final norm: each stack has its own ending).  ``caches`` is None or one
     cache per layer.  Each layer's output is recorded as ``layers.{i}``, its parts as ``layers.{i}.mlp``..."""
     for i, lw in enumerate(layers):
-        x_btc = transformer_layer(lw, kind, cfg, x_btc, cos_btd, sin_btd, allowed,
-                                  None if caches is None else caches[i], eps, record.scope(f"layers.{i}."))
+        x_btc = transformer_layer(
+            lw,
+            kind,
+            cfg,
+            x_btc,
+            cos_btd,
+            sin_btd,
+            allowed,
+            None if caches is None else caches[i],
+            eps,
+            record.scope(f"layers.{i}."),
+        )
         record(f"layers.{i}", x_btc)
     return x_btc

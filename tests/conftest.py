@@ -17,21 +17,34 @@ if str(REPO) not in sys.path:  # tests run against the working tree even when re
 F32_EPS = float(np.finfo(np.float32).eps)
 
 # The parity suite (every comparison with the official outputs, and the streaming properties) runs once
-# per INSTALLED backend (``refimpl.kernels.installed_backends``): the plain primitives ("numpy"), their fast
+# per INSTALLED backend (``refimpl.backends.installed_backends``): the plain primitives ("numpy"), their fast
 # CPU twins ("numba") and, where CuPy and a GPU are there, the GPU ("cupy"), each in float32 and float64.
-PARITY_MODULES = {"test_codec_decoder", "test_codec_encoder", "test_codec_streaming", "test_speaker_encoder",
-                  "test_talker", "test_end_to_end"}
+PARITY_MODULES = {
+    "test_codec_decoder",
+    "test_codec_encoder",
+    "test_codec_streaming",
+    "test_speaker_encoder",
+    "test_talker",
+    "test_end_to_end",
+}
 
 
 def pytest_addoption(parser):
-    from refimpl.kernels import BACKENDS, TEST_BACKENDS
-    parser.addoption("--backend", action="append", choices=BACKENDS + TEST_BACKENDS, default=None,
-                     help="run the parity suite on this backend only (repeatable; default: every backend)")
+    from refimpl.backends import BACKENDS, TEST_BACKENDS
+
+    parser.addoption(
+        "--backend",
+        action="append",
+        choices=BACKENDS + TEST_BACKENDS,
+        default=None,
+        help="run the parity suite on this backend only (repeatable; default: every backend)",
+    )
 
 
 def pytest_generate_tests(metafunc):
     if metafunc.module.__name__ in PARITY_MODULES:
-        from refimpl.kernels import installed_backends
+        from refimpl.backends import installed_backends
+
         names = metafunc.config.getoption("--backend") or list(installed_backends())
         metafunc.parametrize("backend", names, indirect=True, scope="module")
 
@@ -43,14 +56,16 @@ def backend(request):
     if name is None:
         yield None
         return
-    from refimpl.kernels import use_backend
+    from refimpl.backends import use_backend
+
     with use_backend(name):
         yield name
 
 
-def assert_close_to_oracle(ours, off32, off64, precision: str, what: str, noise_factor: float = 4.0,
-                           f64_rel: float = 1e-10):
-    """The tolerance policy of docs/golden.md, implemented once in ``refimpl.compare`` (``refimpl compare``
+def assert_close_to_oracle(
+    ours, off32, off64, precision: str, what: str, noise_factor: float = 4.0, f64_rel: float = 1e-10
+):
+    """The tolerance policy of docs/golden.md, implemented once in ``refimpl.porting.compare`` (``refimpl compare``
     uses the same rule).
 
     float64: |ours - official_f64| <= f64_rel * max(1, max|official|).
@@ -58,19 +73,22 @@ def assert_close_to_oracle(ours, off32, off64, precision: str, what: str, noise_
     from the golden file); ours may differ from official_f32 AND from official_f64 by at most
     noise_factor * noise + noise_factor * eps32 * max|official| (the second term keeps a floor where the
     measured noise happens to be tiny)."""
-    from refimpl.compare import check_against_oracle
-    from refimpl.kernels import to_host
-    ours = to_host(ours)   # a stage function called directly on a device backend returns a device array
+    from refimpl.backends import to_host
+    from refimpl.porting.compare import check_against_oracle
+
+    ours = to_host(ours)  # a stage function called directly on a device backend returns a device array
     off64 = np.asarray(off64, dtype=np.float64)
     assert ours.shape == off64.shape, f"{what}: shape {ours.shape} != official {off64.shape}"
     c = check_against_oracle(ours, off32, off64, precision, noise_factor, f64_rel)
     if precision == "f64":
         assert c.err64 <= c.tol, f"{what} (float64): max |ours - official| = {c.err64:.3e} > {c.tol:.3e}"
         return c.err64, c.tol
-    assert c.err32 <= c.tol, (f"{what} (float32): max |ours - official_f32| = {c.err32:.3e} > tol {c.tol:.3e} "
-                              f"(noise {c.noise:.3e})")
-    assert c.err64 <= c.tol, (f"{what} (float32): max |ours - official_f64| = {c.err64:.3e} > tol {c.tol:.3e} "
-                              f"(noise {c.noise:.3e})")
+    assert c.err32 <= c.tol, (
+        f"{what} (float32): max |ours - official_f32| = {c.err32:.3e} > tol {c.tol:.3e} (noise {c.noise:.3e})"
+    )
+    assert c.err64 <= c.tol, (
+        f"{what} (float32): max |ours - official_f64| = {c.err64:.3e} > tol {c.tol:.3e} (noise {c.noise:.3e})"
+    )
     return c.err32, c.tol
 
 
@@ -88,7 +106,8 @@ class _TokenizersPerDevice:
 
     def __getitem__(self, precision: str):
         from refimpl import SpeechTokenizer
-        from refimpl.kernels import device_backend
+        from refimpl.backends import device_backend
+
         key = (device_backend(), precision)
         if key not in self.loaded:
             dtype = {"f32": np.float32, "f64": np.float64}[precision]

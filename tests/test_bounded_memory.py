@@ -11,10 +11,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
-PROBE = r'''
+PROBE = r"""
 import resource, sys
 import numpy as np
 import refimpl
@@ -28,24 +27,29 @@ else:
     tok = refimpl.SpeechTokenizer.from_pretrained("golden/checkpoints/tiny-speech-tokenizer")
     tok.encode(0.1 * np.random.default_rng(0).standard_normal(n * 24000).astype(np.float32), sr=24000)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-'''
+"""
 
 
 def peak_mib(kind: str, n: int) -> float:
-    r = subprocess.run([sys.executable, "-c", PROBE, kind, str(n)], capture_output=True, text=True, cwd=REPO,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE, kind, str(n)], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return int(r.stdout.split()[-1]) / 1024  # ru_maxrss is in KiB on Linux
 
 
-@pytest.mark.parametrize("kind, base, length", [
-    ("text", 40, 200),    # words of 5 letters: about 5 tokens each, so 1000 and 4000 prompt tokens
-    ("audio", 10, 40),    # seconds at 24 kHz: 1000 and 4000 encoder-transformer frames (25 Hz)
-])
+@pytest.mark.parametrize(
+    "kind, base, length",
+    [
+        ("text", 40, 200),  # words of 5 letters: about 5 tokens each, so 1000 and 4000 prompt tokens
+        ("audio", 10, 40),  # seconds at 24 kHz: 1000 and 4000 encoder-transformer frames (25 Hz)
+    ],
+)
 def test_peak_memory_grows_linearly(kind, base, length):
     baseline = peak_mib(kind, base)
     grow_1 = peak_mib(kind, length) - baseline
     grow_4 = peak_mib(kind, 4 * length) - baseline
     assert grow_4 <= 6 * max(grow_1, 0) + 64, (
         f"{kind}: peak memory grew by {grow_1:.0f} MiB at {length} and {grow_4:.0f} MiB at {4 * length} "
-        f"(baseline {baseline:.0f} MiB at {base}): faster than linear")
+        f"(baseline {baseline:.0f} MiB at {base}): faster than linear"
+    )

@@ -45,8 +45,10 @@ def test_code_links_point_at_their_definitions(page):
         module = (page.parent / m["path"]).resolve()
         if m["line"] is None or not relink.defines(module, int(m["line"]), m["name"]):
             bad.append(m[0])
-    assert not bad, (f"{page.relative_to(REPO)}: these links do not point at the definition they name "
-                     f"(run python docs/tools/relink.py): {bad}")
+    assert not bad, (
+        f"{page.relative_to(REPO)}: these links do not point at the definition they name "
+        f"(run python docs/tools/relink.py): {bad}"
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
@@ -54,15 +56,17 @@ def test_links_stay_inside_the_repository(page):
     for target in MARKDOWN_LINK.findall(page.read_text(encoding="utf-8")):
         if page.name == "README.md" and page.parent == REPO and target.startswith("https://github.com/QwenLM/"):
             continue  # the project's home, named in the top-level README only
-        assert not re.match(r"^[a-z]+:", target) and not target.startswith("/"), \
+        assert not re.match(r"^[a-z]+:", target) and not target.startswith("/"), (
             f"{page.relative_to(REPO)}: link {target!r} leaves the repository"
+        )
         path, _, anchor = target.partition("#")
         resolved = (page.parent / path).resolve() if path else page
         assert resolved.is_relative_to(REPO), f"{page.relative_to(REPO)}: link {target!r} leaves the repository"
         assert resolved.exists(), f"{page.relative_to(REPO)}: link {target!r} points at nothing"
         if anchor and resolved.suffix == ".md":
-            assert anchor in heading_anchors(resolved), \
+            assert anchor in heading_anchors(resolved), (
                 f"{page.relative_to(REPO)}: link {target!r}: no such heading in {resolved.relative_to(REPO)}"
+            )
 
 
 def heading_anchors(page: Path) -> set:
@@ -83,8 +87,11 @@ def test_no_page_or_script_holds_a_path_of_the_machine_it_was_written_on():
     roots = [REPO / d for d in ("docs", "golden", "refimpl", "tests", "benchmarks")] + [REPO / "README.md"]
     hits = []
     for root in roots:
-        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.suffix in (".md", ".py", ".sh", ".cfg",
-                                                                                          ".json", ".txt")]
+        files = (
+            [root]
+            if root.is_file()
+            else [p for p in root.rglob("*") if p.suffix in (".md", ".py", ".sh", ".cfg", ".json", ".txt")]
+        )
         for f in files:
             for i, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
                 if machine_path.search(line):
@@ -94,7 +101,7 @@ def test_no_page_or_script_holds_a_path_of_the_machine_it_was_written_on():
 
 def test_relink_rewrites_a_moved_anchor():
     page = DOCS / "example.md"
-    text = "See [`causal_window_mask`](../refimpl/talker.py#L1) and [`Talker.forward`](../refimpl/nn.py)."
+    text = "See [`causal_window_mask`](../refimpl/tts/talker.py#L1) and [`Talker.forward`](../refimpl/nn.py)."
     new, changes = relink.relink_text(page, text)
     assert len(changes) == 2
     for m in relink.LINK_RE.finditer(new):
@@ -104,8 +111,9 @@ def test_relink_rewrites_a_moved_anchor():
 
 
 def test_walkthrough_computes_one_frame_like_the_public_api():
-    run = subprocess.run([sys.executable, str(DOCS / "walkthrough.py")], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(DOCS / "walkthrough.py")], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "the same codes and the same samples" in run.stdout
     assert "code predictor steps               15 heads" in run.stdout
@@ -113,15 +121,25 @@ def test_walkthrough_computes_one_frame_like_the_public_api():
     page = (DOCS / "walkthrough.md").read_text(encoding="utf-8")
     quoted = re.findall(r"```\n(.*?)```", page.split("## 1.", 1)[1], flags=re.S)
     printed = {line.strip() for line in run.stdout.splitlines()}
-    stale = [line.strip() for block in quoted for line in block.splitlines()
-             if line.strip() and not any(line.strip() in p for p in printed)]
+    stale = [
+        line.strip()
+        for block in quoted
+        for line in block.splitlines()
+        if line.strip() and not any(line.strip() in p for p in printed)
+    ]
     assert not stale, f"docs/walkthrough.md quotes lines the script no longer prints: {stale}"
 
 
 def test_figure_script_draws_every_committed_figure(tmp_path):
     import matplotlib  # noqa: F401  (a test dependency, setup.cfg [test]: missing, this fails, never skips)
-    run = subprocess.run([sys.executable, str(DOCS / "figures" / "make_figures.py"), "--out", str(tmp_path)],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+
+    run = subprocess.run(
+        [sys.executable, str(DOCS / "figures" / "make_figures.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
     committed = sorted(p.name for p in (DOCS / "figures").glob("*.png"))

@@ -9,19 +9,18 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import CHECKPOINTS, GOLDEN
 
 import refimpl
 import refimpl as qwen_tts
-from refimpl import official_api
-from refimpl.hub import ModelNotFoundError
-
-from conftest import CHECKPOINTS, GOLDEN
 from golden.dropin_cases import Placeholders, reference_pcm16, write_pcm16
+from refimpl import official_api
+from refimpl.io.hub import ModelNotFoundError
 
 GOLD = json.loads((GOLDEN / "dropin.json").read_text(encoding="utf-8"))
-WAVEFORM_ATOL = 2e-5   # as tests/test_talker.py: official float32 waveform vs ours on equal codes
-SPK_ATOL = 1e-5        # as tests/test_talker.py: x-vectors
-PROMPT_ATOL = 1e-5     # the prompt vectors summed over the (tiny) hidden axis: float32 rounding only
+WAVEFORM_ATOL = 2e-5  # as tests/tts/test_talker.py: official float32 waveform vs ours on equal codes
+SPK_ATOL = 1e-5  # as tests/tts/test_talker.py: x-vectors
+PROMPT_ATOL = 1e-5  # the prompt vectors summed over the (tiny) hidden axis: float32 rounding only
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +56,11 @@ def check_prompt(items, expected: dict, what: str) -> None:
             np.testing.assert_array_equal(item.ref_code, e["ref_code"], err_msg=what)
         assert list(item.ref_spk_embedding.shape) == e["spk_shape"], what
         np.testing.assert_allclose(item.ref_spk_embedding[:8], e["spk_first"], rtol=0, atol=SPK_ATOL, err_msg=what)
-        assert (item.x_vector_only_mode, item.icl_mode, item.ref_text) == \
-            (e["x_vector_only_mode"], e["icl_mode"], e["ref_text"]), what
+        assert (item.x_vector_only_mode, item.icl_mode, item.ref_text) == (
+            e["x_vector_only_mode"],
+            e["icl_mode"],
+            e["ref_text"],
+        ), what
 
 
 def check_encoded(enc, expected: dict, what: str) -> None:
@@ -83,9 +85,12 @@ def check_encoded(enc, expected: dict, what: str) -> None:
 def models():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", official_api.IgnoredArgumentWarning)
-        return {kind: qwen_tts.Qwen3TTSModel.from_pretrained(
-            str(CHECKPOINTS / f"tiny-{kind}"), device_map="cpu", dtype="float32", attn_implementation="sdpa")
-            for kind in ("customvoice", "voicedesign", "base")}
+        return {
+            kind: qwen_tts.Qwen3TTSModel.from_pretrained(
+                str(CHECKPOINTS / f"tiny-{kind}"), device_map="cpu", dtype="float32", attn_implementation="sdpa"
+            )
+            for kind in ("customvoice", "voicedesign", "base")
+        }
 
 
 def test_supported_speakers_and_languages_as_the_official(models):
@@ -106,8 +111,13 @@ def test_official_model_examples(models, ref_wav):
         else:
             out = method(**call, **GOLD["greedy"], return_codes=True)
             assert [c.tolist() for c in out[2]] == case["codes"], case["name"]
-            np.testing.assert_allclose(models[case["model"]].last_trace.prompt_embeds.sum(axis=-1),
-                                       case["prompt_sums"], rtol=0, atol=PROMPT_ATOL, err_msg=case["name"])
+            np.testing.assert_allclose(
+                models[case["model"]].last_trace.prompt_embeds.sum(axis=-1),
+                case["prompt_sums"],
+                rtol=0,
+                atol=PROMPT_ATOL,
+                err_msg=case["name"],
+            )
             out = out[:2]
             check_wavs_sr(out, case["returns"], case["name"])
         ph.outputs[case["name"]] = out
@@ -116,9 +126,13 @@ def test_official_model_examples(models, ref_wav):
 def test_official_tokenizer_examples(ref_wav):
     tok = qwen_tts.Qwen3TTSTokenizer.from_pretrained(CHECKPOINTS / "tiny-speech-tokenizer")
     rates = GOLD["tokenizer"]["rates"]
-    assert (tok.get_model_type(), tok.get_input_sample_rate(), tok.get_output_sample_rate(),
-            tok.get_encode_downsample_rate(), tok.get_decode_upsample_rate()) == \
-        (rates["model_type"], rates["input"], rates["output"], rates["encode_downsample"], rates["decode_upsample"])
+    assert (
+        tok.get_model_type(),
+        tok.get_input_sample_rate(),
+        tok.get_output_sample_rate(),
+        tok.get_encode_downsample_rate(),
+        tok.get_decode_upsample_rate(),
+    ) == (rates["model_type"], rates["input"], rates["output"], rates["encode_downsample"], rates["decode_upsample"])
     ph = Placeholders(ref_wav)
     for case in GOLD["tokenizer"]["cases"]:
         out = getattr(tok, case["method"])(**{k: ph.value(v) for k, v in case["kwargs"].items()})
@@ -146,11 +160,13 @@ def test_device_map_cuda_loads_on_the_device_backend_or_says_why_not(monkeypatch
     """device_map="cuda:0" asks for the cupy backend: where it cannot run, the model loads on the CPU and
     one note says what is missing; where it can (here: the cupy backend stood in by the strict device
     backend, so CI exercises the path), the weights are uploaded and the model runs there."""
-    from refimpl import kernels
+    from refimpl import backends as kernels
+
     monkeypatch.setattr(official_api, "_NOTED", set())
 
     def no_cupy(name):
         raise kernels.BackendUnavailable("backend 'cupy': CuPy is not installed")
+
     monkeypatch.setattr(kernels, "device_module", no_cupy)
     with pytest.warns(official_api.IgnoredArgumentWarning, match="running on the CPU, since backend 'cupy'"):
         tok = qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", device_map="cuda:0")
@@ -196,10 +212,16 @@ def test_dtype_mapping(monkeypatch):
 def test_flash_attention_selects_the_sliding_codec_encoder():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", official_api.IgnoredArgumentWarning)
-        assert qwen_tts.Qwen3TTSTokenizer.from_pretrained(
-            "default", attn_implementation="flash_attention_2").encoder_attention == "sliding"
-        assert qwen_tts.Qwen3TTSTokenizer.from_pretrained(
-            "default", attn_implementation="sdpa").encoder_attention == "full"
+        assert (
+            qwen_tts.Qwen3TTSTokenizer.from_pretrained(
+                "default", attn_implementation="flash_attention_2"
+            ).encoder_attention
+            == "sliding"
+        )
+        assert (
+            qwen_tts.Qwen3TTSTokenizer.from_pretrained("default", attn_implementation="sdpa").encoder_attention
+            == "full"
+        )
 
 
 def test_bad_audio_inputs_are_clear_errors(tmp_path):

@@ -7,13 +7,13 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import CHECKPOINTS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from conftest import CHECKPOINTS
 from refimpl import CheckpointError, Qwen3TTS
-from refimpl.text import load_text_tokenizer
+from refimpl.tts.text_tokenizer import load_text_tokenizer
 
 CODEBOOK = 64  # the tiny speech tokenizer
 
@@ -39,7 +39,7 @@ def test_every_integer_kind_decodes_like_int64(speech_tokenizers, dtype):
     np.testing.assert_array_equal(tok.decode(codes.astype(dtype)), tok.decode(codes))
 
 
-@pytest.mark.parametrize("value", [CODEBOOK, 2 ** 31, -2, np.iinfo(np.int64).min])
+@pytest.mark.parametrize("value", [CODEBOOK, 2**31, -2, np.iinfo(np.int64).min])
 def test_codes_past_either_end(speech_tokenizers, value):
     codes = np.zeros((2, 16), np.int64)
     codes[1, 5] = value
@@ -55,8 +55,12 @@ def test_float_and_bool_codes_are_refused(speech_tokenizers):
 
 
 @settings(max_examples=60, deadline=None)
-@given(hnp.arrays(st.sampled_from([np.int8, np.int16, np.int64, np.uint8, np.uint32, np.uint64]),
-                  st.tuples(st.integers(0, 3), st.sampled_from([15, 16, 17]))))
+@given(
+    hnp.arrays(
+        st.sampled_from([np.int8, np.int16, np.int64, np.uint8, np.uint32, np.uint64]),
+        st.tuples(st.integers(0, 3), st.sampled_from([15, 16, 17])),
+    )
+)
 def test_random_code_arrays(speech_tokenizers, codes):
     """Any integer array either decodes to 1920 samples per valid frame or gives one ValueError."""
     tok = speech_tokenizers["f32"]
@@ -106,13 +110,16 @@ def test_random_unicode_at_the_tokenizer(text_tokenizer, text):
     assert (len(ids) == 0) == (len(text) == 0)
 
 
-@pytest.mark.parametrize("name, raw, fragment", [
-    ("vocab.json", b"[1]", "expected a JSON object"),
-    ("vocab.json", b"{\"a\": \"\xff\"}", "not valid UTF-8"),
-    ("merges.txt", b"a b\n\xff\xfe c\n", "not valid UTF-8"),
-    ("tokenizer_config.json", b"{", "not valid JSON"),
-    ("generation_config.json", b"[]", "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "name, raw, fragment",
+    [
+        ("vocab.json", b"[1]", "expected a JSON object"),
+        ("vocab.json", b'{"a": "\xff"}', "not valid UTF-8"),
+        ("merges.txt", b"a b\n\xff\xfe c\n", "not valid UTF-8"),
+        ("tokenizer_config.json", b"{", "not valid JSON"),
+        ("generation_config.json", b"[]", "expected a JSON object"),
+    ],
+)
 def test_malformed_text_files_name_the_file(tmp_path, name, raw, fragment):
     d = tmp_path / "m"
     shutil.copytree(CHECKPOINTS / "tiny-customvoice", d)
@@ -120,7 +127,6 @@ def test_malformed_text_files_name_the_file(tmp_path, name, raw, fragment):
     with pytest.raises(CheckpointError) as info:
         Qwen3TTS.from_pretrained(d)
     assert name in str(info.value) and fragment in str(info.value)
-
 
 
 def test_reference_codes_of_a_voice_clone_prompt_are_range_checked():
@@ -131,7 +137,7 @@ def test_reference_codes_of_a_voice_clone_prompt_are_range_checked():
         tts.generate_voice_clone("Hello.", voice_clone_prompt=prompt, max_new_tokens=3)
 
 
-@pytest.mark.parametrize("eos", [-1, 10 ** 6])
+@pytest.mark.parametrize("eos", [-1, 10**6])
 def test_eos_outside_the_vocabulary_is_refused(eos):
     """An EOS id that can never be drawn would make generation run to max_new_tokens every time."""
     tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")

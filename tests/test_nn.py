@@ -15,7 +15,7 @@ functions are allowed a few eps relative to the value, widened where the formula
 orders of magnitude above these bounds.
 
 The implementation under test comes from the ``nn_impl`` fixture, which runs the whole file once per
-backend (``refimpl.kernels.BACKENDS``): the reference primitives and their fast twins meet the same
+backend (``refimpl.backends.BACKENDS``): the reference primitives and their fast twins meet the same
 literal definitions.
 """
 
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import refimpl.nn
-from refimpl.kernels import installed_backends, use_backend
+from refimpl.backends import installed_backends, use_backend
 
 DTYPES = [np.float32, np.float64]
 DTYPE_IDS = ["f32", "f64"]
@@ -64,8 +64,10 @@ def assert_within(got, ref, tol, dtype, what: str):
     bad = ~(err <= tol)  # NaN counts as bad
     if bad.any():
         i = tuple(np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} values off; first at {i}: got {got[i]!r}, "
-                             f"reference {ref[i]!r}, |diff| {err[i]:.3e} > tol {tol[i]:.3e}")
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} values off; first at {i}: got {got[i]!r}, "
+            f"reference {ref[i]!r}, |diff| {err[i]:.3e} > tol {tol[i]:.3e}"
+        )
 
 
 def randn(rng, shape, dtype, scale=1.0, offset=0.0):
@@ -156,8 +158,13 @@ def test_elu(nn_impl, data, alpha):
 def test_elu_values(nn_impl, dtype):
     x = np.array([2.0, 0.0, -1.0, -50.0], dtype=dtype)
     assert_within(nn_impl.elu(x), [2.0, 0.0, math.exp(-1) - 1, math.exp(-50) - 1], 2 * eps(dtype), dtype, "elu")
-    assert_within(nn_impl.elu(x, alpha=0.5), [2.0, 0.0, 0.5 * (math.exp(-1) - 1), 0.5 * (math.exp(-50) - 1)],
-                  2 * eps(dtype), dtype, "elu(alpha=0.5)")
+    assert_within(
+        nn_impl.elu(x, alpha=0.5),
+        [2.0, 0.0, 0.5 * (math.exp(-1) - 1), 0.5 * (math.exp(-50) - 1)],
+        2 * eps(dtype),
+        dtype,
+        "elu(alpha=0.5)",
+    )
 
 
 def ref_snake_beta(x, log_alpha, log_beta):
@@ -251,11 +258,15 @@ def test_softmax(nn_impl, data):
 @dtypes
 def test_softmax_edge_rows(nn_impl, dtype):
     inf = math.inf
-    x = np.array([[-inf, -inf, -inf],            # fully masked: zeros, not NaN
-                  [1e4, 1e4 - 1, -1e4],          # large values: no overflow
-                  [-inf, 3.0, -inf],             # one finite entry: exactly that one
-                  [-1e4, -1e4, -1e4 - 2]],       # large negative: no underflow to 0/0
-                 dtype=dtype)
+    x = np.array(
+        [
+            [-inf, -inf, -inf],  # fully masked: zeros, not NaN
+            [1e4, 1e4 - 1, -1e4],  # large values: no overflow
+            [-inf, 3.0, -inf],  # one finite entry: exactly that one
+            [-1e4, -1e4, -1e4 - 2],
+        ],  # large negative: no underflow to 0/0
+        dtype=dtype,
+    )
     got = nn_impl.softmax(x)
     e1 = math.exp(-1)
     e2 = math.exp(-2)
@@ -298,8 +309,13 @@ def test_linear(nn_impl, data):
     b = randn(rng, (O,), dtype) if data.draw(st.booleans()) else None
     ref, mag = ref_linear(x, w, b)
     n_terms = I + (b is not None)
-    assert_within(nn_impl.linear(x, w, b) if b is not None else nn_impl.linear(x, w), ref,
-                  4 * n_terms * eps(dtype) * mag, dtype, "linear")
+    assert_within(
+        nn_impl.linear(x, w, b) if b is not None else nn_impl.linear(x, w),
+        ref,
+        4 * n_terms * eps(dtype) * mag,
+        dtype,
+        "linear",
+    )
 
 
 def ref_rms_norm(x, w, eps_):
@@ -315,8 +331,9 @@ def ref_rms_norm(x, w, eps_):
 
 
 @dtypes
-@pytest.mark.parametrize("shape, scale, norm_eps", [((3, 8), 1.0, 1e-6), ((2, 3, 33), 5.0, 1e-5),
-                                                    ((4, 16), 1e-4, 1e-6), ((1, 1), 2.0, 1e-6)])
+@pytest.mark.parametrize(
+    "shape, scale, norm_eps", [((3, 8), 1.0, 1e-6), ((2, 3, 33), 5.0, 1e-5), ((4, 16), 1e-4, 1e-6), ((1, 1), 2.0, 1e-6)]
+)
 def test_rms_norm(nn_impl, dtype, shape, scale, norm_eps):
     rng = np.random.default_rng(1)
     x = randn(rng, shape, dtype, scale=scale)
@@ -325,8 +342,9 @@ def test_rms_norm(nn_impl, dtype, shape, scale, norm_eps):
     # relative error <= (n / 2 + 4) eps; allowed 2 (n + 8) eps, i.e. 4x
     n = shape[-1]
     ref = ref_rms_norm(x, w, norm_eps)
-    assert_within(nn_impl.rms_norm(x, w, norm_eps), ref, 2 * (n + 8) * eps(dtype) * np.abs(ref) + tiny(dtype),
-                  dtype, "rms_norm")
+    assert_within(
+        nn_impl.rms_norm(x, w, norm_eps), ref, 2 * (n + 8) * eps(dtype) * np.abs(ref) + tiny(dtype), dtype, "rms_norm"
+    )
 
 
 @dtypes
@@ -366,16 +384,17 @@ def ref_layer_norm(x, w, b, eps_):
 
 @dtypes
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
-@pytest.mark.parametrize("shape, offset, norm_eps", [((3, 8), 0.0, 1e-5), ((2, 3, 40), 10.0, 1e-5),
-                                                     ((2, 5), -3.0, 1e-6), ((1, 2), 0.0, 1e-5)])
+@pytest.mark.parametrize(
+    "shape, offset, norm_eps",
+    [((3, 8), 0.0, 1e-5), ((2, 3, 40), 10.0, 1e-5), ((2, 5), -3.0, 1e-6), ((1, 2), 0.0, 1e-5)],
+)
 def test_layer_norm(nn_impl, dtype, with_bias, shape, offset, norm_eps):
     rng = np.random.default_rng(2)
     x = randn(rng, shape, dtype, offset=offset)
     w = randn(rng, shape[-1:], dtype, offset=1.0, scale=0.3)
     b = randn(rng, shape[-1:], dtype) if with_bias else None
     ref, bound = ref_layer_norm(x, w, b, norm_eps)
-    assert_within(nn_impl.layer_norm(x, w, b, norm_eps), ref, 4 * eps(dtype) * bound + tiny(dtype), dtype,
-                  "layer_norm")
+    assert_within(nn_impl.layer_norm(x, w, b, norm_eps), ref, 4 * eps(dtype) * bound + tiny(dtype), dtype, "layer_norm")
 
 
 @dtypes
@@ -467,25 +486,33 @@ def test_conv1d(nn_impl, case):
     x, w, b, stride, dilation, groups = case
     ref, mag = ref_conv1d(x, w, b, stride, dilation, groups)
     n_terms = w.shape[1] * w.shape[2] + (b is not None)
-    assert_within(call_conv(nn_impl.conv1d, x, w, b, stride, dilation, groups), ref,
-                  conv_tol(mag, n_terms, x.dtype), x.dtype, f"conv1d stride={stride} dil={dilation} groups={groups}")
+    assert_within(
+        call_conv(nn_impl.conv1d, x, w, b, stride, dilation, groups),
+        ref,
+        conv_tol(mag, n_terms, x.dtype),
+        x.dtype,
+        f"conv1d stride={stride} dil={dilation} groups={groups}",
+    )
 
 
 @dtypes
-@pytest.mark.parametrize("C, O, K, stride, dilation, groups, T", [
-    (1, 4, 7, 1, 1, 1, 30),      # in_channels * k = 7: the small case (audio-rate first conv)
-    (16, 3, 4, 2, 1, 1, 21),     # = 64, the largest "small" size
-    (13, 5, 5, 1, 1, 1, 17),     # = 65, the smallest "large" size
-    (9, 7, 7, 3, 2, 1, 40),      # 63 with stride and dilation
-    (32, 4, 3, 1, 9, 1, 25),     # 96 with a wide dilation
-    (24, 6, 7, 5, 1, 1, 31),     # 168 with stride
-    (12, 12, 7, 1, 3, 12, 30),   # depthwise
-    (12, 12, 1, 1, 1, 1, 5),     # pointwise
-    (12, 8, 3, 2, 1, 4, 15),     # general groups
-    (6, 12, 5, 1, 2, 6, 20),     # depthwise with channel multiplier 2
-    (70, 2, 1, 1, 1, 1, 4),      # k = 1 with many channels
-    (16, 3, 4, 2, 1, 1, 260),    # a longer sequence
-])
+@pytest.mark.parametrize(
+    "C, O, K, stride, dilation, groups, T",
+    [
+        (1, 4, 7, 1, 1, 1, 30),  # in_channels * k = 7: the small case (audio-rate first conv)
+        (16, 3, 4, 2, 1, 1, 21),  # = 64, the largest "small" size
+        (13, 5, 5, 1, 1, 1, 17),  # = 65, the smallest "large" size
+        (9, 7, 7, 3, 2, 1, 40),  # 63 with stride and dilation
+        (32, 4, 3, 1, 9, 1, 25),  # 96 with a wide dilation
+        (24, 6, 7, 5, 1, 1, 31),  # 168 with stride
+        (12, 12, 7, 1, 3, 12, 30),  # depthwise
+        (12, 12, 1, 1, 1, 1, 5),  # pointwise
+        (12, 8, 3, 2, 1, 4, 15),  # general groups
+        (6, 12, 5, 1, 2, 6, 20),  # depthwise with channel multiplier 2
+        (70, 2, 1, 1, 1, 1, 4),  # k = 1 with many channels
+        (16, 3, 4, 2, 1, 1, 260),  # a longer sequence
+    ],
+)
 def test_conv1d_explicit(nn_impl, dtype, C, O, K, stride, dilation, groups, T):
     rng = np.random.default_rng(C * 1000 + K)
     x = randn(rng, (2, C, T), dtype)
@@ -497,14 +524,21 @@ def test_conv1d_explicit(nn_impl, dtype, C, O, K, stride, dilation, groups, T):
         ref, mag = ref_conv1d(x, w, bias, stride, dilation, groups)
         n_terms = (C // groups) * K + 1
         for xin, layout in ((x, "contiguous"), (x_strided, "non-contiguous")):
-            assert_within(call_conv(nn_impl.conv1d, xin, w, bias, stride, dilation, groups), ref,
-                          conv_tol(mag, n_terms, dtype), dtype, f"conv1d, {layout} input")
+            assert_within(
+                call_conv(nn_impl.conv1d, xin, w, bias, stride, dilation, groups),
+                ref,
+                conv_tol(mag, n_terms, dtype),
+                dtype,
+                f"conv1d, {layout} input",
+            )
     np.testing.assert_array_equal(x, x_before, err_msg="conv1d modified its input")
 
 
 @dtypes
-@pytest.mark.parametrize("C, K, stride, dilation, groups", [(3, 5, 1, 1, 1), (20, 4, 3, 2, 1), (4, 3, 2, 3, 4),
-                                                            (6, 2, 1, 1, 2), (1, 1, 1, 1, 1)])
+@pytest.mark.parametrize(
+    "C, K, stride, dilation, groups",
+    [(3, 5, 1, 1, 1), (20, 4, 3, 2, 1), (4, 3, 2, 3, 4), (6, 2, 1, 1, 2), (1, 1, 1, 1, 1)],
+)
 def test_conv1d_length_equal_to_span_and_shorter(nn_impl, dtype, C, K, stride, dilation, groups):
     rng = np.random.default_rng(3)
     span = dilation * (K - 1) + 1
@@ -512,8 +546,13 @@ def test_conv1d_length_equal_to_span_and_shorter(nn_impl, dtype, C, K, stride, d
     x = randn(rng, (1, C, span), dtype)
     ref, mag = ref_conv1d(x, w, None, stride, dilation, groups)
     assert ref.shape == (1, 2 * groups, 1)
-    assert_within(call_conv(nn_impl.conv1d, x, w, None, stride, dilation, groups), ref,
-                  conv_tol(mag, C // groups * K, dtype), dtype, "conv1d with length == span")
+    assert_within(
+        call_conv(nn_impl.conv1d, x, w, None, stride, dilation, groups),
+        ref,
+        conv_tol(mag, C // groups * K, dtype),
+        dtype,
+        "conv1d with length == span",
+    )
     if span > 1:
         with pytest.raises(ValueError, match="(?i)kernel|span|short"):
             call_conv(nn_impl.conv1d, x[:, :, :-1], w, None, stride, dilation, groups)
@@ -560,17 +599,24 @@ def conv_transpose_cases(draw, causal=False):
 def test_conv_transpose1d(nn_impl, case):
     x, w, b, stride = case
     ref, mag = ref_conv_transpose1d(x, w, b, stride)
-    T, (C, O, K) = x.shape[-1], w.shape
+    T, (C, _, K) = x.shape[-1], w.shape
     assert ref.shape[-1] == (T - 1) * stride + K
-    assert_within(call_conv(nn_impl.conv_transpose1d, x, w, b, stride), ref, conv_tol(mag, C * K + 1, x.dtype),
-                  x.dtype, f"conv_transpose1d stride={stride}")
+    assert_within(
+        call_conv(nn_impl.conv_transpose1d, x, w, b, stride),
+        ref,
+        conv_tol(mag, C * K + 1, x.dtype),
+        x.dtype,
+        f"conv_transpose1d stride={stride}",
+    )
 
 
 # ---------------------------------------------------------------------------- causal convolutions
 
 
-@pytest.mark.parametrize("K, stride, dilation", [(k, s, d) for k in range(1, 9) for s in range(1, 5)
-                                                 for d in range(1, 4) if d * (k - 1) + 1 >= s])
+@pytest.mark.parametrize(
+    "K, stride, dilation",
+    [(k, s, d) for k in range(1, 9) for s in range(1, 5) for d in range(1, 4) if d * (k - 1) + 1 >= s],
+)
 def test_causal_padding_and_extra_right_padding(nn_impl, K, stride, dilation):
     span = dilation * (K - 1) + 1
     left = nn_impl.causal_padding(K, stride, dilation)
@@ -592,8 +638,9 @@ def causal_reference(x, w, b, stride, dilation, groups):
     span = dilation * (K - 1) + 1
     frames = math.ceil(T / stride)
     right = (frames - 1) * stride + span - (span - stride) - T
-    padded = np.concatenate([np.zeros(x.shape[:2] + (span - stride,)), x.astype(np.float64),
-                             np.zeros(x.shape[:2] + (right,))], axis=-1)
+    padded = np.concatenate(
+        [np.zeros(x.shape[:2] + (span - stride,)), x.astype(np.float64), np.zeros(x.shape[:2] + (right,))], axis=-1
+    )
     out, mag = ref_conv1d(padded, w, b, stride, dilation, groups)
     assert out.shape[-1] == frames
     return out, mag
@@ -632,15 +679,15 @@ def test_causal_conv_transpose1d(nn_impl, case, data):
     assert got.shape[-1] == T * stride
     C, K = w.shape[0], w.shape[-1]
     what = f"causal_conv_transpose1d stride={stride} K={K}"
-    assert_within(got, full[..., :T * stride], conv_tol(mag[..., :T * stride], C * K + 1, x.dtype), x.dtype, what)
+    assert_within(got, full[..., : T * stride], conv_tol(mag[..., : T * stride], C * K + 1, x.dtype), x.dtype, what)
 
     # output p depends only on input frames <= p // stride
     s = data.draw(st.integers(0, T - 1))
     x2 = x.copy()
     x2[:, :, s] += x.dtype.type(1.5)
     got2 = call_conv(nn_impl.causal_conv_transpose1d, x2, w, b, stride)
-    np.testing.assert_array_equal(got2[..., :s * stride], got[..., :s * stride], err_msg=f"{what}: not causal")
-    assert np.any(got2[..., s * stride:(s + 1) * stride] != got[..., s * stride:(s + 1) * stride])
+    np.testing.assert_array_equal(got2[..., : s * stride], got[..., : s * stride], err_msg=f"{what}: not causal")
+    assert np.any(got2[..., s * stride : (s + 1) * stride] != got[..., s * stride : (s + 1) * stride])
 
 
 @dtypes
@@ -654,8 +701,13 @@ def test_causal_conv1d_streaming_prefix(nn_impl, dtype):
     _, mag = causal_reference(x, w, None, 4, 1, 1)
     for cut in (4, 8, 20):
         frames = cut // 4
-        assert_within(nn_impl.causal_conv1d(x[..., :cut], w, None, 4), full[..., :frames].astype(np.float64),
-                      2 * conv_tol(mag[..., :frames], 5 * 8, dtype), dtype, f"causal_conv1d of a prefix of {cut}")
+        assert_within(
+            nn_impl.causal_conv1d(x[..., :cut], w, None, 4),
+            full[..., :frames].astype(np.float64),
+            2 * conv_tol(mag[..., :frames], 5 * 8, dtype),
+            dtype,
+            f"causal_conv1d of a prefix of {cut}",
+        )
 
 
 # ============================================================================ rotary embedding
@@ -666,8 +718,7 @@ def ref_inv_freq(j, head_dim, theta):
 
 
 @dtypes
-@pytest.mark.parametrize("head_dim, theta", [(2, 10000.0), (8, 10000.0), (64, 10000.0), (128, 1000000.0),
-                                             (16, 500.0)])
+@pytest.mark.parametrize("head_dim, theta", [(2, 10000.0), (8, 10000.0), (64, 10000.0), (128, 1000000.0), (16, 500.0)])
 def test_rope_inverse_frequencies(nn_impl, dtype, head_dim, theta):
     got = nn_impl.rope_inverse_frequencies(head_dim, theta, dtype)
     ref = [ref_inv_freq(j, head_dim, theta) for j in range(head_dim // 2)]
@@ -694,8 +745,9 @@ def test_rope_cos_sin(nn_impl, dtype, head_dim, theta):
     cos, sin = nn_impl.rope_cos_sin(positions, head_dim, theta, dtype)
     half = head_dim // 2
     assert cos.shape == sin.shape == (len(positions), head_dim)
-    angles = np.array([[rope_angle(int(p), j, head_dim, theta, dtype, nn_impl) for j in range(half)]
-                       for p in positions])
+    angles = np.array(
+        [[rope_angle(int(p), j, head_dim, theta, dtype, nn_impl) for j in range(half)] for p in positions]
+    )
     # float64: the angle's relative error is that of the inverse frequency (~(ln theta + 6) eps), absolute
     # |angle| times that, passed 1:1 to cos/sin; float32: the angle is reproduced exactly, so only cos/sin's
     # own rounding (measured: half an ulp) remains
@@ -710,8 +762,12 @@ def test_rope_cos_sin(nn_impl, dtype, head_dim, theta):
     if dtype == np.float32 and head_dim > 2:
         # the data above can tell the float32 product from the exact one (positions up to 1.2e5): cos of the
         # unrounded angle misses the check above by more than 10 x its tolerance somewhere
-        exact = np.array([[int(p) * float(nn_impl.rope_inverse_frequencies(head_dim, theta, np.float32)[j])
-                           for j in range(half)] for p in positions])
+        exact = np.array(
+            [
+                [int(p) * float(nn_impl.rope_inverse_frequencies(head_dim, theta, np.float32)[j]) for j in range(half)]
+                for p in positions
+            ]
+        )
         assert np.max(np.abs(np.cos(exact) - np.vectorize(math.cos)(angles))) > 10 * tol.max()
 
 
@@ -776,8 +832,14 @@ def rope_vec(impl, vec, position, theta):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2000), st.integers(0, 2000), st.integers(-500, 500), st.sampled_from([2, 4, 8, 64]),
-       st.sampled_from([10000.0, 1000000.0]), st.integers(0, 2**32 - 1))
+@given(
+    st.integers(0, 2000),
+    st.integers(0, 2000),
+    st.integers(-500, 500),
+    st.sampled_from([2, 4, 8, 64]),
+    st.sampled_from([10000.0, 1000000.0]),
+    st.integers(0, 2**32 - 1),
+)
 def test_rope_relative_position(nn_impl, m, n, shift, head_dim, theta, seed):
     """<rope(q, m), rope(k, n)> depends only on m - n: it equals
     sum_j (q_j k_j + q_j' k_j') cos((m - n) w_j) - (q_j' k_j - q_j k_j') sin((m - n) w_j), j' = j + D/2."""
@@ -785,9 +847,11 @@ def test_rope_relative_position(nn_impl, m, n, shift, head_dim, theta, seed):
     q, k = rng.standard_normal(head_dim), rng.standard_normal(head_dim)
     half = head_dim // 2
     rel = m - n
-    want = sum((q[j] * k[j] + q[j + half] * k[j + half]) * math.cos(rel * ref_inv_freq(j, head_dim, theta))
-               - (q[j + half] * k[j] - q[j] * k[j + half]) * math.sin(rel * ref_inv_freq(j, head_dim, theta))
-               for j in range(half))
+    want = sum(
+        (q[j] * k[j] + q[j + half] * k[j + half]) * math.cos(rel * ref_inv_freq(j, head_dim, theta))
+        - (q[j + half] * k[j] - q[j] * k[j + half]) * math.sin(rel * ref_inv_freq(j, head_dim, theta))
+        for j in range(half)
+    )
     # each rotated vector's angles are off by ~position (ln theta + 6) eps; the dot product adds D eps |q||k|
     top = max(m, n, m + shift, n + shift, 0)
     tol = 8 * eps(np.float64) * (top * (math.log(theta) + 6) + head_dim) * float(np.linalg.norm(q) * np.linalg.norm(k))
@@ -805,13 +869,15 @@ def ref_window_mask(qpos, kpos, window):
     return np.array([[s <= p and (window is None or s > p - window) for s in kpos] for p in qpos], dtype=bool)
 
 
-@pytest.mark.parametrize("qpos, kpos", [(range(6), range(6)), (range(7, 10), range(10)), ([4], range(5)),
-                                        (range(3), range(5))])
+@pytest.mark.parametrize(
+    "qpos, kpos", [(range(6), range(6)), (range(7, 10), range(10)), ([4], range(5)), (range(3), range(5))]
+)
 @pytest.mark.parametrize("window", [None, 1, 2, 4, 100])
 def test_causal_window_mask(nn_impl, qpos, kpos, window):
     qpos, kpos = np.array(list(qpos)), np.array(list(kpos))
-    got = nn_impl.causal_window_mask(qpos, kpos, window) if window is not None else \
-        nn_impl.causal_window_mask(qpos, kpos)
+    got = (
+        nn_impl.causal_window_mask(qpos, kpos, window) if window is not None else nn_impl.causal_window_mask(qpos, kpos)
+    )
     assert got.dtype == np.bool_
     np.testing.assert_array_equal(got, ref_window_mask(qpos.tolist(), kpos.tolist(), window))
     if window == 1:  # each query sees exactly the key at its own position (when that key exists)
@@ -846,8 +912,7 @@ def ref_attention(q, k, v, allowed, scale):
                 total = sum(e.values())
                 for d in range(D):
                     out[b, h, t, d] = sum(e[s] / total * V[b][g][s][d] for s in keys)
-                    bound[b, h, t, d] = (2 * (D + 4) * A + S + 4) * sum(e[s] / total * abs(V[b][g][s][d])
-                                                                         for s in keys)
+                    bound[b, h, t, d] = (2 * (D + 4) * A + S + 4) * sum(e[s] / total * abs(V[b][g][s][d]) for s in keys)
     return out, bound
 
 
@@ -878,8 +943,9 @@ def attention_cases(draw):
 @given(attention_cases())
 def test_attention(nn_impl, case):
     q, k, v, allowed, scale = case
-    got = check_attention(nn_impl, q, k, v, allowed, scale,
-                          f"attention H={q.shape[1]} G={k.shape[1]} mask {allowed.shape}")
+    got = check_attention(
+        nn_impl, q, k, v, allowed, scale, f"attention H={q.shape[1]} G={k.shape[1]} mask {allowed.shape}"
+    )
     assert np.all(np.isfinite(got))
 
 
@@ -924,7 +990,10 @@ def test_attention_masks_and_masked_rows(nn_impl, dtype):
 def test_attention_large_scores_are_stable(nn_impl, dtype):
     """Scores in the thousands: the softmax subtracts the row maximum, so nothing overflows."""
     rng = np.random.default_rng(7)
-    q, k, v = randn(rng, (1, 2, 3, 4), dtype, scale=30), randn(rng, (1, 1, 5, 4), dtype, scale=30), \
-        randn(rng, (1, 1, 5, 4), dtype)
+    q, k, v = (
+        randn(rng, (1, 2, 3, 4), dtype, scale=30),
+        randn(rng, (1, 1, 5, 4), dtype, scale=30),
+        randn(rng, (1, 1, 5, 4), dtype),
+    )
     got = check_attention(nn_impl, q, k, v, np.ones((3, 5), dtype=bool), 1.0, "attention, large scores")
     assert np.all(np.isfinite(got))

@@ -6,10 +6,9 @@ import re
 import warnings
 
 import pytest
+from conftest import REPO
 
 from refimpl import official_api
-
-from conftest import REPO
 
 BLOCKS = re.findall(r"^```python\n(.*?)^```$", (REPO / "README.md").read_text(encoding="utf-8"), re.S | re.M)
 

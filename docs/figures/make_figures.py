@@ -7,15 +7,15 @@ Needs matplotlib (``pip install ".[docs]"``).  Figures that show data draw it fr
 embedded in the package (refimpl/data/default-*: random weights in the released layout), computed here
 with refimpl's own functions; figures that show structure (masks, caches, the decoder chain) compute it
 from the same functions the networks call (``nn.causal_window_mask``, ``prompt.build_layout``, ...)
-and from the released configuration (``refimpl.presets``).
+and from the released configuration (``refimpl.porting.presets``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -30,21 +30,41 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle  # noqa: E402
 
 import refimpl  # noqa: E402
-from refimpl import codec_decoder, codec_encoder, nn, presets  # noqa: E402
-from refimpl.checkpoint import read_checkpoint_weights  # noqa: E402
-from refimpl.prompt import assemble_batch, build_layout  # noqa: E402
-from refimpl.speaker import mel_filterbank, mel_spectrogram  # noqa: E402
-from refimpl.text import assistant_prompt, instruct_prompt, reference_prompt  # noqa: E402
+from refimpl import nn
+from refimpl.codec import decoder as codec_decoder
+from refimpl.codec import quantization
+from refimpl.io.checkpoint import read_checkpoint_weights  # noqa: E402
+from refimpl.porting import presets  # noqa: E402
+from refimpl.tts.prompt import assemble_batch, build_layout  # noqa: E402
+from refimpl.tts.speaker_encoder import mel_filterbank, mel_spectrogram  # noqa: E402
+from refimpl.tts.text_tokenizer import assistant_prompt, instruct_prompt, reference_prompt  # noqa: E402
 
 DATA = REPO / "refimpl" / "data"
 OUT = Path(__file__).resolve().parent
 SR = 24000
 
-plt.rcParams.update({"font.size": 9, "axes.titlesize": 10, "figure.dpi": 110, "savefig.dpi": 110,
-                     "axes.spines.top": False, "axes.spines.right": False})
-SEGMENT_COLOURS = {"instruct": "#f4d6a0", "role": "#d9d9d9", "codec_prefix": "#b9d7ef", "text": "#c8e6c0",
-                   "first_text": "#c8e6c0", "bos": "#f7c6c6", "icl": "#e1cdf0", "icl_text": "#c8e6c0",
-                   "icl_codec": "#e1cdf0", "trailing": "#ffffff"}
+plt.rcParams.update(
+    {
+        "font.size": 9,
+        "axes.titlesize": 10,
+        "figure.dpi": 110,
+        "savefig.dpi": 110,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+    }
+)
+SEGMENT_COLOURS = {
+    "instruct": "#f4d6a0",
+    "role": "#d9d9d9",
+    "codec_prefix": "#b9d7ef",
+    "text": "#c8e6c0",
+    "first_text": "#c8e6c0",
+    "bos": "#f7c6c6",
+    "icl": "#e1cdf0",
+    "icl_text": "#c8e6c0",
+    "icl_codec": "#e1cdf0",
+    "trailing": "#ffffff",
+}
 
 
 def save(fig, out: Path, name: str) -> None:
@@ -56,7 +76,7 @@ def test_signal(seconds: float, seed: int = 0):
     """Deterministic audio with some structure: a rising chirp, a two-tone hum and noise bursts."""
     t = np.arange(int(seconds * SR)) / SR
     rng = np.random.default_rng(seed)
-    chirp = 0.4 * np.sin(2 * np.pi * (120 * t + 900 * t ** 2 / seconds))
+    chirp = 0.4 * np.sin(2 * np.pi * (120 * t + 900 * t**2 / seconds))
     hum = 0.2 * np.sin(2 * np.pi * 220 * t) * (np.sin(2 * np.pi * 0.7 * t) > 0)
     bursts = 0.15 * rng.standard_normal(t.size) * (np.sin(2 * np.pi * 1.3 * t) > 0.6)
     return chirp + hum + bursts
@@ -72,15 +92,17 @@ def overview(out: Path) -> None:
     ax.axis("off")
 
     def box(x, y, w, h, text, colour, size=9):
-        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.04", facecolor=colour,
-                                    edgecolor="#333333", linewidth=0.8))
+        ax.add_patch(
+            FancyBboxPatch(
+                (x, y), w, h, boxstyle="round,pad=0.04", facecolor=colour, edgecolor="#333333", linewidth=0.8
+            )
+        )
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
 
     def arrow(x0, y0, x1, y1, text="", colour="#333333", **kw):
         ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="-|>", color=colour, linewidth=1.2, **kw))
         if text:
-            ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, text, ha="center", va="bottom", fontsize=7.5,
-                    color="#333333")
+            ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, text, ha="center", va="bottom", fontsize=7.5, color="#333333")
 
     box(0.1, 4.3, 1.7, 0.7, '"Hello!"', "#ffffff", 10)
     box(2.3, 4.3, 1.9, 0.7, "text tokenizer\n(byte-level BPE)", "#fefcbf")
@@ -110,8 +132,13 @@ def overview(out: Path) -> None:
     arrow(11.55, 1.2, 9.6, 0.45, "frames, as they come", colour="#553c9a")
     box(2.3, 0.1, 2.6, 0.7, "waveform (streamed\nchunk by chunk)", "#ffffff", 8.5)
     arrow(6.0, 0.45, 4.9, 0.45)
-    ax.text(0.1, 5.75, "One generation step makes one 80 ms frame: the Talker chooses code 0, the code predictor codes "
-            "1–15, the frame goes back in as the next position", fontsize=10)
+    ax.text(
+        0.1,
+        5.75,
+        "One generation step makes one 80 ms frame: the Talker chooses code 0, the code predictor codes "
+        "1–15, the frame goes back in as the next position",
+        fontsize=10,
+    )
     save(fig, out, "overview.png")
 
 
@@ -124,22 +151,50 @@ def prompt_layouts(out: Path) -> None:
     tok = cv.text_tokenizer
     ids = lambda s: np.asarray(tok.encode(s), dtype=np.int64)  # noqa: E731
     text = ids(assistant_prompt("Hi there."))
-    ref_codes = base.speech_tokenizer.encode(test_signal(0.24), sr=SR)          # 3 frames of real codes
+    ref_codes = base.speech_tokenizer.encode(test_signal(0.24), sr=SR)  # 3 frames of real codes
     cases = [
-        ("CustomVoice, non-streaming text (the default): speaker vivian, English",
-         cv, dict(language="english", speaker="vivian", non_streaming_mode=True)),
-        ("CustomVoice, streaming text: the text arrives one token per generated frame",
-         cv, dict(language="english", speaker="vivian", non_streaming_mode=False)),
-        ("with an instruction (VoiceDesign; CustomVoice 1.7B), language auto",
-         cv, dict(language="auto", speaker=None, instruct_ids=ids(instruct_prompt("calm")), non_streaming_mode=True)),
-        ("voice clone, x-vector only (Base): the speaker slot holds the x-vector",
-         base, dict(language="english", has_speaker_vector=True, non_streaming_mode=False)),
-        ("voice clone ICL, streaming (the default): reference text + new text beside the reference frames",
-         base, dict(language="english", has_speaker_vector=True, ref_ids=ids(reference_prompt("Ok.")),
-                    ref_codes=ref_codes, non_streaming_mode=False)),
-        ("voice clone ICL, non-streaming: all text first, then the reference frames",
-         base, dict(language="english", has_speaker_vector=True, ref_ids=ids(reference_prompt("Ok.")),
-                    ref_codes=ref_codes, non_streaming_mode=True)),
+        (
+            "CustomVoice, non-streaming text (the default): speaker vivian, English",
+            cv,
+            dict(language="english", speaker="vivian", non_streaming_mode=True),
+        ),
+        (
+            "CustomVoice, streaming text: the text arrives one token per generated frame",
+            cv,
+            dict(language="english", speaker="vivian", non_streaming_mode=False),
+        ),
+        (
+            "with an instruction (VoiceDesign; CustomVoice 1.7B), language auto",
+            cv,
+            dict(language="auto", speaker=None, instruct_ids=ids(instruct_prompt("calm")), non_streaming_mode=True),
+        ),
+        (
+            "voice clone, x-vector only (Base): the speaker slot holds the x-vector",
+            base,
+            dict(language="english", has_speaker_vector=True, non_streaming_mode=False),
+        ),
+        (
+            "voice clone ICL, streaming (the default): reference text + new text beside the reference frames",
+            base,
+            dict(
+                language="english",
+                has_speaker_vector=True,
+                ref_ids=ids(reference_prompt("Ok.")),
+                ref_codes=ref_codes,
+                non_streaming_mode=False,
+            ),
+        ),
+        (
+            "voice clone ICL, non-streaming: all text first, then the reference frames",
+            base,
+            dict(
+                language="english",
+                has_speaker_vector=True,
+                ref_ids=ids(reference_prompt("Ok.")),
+                ref_codes=ref_codes,
+                non_streaming_mode=True,
+            ),
+        ),
     ]
 
     def text_label(cfg, i):
@@ -158,8 +213,14 @@ def prompt_layouts(out: Path) -> None:
             return "·"
         if (row >= 0).all():
             return "frame"
-        names = {t.codec_pad_id: "pad", t.codec_bos_id: "bos", t.codec_think_id: "think",
-                 t.codec_nothink_id: "nothink", t.codec_think_bos_id: "think_bos", t.codec_think_eos_id: "think_eos"}
+        names = {
+            t.codec_pad_id: "pad",
+            t.codec_bos_id: "bos",
+            t.codec_think_id: "think",
+            t.codec_nothink_id: "nothink",
+            t.codec_think_bos_id: "think_bos",
+            t.codec_think_eos_id: "think_eos",
+        }
         names.update({v: k for k, v in t.codec_language_id.items()})
         names.update({v: k for k, v in t.spk_id.items()})
         return names.get(int(row[0]), str(row[0]))
@@ -191,8 +252,14 @@ def prompt_layouts(out: Path) -> None:
             ax.text(x + 0.47, 1.5, top, ha="center", va="center", fontsize=6.5, rotation=90)
             ax.text(x + 0.47, 0.5, bottom, ha="center", va="center", fontsize=6.5, rotation=90)
         ax.axvline(n + 0.3, color="#aa0000", linewidth=1)
-        ax.text(n + 0.35, 2.12, "generation, one position per frame: trailing text + frame →", fontsize=7,
-                color="#aa0000", va="bottom")
+        ax.text(
+            n + 0.35,
+            2.12,
+            "generation, one position per frame: trailing text + frame →",
+            fontsize=7,
+            color="#aa0000",
+            va="bottom",
+        )
         for name, start, end in layout.segments:
             ax.text((start + end) / 2, 2.12, name, ha="center", va="bottom", fontsize=7, color="#333333")
         ax.text(-0.3, 1.5, "text", ha="right", va="center", fontsize=8)
@@ -201,8 +268,12 @@ def prompt_layouts(out: Path) -> None:
         ax.set_ylim(-0.05, 2.9)
         ax.set_title(f"{title}   ({n} positions)", loc="left", fontsize=9)
         ax.axis("off")
-    fig.suptitle("The Talker prompt: at every position, text stream + codec stream (summed); '·' = no codec part",
-                 x=0.07, ha="left", y=1.0)
+    fig.suptitle(
+        "The Talker prompt: at every position, text stream + codec stream (summed); '·' = no codec part",
+        x=0.07,
+        ha="left",
+        y=1.0,
+    )
     fig.tight_layout()
     save(fig, out, "prompt_layouts.png")
 
@@ -231,28 +302,37 @@ def attention_masks(out: Path) -> None:
     p = np.arange(10)
     draw(axes[0], nn.causal_window_mask(p, p), "causal (Talker, code predictor)", p, p)
     p = np.arange(14)
-    draw(axes[1], nn.causal_window_mask(p, p, window=5), "causal, sliding window 5\n(codec decoder: 72 frames)",
-         p, p)
+    draw(axes[1], nn.causal_window_mask(p, p, window=5), "causal, sliding window 5\n(codec decoder: 72 frames)", p, p)
 
     # a batch of two prompts (5 and 8 positions), left-padded as generation does
     H = 4
-    embeds, valid, positions, _ = assemble_batch([np.ones((5, H)), np.ones((8, H))],
-                                                 [np.ones((1, H))] * 2, np.zeros(H))
+    embeds, valid, positions, _ = assemble_batch([np.ones((5, H)), np.ones((8, H))], [np.ones((1, H))] * 2, np.zeros(H))
     S = valid.shape[1]
     allowed = nn.causal_window_mask(np.arange(S), np.arange(S)) & valid[0][None, :]
-    draw(axes[2], allowed, "left padding: row 0 of a batch\n(5-position prompt beside an 8-position one)",
-         [f"{c}\n{'pad' if not v else q}" for c, v, q in zip(range(S), valid[0], positions[0])], range(S))
+    draw(
+        axes[2],
+        allowed,
+        "left padding: row 0 of a batch\n(5-position prompt beside an 8-position one)",
+        [f"{c}\n{'pad' if not v else q}" for c, v, q in zip(range(S), valid[0], positions[0])],
+        range(S),
+    )
     axes[2].set_xlabel("cache index / rotary position")
     for s in np.flatnonzero(~valid[0]):
-        axes[2].add_patch(Rectangle((s - 0.5, -0.5), 1, S, facecolor="none", edgecolor="#c53030", hatch="///",
-                                    linewidth=0))
+        axes[2].add_patch(
+            Rectangle((s - 0.5, -0.5), 1, S, facecolor="none", edgecolor="#c53030", hatch="///", linewidth=0)
+        )
 
     # streaming decode: a push of 3 frames at positions 12..14 over the cached window
     window = 5
     queries = np.arange(12, 15)
     keys = np.arange(12 - (window - 1), 15)
-    draw(axes[3], nn.causal_window_mask(queries, keys, window), "streaming decoder: a push\nof 3 frames, window 5",
-         keys, queries)
+    draw(
+        axes[3],
+        nn.causal_window_mask(queries, keys, window),
+        "streaming decoder: a push\nof 3 frames, window 5",
+        keys,
+        queries,
+    )
     axes[3].axvline(window - 1.5, color="#c53030", linewidth=1.5)
     axes[3].set_xlabel(f"key position: {window - 1} cached | {len(queries)} new")
 
@@ -283,8 +363,9 @@ def attention_masks(out: Path) -> None:
 
 def kv_caches(out: Path) -> None:
     cv = refimpl.Qwen3TTS.from_pretrained(DATA / "default-customvoice")
-    layout = build_layout(cv.config, cv.text_tokenizer.encode(assistant_prompt("Hello!")), "english", "vivian",
-                          non_streaming_mode=True)
+    layout = build_layout(
+        cv.config, cv.text_tokenizer.encode(assistant_prompt("Hello!")), "english", "vivian", non_streaming_mode=True
+    )
     T, steps = len(layout), 6
     window = presets.TINY_SPEECH_TOKENIZER["decoder_config"]["sliding_window"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), gridspec_kw=dict(width_ratios=[1.25, 1.05, 1.2]))
@@ -300,12 +381,14 @@ def kv_caches(out: Path) -> None:
             ax.add_patch(Rectangle((s, step), 0.9, 0.8, color=colour))
     ax.set_xlim(-0.5, T + steps + 0.5)
     ax.set_ylim(steps + 1, -0.3)
-    ax.set_yticks(np.arange(steps + 1) + 0.4, ["prefill → frame 0"] + [f"frame {i} in → frame {i + 1}"
-                                                                     for i in range(steps)])
+    ax.set_yticks(
+        np.arange(steps + 1) + 0.4, ["prefill → frame 0"] + [f"frame {i} in → frame {i + 1}" for i in range(steps)]
+    )
     ax.set_xticks(range(0, T + steps + 1, 2))
     ax.set_xlabel("cached position (keys and values of every layer)")
-    ax.set_title(f"Talker: the prompt ({T} positions, light blue) once,\nthen one position per generated frame",
-                 fontsize=9)
+    ax.set_title(
+        f"Talker: the prompt ({T} positions, light blue) once,\nthen one position per generated frame", fontsize=9
+    )
 
     # code predictor: a fresh cache per frame, positions 0..15
     ax = axes[1]
@@ -320,8 +403,10 @@ def kv_caches(out: Path) -> None:
     ax.set_yticks([0.4, 1.4, 14.4], ["[h, code 0]", "code 1 in", "code 14 in"])
     ax.set_xticks([0, 1, 5, 10, 15], ["h", "c0", "5", "10", "15"])
     ax.set_xlabel("cached position")
-    ax.set_title("code predictor, one frame: [h, code 0], then one code per step;\n"
-                 "the cache starts empty again for every frame", fontsize=9)
+    ax.set_title(
+        "code predictor, one frame: [h, code 0], then one code per step;\nthe cache starts empty again for every frame",
+        fontsize=9,
+    )
 
     # codec decoder stream: the last window - 1 frames per layer
     ax = axes[2]
@@ -336,8 +421,11 @@ def kv_caches(out: Path) -> None:
     ax.set_yticks(np.arange(0, frames, 2) + 0.4, [f"frame {i}" for i in range(0, frames, 2)])
     ax.set_xticks(range(0, frames + 1, 2))
     ax.set_xlabel("frame position")
-    ax.set_title(f"codec decoder stream (tiny model, window {window}):\n"
-                 f"keeps the last {window - 1} frames' keys/values per layer (released: 71)", fontsize=9)
+    ax.set_title(
+        f"codec decoder stream (tiny model, window {window}):\n"
+        f"keeps the last {window - 1} frames' keys/values per layer (released: 71)",
+        fontsize=9,
+    )
     fig.suptitle("KV caches through generation (blue = cached, orange = new this call)", x=0.01, ha="left")
     fig.tight_layout()
     save(fig, out, "kv_caches.png")
@@ -347,7 +435,7 @@ def kv_caches(out: Path) -> None:
 
 
 def released_decoder_config():
-    """The released speech tokenizer's decoder_config (refimpl.presets), as attributes."""
+    """The released speech tokenizer's decoder_config (refimpl.porting.presets), as attributes."""
     return SimpleNamespace(**presets.RELEASED_SPEECH_TOKENIZER["decoder_config"])
 
 
@@ -360,8 +448,9 @@ def decoder_chain(out: Path) -> None:
     per_frame = [("codes", 16, 1, "1 frame = 16 codes")]
     per_frame.append(("quantizer", rel.codebook_dim, 1, "sum of codebook rows, 2 projections"))
     per_frame.append(("pre_conv", rel.latent_dim, 1, "causal conv k3"))
-    per_frame.append(("pre_transformer", rel.latent_dim, 1,
-                      f"{rel.num_hidden_layers} layers, window {rel.sliding_window}"))
+    per_frame.append(
+        ("pre_transformer", rel.latent_dim, 1, f"{rel.num_hidden_layers} layers, window {rel.sliding_window}")
+    )
     rate = 1
     for i, r in enumerate(rel.upsampling_ratios):
         rate *= r
@@ -369,8 +458,14 @@ def decoder_chain(out: Path) -> None:
     per_frame.append(("decoder.0", rel.decoder_dim, rate, "causal conv k7"))
     for i, r in enumerate(rel.upsample_rates):
         rate *= r
-        per_frame.append((f"decoder.{i + 1}", rel.decoder_dim // 2 ** (i + 1), rate,
-                          f"SnakeBeta, transposed conv ×{r}, 3 residual units"))
+        per_frame.append(
+            (
+                f"decoder.{i + 1}",
+                rel.decoder_dim // 2 ** (i + 1),
+                rate,
+                f"SnakeBeta, transposed conv ×{r}, 3 residual units",
+            )
+        )
     per_frame.append((f"decoder.{len(rel.upsample_rates) + 2}", 1, rate, "SnakeBeta, conv k7 → waveform"))
 
     fig = plt.figure(figsize=(13, 7.2))
@@ -382,28 +477,54 @@ def decoder_chain(out: Path) -> None:
     for y, (name, channels, samples, what) in enumerate(per_frame):
         width = 0.6 + 4.4 * np.log(samples) / np.log(1920)
         height = 0.25 + 0.6 * np.log2(channels) / np.log2(2048)
-        ax.add_patch(FancyBboxPatch((0.2, y + 0.5 - height / 2), width, height, boxstyle="round,pad=0.02",
-                                    facecolor="#bee3f8", edgecolor="#2b6cb0"))
+        ax.add_patch(
+            FancyBboxPatch(
+                (0.2, y + 0.5 - height / 2),
+                width,
+                height,
+                boxstyle="round,pad=0.02",
+                facecolor="#bee3f8",
+                edgecolor="#2b6cb0",
+            )
+        )
         ax.text(0.35, y + 0.5, name, va="center", fontsize=8)
-        ax.text(5.4, y + 0.36, f"[{channels}, {samples}·T]" if samples > 1 else f"[{channels}, T]",
-                va="center", fontsize=8, family="monospace")
+        ax.text(
+            5.4,
+            y + 0.36,
+            f"[{channels}, {samples}·T]" if samples > 1 else f"[{channels}, T]",
+            va="center",
+            fontsize=8,
+            family="monospace",
+        )
         ax.text(5.4, y + 0.72, what, va="center", fontsize=7, color="#555555")
 
-    stages = ["quantizer", "pre_conv", "pre_transformer", "upsample.0", "upsample.1", "decoder.0", "decoder.1",
-              "decoder.2", "decoder.3", "decoder.4", "decoder.6"]
+    stages = [
+        "quantizer",
+        "pre_conv",
+        "pre_transformer",
+        "upsample.0",
+        "upsample.1",
+        "decoder.0",
+        "decoder.1",
+        "decoder.2",
+        "decoder.3",
+        "decoder.4",
+        "decoder.6",
+    ]
     axes = [fig.add_axes([0.47, 0.86 - i * 0.083, 0.52, 0.07]) for i in range(len(stages))]
     for ax, name in zip(axes, stages):
         x = trace[name]
         x = np.swapaxes(x, 1, 2) if name == "pre_transformer" else x
         y = x[0, 0]
-        if y.size <= 64:   # one value per time step: draw it as a constant over its interval
+        if y.size <= 64:  # one value per time step: draw it as a constant over its interval
             ax.stairs(y, np.linspace(0, 3, y.size + 1), linewidth=0.8, color="#2b6cb0", baseline=None)
         else:
             ax.plot((np.arange(y.size) + 0.5) / y.size * 3, y, linewidth=0.5, color="#2b6cb0")
         ax.set_xlim(0, 3)
         ax.set_yticks([])
-        ax.text(1.0, 0.5, f" {name}  {list(x.shape)}", transform=ax.transAxes, fontsize=7, va="center",
-                family="monospace")
+        ax.text(
+            1.0, 0.5, f" {name}  {list(x.shape)}", transform=ax.transAxes, fontsize=7, va="center", family="monospace"
+        )
         for f in (1, 2):
             ax.axvline(f, color="#aaaaaa", linewidth=0.6, linestyle=":")
         if name != stages[-1]:
@@ -411,8 +532,7 @@ def decoder_chain(out: Path) -> None:
         else:
             ax.set_xlabel("time in frames (3 frames = 240 ms)")
     axes[0].set_title("the tiny embedded model, channel 0 of each stage, 3 random frames", loc="left", fontsize=10)
-    fig.suptitle("The codec decoder: 1 value per frame becomes 1920 samples (2·2·8·5·4·3)", x=0.01, y=1.0,
-                 ha="left")
+    fig.suptitle("The codec decoder: 1 value per frame becomes 1920 samples (2·2·8·5·4·3)", x=0.01, y=1.0, ha="left")
     save(fig, out, "decoder_chain.png")
 
 
@@ -424,8 +544,9 @@ def streaming_state(out: Path) -> None:
     rows = [("pre_conv (k 3)", rel.codebook_dim * 2, "conv")]
     keys = 2 * rel.num_key_value_heads * rel.head_dim * (rel.sliding_window - 1)
     rows += [(f"pre_transformer layer {i}", keys, "kv") for i in range(rel.num_hidden_layers)]
-    rows += [(f"upsample.{i} ConvNeXt dwconv (k 7)", rel.latent_dim * 6, "conv")
-             for i in range(len(rel.upsampling_ratios))]
+    rows += [
+        (f"upsample.{i} ConvNeXt dwconv (k 7)", rel.latent_dim * 6, "conv") for i in range(len(rel.upsampling_ratios))
+    ]
     rows += [("decoder.0 (k 7)", rel.latent_dim * 6, "conv")]
     for i, r in enumerate(rel.upsample_rates):
         c_out = rel.decoder_dim // 2 ** (i + 1)
@@ -441,7 +562,7 @@ def streaming_state(out: Path) -> None:
     pushes = [2, 1, 4, 0, 5]
     parts, start = [], 0
     for n in pushes:
-        parts.append(stream.push(codes[start:start + n]))
+        parts.append(stream.push(codes[start : start + n]))
         start += n
 
     fig = plt.figure(figsize=(13, 6.4))
@@ -454,10 +575,14 @@ def streaming_state(out: Path) -> None:
     ax.set_xlabel("floats carried between pushes (released config)")
     total = sum(r[1] for r in rows)
     ax.set_title(f"what the decoder keeps: {total / 1e6:.2f} M floats in all", fontsize=9, loc="left")
-    handles = [Patch(color=colours[kind], label=label) for kind, label in (
-        ("conv", "causal conv: the last (k−1)·d inputs"),
-        ("kv", f"attention: keys + values of {rel.sliding_window - 1} frames"),
-        ("tail", "transposed conv: k − stride partial outputs"))]
+    handles = [
+        Patch(color=colours[kind], label=label)
+        for kind, label in (
+            ("conv", "causal conv: the last (k−1)·d inputs"),
+            ("kv", f"attention: keys + values of {rel.sliding_window - 1} frames"),
+            ("tail", "transposed conv: k − stride partial outputs"),
+        )
+    ]
     ax.legend(handles=handles, fontsize=7, loc="lower right")
 
     ax1 = fig.add_axes([0.66, 0.55, 0.33, 0.37])
@@ -469,8 +594,11 @@ def streaming_state(out: Path) -> None:
         ax1.plot(t, part, linewidth=0.4, color=palette[i % len(palette)])
         start += part.size
         ax1.axvline(start / 1920, color="#888888", linewidth=0.6, linestyle=":")
-    ax1.set_title(f"pushes of {pushes} frames (tiny model): each push returns\nexactly its frames' samples",
-                  fontsize=9, loc="left")
+    ax1.set_title(
+        f"pushes of {pushes} frames (tiny model): each push returns\nexactly its frames' samples",
+        fontsize=9,
+        loc="left",
+    )
     ax1.set_xlim(0, len(codes))
     ax1.set_xlabel("time in frames")
     diff = np.abs(np.concatenate(parts) - full)
@@ -490,8 +618,14 @@ def streaming_state(out: Path) -> None:
 
 def mel_and_waveform(out: Path) -> None:
     tts = refimpl.Qwen3TTS.from_pretrained(DATA / "default-customvoice")
-    wavs, sr, codes = tts.generate_custom_voice("Hello from the reference implementation.", speaker="vivian",
-                                                language="english", seed=0, max_new_tokens=31, return_codes=True)
+    wavs, sr, codes = tts.generate_custom_voice(
+        "Hello from the reference implementation.",
+        speaker="vivian",
+        language="english",
+        seed=0,
+        max_new_tokens=31,
+        return_codes=True,
+    )
     wav = wavs[0]
     mels = mel_spectrogram(wav)
     fb = mel_filterbank(SR, 1024, 128, 0, 12000)
@@ -499,14 +633,21 @@ def mel_and_waveform(out: Path) -> None:
     t = np.arange(wav.size) / sr
     axes[0].plot(t, wav, linewidth=0.3, color="#2b6cb0")
     axes[0].set_xlim(0, t[-1])
-    axes[0].set_title("generate_custom_voice on the embedded tiny model (random weights, seed 0): "
-                      f"{len(codes[0])} frames → "
-                      f"{wav.size} samples at {sr} Hz (noise, not speech)", loc="left")
+    axes[0].set_title(
+        "generate_custom_voice on the embedded tiny model (random weights, seed 0): "
+        f"{len(codes[0])} frames → "
+        f"{wav.size} samples at {sr} Hz (noise, not speech)",
+        loc="left",
+    )
     axes[0].set_xlabel("seconds")
-    im = axes[1].imshow(mels, origin="lower", aspect="auto", cmap="magma",
-                        extent=(0, mels.shape[1] * 256 / SR, 0, mels.shape[0]))
-    axes[1].set_title(f"its log-mel spectrogram as the speaker encoder sees it: {list(mels.shape)} "
-                      "(128 mel bands, hop 256 = 10.7 ms)", loc="left")
+    im = axes[1].imshow(
+        mels, origin="lower", aspect="auto", cmap="magma", extent=(0, mels.shape[1] * 256 / SR, 0, mels.shape[0])
+    )
+    axes[1].set_title(
+        f"its log-mel spectrogram as the speaker encoder sees it: {list(mels.shape)} "
+        "(128 mel bands, hop 256 = 10.7 ms)",
+        loc="left",
+    )
     axes[1].set_ylabel("mel band")
     axes[1].set_xlabel("seconds")
     fig.colorbar(im, ax=axes[1], pad=0.01, label="log mel")
@@ -514,8 +655,11 @@ def mel_and_waveform(out: Path) -> None:
     for m in range(0, 128, 6):
         axes[2].plot(hz, fb[m], linewidth=0.8)
     axes[2].set_xlim(0, 12500)
-    axes[2].set_title("the Slaney mel filterbank (every 6th of 128 triangles): narrow and tall at low "
-                      "frequencies, wide and low above 1 kHz", loc="left")
+    axes[2].set_title(
+        "the Slaney mel filterbank (every 6th of 128 triangles): narrow and tall at low "
+        "frequencies, wide and low above 1 kHz",
+        loc="left",
+    )
     axes[2].set_xlabel("Hz")
     axes[2].set_ylabel("weight")
     fig.tight_layout()
@@ -530,16 +674,18 @@ def rvq_residuals(out: Path) -> None:
     w = read_checkpoint_weights(tok.directory, np.float32, prefix="encoder.")
     q = "quantizer.acoustic_residual_vector_quantizer"
     # the effective codebook of layer j: embed_sum / max(cluster_usage, 1e-5), [K, D]
-    codebooks = [w[f"{q}.layers.{j}.codebook.embed_sum"]
-                 / np.maximum(w[f"{q}.layers.{j}.codebook.cluster_usage"], 1e-5)[:, None] for j in range(15)]
-    latent_tc = tok.encode_latent(test_signal(48.0), sr=SR)                    # [600, hidden] real latents
+    codebooks = [
+        w[f"{q}.layers.{j}.codebook.embed_sum"] / np.maximum(w[f"{q}.layers.{j}.codebook.cluster_usage"], 1e-5)[:, None]
+        for j in range(15)
+    ]
+    latent_tc = tok.encode_latent(test_signal(48.0), sr=SR)  # [600, hidden] real latents
     x_td = latent_tc @ w[f"{q}.input_proj.weight"][:, :, 0].T
-    train, held_out = x_td[np.arange(len(x_td)) % 4 != 0], x_td[::4]   # fit on 3/4, show 1/4
+    train, held_out = x_td[np.arange(len(x_td)) % 4 != 0], x_td[::4]  # fit on 3/4, show 1/4
 
     def chain(x, codebooks):
         r, norms = x.copy(), [np.linalg.norm(x, axis=-1).mean()]
         for e_kd in codebooks:
-            idx, _ = codec_encoder.nearest_rows(r, e_kd)
+            idx, _ = quantization.nearest_rows(r, e_kd)
             r = r - e_kd[idx]
             norms.append(np.linalg.norm(r, axis=-1).mean())
         return np.array(norms)
@@ -552,12 +698,12 @@ def rvq_residuals(out: Path) -> None:
     for _ in range(15):
         e_kd = r[rng.choice(len(r), K, replace=False)].copy()
         for _ in range(8):
-            idx, _ = codec_encoder.nearest_rows(r, e_kd)
+            idx, _ = quantization.nearest_rows(r, e_kd)
             for k in range(K):
                 members = r[idx == k]
                 if len(members):
                     e_kd[k] = members.mean(axis=0)
-        idx, _ = codec_encoder.nearest_rows(r, e_kd)
+        idx, _ = quantization.nearest_rows(r, e_kd)
         r = r - e_kd[idx]
         fitted.append(e_kd)
     trained = chain(held_out, fitted)
@@ -565,22 +711,32 @@ def rvq_residuals(out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     n = np.arange(16)
     axes[0].plot(n, checkpoint / checkpoint[0], "o-", color="#dd6b20", label="tiny checkpoint (random codebooks)")
-    axes[0].plot(n, trained / trained[0], "o-", color="#2b6cb0",
-                 label=f"{K}-row codebooks fitted by k-means\non other frames (what training does)")
+    axes[0].plot(
+        n,
+        trained / trained[0],
+        "o-",
+        color="#2b6cb0",
+        label=f"{K}-row codebooks fitted by k-means\non other frames (what training does)",
+    )
     axes[0].set_xlabel("acoustic codes used")
     axes[0].set_ylabel("mean |residual| / mean |x|")
     axes[0].set_ylim(0, max(1.25, checkpoint.max() / checkpoint[0] + 0.05))
     axes[0].legend(fontsize=8)
-    axes[0].set_title(f"residual after each code: {len(held_out)} held-out frames of the tiny encoder's latent",
-                      loc="left", fontsize=9)
+    axes[0].set_title(
+        f"residual after each code: {len(held_out)} held-out frames of the tiny encoder's latent",
+        loc="left",
+        fontsize=9,
+    )
     bars = chain(held_out[3:4], fitted)
     axes[1].bar(n, bars, color="#2b6cb0")
     axes[1].set_xlabel("acoustic codes used")
     axes[1].set_ylabel("|residual|")
-    axes[1].set_title("one held-out frame, fitted codebooks: each code removes part of what is left", loc="left",
-                      fontsize=9)
-    fig.suptitle("Residual vector quantisation: code j is the nearest row to what codes 0..j−1 left over",
-                 x=0.01, ha="left")
+    axes[1].set_title(
+        "one held-out frame, fitted codebooks: each code removes part of what is left", loc="left", fontsize=9
+    )
+    fig.suptitle(
+        "Residual vector quantisation: code j is the nearest row to what codes 0..j−1 left over", x=0.01, ha="left"
+    )
     fig.tight_layout()
     save(fig, out, "rvq_residuals.png")
 
@@ -598,18 +754,26 @@ def snake_beta(out: Path) -> None:
     ax.set_xlabel("x")
     ax.set_ylabel("SnakeBeta(x)")
     ax.legend(fontsize=8)
-    ax.set_title("SnakeBeta: x + sin²(αx)/β — a periodic ripple on the identity\n"
-                 "(α sets its frequency, 1/β its height)",
-                 fontsize=9, loc="left")
+    ax.set_title(
+        "SnakeBeta: x + sin²(αx)/β — a periodic ripple on the identity\n(α sets its frequency, 1/β its height)",
+        fontsize=9,
+        loc="left",
+    )
     fig.tight_layout()
     save(fig, out, "snake_beta.png")
 
 
-FIGURES = {"overview.png": overview, "prompt_layouts.png": prompt_layouts, "attention_masks.png": attention_masks,
-           "kv_caches.png": kv_caches,
-           "decoder_chain.png": decoder_chain, "streaming_state.png": streaming_state,
-           "mel_and_waveform.png": mel_and_waveform, "rvq_residuals.png": rvq_residuals,
-           "snake_beta.png": snake_beta}
+FIGURES = {
+    "overview.png": overview,
+    "prompt_layouts.png": prompt_layouts,
+    "attention_masks.png": attention_masks,
+    "kv_caches.png": kv_caches,
+    "decoder_chain.png": decoder_chain,
+    "streaming_state.png": streaming_state,
+    "mel_and_waveform.png": mel_and_waveform,
+    "rvq_residuals.png": rvq_residuals,
+    "snake_beta.png": snake_beta,
+}
 
 
 def main(argv=None) -> int:

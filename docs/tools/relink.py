@@ -2,7 +2,7 @@
 
 A code link in a page of docs/ (or the README) names the function or class it points to:
 
-    [`rms_norm`](../refimpl/nn.py#L83)          [`Talker.forward`](../refimpl/talker.py#L402)
+    [`rms_norm`](../refimpl/nn.py#L83)          [`Talker.forward`](../refimpl/tts/talker.py#L402)
 
 When code moves, run
 

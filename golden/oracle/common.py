@@ -28,6 +28,7 @@ torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 def versions() -> str:
     import importlib.metadata as md
+
     names = ["torch", "transformers", "qwen-tts", "numpy"]
     return ", ".join(f"{n}=={md.version(n)}" for n in names)
 

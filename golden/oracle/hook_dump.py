@@ -27,7 +27,7 @@ from collections import Counter
 
 from common import make_float64_oracle, np, to_numpy, torch, versions  # noqa: I001
 
-from refimpl.checkpoint import write_safetensors_file
+from refimpl.io.checkpoint import write_safetensors_file
 
 
 def first_tensor(output):
@@ -59,6 +59,7 @@ def record_calls(root):
             t = first_tensor(output)
             if t is not None:
                 calls.append((_name, to_numpy(t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).copy()))
+
         handles.append(module.register_forward_hook(hook))
     try:
         yield calls
@@ -80,17 +81,26 @@ def named_calls(calls) -> list:
 
 
 def write_dump(path: str, named: list, metadata: dict) -> None:
-    tensors = {k: (v.astype(np.int64) if v.dtype.kind in "iu" else v.astype(np.uint8) if v.dtype == bool else v)
-               for k, v in named}
-    meta = {"refimpl.trace": json.dumps({**metadata, "producer": "official hooks", "versions": versions(),
-                                         "order": [k for k, _ in named]})}
+    tensors = {
+        k: (v.astype(np.int64) if v.dtype.kind in "iu" else v.astype(np.uint8) if v.dtype == bool else v)
+        for k, v in named
+    }
+    meta = {
+        "refimpl.trace": json.dumps(
+            {**metadata, "producer": "official hooks", "versions": versions(), "order": [k for k, _ in named]}
+        )
+    }
     write_safetensors_file(path, tensors, dtype="keep", metadata=meta, sort=False)
 
 
 # ----------------------------------------------------------------------------- the stages
 
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-                "float16": torch.float16}
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 def set_precision(model, dtype: str):
@@ -104,6 +114,7 @@ def set_precision(model, dtype: str):
 
 def run_codec_decode(model_dir, codes_tq, dtype):
     from qwen_tts import Qwen3TTSTokenizer
+
     tok = Qwen3TTSTokenizer.from_pretrained(str(model_dir), dtype=torch.float32)
     set_precision(tok.model, dtype)
     with record_calls(tok.model) as calls, torch.inference_mode():
@@ -113,6 +124,7 @@ def run_codec_decode(model_dir, codes_tq, dtype):
 
 def run_codec_encode(model_dir, audio, dtype):
     from qwen_tts import Qwen3TTSTokenizer
+
     tok = Qwen3TTSTokenizer.from_pretrained(str(model_dir), dtype=torch.float32)
     set_precision(tok.model, dtype)
     x = torch.from_numpy(np.asarray(audio))[None].to(TORCH_DTYPES[dtype])
@@ -123,6 +135,7 @@ def run_codec_encode(model_dir, audio, dtype):
 
 def run_speaker(model_dir, audio, dtype):
     from qwen_tts import Qwen3TTSModel
+
     m = Qwen3TTSModel.from_pretrained(str(model_dir), dtype=torch.float32)
     set_precision(m.model, dtype)
     with record_calls(m.model) as calls, torch.inference_mode():
@@ -132,6 +145,7 @@ def run_speaker(model_dir, audio, dtype):
 
 def run_generation(model_dir, method: str, kwargs: dict, dtype):
     from qwen_tts import Qwen3TTSModel
+
     m = Qwen3TTSModel.from_pretrained(str(model_dir), dtype=torch.float32)
     set_precision(m.model, dtype)
     with record_calls(m.model) as calls, torch.inference_mode():
@@ -140,7 +154,8 @@ def run_generation(model_dir, method: str, kwargs: dict, dtype):
 
 
 def read_audio(path: str):
-    from refimpl.audio import read_wav
+    from refimpl.io.audio import read_wav
+
     wav, sr = read_wav(path)
     assert sr == 24000, "give 24 kHz audio (the hook script does not resample)"
     return wav

@@ -8,8 +8,7 @@ tests can measure the official float32 rounding noise and set tolerances from it
 
 from __future__ import annotations
 
-from common import CHECKPOINTS, save_golden, to_numpy, make_float64_oracle, np, torch  # noqa: I001
-
+from common import CHECKPOINTS, make_float64_oracle, np, save_golden, to_numpy, torch  # noqa: I001
 from qwen_tts import Qwen3TTSTokenizer
 
 # lengths: a single frame, an odd length, longer than the sliding window (8), longer than a chunk (300)
@@ -70,10 +69,10 @@ def main() -> None:
             if T <= 300:  # a single chunk: the official decode is exactly the single pass
                 assert np.array_equal(official, full)
             else:  # store only what chunking changes: the samples of the frames after the first chunk
-                golden[f"{key}/{prec}/decode_after_300"] = official[300 * 1920:]
+                golden[f"{key}/{prec}/decode_after_300"] = official[300 * 1920 :]
             for name, value in stages.items():
                 if name != "wav" and (T <= ALL_STAGES_UP_TO or (T <= EARLY_STAGES_UP_TO and name in EARLY_STAGES)):
-                        golden[f"{key}/{prec}/stage/{name}"] = to_numpy(value[0])
+                    golden[f"{key}/{prec}/stage/{name}"] = to_numpy(value[0])
     # -1 padding, as the official wrapper pads a batch of different lengths: decode a list
     a = rng.integers(0, K, size=(5, 16)).astype(np.int64)
     b = rng.integers(0, K, size=(9, 16)).astype(np.int64)

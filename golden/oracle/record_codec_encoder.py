@@ -32,8 +32,7 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
-from common import CHECKPOINTS, REPO, make_float64_oracle, save_golden, to_numpy, versions, np, torch  # noqa: I001
-
+from common import CHECKPOINTS, REPO, make_float64_oracle, np, save_golden, to_numpy, torch, versions  # noqa: I001
 from qwen_tts import Qwen3TTSTokenizer
 from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
 from transformers.models.mimi import modeling_mimi
@@ -50,7 +49,7 @@ def make_inputs() -> dict:
     t = lambda n: np.arange(n) / SR  # noqa: E731
     n_chirp = 7 * SPF  # a multiple of 1920
     tc = t(n_chirp)
-    sweep = 80 * tc + 0.5 * (6000 - 80) / tc[-1] * tc ** 2  # 80 Hz -> 6 kHz
+    sweep = 80 * tc + 0.5 * (6000 - 80) / tc[-1] * tc**2  # 80 Hz -> 6 kHz
     n_long = 20 * SPF + 333  # 41 frames at 25 Hz: longer than the tiny window (16)
     tl = t(n_long)
     vibrato = 220 * tl + 3.0 * np.sin(2 * np.pi * 5 * tl)
@@ -98,9 +97,11 @@ def record_residuals(quantizer) -> list:
     seen = []
     for part in PARTS:
         for j, layer in enumerate(getattr(quantizer, part).layers):
+
             def encode(self, hidden_states, _part=part, _j=j, _orig=layer.encode):
                 seen.append((_part, _j, hidden_states.permute(0, 2, 1).clone()))
                 return _orig(hidden_states)
+
             layer.encode = types.MethodType(encode, layer)
     return seen
 
@@ -184,11 +185,13 @@ def record_inputs(tok32, models, inputs: dict, stage_inputs=()) -> dict:
                     ).last_hidden_state
                     assert torch.equal(plain, explicit), "explicit causal mask differs from the default path"
         full, sliding = golden[f"{name}/f64/full/latent"], golden[f"{name}/f64/sliding/latent"]
-        print(f"{name:8s} N={len(audio):6d} T={T:3d}  |sliding - full| latent max {np.abs(sliding - full).max():.3g}"
-              f"  codes differ: {int((golden[f'{name}/f64/sliding/codes'] != golden[f'{name}/f64/full/codes']).sum())}"
-              f"  min margin f32 {golden[f'{name}/f32/full/margins'].min():.3g}"
-              f"  f32 vs f64 codes differ: "
-              f"{int((golden[f'{name}/f32/full/codes'] != golden[f'{name}/f64/full/codes']).sum())}")
+        print(
+            f"{name:8s} N={len(audio):6d} T={T:3d}  |sliding - full| latent max {np.abs(sliding - full).max():.3g}"
+            f"  codes differ: {int((golden[f'{name}/f64/sliding/codes'] != golden[f'{name}/f64/full/codes']).sum())}"
+            f"  min margin f32 {golden[f'{name}/f32/full/margins'].min():.3g}"
+            f"  f32 vs f64 codes differ: "
+            f"{int((golden[f'{name}/f32/full/codes'] != golden[f'{name}/f64/full/codes']).sum())}"
+        )
     return golden
 
 
@@ -208,9 +211,11 @@ def record_tiny() -> None:
 def record_released() -> None:
     """The released config with seeded random weights (written on demand, ~680 MB, not committed) on 12 s
     of audio (300 frames at 25 Hz > the 250-frame window, so "full" and "sliding" differ).  Written to
-    the benchmark checkpoint directory, next to the checkpoint; tests/test_codec_encoder.py uses it when present."""
+    the benchmark checkpoint directory, next to the checkpoint; tests/codec/test_codec_encoder.py uses it when
+    present."""
     import os
-    from refimpl import presets, synthetic
+
+    from refimpl.porting import presets, synthetic
 
     bench = Path(os.environ.get("REFIMPL_BENCH_DIR", REPO / "bench-checkpoints"))
     path = bench / "released-speech-tokenizer"  # the same checkpoint as benchmarks/common.py (seed 0)
@@ -221,7 +226,7 @@ def record_released() -> None:
     rng = np.random.default_rng(20260131)
     t = np.arange(12 * SR) / SR
     tone = sum(np.sin(2 * np.pi * h * (150 * t + 3 * np.sin(2 * np.pi * 3 * t))) / h for h in (1, 2, 3, 5))
-    audio = (0.3 * (0.5 + 0.5 * np.sin(2 * np.pi * 0.4 * t)) * tone + 0.01 * rng.standard_normal(len(t)))
+    audio = 0.3 * (0.5 + 0.5 * np.sin(2 * np.pi * 0.4 * t)) * tone + 0.01 * rng.standard_normal(len(t))
     golden = record_inputs(tok32, models, {"released12s": audio.astype(np.float32)})
     golden["versions"] = np.array(versions())
     golden["config_json"] = np.array((path / "config.json").read_text())  # the test skips if the checkpoint changed
@@ -232,4 +237,5 @@ def record_released() -> None:
 
 if __name__ == "__main__":
     import sys
+
     record_released() if "--released" in sys.argv[1:] else record_tiny()

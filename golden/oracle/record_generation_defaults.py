@@ -21,15 +21,30 @@ import tempfile
 from pathlib import Path
 
 from common import CHECKPOINTS, GOLDEN, np, to_numpy, torch, versions  # noqa: I001
-
 from qwen_tts import Qwen3TTSModel
 
-KEYS = ("do_sample", "top_k", "top_p", "temperature", "repetition_penalty", "subtalker_dosample",
-        "subtalker_top_k", "subtalker_top_p", "subtalker_temperature", "max_new_tokens")
+KEYS = (
+    "do_sample",
+    "top_k",
+    "top_p",
+    "temperature",
+    "repetition_penalty",
+    "subtalker_dosample",
+    "subtalker_top_k",
+    "subtalker_top_p",
+    "subtalker_temperature",
+    "max_new_tokens",
+)
 
 # some keys only: the others must come from the official built-in defaults
-CONFIG = {"do_sample": False, "subtalker_dosample": False, "top_k": 7, "temperature": 0.5,
-          "repetition_penalty": 1.3, "max_new_tokens": 5}
+CONFIG = {
+    "do_sample": False,
+    "subtalker_dosample": False,
+    "top_k": 7,
+    "temperature": 0.5,
+    "repetition_penalty": 1.3,
+    "max_new_tokens": 5,
+}
 
 TEXT = dict(text="Hello, world!", speaker="vivian", language="english")
 
@@ -75,8 +90,10 @@ def record_case(model, call: dict) -> dict:
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="generation-defaults-"))
     try:
-        models = {name: Qwen3TTSModel.from_pretrained(str(checkpoint_copy(root, name)),
-                                                      dtype=torch.float32) for name in ("config", "empty")}
+        models = {
+            name: Qwen3TTSModel.from_pretrained(str(checkpoint_copy(root, name)), dtype=torch.float32)
+            for name in ("config", "empty")
+        }
         codes_of = {}
         for model in models.values():
             model.model.eval()

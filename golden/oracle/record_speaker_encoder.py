@@ -25,13 +25,11 @@ import tempfile
 import types
 from pathlib import Path
 
-from common import CHECKPOINTS, save_golden, to_numpy, np, torch  # noqa: I001
-
 import librosa
-from safetensors.torch import load_file
-
+from common import CHECKPOINTS, np, save_golden, to_numpy, torch  # noqa: I001
 from qwen_tts.core.models import modeling_qwen3_tts as mq
 from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSSpeakerEncoderConfig
+from safetensors.torch import load_file
 
 SR = 24000
 PREFIX = "speaker_encoder."
@@ -43,8 +41,9 @@ STAGES_FOR = ("noise_1500", "noise_6000")
 def load_official_encoder(directory: Path):
     config = json.loads((directory / "config.json").read_text())["speaker_encoder_config"]
     module = mq.Qwen3TTSSpeakerEncoder(Qwen3TTSSpeakerEncoderConfig(**config))
-    state = {k[len(PREFIX):]: v for k, v in load_file(str(directory / "model.safetensors")).items()
-             if k.startswith(PREFIX)}
+    state = {
+        k[len(PREFIX) :]: v for k, v in load_file(str(directory / "model.safetensors")).items() if k.startswith(PREFIX)
+    }
     module.load_state_dict(state, strict=True)
     return module.eval()
 
@@ -63,20 +62,24 @@ class _PromotingTorch:
 
 def official_embedding(encoder, audio: np.ndarray, precision: str, hooks: dict | None = None):
     """The official extract_speaker_embedding on a stand-in ``self`` holding only what it reads."""
-    owner = types.SimpleNamespace(speaker_encoder=encoder, device=torch.device("cpu"),
-                                  dtype=torch.float32 if precision == "f32" else torch.float64)
+    owner = types.SimpleNamespace(
+        speaker_encoder=encoder,
+        device=torch.device("cpu"),
+        dtype=torch.float32 if precision == "f32" else torch.float64,
+    )
     handles = []
     if hooks is not None:
         handles.append(encoder.register_forward_pre_hook(lambda m, inp: hooks.__setitem__("mel", inp[0])))
         names = dict(encoder.named_modules())
         for name, module in names.items():
-            wanted = (name in ("mfa", "asp", "asp.tdnn", "asp.conv", "fc") or
-                      (name.startswith("blocks.") and (name.count(".") == 1 or name.split(".")[-1] in BLOCK_PARTS)))
+            wanted = name in ("mfa", "asp", "asp.tdnn", "asp.conv", "fc") or (
+                name.startswith("blocks.") and (name.count(".") == 1 or name.split(".")[-1] in BLOCK_PARTS)
+            )
             if wanted:
-                handles.append(module.register_forward_hook(
-                    lambda m, inp, out, _n=name: hooks.__setitem__(_n, out)))
-        handles.append(names["asp.tdnn"].register_forward_hook(
-            lambda m, inp, out: hooks.__setitem__("asp.context", inp[0])))
+                handles.append(module.register_forward_hook(lambda m, inp, out, _n=name: hooks.__setitem__(_n, out)))
+        handles.append(
+            names["asp.tdnn"].register_forward_hook(lambda m, inp, out: hooks.__setitem__("asp.context", inp[0]))
+        )
     saved_torch, saved_default = mq.torch, torch.get_default_dtype()
     try:
         if precision == "f64":
@@ -107,7 +110,7 @@ def signals(rng) -> dict:
     phase = 2 * np.pi * np.cumsum(f0) / SR
     out[f"voiced_{n}"] = 0.3 * np.sin(np.pi * t(n) / t(n)[-1]) * sum(np.sin(k * phase) / k for k in range(1, 12))
     out["quiet_12000"] = 1e-4 * rng.standard_normal(12000)  # mostly under the log clamp
-    out["zeros_4000"] = np.zeros(4000)                       # constant mels: the std clamp (1e-12) bites
+    out["zeros_4000"] = np.zeros(4000)  # constant mels: the std clamp (1e-12) bites
     out["loud_5000"] = 2.0 * np.sin(2 * np.pi * 440 * t(5000))  # outside [-1, 1]: the official warns
     return out
 
@@ -122,8 +125,9 @@ def main() -> None:
     mel_args = dict(sr=SR, n_fft=1024, n_mels=128, fmin=0, fmax=12000)
     golden["filterbank/f32"] = librosa.filters.mel(**mel_args)
     golden["filterbank/f64"] = librosa.filters.mel(**mel_args, dtype=np.float64)
-    golden["filterbank/other/f64"] = librosa.filters.mel(sr=16000, n_fft=512, n_mels=80, fmin=20, fmax=None,
-                                                         dtype=np.float64)
+    golden["filterbank/other/f64"] = librosa.filters.mel(
+        sr=16000, n_fft=512, n_mels=80, fmin=20, fmax=None, dtype=np.float64
+    )
 
     for key, audio in signals(rng).items():
         golden[f"{key}/audio"] = audio
@@ -151,7 +155,7 @@ def main() -> None:
     for sr in (16000, 44100):
         n = sr  # one second: a rising chirp plus a little noise
         t = np.arange(n) / sr
-        audio = 0.4 * np.sin(2 * np.pi * (200 * t + 1500 * t ** 2)) + 0.05 * rng.standard_normal(n)
+        audio = 0.4 * np.sin(2 * np.pi * (200 * t + 1500 * t**2)) + 0.05 * rng.standard_normal(n)
         audio = audio.astype(np.float32)  # the wrapper's dtype
         resampled = librosa.resample(y=audio, orig_sr=sr, target_sr=SR)
         golden[f"sr{sr}/audio"] = audio
@@ -163,7 +167,8 @@ def main() -> None:
     golden["sr16000_noise/resampled"] = librosa.resample(y=noise, orig_sr=16000, target_sr=SR)
 
     # the released dimensions (0.6B-Base), random weights written by the repo's synthetic generator
-    from refimpl import presets, synthetic
+    from refimpl.porting import presets, synthetic
+
     with tempfile.TemporaryDirectory() as tmp:
         synthetic.write_speaker_encoder(Path(tmp), presets.preset(presets.RELEASED_SPEAKER_ENCODER), seed=1234)
         big = load_official_encoder(Path(tmp))

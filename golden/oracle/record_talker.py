@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import json
 
-from common import CHECKPOINTS, make_float64_oracle, save_golden, to_numpy, np, torch  # noqa: I001
-
+from common import CHECKPOINTS, make_float64_oracle, np, save_golden, to_numpy, torch  # noqa: I001
 from qwen_tts import Qwen3TTSModel
 from qwen_tts.inference.qwen3_tts_model import VoiceClonePromptItem
 from transformers.generation import logits_process
@@ -50,42 +49,107 @@ def synthetic_audio(seconds: float, seed: int, sr: int = 24000) -> np.ndarray:
 
 # name -> (model, method, keyword arguments); voice clone cases name their prompts in "prompts"
 CASES = {
-    "cv_stream": ("customvoice", "generate_custom_voice",
-                  dict(text="Hello, world!", speaker="Vivian", language="English", non_streaming_mode=False,
-                       max_new_tokens=7)),
-    "cv_nonstream": ("customvoice", "generate_custom_voice",
-                     dict(text="Hello, world!", speaker="vivian", language="english", max_new_tokens=6)),
-    "cv_dialect_instruct": ("customvoice", "generate_custom_voice",
-                            dict(text="今天天气很好。", speaker="eric", language="Auto",
-                                 instruct="A warm, gentle female voice.", non_streaming_mode=False,
-                                 max_new_tokens=5)),
-    "cv_batch": ("customvoice", "generate_custom_voice",
-                 dict(text=["Good morning everyone, thank you for listening.", "Yes."],
-                      speaker=["serena", "dylan"], language=["Chinese", "auto"],
-                      instruct=["", "Please speak a little louder."], non_streaming_mode=False, max_new_tokens=6)),
-    "cv_batch_nonstream": ("customvoice", "generate_custom_voice",
-                           dict(text=["The weather is nice today.", "Call 555-0134 at 10:30 am."],
-                                speaker="serena", language=["german", "japanese"], max_new_tokens=5)),
-    "vd_nonstream": ("voicedesign", "generate_voice_design",
-                     dict(text="Speech synthesis turns the text into sound.",
-                          instruct="A deep, calm male voice.", max_new_tokens=6)),
-    "vd_batch_stream": ("voicedesign", "generate_voice_design",
-                        dict(text=["Bonjour tout le monde.", "Let's go for a walk in the park."],
-                             instruct=["An excited child who talks very fast.", ""], language=["english", "auto"],
-                             non_streaming_mode=False, max_new_tokens=6)),
-    "vc_xvec": ("base", "generate_voice_clone",
-                dict(text="I'll read the book tonight.", language="English", prompts=["xvec_a"], max_new_tokens=6)),
-    "vc_icl_long_text": ("base", "generate_voice_clone",
-                         dict(text="She said: we're going to talk about it tomorrow, and the day after.",
-                              language="english", prompts=["icl_short_ref"], max_new_tokens=6)),
-    "vc_icl_short_text": ("base", "generate_voice_clone",
-                          dict(text="Yes.", language="auto", prompts=["icl_long_ref"], max_new_tokens=6)),
-    "vc_icl_nonstream": ("base", "generate_voice_clone",
-                         dict(text="Thank you for listening.", language="English", prompts=["icl_short_ref"],
-                              non_streaming_mode=True, max_new_tokens=5)),
-    "vc_batch": ("base", "generate_voice_clone",
-                 dict(text=["Good morning.", "The quick brown fox jumps over the lazy dog."],
-                      language=["english", "chinese"], prompts=["xvec_a", "icl_long_ref"], max_new_tokens=6)),
+    "cv_stream": (
+        "customvoice",
+        "generate_custom_voice",
+        dict(text="Hello, world!", speaker="Vivian", language="English", non_streaming_mode=False, max_new_tokens=7),
+    ),
+    "cv_nonstream": (
+        "customvoice",
+        "generate_custom_voice",
+        dict(text="Hello, world!", speaker="vivian", language="english", max_new_tokens=6),
+    ),
+    "cv_dialect_instruct": (
+        "customvoice",
+        "generate_custom_voice",
+        dict(
+            text="今天天气很好。",
+            speaker="eric",
+            language="Auto",
+            instruct="A warm, gentle female voice.",
+            non_streaming_mode=False,
+            max_new_tokens=5,
+        ),
+    ),
+    "cv_batch": (
+        "customvoice",
+        "generate_custom_voice",
+        dict(
+            text=["Good morning everyone, thank you for listening.", "Yes."],
+            speaker=["serena", "dylan"],
+            language=["Chinese", "auto"],
+            instruct=["", "Please speak a little louder."],
+            non_streaming_mode=False,
+            max_new_tokens=6,
+        ),
+    ),
+    "cv_batch_nonstream": (
+        "customvoice",
+        "generate_custom_voice",
+        dict(
+            text=["The weather is nice today.", "Call 555-0134 at 10:30 am."],
+            speaker="serena",
+            language=["german", "japanese"],
+            max_new_tokens=5,
+        ),
+    ),
+    "vd_nonstream": (
+        "voicedesign",
+        "generate_voice_design",
+        dict(text="Speech synthesis turns the text into sound.", instruct="A deep, calm male voice.", max_new_tokens=6),
+    ),
+    "vd_batch_stream": (
+        "voicedesign",
+        "generate_voice_design",
+        dict(
+            text=["Bonjour tout le monde.", "Let's go for a walk in the park."],
+            instruct=["An excited child who talks very fast.", ""],
+            language=["english", "auto"],
+            non_streaming_mode=False,
+            max_new_tokens=6,
+        ),
+    ),
+    "vc_xvec": (
+        "base",
+        "generate_voice_clone",
+        dict(text="I'll read the book tonight.", language="English", prompts=["xvec_a"], max_new_tokens=6),
+    ),
+    "vc_icl_long_text": (
+        "base",
+        "generate_voice_clone",
+        dict(
+            text="She said: we're going to talk about it tomorrow, and the day after.",
+            language="english",
+            prompts=["icl_short_ref"],
+            max_new_tokens=6,
+        ),
+    ),
+    "vc_icl_short_text": (
+        "base",
+        "generate_voice_clone",
+        dict(text="Yes.", language="auto", prompts=["icl_long_ref"], max_new_tokens=6),
+    ),
+    "vc_icl_nonstream": (
+        "base",
+        "generate_voice_clone",
+        dict(
+            text="Thank you for listening.",
+            language="English",
+            prompts=["icl_short_ref"],
+            non_streaming_mode=True,
+            max_new_tokens=5,
+        ),
+    ),
+    "vc_batch": (
+        "base",
+        "generate_voice_clone",
+        dict(
+            text=["Good morning.", "The quick brown fox jumps over the lazy dog."],
+            language=["english", "chinese"],
+            prompts=["xvec_a", "icl_long_ref"],
+            max_new_tokens=6,
+        ),
+    ),
 }
 
 # reference voices: (seconds of audio, seed, ref_text, x_vector_only_mode)
@@ -96,15 +160,39 @@ PROMPTS = {
 }
 
 # the EOS case: the CustomVoice model with codec_head's EOS row replaced (stored in the golden file)
-EOS_CASE = ("customvoice", "generate_custom_voice",
-            dict(text=["Hello, world!", "Good morning everyone, thank you for listening."], speaker="vivian",
-                 language="english", non_streaming_mode=False, max_new_tokens=12))
+EOS_CASE = (
+    "customvoice",
+    "generate_custom_voice",
+    dict(
+        text=["Hello, world!", "Good morning everyone, thank you for listening."],
+        speaker="vivian",
+        language="english",
+        non_streaming_mode=False,
+        max_new_tokens=12,
+    ),
+)
 
 # sampled runs whose logits-processor inputs/outputs are recorded
-SAMPLING_CASE = ("customvoice", "generate_custom_voice",
-                 dict(text=["Hello, world!", "Yes."], speaker="serena", language="english", non_streaming_mode=False,
-                      max_new_tokens=5, do_sample=True, top_k=40, top_p=0.8, temperature=0.7, repetition_penalty=1.5,
-                      subtalker_dosample=True, subtalker_top_k=10, subtalker_top_p=0.9, subtalker_temperature=1.3))
+SAMPLING_CASE = (
+    "customvoice",
+    "generate_custom_voice",
+    dict(
+        text=["Hello, world!", "Yes."],
+        speaker="serena",
+        language="english",
+        non_streaming_mode=False,
+        max_new_tokens=5,
+        do_sample=True,
+        top_k=40,
+        top_p=0.8,
+        temperature=0.7,
+        repetition_penalty=1.5,
+        subtalker_dosample=True,
+        subtalker_top_k=10,
+        subtalker_top_p=0.9,
+        subtalker_temperature=1.3,
+    ),
+)
 
 
 class Recorder:
@@ -120,8 +208,10 @@ class Recorder:
         original_talker_generate = talker.generate
 
         def talker_generate(*args, **kwargs):
-            self.inputs = {k: to_numpy(kwargs[k]) for k in ("inputs_embeds", "attention_mask", "trailing_text_hidden",
-                                                            "tts_pad_embed")}
+            self.inputs = {
+                k: to_numpy(kwargs[k])
+                for k in ("inputs_embeds", "attention_mask", "trailing_text_hidden", "tts_pad_embed")
+            }
             return original_talker_generate(*args, **kwargs)
 
         talker.generate = talker_generate
@@ -138,17 +228,20 @@ class Recorder:
         self.logits, self.predictor, self.inputs, self.codes = [], [], None, None
 
     def arrays(self, prefix: str) -> dict:
-        out = {f"{prefix}/prompt_embeds": self.inputs["inputs_embeds"],
-               f"{prefix}/attention_mask": self.inputs["attention_mask"].astype(np.int8),
-               f"{prefix}/trailing": self.inputs["trailing_text_hidden"],
-               f"{prefix}/tts_pad": self.inputs["tts_pad_embed"].reshape(-1),
-               f"{prefix}/logits": np.stack(self.logits)}
+        out = {
+            f"{prefix}/prompt_embeds": self.inputs["inputs_embeds"],
+            f"{prefix}/attention_mask": self.inputs["attention_mask"].astype(np.int8),
+            f"{prefix}/trailing": self.inputs["trailing_text_hidden"],
+            f"{prefix}/tts_pad": self.inputs["tts_pad_embed"].reshape(-1),
+            f"{prefix}/logits": np.stack(self.logits),
+        }
         groups = [g for g, _ in self.predictor]
         n_heads = max(groups) + 1 if groups else 0
         if self.predictor:
             assert groups == list(range(n_heads)) * (len(groups) // n_heads)
-            frames = np.stack([x for _, x in self.predictor]).reshape(len(groups) // n_heads, n_heads,
-                                                                     *self.predictor[0][1].shape)
+            frames = np.stack([x for _, x in self.predictor]).reshape(
+                len(groups) // n_heads, n_heads, *self.predictor[0][1].shape
+            )
             out[f"{prefix}/predictor_logits"] = frames.transpose(0, 2, 1, 3)  # [F, B, 15, V']
         for i, c in enumerate(self.codes):
             out[f"{prefix}/codes/{i}"] = c.astype(np.int64)
@@ -164,10 +257,16 @@ def load(kind: str, precision: str):
 
 
 def prompt_items(spec_names, store: dict):
-    return [VoiceClonePromptItem(ref_code=None if store[n]["ref_code"] is None else torch.from_numpy(store[n]["ref_code"]),
-                                 ref_spk_embedding=torch.from_numpy(store[n]["spk"]),
-                                 x_vector_only_mode=store[n]["xvec"], icl_mode=not store[n]["xvec"],
-                                 ref_text=store[n]["ref_text"]) for n in spec_names]
+    return [
+        VoiceClonePromptItem(
+            ref_code=None if store[n]["ref_code"] is None else torch.from_numpy(store[n]["ref_code"]),
+            ref_spk_embedding=torch.from_numpy(store[n]["spk"]),
+            x_vector_only_mode=store[n]["xvec"],
+            icl_mode=not store[n]["xvec"],
+            ref_text=store[n]["ref_text"],
+        )
+        for n in spec_names
+    ]
 
 
 def run_case(model, rec: Recorder, method: str, kwargs: dict, prompts: dict):
@@ -224,8 +323,13 @@ def make_prompts(base_model) -> dict:
         audio = synthetic_audio(seconds, seed)
         with torch.inference_mode():
             item = base_model.create_voice_clone_prompt((audio, 24000), ref_text=ref_text, x_vector_only_mode=xvec)[0]
-        prompts[name] = {"audio": audio, "ref_text": ref_text, "xvec": xvec, "spk": to_numpy(item.ref_spk_embedding),
-                         "ref_code": None if item.ref_code is None else to_numpy(item.ref_code).astype(np.int64)}
+        prompts[name] = {
+            "audio": audio,
+            "ref_text": ref_text,
+            "xvec": xvec,
+            "spk": to_numpy(item.ref_spk_embedding),
+            "ref_code": None if item.ref_code is None else to_numpy(item.ref_code).astype(np.int64),
+        }
     return prompts
 
 
@@ -267,9 +371,12 @@ def main() -> None:
         golden[f"prompt/{name}/spk"] = p["spk"]
         if p["ref_code"] is not None:
             golden[f"prompt/{name}/ref_code"] = p["ref_code"]
-    golden["prompts"] = np.array(json.dumps({n: {"ref_text": p["ref_text"], "x_vector_only_mode": p["xvec"]}
-                                             for n, p in prompts.items()}))
-    golden["cases"] = np.array(json.dumps({n: {"model": k, "method": m, "kwargs": kw} for n, (k, m, kw) in CASES.items()}))
+    golden["prompts"] = np.array(
+        json.dumps({n: {"ref_text": p["ref_text"], "x_vector_only_mode": p["xvec"]} for n, p in prompts.items()})
+    )
+    golden["cases"] = np.array(
+        json.dumps({n: {"model": k, "method": m, "kwargs": kw} for n, (k, m, kw) in CASES.items()})
+    )
     for name, (kind, method, kwargs) in CASES.items():
         for prec in ("f32", "f64"):
             wavs = run_case(models[(kind, prec)], recorders[(kind, prec)], method, kwargs, prompts)

@@ -29,37 +29,79 @@ import tempfile
 from pathlib import Path
 
 import common  # noqa: F401  (paths, stubs)
+import numpy as np
 from common import GOLDEN, versions
 
-import numpy as np
-
-from refimpl import synthetic
 from golden.text_layouts import LAYOUTS, REAL_MERGES, write_layout
-from refimpl.text import assistant_prompt, instruct_prompt, reference_prompt
+from refimpl.porting import synthetic
+from refimpl.tts.text_tokenizer import assistant_prompt, instruct_prompt, reference_prompt
 
 TEXTS = [
-    "", "Hello", "Hello world", " Hello world", "Hello, world!", "HelloWorld", "iPhone and macOS",
-    "HELLO WORLD", "DON'T stop. I'm here, you're there, it's fine; we'll see, they'd know, I've won.",
-    "A quick brown fox jumps over the lazy dog.", "a/b//c\n/path/to/file.txt", "http://example.com/a?b=c&d=e",
-    "今天天气很好，我们一起去公园散步吧。", "你好，世界！Hello 世界 123", "こんにちは、世界。カタカナとひらがな。",
-    "안녕하세요 세계", "Привет, мир! Ёлка.", "नमस्ते दुनिया", "สวัสดีครับ", "مرحبا بالعالم",
-    "12345678901234567890", "3.14159 2,718 -42 +7 1e-5 ١٢٣ ½ ²", "Price: $19.99 (20% off) #1 @home ~~ ^^",
-    "emoji 😀👍🏽 👨‍👩‍👧 🇨🇳 ❤️", "multiple    spaces   here", "  leading and trailing  ",
-    "tabs\tand\ttabs", "line one\nline two\n\nline four\r\nwindows\r\n", "\n\n\n", "   \n  \n ",
-    "e\u0301 vs \u00e9, A\u030a vs \u00c5, \ufb01 ligature, \u2126 ohm", "full-width ＡＢＣ１２３！",
-    "<|im_start|>assistant\nHi<|im_end|>", "<tts_pad><tts_text_bos>text<tts_text_eod>",
-    "<|im_start|><|im_start|>x<|im_end|>", "not special: <|im_start |> <tts_pad", "<think>a</think><tool_call>",
-    "<|endoftext|>", "<|audio_start|><|audio_pad|><|audio_end|>", "mixed中文English混合123测试test",
-    "She said, \"It's 5 o'clock\" — really?!", "...!!!???,,,;;;", "'s 't 're 've 'm 'll 'd 'S 'T",
-    "JavaScript and TypeScript, McDonald's, OpenAI's GPT-4o, XMLHttpRequest", "IT'S THE END'S NEAR",
-    "हिन्दी भाषा सुंदर है", "ภาษาไทยง่ายไหม", "src/main//java/ and C:\\Users\\me", "naïve café coöperate Ǆ ǅ ǆ",
+    "",
+    "Hello",
+    "Hello world",
+    " Hello world",
+    "Hello, world!",
+    "HelloWorld",
+    "iPhone and macOS",
+    "HELLO WORLD",
+    "DON'T stop. I'm here, you're there, it's fine; we'll see, they'd know, I've won.",
+    "A quick brown fox jumps over the lazy dog.",
+    "a/b//c\n/path/to/file.txt",
+    "http://example.com/a?b=c&d=e",
+    "今天天气很好，我们一起去公园散步吧。",
+    "你好，世界！Hello 世界 123",
+    "こんにちは、世界。カタカナとひらがな。",
+    "안녕하세요 세계",
+    "Привет, мир! Ёлка.",
+    "नमस्ते दुनिया",
+    "สวัสดีครับ",
+    "مرحبا بالعالم",
+    "12345678901234567890",
+    "3.14159 2,718 -42 +7 1e-5 ١٢٣ ½ ²",
+    "Price: $19.99 (20% off) #1 @home ~~ ^^",
+    "emoji 😀👍🏽 👨‍👩‍👧 🇨🇳 ❤️",
+    "multiple    spaces   here",
+    "  leading and trailing  ",
+    "tabs\tand\ttabs",
+    "line one\nline two\n\nline four\r\nwindows\r\n",
+    "\n\n\n",
+    "   \n  \n ",
+    "e\u0301 vs \u00e9, A\u030a vs \u00c5, \ufb01 ligature, \u2126 ohm",
+    "full-width ＡＢＣ１２３！",
+    "<|im_start|>assistant\nHi<|im_end|>",
+    "<tts_pad><tts_text_bos>text<tts_text_eod>",
+    "<|im_start|><|im_start|>x<|im_end|>",
+    "not special: <|im_start |> <tts_pad",
+    "<think>a</think><tool_call>",
+    "<|endoftext|>",
+    "<|audio_start|><|audio_pad|><|audio_end|>",
+    "mixed中文English混合123测试test",
+    "She said, \"It's 5 o'clock\" — really?!",
+    "...!!!???,,,;;;",
+    "'s 't 're 've 'm 'll 'd 'S 'T",
+    "JavaScript and TypeScript, McDonald's, OpenAI's GPT-4o, XMLHttpRequest",
+    "IT'S THE END'S NEAR",
+    "हिन्दी भाषा सुंदर है",
+    "ภาษาไทยง่ายไหม",
+    "src/main//java/ and C:\\Users\\me",
+    "naïve café coöperate Ǆ ǅ ǆ",
 ]
 
 TEMPLATE_TEXTS = [
-    "Hello, this is a test of the text to speech system.", "今天天气很好，我们去散步吧。",
-    "日本語のテキストも読めます。", "The year 2024 had 366 days; 12 months.", "Wow!!! Really??? Yes...",
-    "emoji 😀 and symbols ©®™", "two  spaces   three", "first line\nsecond line", "MiXeD CaSe camelCase",
-    "Ça va? Très bien, merci.", "  padded text  ", "A", "\n",
+    "Hello, this is a test of the text to speech system.",
+    "今天天气很好，我们去散步吧。",
+    "日本語のテキストも読めます。",
+    "The year 2024 had 366 days; 12 months.",
+    "Wow!!! Really??? Yes...",
+    "emoji 😀 and symbols ©®™",
+    "two  spaces   three",
+    "first line\nsecond line",
+    "MiXeD CaSe camelCase",
+    "Ça va? Très bien, merci.",
+    "  padded text  ",
+    "A",
+    "\n",
 ]
 
 
@@ -67,9 +109,20 @@ def random_texts(count: int, seed: int = 2024) -> list:
     """Seeded random strings mixing scripts, digits, whitespace, combining marks and added tokens."""
     rng = np.random.default_rng(seed)
     pools = [
-        "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " ", "  \t\n\r",
-        ".,;:!?'\"-()[]{}<>/\\|@#$%^&*_+=~`", "今天天气很好我们一起去公园散步你是中文字", "こんにちはカタカナひらがな",
-        "नमस्तेदुनिया", "\u0301\u0308\u0327", "éàüöÅÇñß", "😀👍🏽❤️🇨🇳", "ＡＢＣ１２３", "١٢٣٤٥",
+        "abcdefghijklmnopqrstuvwxyz",
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+        "0123456789",
+        " ",
+        "  \t\n\r",
+        ".,;:!?'\"-()[]{}<>/\\|@#$%^&*_+=~`",
+        "今天天气很好我们一起去公园散步你是中文字",
+        "こんにちはカタカナひらがな",
+        "नमस्तेदुनिया",
+        "\u0301\u0308\u0327",
+        "éàüöÅÇñß",
+        "😀👍🏽❤️🇨🇳",
+        "ＡＢＣ１２３",
+        "١٢٣٤٥",
     ]
     specials = ["<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<|endoftext|>"]
     out = []
@@ -89,8 +142,11 @@ def random_texts(count: int, seed: int = 2024) -> list:
 def text_cases() -> list:
     cases = [("plain", t) for t in TEXTS]
     for t in TEMPLATE_TEXTS:
-        cases += [("assistant", assistant_prompt(t)), ("reference", reference_prompt(t)),
-                  ("instruct", instruct_prompt(t))]
+        cases += [
+            ("assistant", assistant_prompt(t)),
+            ("reference", reference_prompt(t)),
+            ("instruct", instruct_prompt(t)),
+        ]
     cases += [("random", t) for t in random_texts(150)]
     return cases
 
@@ -127,8 +183,7 @@ def main() -> None:
         merges_from_npm(args.qwen3_npm_tgz)
 
     cases = text_cases()
-    record = {"versions": versions(), "texts": [t for _, t in cases], "kinds": [k for k, _ in cases],
-              "layouts": {}}
+    record = {"versions": versions(), "texts": [t for _, t in cases], "kinds": [k for k, _ in cases], "layouts": {}}
     for name, (_, _, config) in LAYOUTS.items():
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp) / name
@@ -146,8 +201,10 @@ def main() -> None:
                 "ids": [list(map(int, x)) for x in ids],
                 "decoded": [tok.decode(x) for x in ids],
             }
-            print(f"{name}: {type(tok).__name__} vocab={tok.vocab_size} len={len(tok)} "
-                  f"pattern={pre['pattern']['Regex'][:40]}...")
+            print(
+                f"{name}: {type(tok).__name__} vocab={tok.vocab_size} len={len(tok)} "
+                f"pattern={pre['pattern']['Regex'][:40]}..."
+            )
             shutil.rmtree(directory, ignore_errors=True)
     path = GOLDEN / "text_tokenizer.json"
     path.write_text(json.dumps(record, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")

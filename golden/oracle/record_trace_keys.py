@@ -11,7 +11,7 @@ Writes:
     golden/trace/official_say.safetensors            and for the (greedy) say case
     golden/trace/precision_noise.json           per precision and network (the first part of the key:
                                                 decoder, encoder, speaker_encoder, talker), the max over its
-                                                tensors of |official_p - official_f64| / (eps_p * max(1, max|official_f64|))
+    tensors of |official_p - official_f64| / (eps_p * max(1, max|official_f64|))
 
 The noise measurement runs each case with the whole official model cast to the precision (bfloat16,
 float16: what a port computing in that dtype does) and compares every module output with the float64
@@ -27,15 +27,17 @@ from common import CHECKPOINTS, GOLDEN, np, versions  # noqa: I001
 from hook_dump import named_calls, run_codec_decode, run_codec_encode, run_generation, run_speaker, write_dump
 
 OUT = GOLDEN / "trace"
-EPS = {"float32": float(np.finfo(np.float32).eps), "bfloat16": 2.0 ** -7, "float16": float(np.finfo(np.float16).eps)}
+EPS = {"float32": float(np.finfo(np.float32).eps), "bfloat16": 2.0**-7, "float16": float(np.finfo(np.float16).eps)}
 GREEDY = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=3)
 
 
 def make_inputs() -> dict:
     rng = np.random.default_rng(20261130)
-    return {"codes": rng.integers(0, 64, size=(1, 16)).astype(np.int64),
-            "encode_audio": (0.3 * rng.standard_normal(3000)).astype(np.float32),
-            "speaker_audio": (0.1 * rng.standard_normal(6000)).astype(np.float32)}
+    return {
+        "codes": rng.integers(0, 64, size=(1, 16)).astype(np.int64),
+        "encode_audio": (0.3 * rng.standard_normal(3000)).astype(np.float32),
+        "speaker_audio": (0.1 * rng.standard_normal(6000)).astype(np.float32),
+    }
 
 
 def cases(inputs: dict) -> dict:
@@ -45,15 +47,30 @@ def cases(inputs: dict) -> dict:
         "codec-decode": lambda d: run_codec_decode(st, inputs["codes"], d),
         "codec-encode": lambda d: run_codec_encode(st, inputs["encode_audio"], d),
         "speaker": lambda d: run_speaker(CHECKPOINTS / "tiny-base", inputs["speaker_audio"], d),
-        "say": lambda d: run_generation(CHECKPOINTS / "tiny-customvoice", "generate_custom_voice",
-                                        dict(text="Hi.", speaker="vivian", language="english", **GREEDY), d),
-        "design": lambda d: run_generation(CHECKPOINTS / "tiny-voicedesign", "generate_voice_design",
-                                           dict(text="Hello.", instruct="A calm voice.", language="english",
-                                                **GREEDY), d),
-        "clone": lambda d: run_generation(CHECKPOINTS / "tiny-base", "generate_voice_clone",
-                                          dict(text="Hi.", language="english",
-                                               ref_audio=(inputs["speaker_audio"], 24000),
-                                               x_vector_only_mode=True, **GREEDY), d),
+        "say": lambda d: run_generation(
+            CHECKPOINTS / "tiny-customvoice",
+            "generate_custom_voice",
+            dict(text="Hi.", speaker="vivian", language="english", **GREEDY),
+            d,
+        ),
+        "design": lambda d: run_generation(
+            CHECKPOINTS / "tiny-voicedesign",
+            "generate_voice_design",
+            dict(text="Hello.", instruct="A calm voice.", language="english", **GREEDY),
+            d,
+        ),
+        "clone": lambda d: run_generation(
+            CHECKPOINTS / "tiny-base",
+            "generate_voice_clone",
+            dict(
+                text="Hi.",
+                language="english",
+                ref_audio=(inputs["speaker_audio"], 24000),
+                x_vector_only_mode=True,
+                **GREEDY,
+            ),
+            d,
+        ),
     }
 
 
@@ -61,8 +78,12 @@ def noise_ratios(named_p: list, named_64: dict, eps: float, prefill_only: bool) 
     ratios = {}
     for key, value in named_p:
         ref = named_64.get(key)
-        if ref is None or ref.shape != value.shape or value.dtype.kind != "f" or (prefill_only and ":" in key
-                                                                                  and not key.endswith(":0")):
+        if (
+            ref is None
+            or ref.shape != value.shape
+            or value.dtype.kind != "f"
+            or (prefill_only and ":" in key and not key.endswith(":0"))
+        ):
             continue
         scale = max(1.0, float(np.max(np.abs(ref)))) if ref.size else 1.0
         err = float(np.max(np.abs(value.astype(np.float64) - ref))) if ref.size else 0.0
@@ -79,8 +100,11 @@ def main() -> None:
         named = named_calls(run("float32"))
         keys[stage] = [[k, list(v.shape)] for k, v in named]
         if stage in ("codec-decode", "speaker", "say"):
-            write_dump(str(OUT / f"official_{stage.replace('-', '_')}.safetensors"), named,
-                       {"stage": stage, "dtype": "float32", "case": "golden/oracle/record_trace_keys.py"})
+            write_dump(
+                str(OUT / f"official_{stage.replace('-', '_')}.safetensors"),
+                named,
+                {"stage": stage, "dtype": "float32", "case": "golden/oracle/record_trace_keys.py"},
+            )
         named_64 = dict(named_calls(run("float64")))
         generation = stage in ("say", "design", "clone")
         for precision in EPS:
@@ -95,8 +119,9 @@ def main() -> None:
         print(stage, len(named))
     (OUT / "official_keys.json").write_text(json.dumps({"versions": versions(), "keys": keys}, indent=0) + "\n")
     summary = {p: {f: v["max_ratio"] for f, v in noise[p].items()} for p in EPS}
-    (OUT / "precision_noise.json").write_text(json.dumps(
-        {"versions": versions(), "eps": EPS, "max_ratio": summary, "where": noise}, indent=1) + "\n")
+    (OUT / "precision_noise.json").write_text(
+        json.dumps({"versions": versions(), "eps": EPS, "max_ratio": summary, "where": noise}, indent=1) + "\n"
+    )
     print("max noise / (eps * scale):", json.dumps(summary, indent=1))
 
 

@@ -1,0 +1,483 @@
+"""Reading and writing Hugging Face style checkpoints, with no framework.
+
+A checkpoint directory holds ``config.json`` and either ``model.safetensors`` or the sharded
+``model-0000x-of-0000y.safetensors`` files listed by ``model.safetensors.index.json``.
+
+The safetensors format is simple enough to read by hand, and doing so lets us read bfloat16
+(which ``safetensors.numpy`` refuses, and which the released Qwen3-TTS checkpoints use):
+
+    [8 bytes: little-endian u64 N] [N bytes: JSON header] [raw little-endian tensor bytes]
+
+The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` with
+offsets relative to the end of the header.  A bfloat16 number is the upper 16 bits of a float32,
+so widening it is a shift: ``float32_bits = bf16_bits << 16``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from ..backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
+
+__all__ = [
+    "CheckpointError",
+    "compute_dtype",
+    "WeightSpec",
+    "WeightView",
+    "read_config",
+    "read_safetensors_file",
+    "read_checkpoint_weights",
+    "tensor_headers",
+    "read_json_object",
+    "check_weights",
+    "check_prefixes",
+    "write_safetensors_file",
+]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory or weight file is missing, malformed, or does not fit the model."""
+
+
+COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def compute_dtype(dtype) -> type:
+    """The compute dtype of a model as a NumPy scalar type: float32 (like the official model) or float64
+    (the higher-precision oracle mode); anything else is a ValueError."""
+    if np.dtype(dtype) not in COMPUTE_DTYPES:
+        raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {np.dtype(dtype)}")
+    return np.dtype(dtype).type
+
+
+# safetensors dtype name -> numpy dtype of the stored bytes (bf16 is read as raw uint16 bits)
+_STORED_DTYPES = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+
+
+class WeightView:
+    """The tensors under one checkpoint-name prefix, reached by the rest of their names.
+
+        layer = WeightView(weights, "model.layers.3.")
+        layer["self_attn.q_proj.weight"]        # is weights["model.layers.3.self_attn.q_proj.weight"]
+        attn = layer.sub("self_attn.")          # attn["q_proj.weight"], the same tensor
+        attn.get("q_proj.bias")                 # None when the checkpoint has no such tensor
+
+    Stage code binds one view per layer once, so a line names the tensor as the checkpoint does,
+    without the common prefix."""
+
+    __slots__ = ("weights", "prefix")
+
+    def __init__(self, weights: Mapping[str, np.ndarray], prefix: str = ""):
+        self.weights = weights
+        self.prefix = prefix
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.weights[self.prefix + name]
+
+    def get(self, name: str, default=None):
+        return self.weights.get(self.prefix + name, default)
+
+    def __contains__(self, name: str) -> bool:
+        return self.prefix + name in self.weights
+
+    def sub(self, prefix: str) -> "WeightView":
+        return WeightView(self.weights, self.prefix + prefix)
+
+    def __repr__(self) -> str:
+        return f"WeightView({self.prefix!r})"
+
+
+def read_json_object(path: str | os.PathLike, what: str = "") -> dict:
+    """Read a JSON file that must hold an object (a dict); any problem is a CheckpointError naming the file."""
+    path = Path(path)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path} is not valid UTF-8 text: {e}") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object{what}, found a JSON {type(data).__name__}")
+    return data
+
+
+def read_config(directory: str | os.PathLike) -> dict:
+    """Read ``config.json`` of a checkpoint directory as a plain dict."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"no config.json in {directory!s}")
+    return read_json_object(path)
+
+
+# ----------------------------------------------------------------------------- safetensors headers
+#
+# A header is checked completely before any tensor is read: a damaged or hand-edited file must not be
+# able to make us read header bytes as weights, alias two tensors, or read a float tensor as integers.
+
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    """The checked header of a safetensors file (``__metadata__`` removed) and where its data starts."""
+    path = Path(path)
+    file_size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise CheckpointError(f"{path} is too short to be a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > file_size - 8:
+            raise CheckpointError(f"{path}: header length {n} runs past the end of the file")
+        if n > MAX_HEADER_BYTES:
+            raise CheckpointError(f"{path}: header length {n} is over the format's limit of {MAX_HEADER_BYTES} bytes")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: malformed safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(
+            f"{path}: the safetensors header must be a JSON object, found a JSON {type(header).__name__}"
+        )
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise CheckpointError(f"{path}: __metadata__ must be a JSON object, found {type(metadata).__name__}")
+    for name, info in header.items():
+        check_tensor_entry(path, name, info)
+    check_data_covered(path, header, file_size - 8 - n)
+    return header, 8 + n
+
+
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def check_tensor_entry(path, name: str, info) -> None:
+    """One header entry: an object with a known dtype, a shape of non-negative ints, and a byte range
+    [begin, end] whose length is exactly the shape's element count times the dtype's size."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: entry must be a JSON object, found {type(info).__name__}")
+    missing = [key for key in ("dtype", "shape", "data_offsets") if key not in info]
+    if missing:
+        raise CheckpointError(f"{where}: entry lacks {', '.join(missing)}")
+    stored = _STORED_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+    if stored is None:
+        raise CheckpointError(
+            f"{where} has unsupported dtype {info['dtype']!r} (supported: {', '.join(_STORED_DTYPES)})"
+        )
+    shape = info["shape"]
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+    offsets = info["data_offsets"]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        raise CheckpointError(f"{where}: data_offsets must be two non-negative integers [begin, end], got {offsets!r}")
+    begin, end = offsets
+    if end < begin:
+        raise CheckpointError(f"{where}: data_offsets end {end} is before begin {begin}")
+    count = math.prod(shape)
+    if end - begin != count * stored.itemsize:
+        raise CheckpointError(
+            f"{where}: byte range [{begin}, {end}) holds {end - begin} bytes, but shape "
+            f"{tuple(shape)} of {info['dtype']} needs {count * stored.itemsize}"
+        )
+
+
+def check_data_covered(path, header: Mapping[str, dict], data_size: int) -> None:
+    """The tensors' byte ranges must tile the data section exactly: in range, no overlap, no gap."""
+    position, previous = 0, None
+    for name, info in sorted(header.items(), key=lambda item: tuple(item[1]["data_offsets"])):
+        begin, end = info["data_offsets"]
+        if begin < position:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} bytes [{begin}, {end}) overlap tensor {previous!r} (which ends at {position})"
+            )
+        if begin > position:
+            raise CheckpointError(f"{path}: bytes [{position}, {begin}) before tensor {name!r} belong to no tensor")
+        if end > data_size:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} bytes [{begin}, {end}) run past the end of the data ({data_size} bytes)"
+            )
+        position, previous = end, name
+    if position != data_size:
+        raise CheckpointError(
+            f"{path}: the data section has {data_size} bytes but the tensors cover {position} "
+            "(truncated or padded file)"
+        )
+
+
+def read_safetensors_file(
+    path: str | os.PathLike, dtype=np.float32, names: Iterable[str] | None = None, keep_bf16: bool = False
+) -> dict:
+    """Read tensors from one ``.safetensors`` file.
+
+    Floating tensors are converted to ``dtype`` (bf16/f16/f32 -> float32 or float64); integer tensors
+    keep their type.  The file is memory-mapped, so only the tensors asked for are read from disk, and a
+    tensor already stored in ``dtype`` is returned as a read-only view of the map rather than copied
+    (copy it before modifying it).  With ``keep_bf16`` (float32 only), a bfloat16 matrix stays as its
+    16-bit words in a ``BF16Matrix`` (a view of the map, widened where it is used).
+    """
+    path = Path(path)
+    header, data_start = _read_header(path)
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    wanted = header.keys() if names is None else [n for n in names if n in header]
+    out = {}
+    for name in wanted:
+        info = header[name]
+        stored = _STORED_DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        arr = raw[data_start + begin : data_start + end].view(stored).reshape(shape)
+        if info["dtype"] == "BF16" and keep_bf16 and arr.ndim == 2 and np.dtype(dtype) == np.float32:
+            out[name] = BF16Matrix(arr)
+            continue
+        if info["dtype"] == "BF16":
+            arr = bf16_bits_to_float32(arr)
+        if arr.dtype.kind == "f":
+            # stored in the compute dtype: a read-only view of the memory map (no copy, pages read on use);
+            # otherwise a converted copy
+            arr = np.ascontiguousarray(arr, dtype=dtype)
+        else:
+            arr = np.array(arr)
+        out[name] = arr
+    return out
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        files = sorted(set(_index_weight_map(index).values()))
+        for name in files:
+            check_shard_path(directory, index, name)
+        missing = [name for name in files if not (directory / name).is_file()]
+        if missing:
+            raise CheckpointError(f"{directory}: shard files listed in the index are missing: {missing}")
+        return [directory / name for name in files]
+    raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {directory!s}")
+
+
+def _index_weight_map(index: Path) -> dict:
+    """``weight_map`` of a shard index: tensor name -> shard file name, checked to be strings."""
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: weight_map must be a non-empty JSON object (tensor name -> shard file)")
+    bad = [name for name, shard in weight_map.items() if not isinstance(shard, str)]
+    if bad:
+        raise CheckpointError(f"{index}: weight_map[{bad[0]!r}] is {weight_map[bad[0]]!r}, not a file name")
+    return weight_map
+
+
+def check_shard_path(directory: Path, index: Path, name: str) -> None:
+    """A shard named by an index must be a plain file name in the checkpoint directory (no folder part,
+    no ``..``, not absolute).  The name is checked, not where it resolves to: the Hugging Face cache
+    keeps checkpoint files as symbolic links into its blob store."""
+    plain = name not in ("", ".", "..") and "/" not in name and "\\" not in name and not os.path.isabs(name)
+    if not plain:
+        raise CheckpointError(
+            f"{index}: shard path {name!r} is not a file name inside the checkpoint directory {directory}"
+        )
+
+
+def checked_headers(directory: str | os.PathLike) -> list:
+    """(path, header) of every weight file of a checkpoint directory; a tensor defined by two shards, or
+    listed by the index under a shard that does not hold it, is an error."""
+    directory = Path(directory)
+    files = _weight_files(directory)
+    out, seen = [], {}
+    for path in files:
+        header, _ = _read_header(path)
+        for name in header:
+            if name in seen:
+                raise CheckpointError(
+                    f"{directory}: tensor {name!r} is defined twice, in {seen[name].name} and {path.name}"
+                )
+            seen[name] = path
+        out.append((path, header))
+    index = directory / "model.safetensors.index.json"
+    if len(files) > 1 or files[0].name != "model.safetensors":
+        for name, shard in _index_weight_map(index).items():
+            if seen.get(name) is None or seen[name].name != Path(shard).name:
+                where = seen[name].name if name in seen else "no shard"
+                raise CheckpointError(f"{index}: tensor {name!r} is listed in {shard}, but is in {where}")
+    return out
+
+
+def tensor_headers(directory: str | os.PathLike) -> dict:
+    """Name -> (stored dtype, shape) of every tensor of a checkpoint directory, from the headers only."""
+    out = {}
+    for _, header in checked_headers(directory):
+        out.update({name: (info["dtype"], tuple(info["shape"])) for name, info in header.items()})
+    return out
+
+
+def read_checkpoint_weights(
+    directory: str | os.PathLike, dtype=np.float32, prefix: str = "", keep_bf16: bool = False
+) -> dict:
+    """Read every tensor of a checkpoint directory (single file or shards) whose name starts with
+    ``prefix``; the prefix is removed from the returned names.  ``keep_bf16``: see ``read_safetensors_file``."""
+    out = {}
+    for path, header in checked_headers(directory):
+        names = [n for n in header if n.startswith(prefix)]
+        for name, arr in read_safetensors_file(path, dtype, names, keep_bf16).items():
+            out[name[len(prefix) :]] = arr
+    return out
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """One tensor a network expects: its name, its shape, and how the synthetic-checkpoint generator
+    should initialise it (see ``refimpl.porting.synthetic``)."""
+
+    name: str
+    shape: tuple
+    init: str = "linear"
+
+
+def check_weights(
+    weights: Mapping[str, np.ndarray], spec: Iterable[WeightSpec], where: str, allow_extra: bool = False
+) -> None:
+    """Compare loaded tensors with what a network expects (names, shapes, floating dtype, finite values);
+    raise one error listing every problem."""
+    spec = list(spec)
+    expected = {s.name: tuple(s.shape) for s in spec}
+    missing = [f"{n} {list(shape)}" for n, shape in expected.items() if n not in weights]
+    wrong = [
+        f"{n}: expected {list(shape)}, found {list(weights[n].shape)}"
+        for n, shape in expected.items()
+        if n in weights and tuple(weights[n].shape) != shape
+    ]
+    extra = [] if allow_extra else sorted(n for n in weights if n not in expected)
+    not_float = [f"{n} ({weights[n].dtype})" for n in expected if n in weights and weights[n].dtype.kind != "f"]
+    not_finite = non_finite_tensors(weights, [n for n in expected if n in weights])
+    if not (missing or wrong or extra or not_float or not_finite):
+        return
+    lines = [
+        f"{where}: the weights do not fit the config"
+        if missing or wrong or extra or not_float
+        else f"{where}: damaged weights"
+    ]
+    if missing:
+        lines.append(
+            f"  missing tensors ({len(missing)}): " + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+        )
+    if wrong:
+        lines.append(
+            f"  mis-shaped tensors ({len(wrong)}): " + "; ".join(wrong[:20]) + (" ..." if len(wrong) > 20 else "")
+        )
+    if not_finite:
+        lines.append(
+            f"  tensors holding NaN or infinity ({len(not_finite)}): "
+            + ", ".join(not_finite[:20])
+            + (" ..." if len(not_finite) > 20 else "")
+        )
+    if not_float:
+        lines.append(
+            f"  tensors stored as integers, not floating point ({len(not_float)}): "
+            + ", ".join(not_float[:20])
+            + (" ..." if len(not_float) > 20 else "")
+        )
+    if extra:
+        lines.append(
+            f"  unexpected tensors ({len(extra)}): " + ", ".join(extra[:20]) + (" ..." if len(extra) > 20 else "")
+        )
+    raise CheckpointError("\n".join(lines))
+
+
+def non_finite_tensors(weights: Mapping[str, np.ndarray], names, chunk: int = 1 << 22) -> list:
+    """Names of floating tensors that hold NaN or infinity, read in chunks (no full-size temporary)."""
+    bad = []
+    for name in names:
+        arr = weights[name]
+        if isinstance(arr, BF16Matrix):  # NaN or infinity: all 8 exponent bits set
+            flat = arr.bits.reshape(-1)
+            if any(np.any(flat[i : i + chunk] & 0x7F80 == 0x7F80) for i in range(0, flat.size, chunk)):
+                bad.append(name)
+            continue
+        if arr.dtype.kind != "f":
+            continue
+        flat = arr.reshape(-1)
+        if any(not np.isfinite(flat[i : i + chunk]).all() for i in range(0, flat.size, chunk)):
+            bad.append(name)
+    return bad
+
+
+def check_prefixes(directory: str | os.PathLike, prefixes: Iterable[str], where: str) -> None:
+    """Every tensor of a checkpoint directory must belong to one of the networks (name prefixes) that
+    the loader reads; anything else is reported by name rather than silently ignored."""
+    prefixes = tuple(prefixes)
+    stray = sorted(n for n in tensor_headers(directory) if not n.startswith(prefixes))
+    if stray:
+        raise CheckpointError(
+            f"{where}: unexpected tensors ({len(stray)}), not under {list(prefixes)}: "
+            + ", ".join(stray[:20])
+            + (" ..." if len(stray) > 20 else "")
+        )
+
+
+def write_safetensors_file(
+    path: str | os.PathLike,
+    tensors: Mapping[str, np.ndarray],
+    dtype: str = "float32",
+    metadata: Mapping[str, str] | None = None,
+    sort: bool = True,
+) -> None:
+    """Write tensors as safetensors.  ``dtype`` is ``"float32"``, ``"float16"``, ``"bfloat16"`` or
+    ``"float64"`` and applies to floating tensors, or ``"keep"``: each floating tensor in its own dtype;
+    integer tensors are stored as they are.  The tensors are laid out in name order, or in the
+    mapping's order with ``sort=False``."""
+    float_codes = {
+        "float32": ("F32", np.dtype("<f4")),
+        "float16": ("F16", np.dtype("<f2")),
+        "bfloat16": ("BF16", None),
+        "float64": ("F64", np.dtype("<f8")),
+    }
+    own_codes = {np.dtype(v[1]): (v[0], v[1]) for k, v in float_codes.items() if v[1] is not None}
+    if dtype not in float_codes and dtype != "keep":
+        raise ValueError(f"unsupported checkpoint dtype {dtype!r}; use float32, float16, bfloat16 or float64")
+    int_codes = {np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("uint8"): "U8", np.dtype("bool"): "BOOL"}
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors) if sort else tensors:
+        arr = np.asarray(tensors[name])
+        if arr.dtype.kind == "f":
+            code, np_dtype = own_codes[arr.dtype] if dtype == "keep" else float_codes[dtype]
+            data = float32_to_bf16_bits(arr.astype(np.float32)) if code == "BF16" else arr.astype(np_dtype)
+        else:
+            code = int_codes[arr.dtype]
+            data = arr
+        blob = np.ascontiguousarray(data).tobytes()
+        header[name] = {"dtype": code, "shape": list(arr.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)  # the format aligns the data start to 8 bytes
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for blob in blobs:
+            f.write(blob)

@@ -1,0 +1,361 @@
+"""The port author's commands: ``refimpl trace``, ``refimpl compare`` and ``refimpl golden``
+(docs/port_authors.md).  ``refimpl.cli`` adds them with ``add_commands``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..io.files import load_npy_codes
+from . import trace_files
+from .compare import PRECISIONS, compare_traces, report_json
+
+__all__ = ["add_commands", "run_case", "run_cases", "read_cases"]
+
+TRACE_EPILOG = """\
+examples:
+  refimpl trace codec-decode codes.npy -o decode.safetensors
+  refimpl trace codec-encode speech.wav --model DIR -o encode.safetensors
+  refimpl trace speaker me.wav --model Qwen3-TTS-12Hz-0.6B-Base -o speaker.safetensors
+  refimpl trace say "Hello." --speaker vivian --seed 3 -o say.safetensors
+  refimpl trace say "Hello." --speaker vivian --replay say.safetensors -o again.safetensors
+  refimpl trace design "Hi." --instruct "A calm voice." --dtype float64 -o design64.safetensors
+  refimpl trace clone "Hi." --ref-audio me.wav --x-vector-only -o clone.safetensors
+
+Keys are the official module paths (named_modules() of the official Qwen3TTSTokenizer.model or
+Qwen3TTSModel.model), ':N' on every call of a module called more than once; 'refimpl.*' keys are
+tensors no module outputs (prompt, masks, sampling scores, random draws...).  See docs/port_authors.md.
+"""
+
+# stage -> the embedded checkpoint it uses without --model (the same as the refimpl command of that stage)
+EMBEDDED = Path(__file__).resolve().parents[1] / "data"
+STAGE_MODELS = {
+    "codec-decode": "default-customvoice",
+    "codec-encode": "default-customvoice",
+    "speaker": "default-base",
+    "say": "default-customvoice",
+    "design": "default-voicedesign",
+    "clone": "default-base",
+}
+
+
+# ----------------------------------------------------------------------------- running one case
+
+
+def read_codes(path) -> np.ndarray:
+    """The codes array of a .npy file, checked like ``refimpl codec decode`` input (``files.load_npy_codes``)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read codes from {path}: {e.strerror or e}") from None
+    return load_npy_codes(data, str(path))
+
+
+def read_mono(path) -> tuple:
+    from ..io.audio import read_wav
+
+    audio, sr = read_wav(path)
+    return (audio.mean(axis=1) if audio.ndim == 2 else audio), sr
+
+
+def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Trace":
+    """One traced run.  ``inp``: codes path / array (codec-decode), WAV path or (audio, sr) (codec-encode,
+    speaker), text (say, design, clone); ``options``: the generation keywords of the Python API (for
+    clone ``ref_audio`` may be a WAV path); ``random_draws`` replays recorded uniforms."""
+    model = Path(model) if model else EMBEDDED / STAGE_MODELS[stage]
+    if stage in ("codec-decode", "codec-encode"):
+        from ..codec.speech_tokenizer import SpeechTokenizer
+
+        tok = SpeechTokenizer.from_pretrained(model, dtype=dtype)
+        if stage == "codec-decode":
+            return trace_files.trace_codec_decode(
+                tok, read_codes(inp) if isinstance(inp, (str, Path)) else np.asarray(inp)
+            )
+        audio, sr = read_mono(inp) if isinstance(inp, (str, Path)) else inp
+        return trace_files.trace_codec_encode(tok, audio, sr)
+    from ..tts.model import Qwen3TTS
+
+    tts = Qwen3TTS.from_pretrained(model, dtype=dtype)
+    if stage == "speaker":
+        audio, sr = read_mono(inp) if isinstance(inp, (str, Path)) else inp
+        return trace_files.trace_speaker(tts, audio, sr)
+    options = dict(options)
+    if stage == "clone" and isinstance(options.get("ref_audio"), (str, Path)):
+        options["ref_audio"] = read_mono(options["ref_audio"])
+    return trace_files.trace_generation(tts, stage, text=inp, **options)
+
+
+# ----------------------------------------------------------------------------- refimpl trace
+
+
+def generation_options(args) -> dict:
+    """The Python keywords of the generation options (as ``refimpl say`` etc.), the replayed draws and the
+    mode's own options."""
+    given = {"seed": args.seed, "max_new_tokens": args.max_new_tokens, "language": args.language}
+    opts = {k: v for k, v in given.items() if v is not None}
+    if args.greedy:
+        opts.update(do_sample=False, subtalker_dosample=False)
+    if args.replay:
+        replayed = trace_files.load_trace(args.replay)
+        if "refimpl.random_draws" not in replayed.keys:
+            raise ValueError(f"{args.replay} has no refimpl.random_draws (not a trace of a generation)")
+        opts["random_draws"] = replayed["refimpl.random_draws"]
+    if args.stage == "say":
+        opts.update(speaker=args.speaker, instruct=args.instruct)
+    elif args.stage == "design":
+        opts["instruct"] = args.instruct
+    elif args.stage == "clone":
+        opts.update(ref_audio=args.ref_audio, ref_text=args.ref_text, x_vector_only_mode=args.x_vector_only)
+    return opts
+
+
+def cmd_trace(args, say) -> int:
+    if args.stage == "say" and args.speaker is None:
+        raise ValueError("trace say needs --speaker (see 'refimpl info')")
+    if args.stage == "clone" and args.ref_text is None and not args.x_vector_only:
+        raise ValueError("trace clone needs --ref-text or --x-vector-only")
+    options = generation_options(args) if args.stage in ("say", "design", "clone") else {}
+    if options:
+        options["progress"] = say.progress  # a bar over the generated frames (none under -q)
+    t0 = time.perf_counter()
+    trace = trace_case(args.model, args.stage, args.input, options, args.dtype_np)
+    path = trace.save(args.output, args.format)
+    modules = sum(not k.startswith("refimpl.") for k in trace.keys)
+    say(
+        f"traced {args.stage} in {time.perf_counter() - t0:.2f} s: {modules} module outputs and "
+        f"{len(trace.keys) - modules} refimpl.* tensors -> {path}"
+    )
+    return 0
+
+
+def add_trace_parser(sub, common) -> None:
+    t = sub.add_parser(
+        "trace",
+        help="dump every module's output under the official module names",
+        description="Run one stage and write every module output (official names, official "
+        "layouts) with metadata to a safetensors (or npz) file.",
+        epilog=TRACE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tsub = t.add_subparsers(dest="stage", metavar="STAGE")
+    gen = argparse.ArgumentParser(add_help=False)
+    gen.add_argument("--language", metavar="L")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    gen.add_argument("--max-new-tokens", type=int, metavar="N")
+    gen.add_argument(
+        "--replay",
+        metavar="TRACE",
+        help="take the random uniforms from this trace's "
+        "refimpl.random_draws (reproduces its sampled codes; give the same options)",
+    )
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("-o", "--output", required=True, metavar="TRACE")
+    out.add_argument(
+        "--format",
+        choices=["safetensors", "npz"],
+        default=None,
+        help="file format (default: from the name, safetensors unless it ends in .npz)",
+    )
+    helps = {
+        "codec-decode": ("CODES.npy", "codes [T, 16] -> waveform"),
+        "codec-encode": ("WAV", "waveform -> codes"),
+        "speaker": ("WAV", "waveform -> x-vector (a Base model)"),
+        "say": ("TEXT", "CustomVoice generation"),
+        "design": ("TEXT", "VoiceDesign generation"),
+        "clone": ("TEXT", "Base voice-clone generation"),
+    }
+    for stage, (metavar, text) in helps.items():
+        parents = [common, out] + ([gen] if stage in ("say", "design", "clone") else [])
+        s = tsub.add_parser(stage, parents=parents, help=text, description=f"Trace {text}.")
+        s.add_argument("input", metavar=metavar)
+        if stage == "say":
+            s.add_argument("--speaker", metavar="NAME")
+            s.add_argument("--instruct", metavar="TEXT")
+        if stage == "design":
+            s.add_argument("--instruct", required=True, metavar="TEXT")
+        if stage == "clone":
+            s.add_argument("--ref-audio", required=True, metavar="WAV")
+            g = s.add_mutually_exclusive_group()
+            g.add_argument("--ref-text", metavar="TEXT")
+            g.add_argument("--x-vector-only", action="store_true")
+        s.set_defaults(func=cmd_trace)
+    t.set_defaults(func=lambda args, say: usage(t))
+
+
+def usage(parser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+# ----------------------------------------------------------------------------- refimpl compare
+
+
+def cmd_compare(args, say) -> int:
+    try:
+        reference = trace_files.load_trace(args.reference)
+        candidate = trace_files.load_trace(args.candidate)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"refimpl compare: unusable input: {e}", file=sys.stderr)
+        return 2
+    report = compare_traces(reference, candidate, args.precision)
+    if not report.rows and not report.shape_mismatches:
+        print("refimpl compare: unusable input: the two traces have no key in common", file=sys.stderr)
+        return 2
+    print(report_json(report) if args.json else report.format())
+    return report.exit_status()
+
+
+def add_compare_parser(sub) -> None:
+    c = sub.add_parser(
+        "compare",
+        help="compare two traces key by key; find the first divergence",
+        description="Compare CANDIDATE with REFERENCE tensor by tensor in execution order. "
+        "Exit 0: every common tensor within tolerance; 1: something fails (the first failure in "
+        "execution order is marked); 2: unusable input.",
+    )
+    c.add_argument("reference", metavar="REFERENCE")
+    c.add_argument("candidate", metavar="CANDIDATE")
+    c.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="float32",
+        help="what the candidate computes in (sets the tolerance; default float32)",
+    )
+    c.add_argument("--json", action="store_true", help="machine-readable report")
+    c.set_defaults(func=cmd_compare)
+
+
+# ----------------------------------------------------------------------------- refimpl golden
+
+
+def read_cases(path) -> list:
+    """CASES.jsonl: one JSON object per line: name, stage, input, options (optional).  Relative file
+    paths (codes, WAV, ref_audio) are relative to the cases file."""
+    path = Path(path)
+    cases = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            case = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+        if case.get("stage") not in STAGE_MODELS or "name" not in case or "input" not in case:
+            raise ValueError(f"{path}:{n}: a case needs name, stage (one of {list(STAGE_MODELS)}) and input")
+        case.setdefault("options", {})
+        if case["stage"] in ("codec-decode", "codec-encode", "speaker") and isinstance(case["input"], str):
+            case["input"] = str(path.parent / case["input"])
+        if isinstance(case["options"].get("ref_audio"), str):
+            case["options"]["ref_audio"] = str(path.parent / case["options"]["ref_audio"])
+        cases.append(case)
+    names = [c["name"] for c in cases]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: case names repeat")
+    return cases
+
+
+def run_case(model, case: dict, out_dir: str, fmt: str, dtype: str) -> dict:
+    """Trace one case into ``out_dir/<name>.<fmt>``; returns its index entry (runs in a worker process)."""
+    t0 = time.perf_counter()
+    inp = case["input"]
+    if case["stage"] == "codec-decode" and isinstance(inp, list):
+        inp = np.asarray(inp, dtype=np.int64)
+    trace = trace_case(model, case["stage"], inp, case["options"], np.dtype(dtype).type)
+    path = trace.save(Path(out_dir) / f"{case['name']}.{fmt}", fmt)
+    return {
+        "name": case["name"],
+        "stage": case["stage"],
+        "file": path.name,
+        "tensors": len(trace.keys),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def run_cases(
+    model,
+    cases: list,
+    out_dir,
+    fmt: str = "safetensors",
+    dtype: str = "float32",
+    jobs: int = 1,
+    dask_address: str | None = None,
+    *,
+    progress=None,
+) -> list:
+    """Every case in parallel: ``jobs`` local processes (concurrent.futures), or the workers of the Dask
+    scheduler at ``dask_address`` (dask.distributed).  Returns the index entries in case order.
+    ``progress``: None or ``progress(iterable, desc) -> iterable``, wrapped around the finished cases."""
+    args = [(str(model) if model else None, case, str(out_dir), fmt, dtype) for case in cases]
+    progress = progress or (lambda iterable, desc: iterable)
+    if dask_address:
+        try:
+            from distributed import Client
+        except ImportError:
+            raise ValueError("--dask needs dask.distributed: pip install 'qwen3-tts-refimpl[dask]'") from None
+        with Client(dask_address) as client:
+            futures = [client.submit(run_case, *a, pure=False) for a in args]
+            return [f.result() for f in progress(futures, "tracing cases")]  # in case order
+    if jobs <= 1:
+        return list(progress((run_case(*a) for a in args), "tracing cases"))
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawned, not forked: a fork of a process whose Numba kernels already started OpenMP threads is unsafe
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(progress(pool.map(run_case, *zip(*args)), "tracing cases"))
+
+
+def cmd_golden(args, say) -> int:
+    cases = read_cases(args.cases)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    entries = run_cases(
+        args.model,
+        cases,
+        out,
+        args.format,
+        args.dtype,
+        args.jobs,
+        args.dask,
+        progress=functools.partial(say.progress, total=len(cases)),
+    )
+    index = {"model": str(args.model) if args.model else "(embedded default)", "dtype": args.dtype, "cases": entries}
+    (out / "index.json").write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
+    where = f"on the Dask cluster {args.dask}" if args.dask else f"in {args.jobs} process(es)"
+    say(f"traced {len(entries)} cases {where} in {time.perf_counter() - t0:.1f} s -> {out}/index.json")
+    return 0
+
+
+def add_golden_parser(sub, common) -> None:
+    g = sub.add_parser(
+        "golden",
+        parents=[common],
+        help="trace many cases (CASES.jsonl) into a golden corpus",
+        description="Trace every case of CASES.jsonl (one JSON object a line: name, stage, input, "
+        "options) into OUTDIR/<name>.safetensors plus OUTDIR/index.json, in parallel processes "
+        "or on a Dask cluster.",
+    )
+    g.add_argument("--cases", required=True, metavar="CASES.jsonl")
+    g.add_argument("-o", "--output", required=True, metavar="OUTDIR")
+    g.add_argument("--jobs", type=int, default=1, metavar="N", help="local worker processes (default 1)")
+    g.add_argument("--dask", metavar="ADDRESS", help="run the cases on this Dask scheduler (tcp://host:8786)")
+    g.add_argument("--format", choices=["safetensors", "npz"], default="safetensors")
+    g.set_defaults(func=cmd_golden)
+
+
+def add_commands(sub, common) -> None:
+    """The three subcommands, for ``refimpl.cli.build_parser``."""
+    add_trace_parser(sub, common)
+    add_compare_parser(sub)
+    add_golden_parser(sub, common)

@@ -1,0 +1,307 @@
+"""Traces for port authors: every module's output under the official module path, one file per run.
+
+    from refimpl.porting import trace_files
+    trace = trace_files.trace_codec_decode(tokenizer, codes_tq)        # a Trace: ordered tensors + metadata
+    trace.save("trace.safetensors")                               # or "trace.npz"
+    trace = trace_files.load_trace("trace.safetensors")
+
+The naming rule (docs/port_authors.md): a key is the path of a module in ``named_modules()`` of the
+official object (``Qwen3TTSTokenizer.model`` for the codec stages, ``Qwen3TTSModel.model`` for the TTS
+model), the value its output in the official layout; a module called more than once in the run gets
+``:N`` on every call (N counts calls from 0).  Tensors that no module outputs (prompt vectors, masks,
+sin tables, the scores after each sampling step, chosen ids, RVQ residuals and margins, the random
+draws) are named ``refimpl.<where>.<what>``.  ``golden/oracle/hook_dump.py`` writes the same dump from
+the official PyTorch model with forward hooks.
+
+The file records, as JSON in the safetensors header (``__metadata__["refimpl.trace"]``; in an npz, the
+entry ``__metadata__``): the producer and its version, backend, dtype, stage, the checkpoint's config
+and a SHA-256 of its weight files, the input, the generation settings, and ``order``, the keys in
+execution order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ..backends.bf16 import bf16_bits_to_float32
+from ..io.checkpoint import read_config, write_safetensors_file
+from ..recorder import EXTRA_PREFIX, CallLog, Recorder
+
+__all__ = [
+    "Trace",
+    "load_trace",
+    "trace_codec_decode",
+    "trace_codec_encode",
+    "trace_speaker",
+    "trace_generation",
+    "METADATA_KEY",
+    "STAGES",
+    "NOT_TRACED",
+]
+
+METADATA_KEY = "refimpl.trace"
+STAGES = ("codec-decode", "codec-encode", "speaker", "say", "design", "clone")
+
+# Names our stage code records for its own tests that are not official module outputs (the official
+# ``decoder.quantizer`` is only called through its ``decode`` method, ``decoder.upsample.0`` is a
+# ModuleList, the mel spectrogram is computed outside the speaker encoder): they go to ``refimpl.``.
+NOT_MODULES = (
+    "decoder.quantizer",
+    "decoder.upsample.0",
+    "decoder.upsample.1",
+    "speaker_encoder.mel",
+    "speaker_encoder.asp.context",
+    "speaker_encoder.asp.weights",
+)
+
+# Official modules that a trace of ours does not record: the embedding lookups (and the text projection)
+# that the official code calls while it assembles the prompt and each next input, in a pattern of its
+# own (a lookup per segment, per control token...).  Their results are what ``refimpl.talker.prompt.*``
+# holds; every other module call of the official run is in our trace, in the same order and shape.
+NOT_TRACED = (
+    "talker.model.codec_embedding",
+    "talker.model.text_embedding",
+    "talker.text_projection",
+    "talker.code_predictor.model.codec_embedding",
+)
+
+
+@dataclasses.dataclass
+class Trace:
+    """Tensors in execution order (``items``: [(key, array)]) and the metadata dict."""
+
+    items: list
+    metadata: dict
+
+    @property
+    def keys(self) -> list:
+        return [k for k, _ in self.items]
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        for k, v in self.items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def save(self, path, fmt: str | None = None) -> Path:
+        """Write ``path`` as safetensors (default) or npz (``fmt="npz"`` or a ``.npz`` name)."""
+        path = Path(path)
+        fmt = fmt or ("npz" if path.suffix == ".npz" else "safetensors")
+        metadata = dict(self.metadata, order=self.keys)
+        tensors = {k: storable(v) for k, v in self.items}
+        if fmt == "npz":
+            with open(path, "wb") as f:
+                np.savez(f, __metadata__=np.array(json.dumps(metadata)), **tensors)
+        elif fmt == "safetensors":
+            write_safetensors_file(
+                path, tensors, dtype="keep", metadata={METADATA_KEY: json.dumps(metadata)}, sort=False
+            )
+        else:
+            raise ValueError(f"unknown trace format {fmt!r}: safetensors or npz")
+        return path
+
+
+def storable(value) -> np.ndarray:
+    """A contiguous array the writers accept: booleans as uint8, other integers as int64."""
+    a = np.ascontiguousarray(value)
+    if a.dtype == bool:
+        return a.astype(np.uint8)
+    if a.dtype.kind in "iu":
+        return a.astype(np.int64)
+    return a
+
+
+def load_trace(path) -> Trace:
+    """Read a trace (ours, the official hook dump, or a port's) from .safetensors or .npz.  Keys follow
+    the metadata's ``order`` when it lists them, else the file's order."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta_raw = arrays.pop("__metadata__", None)
+        metadata = json.loads(str(meta_raw)) if meta_raw is not None else {}
+    else:
+        header, arrays = read_safetensors_trace(path)
+        raw = (header.pop("__metadata__", None) or {}).get(METADATA_KEY)
+        metadata = json.loads(raw) if raw else {}
+        if not metadata.get("order"):  # the file's own order (offsets)
+            metadata["order"] = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+    order = [k for k in metadata.get("order", []) if k in arrays]
+    order += [k for k in arrays if k not in set(order)]
+    return Trace([(k, arrays[k]) for k in order], metadata)
+
+
+SAFETENSORS_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
+
+
+def read_safetensors_trace(path) -> tuple:
+    """(header with ``__metadata__``, {name: array}) of a safetensors file, every dtype kept as stored
+    (bfloat16 widened to float32).  Raises ValueError for a file that is not safetensors."""
+    data = Path(path).read_bytes()
+    if len(data) < 8:
+        raise ValueError(f"{path} is too short to be a safetensors file")
+    (n,) = struct.unpack("<Q", data[:8])
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a safetensors file ({e})") from None
+    arrays = {}
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        start, stop = (8 + n + o for o in h["data_offsets"])
+        if h["dtype"] == "BF16":
+            bits = np.frombuffer(data[start:stop], dtype="<u2")
+            arrays[name] = bf16_bits_to_float32(bits).reshape(h["shape"])
+        elif h["dtype"] in SAFETENSORS_DTYPES:
+            arrays[name] = np.frombuffer(data[start:stop], dtype=SAFETENSORS_DTYPES[h["dtype"]]).reshape(h["shape"])
+        else:
+            raise ValueError(f"{path}: tensor {name} has an unsupported dtype {h['dtype']}")
+    return header, arrays
+
+
+# ----------------------------------------------------------------------------- metadata
+
+
+def weights_hash(directory) -> str:
+    """SHA-256 over the bytes of the directory's ``*.safetensors`` files, in name order."""
+    h = hashlib.sha256()
+    for f in sorted(Path(directory).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def array_hash(a) -> str:
+    a = np.ascontiguousarray(a)
+    return hashlib.sha256(str(a.dtype).encode() + str(a.shape).encode() + a.tobytes()).hexdigest()
+
+
+def base_metadata(stage: str, directory, dtype, inputs: dict, settings: dict | None = None) -> dict:
+    from .._version import __version__
+    from ..backends import active_backend
+
+    return {
+        "producer": "refimpl",
+        "refimpl_version": __version__,
+        "backend": list(active_backend()),
+        "dtype": np.dtype(dtype).name,
+        "stage": stage,
+        "model_dir": Path(directory).name if directory else None,
+        "config": read_config(directory) if directory else None,
+        "weights_sha256": weights_hash(directory) if directory else None,
+        "input": inputs,
+        "generation": settings,
+    }
+
+
+def finish(log: CallLog, metadata: dict) -> Trace:
+    """Name the recorded calls by the rule and move our non-module stage records to ``refimpl.``."""
+    items = [(EXTRA_PREFIX + k if k.split(":")[0] in NOT_MODULES else k, v) for k, v in log.named()]
+    return Trace(items, metadata)
+
+
+# ----------------------------------------------------------------------------- the stages
+
+
+def trace_codec_decode(tokenizer, codes_tq) -> Trace:
+    """Decode codes [T, 16] in one causal pass (``decode_full``), recording every module of
+    ``Qwen3TTSTokenizer.model.decoder`` (keys ``decoder.*``); the last key, ``decoder``, is the waveform
+    [1, 1, T * 1920]."""
+    log = CallLog()
+    codes = tokenizer.check_codes(codes_tq)
+    wav = tokenizer.decode_full(codes, trace=Recorder(log, "decoder."))
+    log["decoder"] = np.asarray(wav)[None, None, :]
+    meta = base_metadata(
+        "codec-decode",
+        tokenizer.directory,
+        tokenizer.dtype,
+        {"codes_sha256": array_hash(codes), "frames": int(codes.shape[0]), "codes": codes.tolist()},
+    )
+    return finish(log, meta)
+
+
+def trace_codec_encode(tokenizer, audio, sr: int = 24000) -> Trace:
+    """Encode one waveform, recording every module of ``Qwen3TTSTokenizer.model.encoder`` (keys
+    ``encoder.*``) and, under ``refimpl.encoder.quantizer.*``, each RVQ layer's input residual, codes
+    and nearest-code margin."""
+    log = CallLog()
+    audio = np.asarray(audio)
+    tokenizer.encode_detailed(audio, sr, trace=Recorder(log, "encoder."))
+    meta = base_metadata(
+        "codec-encode",
+        tokenizer.directory,
+        tokenizer.dtype,
+        {"audio_sha256": array_hash(audio), "samples": int(audio.shape[0]), "sample_rate": int(sr)},
+    )
+    return finish(log, meta)
+
+
+def trace_speaker(tts, audio, sr: int = 24000) -> Trace:
+    """The x-vector of one waveform, recording every module of ``Qwen3TTSModel.model.speaker_encoder``
+    (keys ``speaker_encoder.*``; the last, ``speaker_encoder``, is the x-vector [1, D]) and the log mels
+    (``refimpl.speaker_encoder.mel``, [T, 128])."""
+    log = CallLog()
+    audio = np.asarray(audio)
+    tts.extract_speaker_embedding(audio, sr, trace=Recorder(log))
+    meta = base_metadata(
+        "speaker",
+        tts.directory,
+        tts.dtype,
+        {"audio_sha256": array_hash(audio), "samples": int(audio.shape[0]), "sample_rate": int(sr)},
+    )
+    return finish(log, meta)
+
+
+GENERATE_METHODS = {"say": "generate_custom_voice", "design": "generate_voice_design", "clone": "generate_voice_clone"}
+
+
+def trace_generation(tts, stage: str, **kwargs) -> Trace:
+    """Run ``generate_custom_voice`` (say), ``generate_voice_design`` (design) or ``generate_voice_clone``
+    (clone) with ``kwargs``, recording every Talker and code-predictor module call (``talker.*``, with
+    ``:N`` per call), the prompt, the scores after each sampling step, the chosen ids, the generated
+    codes (``refimpl.codes``, [T, 16] per item: ``refimpl.codes.{i}``) and every random uniform consumed
+    (``refimpl.random_draws``; pass it back as ``random_draws=`` to replay)."""
+    log = CallLog()
+    wavs, sr, codes = getattr(tts, GENERATE_METHODS[stage])(trace=Recorder(log), return_codes=True, **kwargs)
+    for i, c in enumerate(codes):
+        log[f"{EXTRA_PREFIX}codes.{i}"] = c
+    inputs = {k: v for k, v in kwargs.items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+    if "ref_audio" in kwargs and isinstance(kwargs["ref_audio"], tuple):
+        inputs["ref_audio_sha256"] = array_hash(kwargs["ref_audio"][0])
+    settings, _, _, _ = tts._settings({k: v for k, v in kwargs.items() if k in GENERATION_KEYWORDS})
+    generation = dict(dataclasses.asdict(settings), seed=kwargs.get("seed"), replayed="random_draws" in kwargs)
+    meta = base_metadata(stage, tts.directory, tts.dtype, inputs, generation)
+    return finish(log, meta)
+
+
+GENERATION_KEYWORDS = (
+    "do_sample",
+    "top_k",
+    "top_p",
+    "temperature",
+    "repetition_penalty",
+    "subtalker_dosample",
+    "subtalker_top_k",
+    "subtalker_top_p",
+    "subtalker_temperature",
+    "max_new_tokens",
+    "seed",
+)

@@ -1,0 +1,129 @@
+"""Recording intermediate arrays: one small object that stage code calls without branching.
+
+    record = as_recorder(trace)          # trace: a dict to fill, a Recorder, or None
+    record("pre_conv", x_bct)            # stores trace["pre_conv"] = x_bct (does nothing for None)
+    layer_record = record.scope("layers.3.")
+    layer_record("mlp", m_btc)           # stores trace["layers.3.mlp"]
+
+A stage records under its own names; the caller decides the prefix with ``scope``.
+
+A ``CallLog`` (a dict) also keeps every call in order, so that a module run more than once (a
+generation step, a code-predictor group) can be named by the official rule: ``name:N`` on every
+call, N counting from 0 (``CallLog.named()``; see ``refimpl.porting.trace_files`` and docs/port_authors.md).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from .backends import to_host
+
+__all__ = ["Recorder", "NULL_RECORDER", "as_recorder", "CallLog", "call_names", "EXTRA_PREFIX", "record_rope_and_mask"]
+
+# Names of tensors that are not the output of an official module start with this (no official module
+# path does): ``refimpl.talker.prompt.embeds``, ``refimpl.encoder.quantizer...margin``.
+EXTRA_PREFIX = "refimpl."
+
+
+class Recorder:
+    """Stores ``name -> array`` into ``store`` (a dict) under ``prefix``; with no store it does nothing.
+    A recording is a host array: a device array (CuPy backend) is copied down when it is recorded."""
+
+    __slots__ = ("store", "prefix")
+
+    def __init__(self, store: dict | None = None, prefix: str = ""):
+        self.store = store
+        self.prefix = prefix
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    def __call__(self, name: str, value) -> None:
+        if self.store is not None:
+            self.store[self.prefix + name] = _on_host(value)
+
+    def extra(self, name: str, value) -> None:
+        """Record a tensor that no official module outputs (a residual, a margin, a mask...) under the
+        separate namespace ``refimpl.`` + the full name."""
+        if self.store is not None:
+            self.store[EXTRA_PREFIX + self.prefix + name] = _on_host(value)
+
+    def output(self, value) -> None:
+        """Record the output of the module this recorder is scoped to (``talker.model.`` -> ``talker.model``)."""
+        if self.store is not None:
+            self.store[self.prefix.rstrip(".")] = _on_host(value)
+
+    def extra_scope(self, prefix: str) -> "Recorder":
+        """A recorder whose names all go to the ``refimpl.`` namespace: ``refimpl.`` + this prefix + prefix."""
+        if self.store is None:
+            return self
+        return Recorder(self.store, EXTRA_PREFIX + self.prefix + prefix)
+
+    def scope(self, prefix: str) -> "Recorder":
+        """A recorder into the same store whose names start with ``prefix`` (after this one's)."""
+        if self.store is None:
+            return self
+        return Recorder(self.store, self.prefix + prefix)
+
+
+NULL_RECORDER = Recorder(None)
+
+
+def _on_host(value):
+    """A device array copied to the host; host arrays and other values as they are."""
+    if isinstance(value, np.ndarray) or not hasattr(value, "__array_function__"):
+        return value
+    return to_host(value)
+
+
+def as_recorder(trace) -> Recorder:
+    """``None`` -> the recorder that does nothing; a dict -> a recorder filling it; a Recorder as is."""
+    if trace is None:
+        return NULL_RECORDER
+    if isinstance(trace, Recorder):
+        return trace
+    if isinstance(trace, dict):
+        return Recorder(trace)
+    raise TypeError(f"trace must be a dict, a Recorder or None, not {type(trace).__name__}")
+
+
+class CallLog(dict):
+    """A trace dict that also remembers every ``name -> value`` in the order recorded (``calls``); the
+    dict itself holds the last value of each name."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __setitem__(self, name, value) -> None:
+        self.calls.append((name, value))
+        super().__setitem__(name, value)
+
+    def named(self) -> list:
+        """[(key, value)] in call order, with ``:N`` appended to every call of a name called more than once."""
+        return list(zip(call_names([n for n, _ in self.calls]), (v for _, v in self.calls)))
+
+
+def call_names(names: list) -> list:
+    """The naming rule: a name occurring once stays as it is; one occurring k > 1 times becomes
+    ``name:0`` ... ``name:{k-1}`` in order."""
+    total = Counter(names)
+    seen = Counter()
+    out = []
+    for name in names:
+        out.append(f"{name}:{seen[name]}" if total[name] > 1 else name)
+        seen[name] += 1
+    return out
+
+
+def record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope: bool = False) -> None:
+    """Trace the stack-level rotary module (``rotary_emb``: cos, [3, B, T, D] for the Talker's mRoPE
+    whose three streams are equal here, else [B, T, D]) and, as extras, sin and the dense attention mask."""
+    if not record.enabled:
+        return
+    record("rotary_emb", np.broadcast_to(cos_btd, (3,) + cos_btd.shape) if mrope else cos_btd)
+    record.extra("rotary_emb.sin", sin_btd)
+    record.extra("attention_mask", mask.rows(0, len(mask.query_positions_t)))

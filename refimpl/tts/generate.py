@@ -1,0 +1,223 @@
+"""Generation: prompt vectors -> codec frames [T, 16] per item, as the official ``generate``.
+
+One generation step for a batch (B rows), after the prompt has been run through the talker
+(prefill), with ``logits`` the talker's output at the last position and ``h`` its hidden state there:
+
+    1. code 0:   scores = talker_scores(logits, codes 0 so far)   (``refimpl.sampling``)
+                 c0 = argmax or sample; rows that already ended get EOS again
+    2. stop when every row has produced EOS, or after ``max_new_tokens`` codes 0.  The code 0 drawn
+       at the last step is never expanded into a frame, so without EOS a run returns
+       max_new_tokens - 1 frames.
+    3. codes 1..15: the code predictor on [h, codec_embedding(c0)]  (``refimpl.tts.code_predictor``)
+    4. next talker input = sum of the 16 code embeddings of this frame
+                           + the trailing text vector of this step (or tts_pad once the text ran out)
+       at the next position of each row; one talker step with the KV cache -> new h, logits.
+
+Finally each row is cut before its first frame whose code 0 is EOS.
+
+On a device backend the networks, their KV caches and the prompt vectors stay on the device; what
+crosses to the host per frame is exactly the logits the 16 codes are chosen from (one row of at most
+vocab_size values each).  Sampling runs on the host, in float64, on those copies: the same arithmetic
+on every backend, so the same recorded uniforms give the same ids (``refimpl.sampling.choose``), and the
+chosen ids (host int64) are uploaded where they index an embedding table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import nn, sampling
+from ..io.validate import check_finite
+from ..recorder import NULL_RECORDER, Recorder
+from ..sampling import SamplingSettings
+from .prompt import assemble_batch
+
+__all__ = ["GenerationTrace", "iterate_frames", "generate_codes", "check_prompt_length"]
+
+# NaN logits would silently become code 0 (argmax) and EOS would never come: checked at every step
+NON_FINITE_HINT = "damaged weights or an extreme speaker embedding?"
+
+
+@dataclass
+class GenerationTrace:
+    """What a run saw, for tests and debugging (filled when passed to ``generate_codes``); host arrays.
+    With ``keep_logits=False`` the three logits fields stay empty: they are most of its size (at the
+    released sizes about 130 KB a frame, a gigabyte for the longest generations)."""
+
+    prefill_logits: np.ndarray | None = None  # [B, V] talker logits at the last prompt position
+    step_logits: list = field(default_factory=list)  # [B, V] per decode step
+    predictor_logits: list = field(default_factory=list)  # [B, 15, V'] per frame
+    code0: list = field(default_factory=list)  # [B] chosen code 0 per step
+    frames: list = field(default_factory=list)  # [B, 16] per expanded frame
+    prompt_embeds: np.ndarray | None = None  # [B, T, H] after left padding
+    key_valid: np.ndarray | None = None  # [B, T]
+    positions: np.ndarray | None = None  # [B, T]
+    trailing: np.ndarray | None = None  # [B, N, H]
+    keep_logits: bool = True
+
+    def set(self, **values) -> None:
+        for name, value in values.items():
+            if self.keep_logits or name not in LOGITS_FIELDS:
+                setattr(self, name, nn.to_host(value))
+
+    def add(self, name: str, value) -> None:
+        if self.keep_logits or name not in LOGITS_FIELDS:
+            getattr(self, name).append(nn.to_host(value))
+
+
+LOGITS_FIELDS = ("prefill_logits", "step_logits", "predictor_logits")
+
+
+class _NoTrace:
+    """Stands in for a ``GenerationTrace`` when nothing is recorded."""
+
+    def set(self, **values) -> None:
+        pass
+
+    def add(self, name: str, value) -> None:
+        pass
+
+
+def check_prompt_length(positions_bt, max_new_tokens: int, max_position_embeddings: int) -> None:
+    """Before any work: the prompt's positions plus one per generation step (the last code 0 is not fed
+    back) must stay below the talker's ``max_position_embeddings``, the longest sequence it supports."""
+    prompt = int(positions_bt.max()) + 1 if positions_bt.size else 0
+    last = prompt - 1 + max(int(max_new_tokens) - 1, 0)
+    if last >= max_position_embeddings:
+        raise ValueError(
+            f"the prompt has {prompt} positions and generation may add {max(int(max_new_tokens) - 1, 0)} "
+            f"more, past the talker's max_position_embeddings {max_position_embeddings}: shorten the "
+            "text (or reference) or lower max_new_tokens"
+        )
+
+
+def iterate_frames(
+    talker,
+    prompts_th: list,
+    trailing_nh: list,
+    pad_vector_h,
+    settings: SamplingSettings,
+    eos_id: int,
+    rng: np.random.Generator | None = None,
+    trace: GenerationTrace | None = None,
+    record: Recorder = NULL_RECORDER,
+):
+    """Generate frame by frame: yields one int64 array [B, 16] per expanded frame, as soon as it is made.
+    A row that already produced EOS gets frames whose code 0 is EOS (cut them, see ``generate_codes``).
+
+    ``record`` (a root ``Recorder``) receives every module output of the Talker and the code predictor
+    under the official names (``talker.model.layers.0.mlp:3``... once named by ``CallLog.named``) and,
+    under ``refimpl.talker.``, the prompt, the scores after each sampling step and the chosen ids."""
+    settings.validate()
+    trace = trace if trace is not None else _NoTrace()
+    embeds, valid, positions, trailing = assemble_batch(prompts_th, trailing_nh, pad_vector_h)
+    check_prompt_length(positions, settings.max_new_tokens, talker.cfg.max_position_embeddings)
+    if not 0 <= eos_id < talker.cfg.vocab_size:  # an EOS that can never be drawn: generation would never stop
+        raise ValueError(f"eos_token_id {eos_id} is outside the talker vocabulary [0, {talker.cfg.vocab_size})")
+    trace.set(prompt_embeds=embeds, key_valid=valid, positions=positions, trailing=trailing)
+    extra = record.extra_scope("talker.")
+    extra("prompt.embeds", embeds)
+    extra("prompt.key_valid", valid)
+    extra("prompt.positions", positions)
+    extra("prompt.trailing", trailing)
+    extra("prompt.tts_pad", nn.to_host(pad_vector_h))
+    B = embeds.shape[0]
+    G = talker.cfg.num_code_groups
+    pad_vector = nn.to_device(pad_vector_h).astype(embeds.dtype, copy=False)
+
+    sub_extra = extra.scope("code_predictor.sampling.")
+    frame_logits = []  # the host copies of this frame's code-predictor logits
+
+    def choose_sub(g, logits_bv):
+        logits_bv = nn.to_host(logits_bv)  # the one copy down
+        frame_logits.append(logits_bv)
+        check_finite(logits_bv, f"code predictor (group {g + 1} logits)", NON_FINITE_HINT)
+        sub_extra("logits", logits_bv)
+        ids = sampling.choose(
+            sampling.subtalker_scores(logits_bv, settings, sub_extra), settings.subtalker_dosample, rng
+        )
+        sub_extra("chosen", ids)
+        return ids
+
+    caches = talker.new_caches(B)
+    hidden, logits = talker_step(talker, embeds, positions, valid, caches, record)  # prefill
+    logits = nn.to_host(logits)
+    check_finite(logits, "talker (prompt prefill logits)", NON_FINITE_HINT)
+    trace.set(prefill_logits=logits)
+    next_position = positions[:, -1] + 1
+    previous = np.zeros((B, 0), dtype=np.int64)
+    finished = np.zeros(B, dtype=bool)
+    for step in range(settings.max_new_tokens):
+        extra("sampling.logits", logits)
+        scores = sampling.talker_scores(logits, previous, settings, eos_id, extra.scope("sampling."))  # 1. code 0
+        code0 = np.where(finished, eos_id, sampling.choose(scores, settings.do_sample, rng))
+        extra("sampling.chosen", code0)
+        previous = np.concatenate([previous, code0[:, None]], axis=1)
+        finished |= code0 == eos_id
+        trace.add("code0", code0)
+        if finished.all() or step + 1 == settings.max_new_tokens:  # 2. stop
+            return
+        frame_logits.clear()
+        rest, predictor_logits = talker.code_predictor.predict_frame(
+            hidden, talker.embed_codec(code0), choose_sub, G - 1, record.scope("talker.code_predictor.")
+        )  # 3.
+        if not isinstance(predictor_logits, np.ndarray):  # on a device: the host copies already made
+            predictor_logits = np.stack(frame_logits, axis=1)
+        trace.add("predictor_logits", predictor_logits)
+        frame = np.concatenate([code0[:, None], rest], axis=1)
+        trace.add("frames", frame)
+        yield frame
+        text_h = trailing[:, step] if step < trailing.shape[1] else np.broadcast_to(pad_vector, (B, pad_vector.size))
+        x = (talker.embed_frames(frame) + text_h)[:, None]  # 4. next input
+        valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
+        hidden, logits = talker_step(talker, x, next_position[:, None], valid, caches, record)
+        logits = nn.to_host(logits)
+        check_finite(logits, f"talker (logits of generation step {step + 1})", NON_FINITE_HINT)
+        next_position = next_position + 1
+        trace.add("step_logits", logits)
+
+
+def talker_step(talker, x_btc, positions_bt, valid_bs, caches, record: Recorder = NULL_RECORDER):
+    """One Talker pass over new positions -> (hidden [B, H], logits [B, V]) at the last one.  When
+    tracing, the official modules ``talker.model``, ``talker.codec_head`` and ``talker`` are recorded
+    over all new positions, as the official forward computes them."""
+    hidden_btc = talker.forward(x_btc, positions_bt, valid_bs, caches, record.scope("talker.model."))
+    hidden = hidden_btc[:, -1]
+    logits = talker.logits(hidden)
+    if record.enabled:
+        record("talker.model", hidden_btc)
+        all_logits = talker.logits(hidden_btc)
+        record("talker.codec_head", all_logits)
+        record("talker", all_logits)
+    return hidden, logits
+
+
+def generate_codes(
+    talker,
+    prompts_th: list,
+    trailing_nh: list,
+    pad_vector_h,
+    settings: SamplingSettings,
+    eos_id: int,
+    rng: np.random.Generator | None = None,
+    trace: GenerationTrace | None = None,
+    record: Recorder = NULL_RECORDER,
+    *,
+    progress=None,
+):
+    """Generate frames for a batch of prompts; returns one int64 array [T_i, 16] per item (each row cut
+    before its first frame whose code 0 is EOS).  ``progress``: None (silent) or a callable
+    ``progress(iterable, desc) -> iterable`` wrapped around the frame loop, e.g. ``tqdm.tqdm``."""
+    G = talker.cfg.num_code_groups
+    frames = iterate_frames(talker, prompts_th, trailing_nh, pad_vector_h, settings, eos_id, rng, trace, record)
+    frames = list(frames if progress is None else progress(frames, "generating frames"))
+    B = len(prompts_th)
+    codes_bt16 = np.stack(frames, axis=1) if frames else np.zeros((B, 0, G), dtype=np.int64)
+    out = []
+    for b in range(B):
+        stops = np.flatnonzero(codes_bt16[b, :, 0] == eos_id)
+        n = stops[0] if stops.size else codes_bt16.shape[1]
+        out.append(codes_bt16[b, :n].copy())
+    return out

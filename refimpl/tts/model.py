@@ -1,0 +1,623 @@
+"""``Qwen3TTS``: the official public API (``qwen_tts.Qwen3TTSModel``) on the NumPy reference.
+
+Loaded under a device backend (``with refimpl.use_backend("cupy"): Qwen3TTS.from_pretrained(...)``, or
+``--backend cupy``) every network's weights go to the device once; the public methods stay NumPy in,
+NumPy out and run on that device (docs/backends.md).
+
+    tts = Qwen3TTS.from_pretrained("Qwen3-TTS-12Hz-1.7B-CustomVoice")          # dtype=numpy.float32
+    wavs, sr = tts.generate_custom_voice("Hello.", speaker="vivian", language="english", seed=0)
+    wavs, sr, codes = tts.generate_voice_design(["a", "b"], instruct="calm", return_codes=True,
+                                                do_sample=False, subtalker_dosample=False)
+    prompt = tts.create_voice_clone_prompt((audio, 16000), ref_text="...")        # Base models
+    wavs, sr = tts.generate_voice_clone("Hi.", voice_clone_prompt=prompt)
+    for chunk in tts.stream_custom_voice("Hello.", speaker="vivian", chunk_frames=4): ...   # one text
+
+Every ``generate_*`` takes text as a string or a list (a batch); other per-item arguments may be one
+value for the whole batch or a list of the same length (a list of one is broadcast), as the official.
+Sampling keywords (``do_sample, top_k, top_p, temperature, repetition_penalty, subtalker_dosample,
+subtalker_top_k, subtalker_top_p, subtalker_temperature, max_new_tokens``) default to the model's
+generation_config.json, then to the official hard defaults.  ``seed`` seeds the NumPy generator used for
+sampling; ``return_codes=True`` also returns the generated codes, one int64 array [T, 16] per item.
+``trace=`` (a dict or ``refimpl.recorder.Recorder``) receives every module output under the official names
+and the uniforms consumed (``refimpl.random_draws``); ``random_draws=`` replays such uniforms instead of
+drawing them (docs/port_authors.md, ``refimpl.porting.trace_files``).  ``progress=`` (``generate_*`` only; default
+None: silent) is a callable ``progress(iterable, desc) -> iterable`` wrapped around the frame loop and
+the decoder's chunk loop, e.g. ``progress=tqdm.tqdm`` (the command line passes its own bars).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..backends import iterate_on_model_backend, on_model_backend
+from ..codec.speech_tokenizer import SpeechTokenizer
+from ..io.audio import audio_as_float, check_sample_rate, read_wav
+from ..io.checkpoint import (
+    CheckpointError,
+    check_prefixes,
+    compute_dtype,
+    read_checkpoint_weights,
+    read_config,
+    read_json_object,
+)
+from ..io.hub import resolve_model
+from ..recorder import NULL_RECORDER, Recorder, as_recorder
+from ..sampling import SamplingSettings, UniformDraws
+from .generate import GenerationTrace, generate_codes, iterate_frames
+from .prompt import TTSConfig, build_layout, embed_layout
+from .speaker_encoder import SpeakerEncoder
+from .talker import Talker
+from .text_tokenizer import assistant_prompt, instruct_prompt, load_text_tokenizer, reference_prompt
+
+__all__ = ["Qwen3TTS", "VoiceClonePromptItem", "HARD_DEFAULTS"]
+
+# what the official wrapper falls back to when neither the call nor generation_config.json sets a value
+HARD_DEFAULTS = dict(
+    do_sample=True,
+    top_k=50,
+    top_p=1.0,
+    temperature=0.9,
+    repetition_penalty=1.05,
+    subtalker_dosample=True,
+    subtalker_top_k=50,
+    subtalker_top_p=1.0,
+    subtalker_temperature=0.9,
+    max_new_tokens=2048,
+)
+_GEN_KEYS = tuple(HARD_DEFAULTS)
+
+
+@dataclass
+class VoiceClonePromptItem:
+    """One reference voice (the official class of the same name, with NumPy arrays)."""
+
+    ref_code: np.ndarray | None  # [T, 16] codes of the reference audio (ICL mode), None in x-vector mode
+    ref_spk_embedding: np.ndarray  # [enc_dim] x-vector
+    x_vector_only_mode: bool
+    icl_mode: bool
+    ref_text: str | None = None
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) and not _is_audio_tuple(x) else [x]
+
+
+def _is_audio_tuple(x) -> bool:
+    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], np.ndarray)
+
+
+def _per_text(texts: list, **arguments) -> list:
+    """Each argument, given as ``(value, default)``, as one value per text: a list of len(texts) as it is,
+    a list of one repeated, a single value (None -> default) for every text.  Returns the lists in the
+    order given; ValueError naming the lengths when a list has another length (as the official)."""
+    out = []
+    for value, default in arguments.values():
+        if isinstance(value, list):
+            out.append(value * len(texts) if len(value) == 1 else list(value))
+        else:
+            out.append([default if value is None else value] * len(texts))
+    if any(len(values) != len(texts) for values in out):
+        sizes = ", ".join(f"{name}={len(values)}" for name, values in zip(arguments, out))
+        raise ValueError(f"Batch size mismatch: text={len(texts)}, {sizes}")
+    return out
+
+
+def record_layouts(record: Recorder, layouts: list) -> None:
+    """Trace the ids of each prompt (``refimpl.talker.prompt.{text_ids, codec_ids, trailing_ids}.{item}``;
+    codec_ids [T, 16] with -1 where a position has no codec part)."""
+    for i, lay in enumerate(layouts):
+        record.extra(f"talker.prompt.text_ids.{i}", np.asarray(lay.text_ids, dtype=np.int64))
+        record.extra(f"talker.prompt.codec_ids.{i}", np.asarray(lay.codec_codes, dtype=np.int64))
+        record.extra(f"talker.prompt.trailing_ids.{i}", np.asarray(lay.trailing_ids, dtype=np.int64))
+
+
+class Qwen3TTS:
+    """A Qwen3-TTS model (CustomVoice, VoiceDesign or Base) in NumPy."""
+
+    def __init__(
+        self,
+        config: dict,
+        talker: Talker,
+        text_tokenizer,
+        speech_tokenizer,
+        speaker_encoder=None,
+        generate_defaults: dict | None = None,
+        dtype=np.float32,
+        directory: Path | None = None,
+    ):
+        self.config = TTSConfig.from_dict(config)
+        self.talker = talker
+        self.text_tokenizer = text_tokenizer
+        self.speech_tokenizer = speech_tokenizer
+        self.speaker_encoder = speaker_encoder
+        self.generate_defaults = dict(generate_defaults or {})
+        self.dtype = np.dtype(dtype).type
+        self.directory = directory
+        self.tts_model_type = self.config.tts_model_type
+        self.tts_model_size = self.config.tts_model_size
+        self.tokenizer_type = self.config.tokenizer_type
+        self.last_trace: GenerationTrace | None = None
+        # last_trace keeps every step's logits only when asked (about 130 KB a frame at the released sizes)
+        self.keep_logits = False
+        # the device backend the networks were built under (None: the host); the public methods run there
+        self.backend = getattr(talker, "backend", None)
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=np.float32, revision: str | None = None) -> "Qwen3TTS":
+        """Load a model directory: config.json, model.safetensors (or shards), the text tokenizer files,
+        generation_config.json and speech_tokenizer/.  ``path`` is a directory, an embedded model name
+        ("default", "default-base", ...) or a Hugging Face repo id in the local cache
+        ("Qwen/Qwen3-TTS-12Hz-0.6B-Base", at ``revision``); see ``refimpl.io.hub.resolve_model``."""
+        dtype = compute_dtype(dtype)
+        directory = resolve_model(path, revision=revision)
+        config = read_config(directory)
+        if "talker_config" not in config:
+            raise CheckpointError(f"{directory}/config.json has no talker_config: not a Qwen3-TTS model")
+        cfg = TTSConfig.from_dict(config)
+        check_prefixes(directory, ("talker.", "speaker_encoder."), f"Qwen3-TTS model ({directory})")
+        # float32: bfloat16 matrices stay as stored (half the memory; widened where used, exactly)
+        talker_weights = read_checkpoint_weights(directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32)
+        talker = Talker(cfg.talker_config, talker_weights, dtype)
+        speaker_encoder = None
+        if cfg.tts_model_type == "base":
+            speaker_encoder = SpeakerEncoder.from_pretrained(directory, dtype)
+        if not (directory / "speech_tokenizer" / "config.json").is_file():
+            raise CheckpointError(f"{directory} has no speech_tokenizer/config.json")
+        speech_tokenizer = SpeechTokenizer.from_pretrained(directory / "speech_tokenizer", dtype)
+        defaults = {}
+        if (directory / "generation_config.json").is_file():
+            defaults = read_json_object(directory / "generation_config.json")
+        return cls(
+            config,
+            talker,
+            load_text_tokenizer(directory),
+            speech_tokenizer,
+            speaker_encoder,
+            defaults,
+            dtype,
+            directory,
+        )
+
+    # ------------------------------------------------------------------ what the model supports
+
+    def get_supported_speakers(self) -> list:
+        """Preset speaker names (lowercase, sorted); empty for Base and VoiceDesign models."""
+        return sorted({str(s).lower() for s in self.config.talker_config.spk_id})
+
+    def get_supported_languages(self) -> list:
+        """'auto' and every language of codec_language_id except the dialects (lowercase, sorted)."""
+        langs = {"auto"} | {str(k).lower() for k in self.config.talker_config.codec_language_id if "dialect" not in k}
+        return sorted(langs)
+
+    def _check_languages(self, languages: list) -> None:
+        supported = set(self.get_supported_languages())
+        bad = [lang for lang in languages if lang is None or str(lang).lower() not in supported]
+        if bad:
+            raise ValueError(f"Unsupported languages: {bad}. Supported: {sorted(supported)}")
+
+    def _check_speakers(self, speakers: list) -> None:
+        supported = set(self.get_supported_speakers())
+        bad = [s for s in speakers if s not in (None, "") and str(s).lower() not in supported]
+        if bad:
+            raise ValueError(f"Unsupported speakers: {bad}. Supported: {sorted(supported)}")
+
+    def _require_type(self, model_type: str, method: str) -> None:
+        if self.tts_model_type != model_type:
+            raise ValueError(
+                f"{method} needs a {model_type!r} model; this checkpoint has tts_model_type "
+                f"{self.tts_model_type!r} (size {self.tts_model_size!r})"
+            )
+
+    # ------------------------------------------------------------------ text
+
+    def _tokenize(self, text: str) -> np.ndarray:
+        return np.asarray(self.text_tokenizer.encode(text), dtype=np.int64)
+
+    @staticmethod
+    def _check_texts(texts: list, what: str = "text") -> None:
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ValueError(f"{what}[{i}] must be a string, got {type(t).__name__}")
+            if t == "":
+                raise ValueError(f"{what}[{i}] is empty: there is nothing to say")
+
+    # ------------------------------------------------------------------ generation core
+
+    def _settings(self, kwargs: dict):
+        kwargs = dict(kwargs)
+        seed = kwargs.pop("seed", None)
+        random_draws = kwargs.pop("random_draws", None)
+        return_codes = bool(kwargs.pop("return_codes", False))
+        eos = kwargs.pop("eos_token_id", None)
+        unknown = sorted(k for k in kwargs if k not in _GEN_KEYS)
+        if unknown:
+            raise ValueError(
+                f"unknown generation keyword(s) {unknown}; accepted: {list(_GEN_KEYS)} + seed, "
+                "eos_token_id, return_codes, random_draws, trace"
+            )
+        merged = {}
+        for k in _GEN_KEYS:
+            v = kwargs.get(k)
+            merged[k] = v if v is not None else self.generate_defaults.get(k, HARD_DEFAULTS[k])
+        settings = SamplingSettings(**merged)
+        settings.validate()
+        eos_id = self.config.talker_config.codec_eos_token_id if eos is None else int(eos)
+        return settings, UniformDraws(np.random.default_rng(seed), random_draws), return_codes, eos_id
+
+    @on_model_backend
+    def generate_codes_from_layouts(
+        self,
+        layouts: list,
+        speaker_vectors: list,
+        settings: SamplingSettings,
+        rng,
+        eos_id: int,
+        trace: GenerationTrace | None = None,
+        record: Recorder = NULL_RECORDER,
+        *,
+        progress=None,
+    ) -> list:
+        """The model part of every mode: prompts (as ``PromptLayout``) -> codes [T, 16] per item.
+        ``record`` receives the module outputs (``refimpl.porting.trace_files``) and, when ``rng`` is a
+        ``UniformDraws``, every uniform consumed as ``refimpl.random_draws``."""
+        cfg = self.config
+        record_layouts(record, layouts)
+        prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors)]
+        trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
+        pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
+        codes = generate_codes(
+            self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record, progress=progress
+        )
+        if isinstance(rng, UniformDraws):
+            record.extra("random_draws", rng.recorded())
+        return codes
+
+    def _finish(self, codes: list, return_codes: bool, ref_codes: list | None = None, progress=None):
+        wavs = []
+        for i, c in enumerate(codes):
+            ref = None if ref_codes is None else ref_codes[i]
+            if ref is None:
+                wavs.append(np.asarray(self.speech_tokenizer.decode(c, progress=progress), dtype=np.float32))
+                continue
+            # voice clone ICL: decode reference + new codes together, then cut the reference's share
+            both = np.concatenate([np.asarray(ref, dtype=np.int64), c], axis=0)
+            wav = np.asarray(self.speech_tokenizer.decode(both, progress=progress), dtype=np.float32)
+            cut = int(len(ref) / max(len(both), 1) * wav.shape[0])
+            wavs.append(wav[cut:])
+        sr = int(self.speech_tokenizer.sample_rate)
+        return (wavs, sr, codes) if return_codes else (wavs, sr)
+
+    # ------------------------------------------------------------------ CustomVoice
+
+    @on_model_backend
+    def generate_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True, **kwargs):
+        """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
+        self._require_type("custom_voice", "generate_custom_voice")
+        record = as_recorder(kwargs.pop("trace", None))
+        progress = kwargs.pop("progress", None)
+        settings, rng, return_codes, eos_id = self._settings(kwargs)
+        layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
+        codes = self.generate_codes_from_layouts(
+            layouts, [None] * len(layouts), settings, rng, eos_id, self.last_trace, record, progress=progress
+        )
+        return self._finish(codes, return_codes, progress=progress)
+
+    @on_model_backend
+    def stream_custom_voice(
+        self, text, speaker, language=None, instruct=None, non_streaming_mode=True, chunk_frames: int = 4, **kwargs
+    ):
+        """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks of
+        ``chunk_frames`` frames (chunk_frames * 1920 samples) while the frames are generated."""
+        self._require_type("custom_voice", "stream_custom_voice")
+        record = as_recorder(kwargs.pop("trace", None))
+        settings, rng, _, eos_id = self._settings(kwargs)
+        layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
+        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames, record)
+
+    def _custom_voice_layouts(self, text, speaker, language, instruct, non_streaming_mode) -> list:
+        texts = _as_list(text)
+        self._check_texts(texts)
+        if self.tts_model_size is not None and self.tts_model_size in "0b6":  # the official rule, verbatim
+            instruct = None
+        languages, speakers, instructs = _per_text(
+            texts, language=(language, "Auto"), speaker=(speaker, None), instruct=(instruct, "")
+        )
+        self._check_languages(languages)
+        self._check_speakers(speakers)
+        layouts = []
+        for t, lang, spk, ins in zip(texts, languages, speakers, instructs):
+            layouts.append(
+                build_layout(
+                    self.config,
+                    self._tokenize(assistant_prompt(t)),
+                    lang,
+                    spk,
+                    instruct_ids=None if ins in (None, "") else self._tokenize(instruct_prompt(ins)),
+                    non_streaming_mode=non_streaming_mode,
+                )
+            )
+        return layouts
+
+    # ------------------------------------------------------------------ VoiceDesign
+
+    @on_model_backend
+    def generate_voice_design(self, text, instruct, language=None, non_streaming_mode=True, **kwargs):
+        """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
+        self._require_type("voice_design", "generate_voice_design")
+        record = as_recorder(kwargs.pop("trace", None))
+        progress = kwargs.pop("progress", None)
+        settings, rng, return_codes, eos_id = self._settings(kwargs)
+        layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
+        codes = self.generate_codes_from_layouts(
+            layouts, [None] * len(layouts), settings, rng, eos_id, self.last_trace, record, progress=progress
+        )
+        return self._finish(codes, return_codes, progress=progress)
+
+    @on_model_backend
+    def stream_voice_design(
+        self, text, instruct, language=None, non_streaming_mode=True, chunk_frames: int = 4, **kwargs
+    ):
+        """Like ``generate_voice_design`` for ONE text, yielding float32 waveform chunks (see
+        ``stream_custom_voice``)."""
+        self._require_type("voice_design", "stream_voice_design")
+        record = as_recorder(kwargs.pop("trace", None))
+        settings, rng, _, eos_id = self._settings(kwargs)
+        layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
+        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames, record)
+
+    def _voice_design_layouts(self, text, instruct, language, non_streaming_mode) -> list:
+        texts = _as_list(text)
+        self._check_texts(texts)
+        languages, instructs = _per_text(texts, language=(language, "Auto"), instruct=(instruct, None))
+        self._check_languages(languages)
+        layouts = []
+        for t, lang, ins in zip(texts, languages, instructs):
+            layouts.append(
+                build_layout(
+                    self.config,
+                    self._tokenize(assistant_prompt(t)),
+                    lang,
+                    None,
+                    instruct_ids=None if ins in (None, "") else self._tokenize(instruct_prompt(ins)),
+                    non_streaming_mode=non_streaming_mode,
+                )
+            )
+        return layouts
+
+    # ------------------------------------------------------------------ Base: voice clone
+
+    @on_model_backend
+    def extract_speaker_embedding(self, audio, sr: int = 24000, trace=None):
+        """The x-vector [enc_dim] of mono audio (resampled to 24 kHz when ``sr`` differs).  ``trace`` (a dict
+        or ``Recorder``) receives every module's output under ``speaker_encoder.`` (``refimpl.porting.trace_files``)."""
+        if self.speaker_encoder is None:
+            raise ValueError(f"extract_speaker_embedding needs a 'base' model (this one is {self.tts_model_type!r})")
+        record = as_recorder(trace).scope("speaker_encoder.")
+        xvec = self.speaker_encoder.embed(audio, sr, record)
+        record.output(xvec[None])
+        return xvec
+
+    def _load_audio(self, a):
+        if _is_audio_tuple(a):
+            wav, sr = a
+            wav = audio_as_float(wav, "ref_audio")  # int16 / int32 / uint8 PCM scaled to [-1, 1)
+            if wav.ndim > 1:
+                wav = np.mean(wav, axis=-1)
+            return wav.astype(np.float32), check_sample_rate(sr, "ref_audio sample rate")
+        if isinstance(a, np.ndarray):
+            raise ValueError("For numpy waveform input, pass a tuple (audio, sr).")
+        if isinstance(a, (str, Path)):
+            wav, sr = read_wav(a)
+            if wav.ndim > 1:
+                wav = wav.mean(axis=-1)
+            return wav.astype(np.float32), int(sr)
+        raise ValueError(f"Unsupported audio input type: {type(a).__name__}; pass (waveform, sr) or a WAV path")
+
+    @on_model_backend
+    def create_voice_clone_prompt(self, ref_audio, ref_text=None, x_vector_only_mode=False, trace=None) -> list:
+        """Reference voice(s) -> ``VoiceClonePromptItem`` list: the reference codes (ICL mode) and x-vector.
+        ``trace`` receives the speaker encoder's module outputs (the codec encoder's are traced by
+        ``refimpl trace codec-encode``: the official object runs it outside ``Qwen3TTSModel.model``)."""
+        self._require_type("base", "create_voice_clone_prompt")
+        audios = _as_list(ref_audio)
+        ref_texts = _as_list(ref_text) if isinstance(ref_text, list) else [ref_text] * len(audios)
+        xvec = (
+            _as_list(x_vector_only_mode) if isinstance(x_vector_only_mode, list) else [x_vector_only_mode] * len(audios)
+        )
+        if len(ref_texts) != len(audios) or len(xvec) != len(audios):
+            raise ValueError(
+                f"Batch size mismatch: ref_audio={len(audios)}, ref_text={len(ref_texts)}, "
+                f"x_vector_only_mode={len(xvec)}"
+            )
+        loaded = [self._load_audio(a) for a in audios]
+        for i, (rt, xo) in enumerate(zip(ref_texts, xvec)):
+            if not xo and (rt is None or rt == ""):
+                raise ValueError(f"ref_text is required when x_vector_only_mode=False (ICL mode). Bad index={i}")
+        rates = {sr for _, sr in loaded}
+        if len(rates) == 1:
+            codes = self.speech_tokenizer.encode([w for w, _ in loaded], sr=loaded[0][1])
+        else:
+            codes = [self.speech_tokenizer.encode(w, sr=sr) for w, sr in loaded]
+        items = []
+        for (wav, sr), code, rt, xo in zip(loaded, codes, ref_texts, xvec):
+            emb = self.extract_speaker_embedding(wav, sr, trace)
+            items.append(
+                VoiceClonePromptItem(
+                    ref_code=None if xo else np.asarray(code, dtype=np.int64),
+                    ref_spk_embedding=np.asarray(emb),
+                    x_vector_only_mode=bool(xo),
+                    icl_mode=bool(not xo),
+                    ref_text=rt,
+                )
+            )
+        return items
+
+    @on_model_backend
+    def generate_voice_clone(
+        self,
+        text,
+        language=None,
+        ref_audio=None,
+        ref_text=None,
+        x_vector_only_mode=False,
+        voice_clone_prompt=None,
+        non_streaming_mode=False,
+        **kwargs,
+    ):
+        """Speech in the voice of reference audio (Base models): x-vector only, or ICL (reference text +
+        reference codes continue into the new text)."""
+        self._require_type("base", "generate_voice_clone")
+        record = as_recorder(kwargs.pop("trace", None))
+        progress = kwargs.pop("progress", None)
+        settings, rng, return_codes, eos_id = self._settings(kwargs)
+        layouts, vectors, ref_codes = self._voice_clone_layouts(
+            text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, non_streaming_mode, record
+        )
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
+        codes = self.generate_codes_from_layouts(
+            layouts, vectors, settings, rng, eos_id, self.last_trace, record, progress=progress
+        )
+        return self._finish(codes, return_codes, ref_codes, progress)
+
+    @on_model_backend
+    def stream_voice_clone(
+        self,
+        text,
+        language=None,
+        ref_audio=None,
+        ref_text=None,
+        x_vector_only_mode=False,
+        voice_clone_prompt=None,
+        non_streaming_mode=False,
+        chunk_frames: int = 4,
+        **kwargs,
+    ):
+        """Like ``generate_voice_clone`` for ONE text, yielding float32 waveform chunks (see
+        ``stream_custom_voice``); in ICL mode the reference codes are pushed through the streaming
+        decoder first as left context and their audio is not yielded."""
+        self._require_type("base", "stream_voice_clone")
+        record = as_recorder(kwargs.pop("trace", None))
+        settings, rng, _, eos_id = self._settings(kwargs)
+        layouts, vectors, ref_codes = self._voice_clone_layouts(
+            text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, non_streaming_mode, record
+        )
+        return self._stream(layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames, record)
+
+    def _voice_clone_layouts(
+        self,
+        text,
+        language,
+        ref_audio,
+        ref_text,
+        x_vector_only_mode,
+        voice_clone_prompt,
+        non_streaming_mode,
+        record: Recorder = NULL_RECORDER,
+    ):
+        texts = _as_list(text)
+        self._check_texts(texts)
+        (languages,) = _per_text(texts, language=(language, "Auto"))
+        self._check_languages(languages)
+
+        if voice_clone_prompt is None:
+            if ref_audio is None:
+                raise ValueError("Either `voice_clone_prompt` or `ref_audio` must be provided.")
+            items = self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only_mode, record)
+        elif isinstance(voice_clone_prompt, dict):
+            items = self._items_from_dict(voice_clone_prompt)
+        elif isinstance(voice_clone_prompt, VoiceClonePromptItem):
+            items = [voice_clone_prompt]
+        else:
+            items = list(voice_clone_prompt)
+        (items,) = _per_text(texts, prompt=(items, None))
+
+        layouts, vectors, ref_codes = [], [], []
+        for t, lang, it in zip(texts, languages, items):
+            if not isinstance(it, VoiceClonePromptItem):
+                raise ValueError(f"voice_clone_prompt items must be VoiceClonePromptItem, got {type(it).__name__}")
+            icl = bool(it.icl_mode) and it.ref_code is not None
+            if icl and (it.ref_text is None or it.ref_text == ""):
+                raise ValueError("ref_text is required in ICL mode (x_vector_only_mode=False)")
+            use_vector = bool(it.x_vector_only_mode) or bool(it.icl_mode)
+            layouts.append(
+                build_layout(
+                    self.config,
+                    self._tokenize(assistant_prompt(t)),
+                    lang,
+                    None,
+                    has_speaker_vector=use_vector,
+                    ref_ids=self._tokenize(reference_prompt(it.ref_text)) if icl else None,
+                    ref_codes=it.ref_code if icl else None,
+                    non_streaming_mode=non_streaming_mode,
+                )
+            )
+            vectors.append(it.ref_spk_embedding if use_vector else None)
+            ref_codes.append(it.ref_code if it.ref_code is not None else None)
+        return layouts, vectors, ref_codes
+
+    # ------------------------------------------------------------------ streaming
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.speech_tokenizer.sample_rate)
+
+    def _stream(
+        self, layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames, record: Recorder = NULL_RECORDER
+    ):
+        """Generator: frames -> the exact streaming decoder -> float32 chunks (the concatenation equals
+        ``SpeechTokenizer.decode_full`` of the codes, i.e. the official decode up to 300 frames).
+        ``record`` receives the generation's trace, as ``generate_codes_from_layouts``."""
+        if len(layouts) != 1:
+            raise ValueError(f"streaming takes one text at a time, got a batch of {len(layouts)}")
+        if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, (int, np.integer)) or chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be a positive integer, got {chunk_frames!r}")
+        cfg = self.config
+        record_layouts(record, layouts)
+        prompts = [embed_layout(self.talker, layouts[0], vectors[0])]
+        trailing = [self.talker.embed_text(layouts[0].trailing_ids)]
+        pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
+        trace = self.last_trace
+
+        def chunks():
+            decoder = self.speech_tokenizer.stream()
+            if ref_codes[0] is not None:
+                decoder.push(np.asarray(ref_codes[0], dtype=np.int64))  # left context only
+            pending = []
+            for frame in iterate_frames(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record):
+                pending.append(frame[0])
+                if len(pending) == chunk_frames:
+                    yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
+                    pending = []
+            if pending:
+                yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
+            if isinstance(rng, UniformDraws):
+                record.extra("random_draws", rng.recorded())
+
+        return iterate_on_model_backend(self, chunks())
+
+    @staticmethod
+    def _items_from_dict(d: dict) -> list:
+        try:
+            n = len(d["ref_spk_embedding"])
+            return [
+                VoiceClonePromptItem(
+                    ref_code=d["ref_code"][i] if d.get("ref_code") is not None else None,
+                    ref_spk_embedding=d["ref_spk_embedding"][i],
+                    x_vector_only_mode=bool(d["x_vector_only_mode"][i]),
+                    icl_mode=bool(d["icl_mode"][i]),
+                    ref_text=(d.get("ref_text") or [None] * n)[i],
+                )
+                for i in range(n)
+            ]
+        except (KeyError, IndexError, TypeError) as e:
+            raise ValueError(
+                f"voice_clone_prompt dict is malformed ({e!r}); pass the list that create_voice_clone_prompt returns"
+            ) from None

@@ -1,0 +1,556 @@
+"""The speaker encoder of the Base models: 24 kHz audio -> log-mel spectrogram -> ECAPA-TDNN -> x-vector.
+
+Voice cloning conditions the Talker on this x-vector (``enc_dim`` floats: 1024 on 0.6B-Base, 2048 on
+1.7B-Base).  Shapes below are for the released config (B batch, N samples, T mel frames):
+
+    audio [N] at sr Hz -> resampled to 24 kHz (other rates)
+    1. log-mel spectrogram (n_fft 1024, hop 256, Hann 1024, 128 Slaney mels, 0..12 kHz)
+                                          -> [128, T], fed as [B, T, 128]   T = 1 + (N - 256) // 256
+    2. blocks.0  TDNN k5                  -> [B, 512, T]
+    3. blocks.1..3  SE-Res2Net, k3, dilations 2, 3, 4 (each adds its input back)
+                                          -> [B, 512, T] each
+    4. mfa: concat(blocks.1..3) + TDNN k1 -> [B, 1536, T]
+    5. asp: attentive statistics pooling  -> [B, 3072, 1]  (weighted mean ++ weighted std)
+    6. fc: 1x1 conv                       -> [B, enc_dim]
+
+Every "TDNN" is conv1d (with "same" padding made by *reflecting* the input) followed by ReLU.
+
+Weights are a flat dict keyed by the checkpoint names with the ``speaker_encoder.`` prefix removed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import nn
+from ..backends import device_backend, on_model_backend
+from ..backends.bf16 import upload_weights
+from ..io.audio import audio_as_float, check_amplitude, check_sample_rate, resample
+from ..io.checkpoint import (
+    CheckpointError,
+    WeightSpec,
+    check_weights,
+    compute_dtype,
+    read_checkpoint_weights,
+    read_config,
+)
+from ..io.config import config_from_dict
+from ..io.validate import check_speaker_encoder_config, raise_non_finite_stage
+from ..recorder import NULL_RECORDER, Recorder, as_recorder
+
+__all__ = [
+    "SpeakerEncoderConfig",
+    "speaker_encoder_weight_spec",
+    "speaker_encoder_checkpoint_spec",
+    "hz_to_mel",
+    "mel_to_hz",
+    "mel_filterbank",
+    "hann_window",
+    "stft_magnitude",
+    "mel_spectrogram",
+    "mel_frame_count",
+    "encode_mels",
+    "resample",
+    "SpeakerEncoder",
+    "STAGES",
+]
+
+
+@dataclass
+class SpeakerEncoderConfig:
+    """``speaker_encoder_config`` of a Base model's config.json (official defaults; the released
+    files set ``enc_dim`` and ``sample_rate`` and leave the rest at these defaults)."""
+
+    mel_dim: int = 128
+    enc_dim: int = 1024
+    enc_channels: tuple = (512, 512, 512, 512, 1536)
+    enc_kernel_sizes: tuple = (5, 3, 3, 3, 1)
+    enc_dilations: tuple = (1, 2, 3, 4, 1)
+    enc_attention_channels: int = 128
+    enc_res2net_scale: int = 8
+    enc_se_channels: int = 128
+    sample_rate: int = 24000
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data) -> "SpeakerEncoderConfig":
+        cfg = config_from_dict(cls, data)
+        check_speaker_encoder_config(cfg)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Refuse configs the network cannot be built from (each message names the rule)."""
+        n = len(self.enc_channels)
+        if n < 3 or len(self.enc_kernel_sizes) != n or len(self.enc_dilations) != n:
+            raise ValueError(
+                "speaker_encoder_config: enc_channels, enc_kernel_sizes and enc_dilations must have "
+                f"the same length (at least 3); got {n}, {len(self.enc_kernel_sizes)}, "
+                f"{len(self.enc_dilations)}"
+            )
+        C = self.enc_channels
+        if any(c != C[0] for c in C[1:-1]):
+            raise ValueError(
+                f"speaker_encoder_config: the SE-Res2Net blocks add their input back, so "
+                f"enc_channels[:-1] must all be equal; got {list(C)}"
+            )
+        if C[-1] != sum(C[1:-1]):
+            raise ValueError(
+                f"speaker_encoder_config: enc_channels[-1] ({C[-1]}) must equal the sum of the "
+                f"SE-Res2Net block channels ({sum(C[1:-1])}), which the aggregation concatenates"
+            )
+        if C[0] % self.enc_res2net_scale:
+            raise ValueError(
+                f"speaker_encoder_config: channels {C[0]} are not divisible by enc_res2net_scale "
+                f"{self.enc_res2net_scale}"
+            )
+        if self.enc_res2net_scale < 2:
+            raise ValueError("speaker_encoder_config: enc_res2net_scale must be at least 2")
+
+    @property
+    def n_res2net_blocks(self) -> int:
+        return len(self.enc_channels) - 2
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def _conv(name: str, c_out: int, c_in: int, k: int) -> list:
+    return [WeightSpec(f"{name}.weight", (c_out, c_in, k)), WeightSpec(f"{name}.bias", (c_out,), "bias")]
+
+
+def speaker_encoder_weight_spec(cfg: SpeakerEncoderConfig) -> list:
+    """Every tensor of the speaker encoder, named as in the checkpoint (without ``speaker_encoder.``).
+    The network has no buffers (no BatchNorm): only conv weights [out, in, k] and biases."""
+    C, K, s = cfg.enc_channels, cfg.enc_kernel_sizes, cfg.enc_res2net_scale
+    spec = _conv("blocks.0.conv", C[0], cfg.mel_dim, K[0])
+    for i in range(1, len(C) - 1):
+        p = f"blocks.{i}"
+        spec += _conv(f"{p}.tdnn1.conv", C[i], C[i - 1], 1)
+        for j in range(s - 1):
+            spec += _conv(f"{p}.res2net_block.blocks.{j}.conv", C[i] // s, C[i] // s, K[i])
+        spec += _conv(f"{p}.tdnn2.conv", C[i], C[i], 1)
+        spec += _conv(f"{p}.se_block.conv1", cfg.enc_se_channels, C[i], 1)
+        spec += _conv(f"{p}.se_block.conv2", C[i], cfg.enc_se_channels, 1)
+    spec += _conv("mfa.conv", C[-1], C[-1], K[-1])
+    spec += _conv("asp.tdnn.conv", cfg.enc_attention_channels, 3 * C[-1], 1)
+    spec += _conv("asp.conv", C[-1], cfg.enc_attention_channels, 1)
+    spec += _conv("fc", cfg.enc_dim, 2 * C[-1], 1)
+    return spec
+
+
+CHECKPOINT_PREFIX = "speaker_encoder."
+
+
+def speaker_encoder_checkpoint_spec(cfg: SpeakerEncoderConfig) -> list:
+    """The same tensors with their full names in a Base model checkpoint (``speaker_encoder.`` prefix).
+    Synthetic weights are seeded by these full names, so ``random_weights(this, seed)`` gives the same
+    tensors in a standalone speaker-encoder directory and in a full Base-model checkpoint."""
+    return [WeightSpec(CHECKPOINT_PREFIX + s.name, s.shape, s.init) for s in speaker_encoder_weight_spec(cfg)]
+
+
+# ----------------------------------------------------------------------------- 1. the log-mel spectrogram
+#
+# The Slaney mel scale (librosa's default, htk=False): linear below 1 kHz (200/3 Hz per mel), then
+# logarithmic, 27 mels per factor 6.4 in frequency.  The filterbank has one triangle per mel band,
+# from the centre of the band below to the centre of the band above, scaled by 2 / (its width in Hz)
+# so that every band has about the same area ("slaney" normalisation).
+
+_F_SP = 200.0 / 3.0  # Hz per mel in the linear part
+_MIN_LOG_HZ = 1000.0  # where the log part starts
+_MIN_LOG_MEL = _MIN_LOG_HZ / _F_SP
+_LOG_STEP = np.log(6.4) / 27.0
+
+
+def hz_to_mel(f_hz):
+    """Slaney mel of a frequency in Hz (float64)."""
+    f = np.asarray(f_hz, dtype=np.float64)
+    linear = f / _F_SP
+    log_part = _MIN_LOG_MEL + np.log(np.maximum(f, _MIN_LOG_HZ) / _MIN_LOG_HZ) / _LOG_STEP
+    return np.where(f >= _MIN_LOG_HZ, log_part, linear)
+
+
+def mel_to_hz(m_mel):
+    """The inverse of ``hz_to_mel`` (float64)."""
+    m = np.asarray(m_mel, dtype=np.float64)
+    linear = _F_SP * m
+    log_part = _MIN_LOG_HZ * np.exp(_LOG_STEP * (np.maximum(m, _MIN_LOG_MEL) - _MIN_LOG_MEL))
+    return np.where(m >= _MIN_LOG_MEL, log_part, linear)
+
+
+def mel_filterbank(
+    sampling_rate: float, n_fft: int, num_mels: int, fmin: float = 0.0, fmax: float | None = None, dtype=np.float32
+):
+    """The Slaney-normalised triangular mel filterbank [num_mels, 1 + n_fft // 2], equal to
+    ``librosa.filters.mel(sr=..., n_fft=..., n_mels=..., fmin=..., fmax=...)``.
+
+    Like librosa, with ``dtype=float32`` (its default, and what the official model uses) the unscaled
+    triangles are rounded to float32 first and the scaled product rounded again; ``dtype=float64``
+    gives the unrounded values."""
+    fmax = sampling_rate / 2.0 if fmax is None else fmax
+    bin_hz = np.linspace(0.0, sampling_rate / 2.0, 1 + n_fft // 2)  # [F]
+    edges_hz = mel_to_hz(np.linspace(hz_to_mel(fmin), hz_to_mel(fmax), num_mels + 2))  # [M + 2]
+    widths_hz = np.diff(edges_hz)  # [M + 1]
+    offsets_mf = edges_hz[:, None] - bin_hz[None, :]  # [M + 2, F]
+    rising_mf = -offsets_mf[:-2] / widths_hz[:-1, None]  # 0 at the lower edge, 1 at the centre
+    falling_mf = offsets_mf[2:] / widths_hz[1:, None]  # 1 at the centre, 0 at the upper edge
+    triangles_mf = np.maximum(0.0, np.minimum(rising_mf, falling_mf)).astype(dtype)
+    area_scale_m = 2.0 / (edges_hz[2:] - edges_hz[:-2])
+    return (triangles_mf * area_scale_m[:, None]).astype(dtype)
+
+
+def hann_window(n: int, dtype=np.float32):
+    """The periodic Hann window (torch.hann_window's default): 0.5 - 0.5 cos(2 pi i / n), i < n."""
+    i = np.arange(n, dtype=np.float64)
+    return (0.5 - 0.5 * np.cos(2.0 * np.pi * i / n)).astype(dtype)
+
+
+def stft_magnitude(audio_bn, n_fft: int, hop_size: int, win_size: int):
+    """|STFT| of already padded audio, frames taken without centring: frame t covers samples
+    [t * hop, t * hop + n_fft).  A window shorter than n_fft is zero-padded on both sides (centred).
+    The magnitude is sqrt(re^2 + im^2 + 1e-9).  [B, N] -> [B, 1 + n_fft // 2, T]."""
+    dtype = audio_bn.dtype.type
+    window = np.zeros(n_fft, dtype=dtype)
+    left = (n_fft - win_size) // 2
+    window[left : left + win_size] = hann_window(win_size, dtype)
+    frames_btn = np.lib.stride_tricks.sliding_window_view(audio_bn, n_fft, axis=-1)[:, ::hop_size]
+    spectrum_btf = np.fft.rfft(frames_btn * window, axis=-1)
+    power_btf = spectrum_btf.real.astype(dtype) ** 2 + spectrum_btf.imag.astype(dtype) ** 2
+    return np.swapaxes(np.sqrt(power_btf + dtype(1e-9)), 1, 2)
+
+
+def mel_frame_count(n_samples: int, n_fft: int = 1024, hop_size: int = 256) -> int:
+    """Frames of ``mel_spectrogram`` (no centring): 1 + (N + 2 * pad - n_fft) // hop, pad = (n_fft - hop) // 2."""
+    pad = (n_fft - hop_size) // 2
+    return 1 + (n_samples + 2 * pad - n_fft) // hop_size
+
+
+def mel_spectrogram(
+    audio,
+    n_fft: int = 1024,
+    num_mels: int = 128,
+    sampling_rate: int = 24000,
+    hop_size: int = 256,
+    win_size: int = 1024,
+    fmin: float = 0,
+    fmax: float | None = 12000,
+    center: bool = False,
+    dtype=None,
+):
+    """Log-mel spectrogram as the speaker encoder sees it (the defaults are the official settings).
+
+    audio [N] or [B, N] (float32 or float64; ``dtype`` overrides the compute dtype) ->
+    log mel [num_mels, T] or [B, num_mels, T], T = ``mel_frame_count(N)``:
+
+    1. reflect-pad (n_fft - hop) // 2 samples on both sides (so frames are centred on multiples of hop
+       without the usual n_fft // 2 centring pad); with ``center=True`` a further n_fft // 2 reflect pad;
+    2. Hann-windowed frames of n_fft samples every hop samples, real FFT, magnitude sqrt(|X|^2 + 1e-9);
+    3. the Slaney mel filterbank (float32 values, as the official model uses);
+    4. natural log of max(mel, 1e-5).
+
+    Samples outside [-1, 1] are accepted with a warning (the official prints one)."""
+    audio = np.asarray(audio)
+    if audio.dtype.kind not in "fiu" or audio.ndim not in (1, 2):
+        raise ValueError(
+            f"mel_spectrogram: audio must be a real array [N] or [B, N]; got dtype {audio.dtype}, shape {audio.shape}"
+        )
+    dtype = np.dtype(dtype or (audio.dtype if audio.dtype in (np.float32, np.float64) else np.float32)).type
+    audio_bn = np.atleast_2d(audio).astype(dtype)
+    if not np.all(np.isfinite(audio_bn)):
+        raise ValueError("mel_spectrogram: audio contains NaN or infinite samples")
+    pad = (n_fft - hop_size) // 2
+    n = audio_bn.shape[-1]
+    if n <= pad or n + 2 * pad < n_fft:
+        raise ValueError(
+            f"mel_spectrogram: audio of {n} samples is too short: the reflect padding of {pad} "
+            f"samples needs more than {pad}, and one analysis window needs "
+            f"{max(pad + 1, n_fft - 2 * pad)} samples"
+        )
+    low, high = float(audio_bn.min()), float(audio_bn.max())
+    if low < -1.0 or high > 1.0:
+        warnings.warn(
+            f"mel_spectrogram: audio exceeds [-1, 1] (min {low:.4g}, max {high:.4g}); computing the spectrogram anyway",
+            stacklevel=2,
+        )
+    padded_bn = np.pad(audio_bn, ((0, 0), (pad, pad)), mode="reflect")
+    if center:
+        if padded_bn.shape[-1] <= n_fft // 2:
+            raise ValueError("mel_spectrogram: audio too short for center=True")
+        padded_bn = np.pad(padded_bn, ((0, 0), (n_fft // 2, n_fft // 2)), mode="reflect")
+    magnitude_bft = stft_magnitude(padded_bn, n_fft, hop_size, win_size)
+    basis_mf = mel_filterbank(sampling_rate, n_fft, num_mels, fmin, fmax, np.float32).astype(dtype)
+    mel_bmt = np.matmul(basis_mf, magnitude_bft)
+    log_mel_bmt = np.log(np.maximum(mel_bmt, dtype(1e-5)))
+    return log_mel_bmt[0] if audio.ndim == 1 else log_mel_bmt
+
+
+# ----------------------------------------------------------------------------- 2.-6. ECAPA-TDNN
+
+# The stage names recorded by ``encode_mels(..., trace=...)`` (for the released config); the golden
+# files use the same names (the official module names).
+STAGES = (
+    "blocks.0",
+    *(f"blocks.{i}.{part}" for i in (1, 2, 3) for part in ("tdnn1", "res2net_block", "tdnn2", "se_block")),
+    "blocks.1",
+    "blocks.2",
+    "blocks.3",
+    "mfa",
+    "asp.context",
+    "asp.tdnn",
+    "asp.conv",
+    "asp.weights",
+    "asp",
+    "fc",
+)
+
+
+def same_padding(kernel_size: int, dilation: int) -> tuple:
+    """(left, right) padding that keeps the length: the span minus one, the odd sample on the right."""
+    total = dilation * (kernel_size - 1)
+    return total // 2, total - total // 2
+
+
+def reflect_same_conv1d(x_bct, w_oik, b_o, dilation: int = 1):
+    """A stride-1 conv whose output has the input's length: the input is extended by mirroring
+    (x[2], x[1] | x[0] ... x[T-1] | x[T-2], x[T-3]; the edge sample is not repeated)."""
+    left, right = same_padding(w_oik.shape[-1], dilation)
+    T = x_bct.shape[-1]
+    if max(left, right) >= T:
+        raise ValueError(
+            f"speaker encoder: {T} mel frames are too few for a reflect padding of "
+            f"{max(left, right)} (needs at least {max(left, right) + 1} frames)"
+        )
+    if left or right:
+        x_bct = np.pad(x_bct, ((0, 0), (0, 0), (left, right)), mode="reflect")
+    return nn.conv1d(x_bct, w_oik, b_o, dilation=dilation)
+
+
+def relu(x):
+    return np.maximum(x, 0)
+
+
+def tdnn(w, p, x_bct, dilation: int = 1, record: Recorder = NULL_RECORDER):
+    """TDNN block: ReLU(reflect-"same" conv).  Records ``{p}.conv``, ``{p}.activation`` and ``{p}``."""
+    h = reflect_same_conv1d(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation)
+    record(f"{p}.conv", h)
+    h = relu(h)
+    record(f"{p}.activation", h)
+    record(p, h)
+    return h
+
+
+def res2net(w, p, x_bct, scale: int, dilation: int, record: Recorder = NULL_RECORDER):
+    """Res2Net: split the channels into ``scale`` groups; group 0 passes through, group 1 goes
+    through its TDNN, and each later group j goes through its TDNN after adding the output of
+    group j - 1 (a cascade that widens the receptive field); the outputs are concatenated."""
+    groups = np.split(x_bct, scale, axis=1)
+    outputs = [groups[0]]
+    previous = None
+    for j in range(1, scale):
+        inp = groups[j] if previous is None else groups[j] + previous
+        previous = tdnn(w, f"{p}.blocks.{j - 1}", inp, dilation, record)
+        outputs.append(previous)
+    return np.concatenate(outputs, axis=1)
+
+
+def squeeze_excitation(w, p, x_bct, record: Recorder = NULL_RECORDER):
+    """Channel gates from the time average: x * sigmoid(W2 ReLU(W1 mean_t(x) + b1) + b2)."""
+    mean_bc1 = np.mean(x_bct, axis=2, keepdims=True)
+    squeezed = nn.conv1d(mean_bc1, w[f"{p}.conv1.weight"], w[f"{p}.conv1.bias"])
+    record(f"{p}.conv1", squeezed)
+    squeezed = relu(squeezed)
+    record(f"{p}.relu", squeezed)
+    gates_bc1 = nn.conv1d(squeezed, w[f"{p}.conv2.weight"], w[f"{p}.conv2.bias"])
+    record(f"{p}.conv2", gates_bc1)
+    gates_bc1 = nn.sigmoid(gates_bc1)
+    record(f"{p}.sigmoid", gates_bc1)
+    return x_bct * gates_bc1
+
+
+def se_res2net_block(w, cfg: SpeakerEncoderConfig, i: int, x_bct, record):
+    """TDNN k1 -> Res2Net (kernel k_i, dilation d_i) -> TDNN k1 -> squeeze-excitation, + x."""
+    p = f"blocks.{i}"
+    h = tdnn(w, f"{p}.tdnn1", x_bct, record=record)
+    h = res2net(w, f"{p}.res2net_block", h, cfg.enc_res2net_scale, cfg.enc_dilations[i], record)
+    record(f"{p}.res2net_block", h)
+    h = tdnn(w, f"{p}.tdnn2", h, record=record)
+    h = squeeze_excitation(w, f"{p}.se_block", h, record)
+    record(f"{p}.se_block", h)
+    return h + x_bct
+
+
+def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
+    """Weighted mean and standard deviation over time (weights sum to 1 over t); the variance is
+    clamped to at least ``eps`` before the square root."""
+    mean_bc = np.sum(weights_bct * x_bct, axis=2)
+    variance_bc = np.sum(weights_bct * (x_bct - mean_bc[:, :, None]) ** 2, axis=2)
+    return mean_bc, np.sqrt(np.maximum(variance_bc, x_bct.dtype.type(eps)))
+
+
+def attentive_statistics_pooling(w, x_bct, record):
+    """[B, C, T] -> [B, 2C, 1]: attention weights over time per channel, from the frame itself and
+    the utterance's plain mean and std (global context); then the attention-weighted mean and std."""
+    B, C, T = x_bct.shape
+    uniform_bct = nn.module_of(x_bct).full((B, 1, T), 1.0 / T, dtype=x_bct.dtype)
+    mean_bc, std_bc = mean_and_std(x_bct, uniform_bct)
+    context_b3ct = np.concatenate(
+        [x_bct, np.repeat(mean_bc[:, :, None], T, axis=2), np.repeat(std_bc[:, :, None], T, axis=2)], axis=1
+    )
+    record("asp.context", context_b3ct)
+    h = tdnn(w, "asp.tdnn", context_b3ct, record=record)
+    h = np.tanh(h)
+    record("asp.tanh", h)
+    logits_bct = nn.conv1d(h, w["asp.conv.weight"], w["asp.conv.bias"])
+    record("asp.conv", logits_bct)
+    weights_bct = nn.softmax(logits_bct, axis=2)
+    record("asp.weights", weights_bct)
+    mean_bc, std_bc = mean_and_std(x_bct, weights_bct)
+    pooled = np.concatenate([mean_bc, std_bc], axis=1)[:, :, None]
+    record("asp", pooled)
+    return pooled
+
+
+def encode_mels(w, cfg: SpeakerEncoderConfig, mels_btm, trace=None):
+    """ECAPA-TDNN: log mels [B, T, mel_dim] (the official input layout) -> x-vectors [B, enc_dim].
+
+    If ``trace`` is a dict (or a ``Recorder``), the output of every stage (see ``STAGES``) is stored in it."""
+    record = as_recorder(trace)
+    x_bct = np.swapaxes(mels_btm, 1, 2)
+    x_bct = tdnn(w, "blocks.0", x_bct, cfg.enc_dilations[0], record)
+    block_outputs = []
+    for i in range(1, len(cfg.enc_channels) - 1):
+        x_bct = se_res2net_block(w, cfg, i, x_bct, record)
+        record(f"blocks.{i}", x_bct)
+        block_outputs.append(x_bct)
+    x_bct = tdnn(w, "mfa", np.concatenate(block_outputs, axis=1), cfg.enc_dilations[-1], record)
+    pooled_bc1 = attentive_statistics_pooling(w, x_bct, record)
+    xvec_bd1 = nn.conv1d(pooled_bc1, w["fc.weight"], w["fc.bias"])
+    record("fc", xvec_bd1)
+    return xvec_bd1[:, :, 0]
+
+
+def min_mel_frames(cfg: SpeakerEncoderConfig) -> int:
+    """The fewest mel frames the network accepts: every reflect padding must be shorter than the input."""
+    return 1 + max(max(same_padding(k, d)) for k, d in zip(cfg.enc_kernel_sizes, cfg.enc_dilations))
+
+
+# ----------------------------------------------------------------------------- the public object
+
+# the official settings of the mel spectrogram fed to the speaker encoder
+MEL_SETTINGS = dict(n_fft=1024, num_mels=128, sampling_rate=24000, hop_size=256, win_size=1024, fmin=0, fmax=12000)
+
+
+class SpeakerEncoder:
+    """The Base model's speaker encoder.  Arrays are NumPy; ``dtype`` is the compute dtype (float32
+    like the official model in float32, or float64 as a higher-precision oracle).
+
+        enc = SpeakerEncoder.from_pretrained("Qwen3-TTS-12Hz-0.6B-Base")
+        xvec = enc.embed(audio, sr=16000)   # [enc_dim]
+
+    The log-mel front end runs on the host (input preprocessing, like resampling); the network runs on
+    the backend the encoder was built under (its weights uploaded once, ``backend``), NumPy in and out."""
+
+    def __init__(self, config, weights: dict, dtype=np.float32, directory: Path | None = None):
+        dtype = compute_dtype(dtype)
+        self.config = config if isinstance(config, SpeakerEncoderConfig) else SpeakerEncoderConfig.from_dict(config)
+        self.dtype = np.dtype(dtype).type
+        self.directory = directory
+        check_weights(weights, speaker_encoder_weight_spec(self.config), f"speaker encoder ({directory})")
+        self.backend = device_backend()
+        self.weights = upload_weights({name: np.asarray(arr, dtype=self.dtype) for name, arr in weights.items()})
+        if self.config.mel_dim != MEL_SETTINGS["num_mels"]:
+            raise ValueError(
+                f"speaker_encoder_config.mel_dim is {self.config.mel_dim}, but the official mel "
+                f"spectrogram has {MEL_SETTINGS['num_mels']} bands"
+            )
+        self.sample_rate = int(self.config.sample_rate)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=np.float32) -> "SpeakerEncoder":
+        """Read ``speaker_encoder_config`` and the ``speaker_encoder.*`` tensors of a (Base) model directory."""
+        directory = Path(path)
+        if not directory.is_dir():
+            raise CheckpointError(f"model directory {str(directory)!r} does not exist or is not a directory")
+        config = read_config(directory)
+        model_type = config.get("tts_model_type")
+        if model_type is not None and model_type != "base":
+            raise CheckpointError(
+                f"{directory}: tts_model_type is {model_type!r}; only Base models carry a speaker encoder"
+            )
+        if "speaker_encoder_config" not in config:
+            raise CheckpointError(f"{directory}/config.json has no speaker_encoder_config (not a Base model)")
+        weights = read_checkpoint_weights(directory, dtype, prefix="speaker_encoder.")
+        if not weights:
+            raise CheckpointError(f"{directory}: no speaker_encoder.* tensors in the checkpoint")
+        return cls(config["speaker_encoder_config"], weights, dtype, directory)
+
+    @property
+    def min_samples(self) -> int:
+        """The shortest audio (at ``sample_rate``) the encoder accepts."""
+        pad = (MEL_SETTINGS["n_fft"] - MEL_SETTINGS["hop_size"]) // 2
+        need_frames = min_mel_frames(self.config)
+        n = (need_frames - 1) * MEL_SETTINGS["hop_size"] + MEL_SETTINGS["n_fft"] - 2 * pad
+        return max(n, pad + 1)
+
+    def mels(self, audio):
+        """Log mels [T, mel_dim] of 24 kHz audio [N] (the official settings)."""
+        return mel_spectrogram(audio, dtype=self.dtype, **MEL_SETTINGS).T
+
+    @on_model_backend
+    def forward(self, mels_btm, trace=None):
+        """x-vectors [B, enc_dim] of log mels [B, T, mel_dim] (host arrays in and out)."""
+        mels_btm = np.asarray(mels_btm, dtype=self.dtype)
+        if mels_btm.ndim != 3 or mels_btm.shape[-1] != self.config.mel_dim:
+            raise ValueError(f"speaker encoder: mels must be [B, T, {self.config.mel_dim}], got {mels_btm.shape}")
+        if mels_btm.shape[1] < min_mel_frames(self.config):
+            raise ValueError(
+                f"speaker encoder: {mels_btm.shape[1]} mel frames are too few; the network needs at "
+                f"least {min_mel_frames(self.config)}"
+            )
+        return nn.to_host(encode_mels(self.weights, self.config, nn.to_device(mels_btm), trace))
+
+    @on_model_backend
+    def embed(self, audio, sr: int = 24000, trace=None):
+        """The x-vector [enc_dim] of mono audio [N] sampled at ``sr`` Hz (resampled to 24 kHz first).
+
+        Raises ValueError for a non-1-D or non-numeric array, NaN/inf samples, a non-positive rate, or
+        audio shorter than ``min_samples`` (after resampling).  Samples outside [-1, 1] only warn."""
+        audio = self.prepare_audio(audio, sr)
+        mels_tm = self.mels(audio)
+        record = as_recorder(trace)
+        record("mel", mels_tm)
+        xvec = self.forward(mels_tm[None], record)[0]
+        if not np.isfinite(xvec).all():
+            raise_non_finite_stage(
+                "speaker encoder",
+                lambda t: self.forward(t.setdefault("mel", mels_tm)[None], t),
+                f"largest |sample| {np.max(np.abs(audio)):.3g}",
+            )
+        return xvec
+
+    def prepare_audio(self, audio, sr: int = 24000):
+        """Check the audio, convert it to the compute dtype and resample it to ``sample_rate`` (see
+        ``resample``).  Multi-channel audio is refused: the official wrapper averages channels first."""
+        audio = np.asarray(audio)
+        if audio.ndim != 1:
+            raise ValueError(f"audio must be mono, rank 1 [N]; got shape {audio.shape} (mix channels down first)")
+        audio = audio_as_float(audio)  # int16 / int32 / uint8 PCM scaled to [-1, 1)
+        sr = check_sample_rate(sr)
+        audio = audio.astype(self.dtype)
+        if not np.all(np.isfinite(audio)):
+            raise ValueError(f"audio contains {int(np.sum(~np.isfinite(audio)))} NaN or infinite samples")
+        check_amplitude(audio)
+        if sr != self.sample_rate:
+            if audio.size < 2:
+                raise ValueError(f"audio of {audio.size} samples is too short to resample")
+            audio = resample(audio, sr, self.sample_rate)
+        if audio.size < self.min_samples:
+            raise ValueError(
+                f"audio is too short: {audio.size} samples at {self.sample_rate} Hz, the speaker encoder "
+                f"needs at least {self.min_samples} ({self.min_samples / self.sample_rate * 1000:.1f} ms)"
+            )
+        return audio

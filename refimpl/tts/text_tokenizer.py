@@ -1,0 +1,481 @@
+"""The text tokenizer: Qwen2 byte-level BPE, giving the same ids as the official processor.
+
+Qwen3-TTS turns its input text into ids with the Qwen2 tokenizer (``Qwen2TokenizerFast`` of
+transformers 4.57.3, which the official package pins).  The released checkpoints ship
+``vocab.json`` + ``merges.txt`` + ``tokenizer_config.json`` (no ``tokenizer.json``).  Encoding a
+string is five steps:
+
+1. **Added tokens** (``added_tokens_decoder`` of ``tokenizer_config.json``: ``<|im_start|>``,
+   ``<|im_end|>``, ``<tts_pad>``, ...) are cut out of the raw text first and map to their own ids;
+   they are never split, and the text between them is encoded on its own.
+2. **NFC normalisation** of each remaining piece (composed characters: "e" + U+0301 -> "é").
+3. **Pre-tokenisation** by a regular expression into words (letters, single digits, punctuation
+   runs, whitespace runs, newline runs; see the two patterns below), each word then written as
+   **bytes**, every byte shown as one printable character (``byte_to_unicode``: space -> "Ġ",
+   newline -> "Ċ").
+4. **BPE** inside each word: starting from single bytes, repeatedly merge the adjacent pair that
+   comes first in ``merges.txt`` until no listed pair is left.
+5. Each final symbol is looked up in ``vocab.json``.  No BOS/EOS is added.
+
+Which regular expression?  transformers 4.57.3 swaps the Qwen2 pattern for a case-aware one when the
+official loader passes ``fix_mistral_regex=True`` (``Qwen3TTSModel.from_pretrained`` does) AND the
+base vocabulary has more than 100000 entries AND the model directory's ``config.json`` does not say
+it was written by transformers <= 4.57.2 for a non-Mistral model or by transformers >= 5.  The
+released Qwen3-TTS checkpoints meet all three, so the real models are tokenized with the
+case-aware pattern; small (synthetic) vocabularies keep the Qwen2 pattern.  ``uses_case_aware_split``
+encodes that rule.  The difference shows on camel case, all-caps words, apostrophes and combining
+marks (Devanagari, Thai, ...).
+
+``load_text_tokenizer`` builds the whole pipeline with the ``tokenizers`` library (fast, exact);
+``bpe_encode_explicit`` is the same algorithm in plain Python (slow, for reading and for tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import unicodedata
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from ..io.checkpoint import CheckpointError, read_json_object
+
+__all__ = [
+    "QWEN2_SPLIT_PATTERN",
+    "CASE_AWARE_SPLIT_PATTERN",
+    "TextTokenizer",
+    "load_text_tokenizer",
+    "uses_case_aware_split",
+    "byte_to_unicode",
+    "assistant_prompt",
+    "reference_prompt",
+    "instruct_prompt",
+    "bpe_encode_explicit",
+    "check_unicode",
+]
+
+# Qwen2's pre-tokenisation pattern: English contractions (any case), an optional non-letter then a
+# letter run, ONE digit, an optional space then a punctuation run (with trailing newlines), newline
+# runs with their leading spaces, spaces not followed by a non-space, other whitespace.
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# The pattern transformers 4.57.3 substitutes under fix_mistral_regex=True: words split at case
+# changes (upper-case run then lower-case run), combining marks count as letters, no contraction
+# rule, and a punctuation run may carry trailing "/" as well as newlines.
+CASE_AWARE_SPLIT_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# transformers 4.57.3 (_patch_mistral_regex): these model types always get the case-aware pattern
+_MISTRAL_MODEL_TYPES = ("mistral", "mistral3", "voxtral", "ministral", "pixtral")
+_CASE_AWARE_MIN_VOCAB = 100000  # strictly more base-vocabulary entries than this
+
+
+# ---------------------------------------------------------------------------------------------
+# chat-template strings (the official model wraps every text before tokenizing it)
+# ---------------------------------------------------------------------------------------------
+
+
+def assistant_prompt(text: str) -> str:
+    """The text to speak: role prefix (3 ids), the text, then ``<|im_end|>\\n<|im_start|>assistant\\n`` (5 ids)."""
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def reference_prompt(text: str) -> str:
+    """The transcript of the reference audio (voice clone, ICL mode)."""
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
+
+
+def instruct_prompt(instruct: str) -> str:
+    """A voice / style instruction (voice design, custom voice with instruct)."""
+    return f"<|im_start|>user\n{instruct}<|im_end|>\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# byte-level alphabet
+# ---------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def byte_to_unicode() -> dict:
+    """Byte value -> one printable character (GPT-2's byte-level alphabet).
+
+    Printable Latin-1 bytes (33..126, 161..172, 174..255) stand for themselves; the other 68 bytes
+    (controls, space, 127..160, 173) take the characters U+0100, U+0101, ... in byte order, so that
+    space (0x20) is "Ġ" (U+0120) and newline (0x0A) is "Ċ" (U+010A).
+    """
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_alphabet_in_vocab_order() -> list:
+    """The 256 byte symbols in the order the Qwen2 vocabulary numbers them (ids 0..255): by code point."""
+    return sorted(byte_to_unicode().values())
+
+
+# ---------------------------------------------------------------------------------------------
+# which pre-tokenisation pattern the official loader ends up with
+# ---------------------------------------------------------------------------------------------
+
+
+def _version_key(text: str):
+    """A comparable version (packaging's rules when installed, else the leading integers)."""
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in str(text).split(".")[:3])
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        raise CheckpointError(f"config.json: transformers_version {text!r} is not a version number") from None
+
+
+def uses_case_aware_split(model_config: Mapping | None, base_vocab_size: int) -> bool:
+    """True when transformers 4.57.3, loading this directory with ``fix_mistral_regex=True`` as the
+    official ``Qwen3TTSModel.from_pretrained`` does, replaces the Qwen2 pattern by the case-aware one.
+
+    ``model_config`` is the directory's ``config.json`` (None when there is none);
+    ``base_vocab_size`` is the BPE vocabulary without the added tokens.
+    """
+    if base_vocab_size <= _CASE_AWARE_MIN_VOCAB or model_config is None:
+        return False
+    written_by = model_config.get("transformers_version")
+    model_type = model_config.get("model_type")
+    if written_by:
+        version = _version_key(written_by)
+        if version <= _version_key("4.57.2"):
+            return model_type is None or model_type in _MISTRAL_MODEL_TYPES
+        if version >= _version_key("5.0.0"):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# the tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+def _split_pre_tokenizer_json(pattern: str) -> dict:
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+
+
+def _byte_level_bpe_json(vocab: Mapping[str, int], merges: Sequence[tuple], pattern: str) -> dict:
+    """A ``tokenizers`` definition of the Qwen2 pipeline (the fields of a ``tokenizer.json``)."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [_split_pre_tokenizer_json(pattern), byte_level]},
+        "post_processor": dict(byte_level),
+        "decoder": dict(byte_level),
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": dict(vocab),
+            "merges": [f"{a} {b}" for a, b in merges],
+        },
+    }
+
+
+def check_unicode(text, what: str = "text") -> None:
+    """A str of valid Unicode: a lone surrogate (U+D800..U+DFFF, e.g. from undecodable bytes in a command
+    line) cannot be written as UTF-8 and so has no byte-level tokens."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at character "
+            f"{e.start} (undecodable bytes in the input?)"
+        ) from None
+
+
+def read_vocab_and_merges(model_dir: Path) -> tuple:
+    """``vocab.json`` (token -> id) and ``merges.txt`` (ranked pairs, first line may be ``#version``)."""
+    vocab = read_json_object(model_dir / "vocab.json")
+    if not all(isinstance(v, int) for v in vocab.values()):
+        raise CheckpointError(f"{model_dir / 'vocab.json'} must map token strings to integer ids")
+    merges = []
+    try:
+        lines = (model_dir / "merges.txt").read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{model_dir / 'merges.txt'} is not valid UTF-8 text: {e}") from None
+    for line_no, line in enumerate(lines):
+        line = line.strip()
+        if not line or (line_no == 0 and line.startswith("#version")):
+            continue
+        pair = line.split()
+        if len(pair) != 2:
+            raise CheckpointError(f"{model_dir / 'merges.txt'} line {line_no + 1}: expected two symbols, got {line!r}")
+        merges.append((pair[0], pair[1]))
+    return vocab, merges
+
+
+def _read_json_if_present(path: Path):
+    if not path.is_file():
+        return None
+    return read_json_object(path)
+
+
+def _added_token_entries(tokenizer_config: Mapping) -> list:
+    """``added_tokens_decoder`` as a list of dicts with an int ``id``, sorted by id."""
+    entries = []
+    for key, spec in (tokenizer_config.get("added_tokens_decoder") or {}).items():
+        if isinstance(spec, str):
+            spec = {"content": spec}
+        if not isinstance(spec, Mapping) or "content" not in spec:
+            raise CheckpointError(f"tokenizer_config.json: added token {key!r} has no 'content'")
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise CheckpointError(f"tokenizer_config.json: added token id {key!r} is not an integer") from None
+        special = bool(spec.get("special", False))
+        entries.append(
+            {
+                "id": token_id,
+                "content": spec["content"],
+                "special": special,
+                "normalized": bool(spec.get("normalized", not special)),
+                "lstrip": bool(spec.get("lstrip", False)),
+                "rstrip": bool(spec.get("rstrip", False)),
+                "single_word": bool(spec.get("single_word", False)),
+            }
+        )
+    return sorted(entries, key=lambda e: e["id"])
+
+
+class TextTokenizer:
+    """Text -> ids exactly as the official Qwen3-TTS processor (``processor(text=...)["input_ids"]``).
+
+    ``split_pattern`` is the pre-tokenisation regex in use; ``added_tokens`` maps each added token
+    (special or not) to its id; ``base_vocab_size`` counts the BPE vocabulary without them.
+    """
+
+    def __init__(self, backend, split_pattern: str, added_tokens: Mapping[str, int], base_vocab_size: int, source: str):
+        self.backend = backend  # a tokenizers.Tokenizer
+        self.split_pattern = split_pattern
+        self.added_tokens = dict(added_tokens)
+        self.base_vocab_size = int(base_vocab_size)
+        self.source = source  # "tokenizer.json" or "vocab.json+merges.txt"
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included (the official ``len(tokenizer)``)."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list:
+        """Ids of ``text`` (no BOS/EOS added; added tokens inside the text map to their own ids)."""
+        check_unicode(text)
+        return list(self.backend.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Iterable[str]) -> list:
+        texts = list(texts)
+        for i, t in enumerate(texts):
+            check_unicode(t, f"text[{i}]")
+        return [list(e.ids) for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids`` (bytes that do not form valid UTF-8 become U+FFFD, as the official)."""
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int:
+        token_id = self.backend.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"unknown token {token!r}")
+        return token_id
+
+    def id_to_token(self, token_id: int) -> str:
+        token = self.backend.id_to_token(int(token_id))
+        if token is None:
+            raise ValueError(f"token id {token_id} out of range [0, {self.vocab_size})")
+        return token
+
+    def __repr__(self) -> str:
+        which = "case-aware" if self.split_pattern == CASE_AWARE_SPLIT_PATTERN else "qwen2"
+        return (
+            f"TextTokenizer(base_vocab={self.base_vocab_size}, added={len(self.added_tokens)}, "
+            f"split={which}, from={self.source})"
+        )
+
+
+def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
+    """The text tokenizer of a model directory, ids equal to the official processor's.
+
+    Reads ``tokenizer.json`` when present, otherwise ``vocab.json`` + ``merges.txt``; the added
+    tokens come from ``tokenizer_config.json`` (and ``tokenizer.json``'s own list); ``config.json``
+    decides the pre-tokenisation pattern (``uses_case_aware_split``).
+    """
+    from tokenizers import AddedToken, Tokenizer
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"text tokenizer: {model_dir} is not a directory")
+    tokenizer_config = _read_json_if_present(model_dir / "tokenizer_config.json")
+    model_config = _read_json_if_present(model_dir / "config.json")
+    has_json = (model_dir / "tokenizer.json").is_file()
+    has_bpe_files = (model_dir / "vocab.json").is_file() and (model_dir / "merges.txt").is_file()
+
+    if has_json:
+        source = "tokenizer.json"
+        definition = read_json_object(model_dir / "tokenizer.json")
+        model = definition.get("model") or {}
+        if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+            raise CheckpointError(f"{model_dir / 'tokenizer.json'}: expected a BPE model with a vocab")
+        base_vocab_size = len(model["vocab"])
+    elif has_bpe_files:
+        source = "vocab.json+merges.txt"
+        if tokenizer_config is None:
+            raise CheckpointError(
+                f"text tokenizer: {model_dir} has vocab.json and merges.txt but no "
+                "tokenizer_config.json (it lists the special tokens such as <|im_start|>)"
+            )
+        vocab, merges = read_vocab_and_merges(model_dir)
+        definition = _byte_level_bpe_json(vocab, merges, QWEN2_SPLIT_PATTERN)
+        base_vocab_size = len(vocab)
+    else:
+        present = sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else []
+        raise CheckpointError(
+            f"text tokenizer: {model_dir} has neither tokenizer.json nor vocab.json + merges.txt (found: {present})"
+        )
+
+    split_pattern = QWEN2_SPLIT_PATTERN
+    if uses_case_aware_split(model_config, base_vocab_size):
+        pre = definition.get("pre_tokenizer")
+        if not (isinstance(pre, dict) and pre.get("type") == "Sequence" and pre.get("pretokenizers")):
+            raise CheckpointError(
+                f"{model_dir}: the official loader would replace the first step of a "
+                f"Sequence pre-tokenizer, but this one is {pre!r}"
+            )
+        pre["pretokenizers"][0] = _split_pre_tokenizer_json(CASE_AWARE_SPLIT_PATTERN)
+        split_pattern = CASE_AWARE_SPLIT_PATTERN
+    elif has_json:
+        first = (definition.get("pre_tokenizer") or {}).get("pretokenizers", [{}])[0]
+        split_pattern = (first.get("pattern") or {}).get("Regex", QWEN2_SPLIT_PATTERN)
+
+    try:
+        backend = Tokenizer.from_str(json.dumps(definition))
+    except Exception as e:  # the tokenizers library reports its own parse errors
+        raise CheckpointError(f"text tokenizer in {model_dir}: cannot build it ({e})") from None
+
+    # Added tokens, in id order, each taking the next free id unless it is already in the vocabulary
+    # (what the official loader does); the ids must come out as tokenizer_config.json lists them.
+    for entry in _added_token_entries(tokenizer_config or {}):
+        existing = backend.token_to_id(entry["content"])
+        token = AddedToken(
+            entry["content"],
+            single_word=entry["single_word"],
+            lstrip=entry["lstrip"],
+            rstrip=entry["rstrip"],
+            normalized=entry["normalized"],
+            special=entry["special"],
+        )
+        if entry["special"]:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
+        got = backend.token_to_id(entry["content"])
+        if got != entry["id"]:
+            raise CheckpointError(
+                f"tokenizer_config.json: added token {entry['content']!r} is listed with id {entry['id']} but "
+                f"the loader gives it id {got} (added tokens must follow the {base_vocab_size}-entry vocabulary "
+                f"without gaps{'' if existing is None else ', or equal its vocabulary id'})"
+            )
+    added = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
+    return TextTokenizer(backend, split_pattern, added, base_vocab_size, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# the same algorithm in plain Python (reading aid and independent check)
+# ---------------------------------------------------------------------------------------------
+
+
+def _bpe_word(symbols: list, ranks: Mapping[tuple, int]) -> list:
+    """Merge the best-ranked adjacent pair (every occurrence, left to right) until none is ranked."""
+    while len(symbols) > 1:
+        pairs = [(ranks.get((a, b)), i) for i, (a, b) in enumerate(zip(symbols[:-1], symbols[1:]))]
+        ranked = [p for p in pairs if p[0] is not None]
+        if not ranked:
+            break
+        best = min(ranked)[0]
+        merged, i = [], 0
+        while i < len(symbols):
+            if i + 1 < len(symbols) and ranks.get((symbols[i], symbols[i + 1])) == best:
+                merged.append(symbols[i] + symbols[i + 1])
+                i += 2
+            else:
+                merged.append(symbols[i])
+                i += 1
+        symbols = merged
+    return symbols
+
+
+def bpe_encode_explicit(
+    text: str,
+    vocab: Mapping[str, int],
+    merges: Sequence[tuple],
+    added_tokens: Mapping[str, int],
+    split_pattern: str = QWEN2_SPLIT_PATTERN,
+) -> list:
+    """Byte-level BPE written out step by step (needs the ``regex`` module for ``\\p{...}`` classes).
+
+    Only for added tokens with the Qwen defaults (no lstrip/rstrip/single_word, not normalized).
+    The fast path (``load_text_tokenizer``) does not need ``regex``; this teaching version does.
+    """
+    try:
+        import regex
+    except ImportError:
+        raise ImportError(
+            "bpe_encode_explicit needs the 'regex' package (pip install "
+            "'qwen3-tts-refimpl[explicit]'); load_text_tokenizer does not"
+        ) from None
+
+    ranks = {tuple(pair): r for r, pair in enumerate(merges)}
+    to_char = byte_to_unicode()
+    word_re = regex.compile(split_pattern)
+    # 1. cut out the added tokens (longest first where two start at the same place)
+    if added_tokens:
+        special_re = regex.compile("|".join(regex.escape(t) for t in sorted(added_tokens, key=len, reverse=True)))
+        pieces, start = [], 0
+        for m in special_re.finditer(text):
+            pieces.append((text[start : m.start()], False))
+            pieces.append((m.group(0), True))
+            start = m.end()
+        pieces.append((text[start:], False))
+    else:
+        pieces = [(text, False)]
+    ids = []
+    for piece, is_added in pieces:
+        if is_added:
+            ids.append(added_tokens[piece])
+            continue
+        piece = unicodedata.normalize("NFC", piece)  # 2. NFC
+        for word in word_re.findall(piece):  # 3. pre-tokenise
+            symbols = [to_char[b] for b in word.encode("utf-8")]  #    bytes -> symbols
+            ids.extend(vocab[s] for s in _bpe_word(symbols, ranks))  # 4-5. BPE, look up
+    return ids

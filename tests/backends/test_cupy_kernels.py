@@ -1,0 +1,520 @@
+"""The CuPy backend's code, checked on a machine without a GPU (and without CuPy).
+
+- every twin has the signature of its primitive;
+- every CUDA source of refimpl/backends/cupy_cuda.py compiles with ``nvcc`` for float32 and float64 (skipped,
+  saying so, where nvcc is not installed): the elementwise operations inside a wrapper that declares their
+  parameters as CuPy's ElementwiseKernel does, the attention module with both template instances;
+- the attention kernel's index arithmetic, replayed in NumPy thread by thread (``emulate_attention_rows``: the
+  same flat offsets, warps, lanes and shuffle order), run through the twin's own launch code with NumPy in
+  place of CuPy, equals ``nn.attention`` (window, grouped-query heads, padding, rows with no visible key);
+- the twins that are the reference's formula with ``xp`` for ``numpy`` give the reference's result when
+  ``xp`` is NumPy;
+- the twins inside the whole pipeline on the backend layer's strict stand-in device (NumPy underneath, as
+  strict as CuPy about host round trips; the kernels replayed): decode, streaming, encode and greedy
+  text-to-speech equal to the numpy backend (needs the stand-in: skipped, saying so, in a tree without it);
+- asking for the backend without CuPy, or without a device, is one error naming what is missing;
+- importing refimpl does not import CuPy.
+The same twins on a real GPU: tests/backends/test_cuda.py (python -m pytest -m cuda).
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from refimpl import nn
+from refimpl.backends import cupy_cuda
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(
+    NVCC is None,
+    reason="nvcc (the CUDA toolkit's compiler) is not installed here: the CUDA sources are compiled only where it is",
+)
+CTYPES = {np.float32: "float", np.float64: "double"}
+
+
+def test_every_twin_has_the_signature_of_its_primitive():
+    for name, twin in cupy_cuda.TWINS.items():
+        primitive = getattr(nn, name)
+        assert hasattr(primitive, "reference"), f"nn.{name} is not a @primitive"
+        assert inspect.signature(twin) == inspect.signature(primitive.reference), name
+        assert f"nn.{name}" in twin.__doc__, f"the docstring of the {name} twin does not name its primitive"
+
+
+# ----------------------------------------------------------------------------- compiling the CUDA sources
+
+
+def elementwise_check_source(spec: cupy_cuda.ElementwiseSpec, ctype: str) -> str:
+    """A kernel that declares the parameters of ``spec`` as CuPy's ElementwiseKernel does (inputs by value,
+    outputs by reference, the index ``i``), with ``spec.operation`` as its body."""
+
+    def params(text):
+        return [p.split() for p in text.split(",")]
+
+    ins, outs = params(spec.in_params), params(spec.out_params)
+    assert all(len(p) == 2 and p[0] == "T" for p in ins + outs), spec  # only T-typed parameters are used
+    pointers = [f"const T* {n}_in" for _, n in ins] + [f"T* {n}_out" for _, n in outs]
+    reads = "".join(f"        const T {n} = {n}_in[i];\n" for _, n in ins)
+    writes = "".join(f"        T& {n} = {n}_out[i];\n" for _, n in outs)
+    return (
+        f"typedef {ctype} T;\n"
+        f'extern "C" __global__ void {spec.name}_check({", ".join(pointers)}, long long n) {{\n'
+        f"    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;"
+        f" i += (long long)gridDim.x * blockDim.x) {{\n{reads}{writes}        {spec.operation}\n    }}\n}}\n"
+    )
+
+
+def nvcc_compile(tmp_path, name: str, source: str) -> None:
+    path = tmp_path / f"{name}.cu"
+    path.write_text(source)
+    cubin = path.with_suffix(".cubin")
+    command = [NVCC, "-arch=sm_90", "-cubin", "-Werror", "all-warnings", "-o", str(cubin), str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"nvcc rejected {name}:\n{done.stderr}\n--- source ---\n{source}"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", list(CTYPES))
+@pytest.mark.parametrize("spec", cupy_cuda.ELEMENTWISE_SPECS, ids=lambda s: s.name)
+def test_elementwise_operations_compile(tmp_path, spec, dtype):
+    nvcc_compile(tmp_path, spec.name, elementwise_check_source(spec, CTYPES[dtype]))
+
+
+@needs_nvcc
+def test_bf16_module_compiles(tmp_path):
+    nvcc_compile(tmp_path, "bf16", cupy_cuda.BF16_SOURCE)
+
+
+@needs_nvcc
+def test_attention_module_compiles_for_both_dtypes(tmp_path):
+    # taking the address of each instance makes nvcc compile it, as CuPy's name_expressions make NVRTC do
+    keep = ", ".join(f"(void*)&{name}" for name in cupy_cuda.ATTENTION_KERNELS.values())
+    nvcc_compile(tmp_path, "attention", cupy_cuda.ATTENTION_SOURCE + f"\nvoid* kernels_to_compile[] = {{{keep}}};\n")
+
+
+# ----------------------------------------------------------------------------- the twins' Python code, with NumPy as xp
+
+
+def warp_sum(lanes_32):
+    """The butterfly of ``warp_sum`` (__shfl_xor_sync with offsets 16, 8, 4, 2, 1): every lane ends with the sum."""
+    lanes_32 = lanes_32.copy()
+    for offset in (16, 8, 4, 2, 1):
+        lanes_32 = lanes_32 + lanes_32[np.arange(32) ^ offset]
+    return lanes_32
+
+
+def device_memory_from(array):
+    """The memory a kernel sees from a (possibly strided) array's first element on: a flat view running
+    up to its last element, read through the array's own buffer."""
+    if array.size == 0:
+        return array.reshape(-1)
+    span = 1 + sum((n - 1) * s for n, s in zip(array.shape, array.strides)) // array.itemsize
+    assert all(s >= 0 for s in array.strides)
+    return np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,), writeable=False)
+
+
+def emulate_attention_rows(grid, block, args):
+    """ATTENTION_SOURCE's ``attention_rows`` replayed in NumPy: the same arguments (flat device buffers), the
+    same index arithmetic, one block after another; the threads of a block as loops in the kernel's order."""
+    (
+        q,
+        k,
+        v,
+        query_pos,
+        key_pos,
+        key_valid,
+        scores,
+        out,
+        H,
+        G,
+        Tq,
+        S,
+        D,
+        Dv,
+        ksb,
+        ksg,
+        vsb,
+        vsg,
+        window,
+        has_key_valid,
+        scale,
+    ) = args
+    q, key_valid, scores, out = (a.reshape(-1) for a in (q, key_valid, scores, out))
+    k, v = device_memory_from(k), device_memory_from(v)
+    H, G, Tq, S, D, Dv, window, has_key_valid = map(int, (H, G, Tq, S, D, Dv, window, has_key_valid))
+    ksb, ksg, vsb, vsg = map(int, (ksb, ksg, vsb, vsg))
+    T = q.dtype.type
+    n_threads = block[0]
+    n_warps = n_threads // 32
+    neg_inf = T(-np.inf)
+    for row in range(grid[0]):
+        t = row % Tq
+        h = (row // Tq) % H
+        b = row // (Tq * H)
+        g = h // (H // G)
+        q_row, k_bg, v_bg, score_row = row * D, b * ksb + g * ksg, b * vsb + g * vsg, row * S
+        p = query_pos[t]
+        for warp in range(n_warps):
+            for s in range(warp, S, n_warps):
+                lanes = np.zeros(32, dtype=q.dtype)
+                for lane in range(32):
+                    for d in range(lane, D, 32):
+                        lanes[lane] += q[q_row + d] * k[k_bg + s * D + d]
+                dot = warp_sum(lanes)[0]
+                ks = key_pos[s]
+                visible = (
+                    ks <= p and (window < 0 or ks > p - window) and (not has_key_valid or key_valid[b * S + s] != 0)
+                )
+                scores[score_row + s] = dot * scale if visible else neg_inf
+        m = max((scores[score_row + s] for s in range(S)), default=neg_inf)
+        with np.errstate(invalid="ignore"):
+            finite = m - m == 0
+        if not finite:
+            m = T(0)
+        total = T(0)
+        for s in range(S):
+            scores[score_row + s] = np.exp(scores[score_row + s] - m)
+            total += scores[score_row + s]
+        if total == 0:
+            total = T(1)
+        for s in range(S):
+            scores[score_row + s] = scores[score_row + s] / total
+        for d in range(Dv):
+            acc = T(0)
+            for s in range(S):
+                acc += scores[score_row + s] * v[v_bg + s * Dv + d]
+            out[row * Dv + d] = acc
+
+
+def emulate_bf16_rows_times(grid, block, args):
+    """BF16_SOURCE's ``bf16_rows_times`` replayed in NumPy: warp = output channel, lanes over the inputs."""
+    x, bits, out, N, O, I = args
+    x, bits, out = x.reshape(-1), bits.reshape(-1), out.reshape(-1)
+    N, O, I = int(N), int(O), int(I)
+    warps_per_block = block[0] // 32
+    for block_id in range(grid[0]):
+        for warp in range(warps_per_block):
+            o = block_id * warps_per_block + warp
+            if o >= O:
+                continue
+            for n in range(N):
+                lanes = np.zeros(32, dtype=np.float32)
+                for lane in range(32):
+                    for i in range(lane, I, 32):
+                        word = np.uint32(bits[o * I + i]) << np.uint32(16)
+                        lanes[lane] += x[n * I + i] * np.array(word, dtype=np.uint32).view(np.float32)
+                out[n * O + o] = warp_sum(lanes)[0]
+
+
+@pytest.fixture
+def numpy_as_xp(monkeypatch):
+    """The twins' module with NumPy in place of CuPy (NumPy arrays playing the device arrays), and the
+    kernels replaced by their emulations."""
+    monkeypatch.setattr(cupy_cuda, "array_module", lambda: np)
+    monkeypatch.setattr(cupy_cuda, "_is_host", lambda array: False)
+    emulations = {
+        "attention_rows<float>": emulate_attention_rows,
+        "attention_rows<double>": emulate_attention_rows,
+        "bf16_rows_times": emulate_bf16_rows_times,
+    }
+    monkeypatch.setattr(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
+    return cupy_cuda
+
+
+def attention_case(seed, dtype, B=2, H=4, G=2, Tq=3, S=11, D=40, window=None, padded=False, start=8, cache_view=False):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, Tq, D)).astype(dtype)
+    k = rng.standard_normal((B, G, S, D)).astype(dtype)
+    v = rng.standard_normal((B, G, S, D + 3)).astype(dtype)  # Dv != D: the kernel must keep them apart
+    if cache_view:  # k and v as the KV cache hands them: the first S positions of a larger buffer (NaN beyond)
+        k_buffer, v_buffer = (np.full(a.shape[:2] + (S + 7,) + a.shape[3:], np.nan, dtype) for a in (k, v))
+        k_buffer[:, :, :S], v_buffer[:, :, :S] = k, v
+        k, v = k_buffer[:, :, :S], v_buffer[:, :, :S]
+    valid = None
+    if padded:
+        valid = rng.random((B, S)) < 0.7
+        valid[-1] = False  # one row of the batch sees nothing: zeros, as the reference gives
+    mask = nn.AttentionMask(np.arange(start, start + Tq), np.arange(start + Tq - S, start + Tq), window, valid)
+    return q, k, v, mask
+
+
+CASES = {
+    "causal": {},
+    "window": {"window": 4},
+    "window_0": {"window": 0},
+    "padded": {"padded": True},
+    "mha": {"G": 4},
+    "mqa_window_padded": {"G": 1, "window": 3, "padded": True},
+    "one_query": {"Tq": 1, "S": 40, "D": 64},
+    "query_before_every_key": {"start": 2, "S": 9},
+    "long_head": {"D": 70, "Tq": 2},
+    "kv_cache_view": {"cache_view": True, "window": 5, "padded": True},
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_attention_kernel_equals_the_reference(numpy_as_xp, case, dtype):
+    q, k, v, mask = attention_case(len(case), dtype, **CASES[case])
+    ref = nn.attention.reference(q, k, v, mask, scale=0.125)
+    got = numpy_as_xp.attention_rows_kernel(q, k, v, mask, 0.125)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    rtol = 1e-5 if dtype == np.float32 else 1e-13  # sums in another order only
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol)
+    if case == "padded":
+        assert np.all(got[-1] == 0) and np.any(got[0] != 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["causal", "window", "padded", "mqa_window_padded"])
+def test_attention_formula_path_equals_the_reference(numpy_as_xp, case, dtype):
+    q, k, v, mask = attention_case(7, dtype, **{**CASES[case], "Tq": 20, "S": 30})
+    ref = nn.attention.reference(q, k, v, mask, scale=0.3)
+    assert q.shape[2] > cupy_cuda.DECODE_MAX_QUERIES  # the dispatcher takes the cuBLAS formula
+    np.testing.assert_array_equal(numpy_as_xp.attention(q, k, v, mask, 0.3), ref)
+    dense = mask.rows(0, q.shape[2])  # an explicit boolean mask
+    np.testing.assert_array_equal(numpy_as_xp.attention(q, k, v, dense, 0.3), ref)
+
+
+def test_attention_refuses_heads_that_do_not_share(numpy_as_xp):
+    q, k, v, mask = attention_case(0, np.float32, H=4, G=3)
+    with pytest.raises(ValueError, match="3 key/value heads"):
+        numpy_as_xp.attention(q, k, v, mask, 0.5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_formula_twins_equal_the_reference_with_numpy_as_xp(numpy_as_xp, dtype):
+    rng = np.random.default_rng(3)
+    r = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
+    x_btc, w, b = r(2, 5, 8), r(8), r(8)
+    cases = {
+        "softmax": (np.where(r(3, 6) > 1, -np.inf, r(3, 6)).astype(dtype),),
+        "linear": (x_btc, r(6, 8), r(6)),
+        "rms_norm": (x_btc, w, 1e-6),
+        "layer_norm": (x_btc, w, b, 1e-5),
+        "apply_rope": (r(2, 3, 5, 8),) + nn.rope_cos_sin(np.arange(5), 8, 10000.0, dtype),
+        "conv_transpose1d": (r(2, 4, 7), r(4, 3, 5), r(3), 2),
+    }
+    for name, args in cases.items():
+        np.testing.assert_array_equal(
+            getattr(numpy_as_xp, name)(*args), getattr(nn, name).reference(*args), err_msg=name
+        )
+    assert np.all(numpy_as_xp.softmax(np.full((2, 3), -np.inf, dtype))[:] == 0)
+    for groups, (C, O, I) in {1: (4, 6, 4), 2: (4, 6, 2), 4: (4, 4, 1)}.items():  # dense, grouped, depthwise
+        x, wk, bias = r(2, C, 12), r(O, I, 3), r(O)
+        got = numpy_as_xp.conv1d(x, wk, bias, 2, 2, groups)
+        np.testing.assert_allclose(
+            got,
+            nn.conv1d.reference(x, wk, bias, 2, 2, groups),
+            rtol=1e-5 if dtype == np.float32 else 1e-13,
+            err_msg=f"conv1d groups={groups}",
+        )
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17])  # the kernel up to MATVEC_MAX_ROWS = 16, then widen + cuBLAS
+def test_bf16_linear_equals_the_reference(numpy_as_xp, rows):
+    from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
+
+    rng = np.random.default_rng(rows)
+    w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((11, 70)).astype(np.float32)))
+    x, b = rng.standard_normal((rows, 70)).astype(np.float32), rng.standard_normal(11).astype(np.float32)
+    ref = nn.linear.reference(x, np.asarray(w), b)
+    got = numpy_as_xp.linear(x, w, b)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(numpy_as_xp.widen_bf16(w.bits), np.asarray(w))  # widening is exact
+    assert numpy_as_xp.bf16_rows_times(x[:0], w.bits).shape == (0, 11)
+
+
+def test_linear_refuses_host_bf16_words_and_non_arrays(monkeypatch):
+    from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
+
+    monkeypatch.setattr(cupy_cuda, "array_module", lambda: np)
+    w = BF16Matrix(float32_to_bf16_bits(np.ones((3, 4), np.float32)))
+    with pytest.raises(TypeError, match="still on the host"):
+        cupy_cuda.linear(np.ones((2, 4), np.float32), w)
+    with pytest.raises(TypeError, match="as an array on the device, got list"):
+        cupy_cuda.linear(np.ones((2, 4), np.float32), [[1.0] * 4])
+
+
+# ----------------------------------------------------------------------------- asking for the backend
+
+
+@pytest.fixture
+def fresh_availability():
+    cupy_cuda.available.cache_clear()
+    yield
+    cupy_cuda.available.cache_clear()
+
+
+def test_without_cupy_the_error_names_the_extras(monkeypatch, fresh_availability):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # "import cupy" fails as when it is not installed
+    with pytest.raises(cupy_cuda.BackendUnavailable, match=r"CuPy is not installed.*\[cuda12\].*\[cuda13\]"):
+        cupy_cuda.available()
+    with pytest.raises(RuntimeError, match="CuPy is not installed"):
+        cupy_cuda.to_device(np.zeros(3))
+    with pytest.raises(cupy_cuda.BackendUnavailable):
+        cupy_cuda.xp
+
+
+def fake_cupy(device_count):
+    """A stand-in ``cupy`` whose CUDA runtime raises as CuPy's does on a machine without a driver or device."""
+
+    def get_device_count():
+        if isinstance(device_count, Exception):
+            raise device_count
+        return device_count
+
+    runtime = types.SimpleNamespace(getDeviceCount=get_device_count)
+    return types.SimpleNamespace(__version__="99.0.0", cuda=types.SimpleNamespace(runtime=runtime))
+
+
+@pytest.mark.parametrize(
+    "count, said",
+    [
+        (
+            RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected"),
+            "cudaErrorNoDevice: no CUDA-capable device is detected",
+        ),
+        (0, "reports 0 devices"),
+    ],
+)
+def test_without_a_device_the_error_says_what_cupy_said(monkeypatch, fresh_availability, count, said):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count))
+    with pytest.raises(cupy_cuda.BackendUnavailable) as raised:
+        cupy_cuda.available()
+    assert "CuPy 99.0.0 is installed but found no usable CUDA device" in str(raised.value)
+    assert said in str(raised.value)
+
+
+def test_to_host_keeps_numpy_arrays_and_calls_get():
+    a = np.arange(3)
+    assert cupy_cuda.to_host(a) is a
+    assert cupy_cuda.to_host(types.SimpleNamespace(get=lambda: a)) is a
+    with pytest.raises(AttributeError, match="no attribute 'cupy'"):
+        cupy_cuda.cupy
+
+
+def test_importing_refimpl_and_the_backend_module_does_not_import_cupy():
+    code = (
+        "import sys, refimpl, refimpl.backends.cupy_cuda, refimpl.tts; "
+        "assert 'cupy' not in sys.modules, 'cupy imported'; print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# ----------------------------------------------------------------------------- the twins inside the whole pipeline
+
+
+def put_these_twins_on_the_strict_stand_in(setattr_, setitem, strict) -> dict:
+    """Make the backend "strict" (``strict``: NumPy underneath, as strict as CuPy about host round trips) run
+    THESE twins: CuPy replaced by the stand-in's namespace, the CUDA kernels by their NumPy replays (given the
+    stand-in's underlying buffers, which they fill in place), the elementwise kernels by their formulas.
+    ``setattr_`` / ``setitem`` do the patching (monkeypatch's, or the builtins for a whole session: see
+    tests/backends/cupy_twins_on_strict.py).  Returns {twin: calls}."""
+    from refimpl import backends as kernels
+
+    setattr_(cupy_cuda, "array_module", lambda: strict.xp)
+
+    def launch(emulation):
+        return lambda grid, block, args: emulation(grid, block, tuple(getattr(a, "_data", a) for a in args))
+
+    emulations = {
+        "attention_rows<float>": launch(emulate_attention_rows),
+        "attention_rows<double>": launch(emulate_attention_rows),
+        "bf16_rows_times": launch(emulate_bf16_rows_times),
+    }
+    setattr_(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    setattr_(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
+    formulas = {
+        cupy_cuda.SNAKE_BETA: lambda x, alpha, inv_beta: x + inv_beta * np.sin(alpha * x) ** 2,
+        cupy_cuda.ELU: nn.elu.reference,
+        cupy_cuda.SILU: nn.silu.reference,
+        cupy_cuda.GELU_ERF: nn.gelu_erf.reference,
+    }
+    setattr_(cupy_cuda, "_elementwise", formulas.__getitem__)
+    calls = dict.fromkeys(cupy_cuda.TWINS, 0)
+
+    def counted(name, twin):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return twin(*args, **kwargs)
+
+        return call
+
+    setitem(kernels._twins, "strict", {n: counted(n, t) for n, t in cupy_cuda.TWINS.items()})
+    return calls
+
+
+@pytest.fixture
+def cupy_twins_on_the_strict_stand_in(monkeypatch):
+    strict = pytest.importorskip(
+        "refimpl.backends.strict_device", reason="the strict stand-in of the backend layer is not in this tree"
+    )
+    return put_these_twins_on_the_strict_stand_in(monkeypatch.setattr, monkeypatch.setitem, strict)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_pipeline_with_these_twins_on_device_arrays_equals_numpy(cupy_twins_on_the_strict_stand_in, dtype):
+    """Decode (one pass and streamed), encode and greedy text-to-speech with the twins on device arrays: the
+    twins take what the stages hand them (no host array reaches the device but through to_device, no device
+    array is read implicitly) and give the numpy backend's results (float32: within the reordered sums)."""
+    from conftest import CHECKPOINTS
+
+    from refimpl import Qwen3TTS, SpeechTokenizer
+    from refimpl.backends import use_backend
+
+    calls = cupy_twins_on_the_strict_stand_in
+    tol = 1e-12 if dtype == np.float64 else 2e-5  # float32: the decoder parity tests' waveform tolerance
+    with use_backend("numpy"):
+        cpu_tok = SpeechTokenizer.from_pretrained(CHECKPOINTS / "tiny-speech-tokenizer", dtype=dtype)
+        cpu_tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice", dtype=dtype)
+    with use_backend("strict"):
+        dev_tok = SpeechTokenizer.from_pretrained(CHECKPOINTS / "tiny-speech-tokenizer", dtype=dtype)
+        dev_tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice", dtype=dtype)
+    codes = np.random.default_rng(0).integers(0, cpu_tok.codebook_size, size=(23, cpu_tok.num_quantizers))
+    wav = dev_tok.decode(codes)
+    assert isinstance(wav, np.ndarray)
+    np.testing.assert_allclose(wav, cpu_tok.decode(codes), rtol=0, atol=tol)
+    stream = dev_tok.stream()
+    np.testing.assert_allclose(
+        np.concatenate([stream.push(codes[i : i + 4]) for i in range(0, 23, 4)]), wav, rtol=0, atol=tol
+    )
+    audio = (0.3 * np.sin(np.arange(24000) / 24000 * 2 * np.pi * 220)).astype(np.float32)
+    np.testing.assert_array_equal(dev_tok.encode(audio, sr=24000), cpu_tok.encode(audio, sr=24000))
+    greedy = dict(
+        text="The GPU speaks as the CPU does.",
+        speaker="vivian",
+        language="english",
+        do_sample=False,
+        subtalker_dosample=False,
+        max_new_tokens=8,
+        return_codes=True,
+    )
+    dev_wavs, _, dev_codes = dev_tts.generate_custom_voice(**greedy)
+    cpu_wavs, _, cpu_codes = cpu_tts.generate_custom_voice(**greedy)
+    np.testing.assert_array_equal(dev_codes[0], cpu_codes[0])
+    np.testing.assert_allclose(dev_wavs[0], cpu_wavs[0], rtol=0, atol=tol)
+    ran = {name for name, n in calls.items() if n}
+    assert ran >= {
+        "snake_beta",
+        "elu",
+        "silu",
+        "gelu_erf",
+        "linear",
+        "rms_norm",
+        "layer_norm",
+        "conv1d",
+        "conv_transpose1d",
+        "apply_rope",
+        "attention",
+    }, sorted(set(calls) - ran)

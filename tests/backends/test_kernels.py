@@ -1,0 +1,263 @@
+"""The backend layer: every twin against its plain NumPy reference, and the backend switch.
+
+Tolerance of a twin that reorders a sum (conv1d, linear): both sides are sums of the same n products in
+another order, so each is within gamma_n * sum|terms| of the exact value (gamma_n ~ n * eps / 2); we allow
+2 * n * eps * sum|terms| for their difference.  Twins that keep the reference's operations and order (elu,
+and snake_beta in float64) must be bit-identical; the float32 SnakeBeta evaluates its own sine (see its test).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refimpl import backends as kernels
+from refimpl import nn
+from refimpl.backends import numba_cpu
+from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
+
+DTYPES = (np.float32, np.float64)
+
+
+def test_every_twin_has_a_reference_of_the_same_name_and_signature():
+    import inspect
+
+    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu", "linear"}
+    for name, twin in numba_cpu.TWINS.items():
+        reference = getattr(nn, name).reference
+        assert inspect.signature(twin) == inspect.signature(reference), name
+
+
+@st.composite
+def conv_case(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    kind = draw(st.sampled_from(("dense_small", "dense", "depthwise", "grouped")))
+    K = draw(st.integers(1, 7))
+    stride, dilation = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    B = draw(st.integers(1, 2))
+    if kind == "dense_small":  # I * K <= 64: the stacked-taps arrangement
+        groups, I = 1, draw(st.integers(1, 64 // K))
+        O = draw(st.integers(1, 8))
+    elif kind == "dense":  # I * K > 64: one product per tap
+        groups, I = 1, draw(st.integers(64 // K + 1, 80))
+        O = draw(st.integers(1, 8))
+    elif kind == "depthwise":
+        groups = I_total = draw(st.integers(1, 12))
+        I, O = 1, I_total
+    else:  # other groupings go back to the reference
+        groups, I = draw(st.integers(2, 4)), draw(st.integers(1, 3))
+        O = groups * draw(st.integers(1, 3))
+    span = dilation * (K - 1) + 1
+    T = draw(st.integers(span, span + 3 * stride + 5))  # length equal to the span included
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    x = rng.standard_normal((B, I * groups, T)).astype(dtype)
+    w = rng.standard_normal((O, I, K)).astype(dtype)
+    b = rng.standard_normal(O).astype(dtype) if draw(st.booleans()) else None
+    return x, w, b, stride, dilation, groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(conv_case())
+def test_conv1d_twin_equals_reference(case):
+    x, w, b, stride, dilation, groups = case
+    ref = nn.conv1d.reference(x, w, b, stride, dilation, groups)
+    got = numba_cpu.conv1d(x, w, b, stride, dilation, groups)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    n = w.shape[1] * w.shape[2]
+    # sum|terms| per output: the same products computed in float64 with absolute values
+    abs_sum = nn.conv1d.reference(
+        np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), None, stride, dilation, groups
+    )
+    tol = 2 * n * np.finfo(x.dtype).eps * (abs_sum + (np.abs(b)[None, :, None] if b is not None else 0))
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
+
+
+def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
+    x = np.zeros((1, 8, 10), np.float32)
+    for f in (nn.conv1d.reference, numba_cpu.conv1d):
+        with pytest.raises(ValueError, match="do not fit"):
+            f(x, np.zeros((4, 3, 2), np.float32), groups=2)  # 2 groups of 3 channels is not 8
+        with pytest.raises(ValueError, match="shorter than the kernel span"):
+            f(x, np.zeros((4, 8, 6), np.float32), dilation=2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(DTYPES),
+    st.integers(1, 5),
+    st.integers(0, 40),
+    st.sampled_from((0.5, 3.0, 300.0)),
+    st.integers(0, 2**31),
+)
+def test_snake_beta_twin(dtype, C, T, amplitude, seed):
+    """float64: the reference itself.  float32: the twin's sine (angle reduction and polynomial in float64,
+    rounded to float32) and NumPy's float32 sine are each within about one float32 rounding of sin(z), so
+    their squares differ by at most ~4 eps * sin^2 <= 4 eps; scaled by 1/beta and added to x (one more
+    rounding of the result): |twin - reference| <= 8 eps / beta + 2 eps |reference|."""
+    rng = np.random.default_rng(seed)
+    x = (amplitude * rng.standard_normal((2, C, T))).astype(dtype)
+    la, lb = rng.standard_normal(C).astype(dtype), rng.standard_normal(C).astype(dtype)
+    got, ref = numba_cpu.snake_beta(x, la, lb), nn.snake_beta.reference(x, la, lb)
+    assert got.dtype == ref.dtype == dtype and got.shape == ref.shape
+    if dtype == np.float64:
+        np.testing.assert_array_equal(got, ref)
+        return
+    eps = np.finfo(np.float32).eps
+    inv_beta = 1 / (np.exp(lb.astype(np.float64)) + 1e-9)
+    tol = 8 * eps * inv_beta[None, :, None] + 2 * eps * np.abs(ref.astype(np.float64))
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
+
+
+def test_snake_beta_twin_sine_is_accurate_over_many_periods():
+    """The reduced-angle polynomial, on its own: |sin| within two float32 roundings over 1200 periods."""
+    z = np.linspace(-2000, 2000, 4001, dtype=np.float32)
+    got = np.array([abs(numba_cpu._sin_up_to_sign(v)) for v in z], dtype=np.float64)
+    assert np.max(np.abs(got - np.abs(np.sin(z.astype(np.float64))))) <= 2 * np.finfo(np.float32).eps
+
+
+@st.composite
+def linear_case(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    O, I = draw(st.integers(1, 70)), draw(st.integers(1, 300))
+    rows = draw(st.sampled_from(((1,), (3,), (2, 8), (17,), (3, 40))))  # <= 16 rows: the kernel; more: BLAS
+    w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
+    x = rng.standard_normal(rows + (I,)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32) if draw(st.booleans()) else None
+    return x, w, b
+
+
+@settings(max_examples=80, deadline=None)
+@given(linear_case())
+def test_linear_twin_reads_bf16_weights_as_stored(case):
+    x, w, b = case
+    wide = np.asarray(w)  # the exact float32 values of the bfloat16 words
+    ref = nn.linear.reference(x, wide, b)
+    got = numba_cpu.linear(x, w, b)
+    assert got.shape == ref.shape == x.shape[:-1] + (w.shape[0],) and got.dtype == np.float32
+    n = w.shape[1]
+    abs_sum = np.abs(x.astype(np.float64)) @ np.abs(wide.astype(np.float64)).T + (np.abs(b) if b is not None else 0)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (n + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
+def test_linear_twin_edge_shapes():
+    """No rows (an empty time axis), one weight row, one input channel: the kernel and the BLAS path agree
+    with the reference on shapes and values."""
+    rng = np.random.default_rng(5)
+    for O, I, rows in ((3, 5, (0,)), (1, 7, (2,)), (4, 1, (20,)), (2, 3, (1, 0, 3))):
+        w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
+        x = rng.standard_normal(rows + (I,)).astype(np.float32)
+        got, ref = numba_cpu.linear(x, w), nn.linear.reference(x, np.asarray(w))
+        assert got.shape == ref.shape == rows + (O,)
+        abs_sum = np.abs(x.astype(np.float64)) @ np.abs(np.asarray(w, dtype=np.float64)).T
+        assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
+def test_bf16_matrix_widens_exactly_where_used():
+    bits = float32_to_bf16_bits(np.array([[1.5, -2.0, 3.140625], [0.0, 1e-3, 65280.0]], np.float32))
+    m = BF16Matrix(bits)
+    wide = np.asarray(m)
+    assert wide.dtype == np.float32 and wide.tolist() == [[1.5, -2.0, 3.140625], [0.0, wide[1, 1], 65280.0]]
+    np.testing.assert_array_equal(m[[1, 0]], wide[[1, 0]])
+    np.testing.assert_array_equal(m.T, wide.T)
+    assert m.astype(np.float32, copy=False) is m
+    x = np.array([[0.5, 2.0, -1.0]], np.float32)
+    np.testing.assert_array_equal(nn.linear.reference(x, m), x @ wide.T)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(DTYPES), st.sampled_from((1.0, 0.5, 2.0)), st.integers(0, 2**31))
+def test_elu_twin_is_bit_identical(dtype, alpha, seed):
+    x = (10 * np.random.default_rng(seed).standard_normal((3, 50))).astype(dtype)
+    x[0, :3] = (0.0, -0.0, 100.0)
+    np.testing.assert_array_equal(numba_cpu.elu(x, alpha), nn.elu.reference(x, alpha))
+
+
+# ----------------------------------------------------------------------------- the switch
+
+
+def _calls(monkeypatch):
+    """Record which implementation of conv1d runs."""
+    seen = []
+    monkeypatch.setitem(
+        kernels._twin_table("numba"), "conv1d", lambda *a, **k: seen.append("twin") or numba_cpu.conv1d(*a, **k)
+    )
+    return seen
+
+
+def test_auto_uses_twins_for_float32_and_the_reference_for_float64(monkeypatch):
+    monkeypatch.delenv("REFIMPL_BACKEND", raising=False)
+    seen = _calls(monkeypatch)
+    w = np.ones((1, 1, 1))
+    assert kernels.active_backend()[0] == "auto"
+    nn.conv1d(np.ones((1, 1, 4), np.float64), w)
+    assert seen == []
+    nn.conv1d(np.ones((1, 1, 4), np.float32), w.astype(np.float32))
+    assert seen == ["twin"]
+
+
+def test_use_backend_and_the_environment_choose(monkeypatch):
+    seen = _calls(monkeypatch)
+    x, w = np.ones((1, 1, 4), np.float32), np.ones((1, 1, 1), np.float32)
+    with kernels.use_backend("numpy"):
+        assert kernels.active_backend() == ("numpy", "refimpl.use_backend()")
+        nn.conv1d(x, w)
+    assert seen == []
+    monkeypatch.setenv("REFIMPL_BACKEND", "numba")
+    assert kernels.active_backend()[0] == "numba"
+    nn.conv1d(x.astype(np.float64), w.astype(np.float64))  # an explicit backend serves float64 too
+    assert seen == ["twin"]
+    with kernels.use_backend("numpy"):  # the context manager wins over the environment
+        nn.conv1d(x, w)
+    assert seen == ["twin"]
+
+
+def test_unknown_backends_are_one_clear_error(monkeypatch):
+    with pytest.raises(ValueError, match="unknown backend 'cuda'.*numpy, numba"):
+        with kernels.use_backend("cuda"):
+            pass
+    monkeypatch.setenv("REFIMPL_BACKEND", "fast")
+    with pytest.raises(ValueError, match="REFIMPL_BACKEND: unknown backend 'fast'"):
+        nn.silu(np.zeros(3))
+
+
+# ----------------------------------------------------------------------------- compiled-kernel cache
+
+
+def test_cache_dir_falls_back_to_a_writable_place(monkeypatch, tmp_path):
+    """A read-only package directory sends the compiled kernels to the user cache, else to a temp dir."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    package_cache = Path(numba_cpu.__file__).resolve().parent / "__pycache__"
+    monkeypatch.setattr(numba_cpu, "_writable", lambda d: Path(d) != package_cache)
+    numba_cpu._choose_cache_dir()
+    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "xdg" / "refimpl" / "numba")
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    monkeypatch.setattr(numba_cpu, "_writable", lambda d: False)
+    numba_cpu._choose_cache_dir()
+    assert Path(os.environ["NUMBA_CACHE_DIR"]).name.startswith("refimpl-numba-")
+
+
+def test_a_second_process_loads_the_kernels_instead_of_compiling(tmp_path):
+    """cache=True: the first process compiles and saves, the next one only loads (NUMBA_DEBUG_CACHE)."""
+    code = (
+        "import numpy as np; from refimpl.backends import numba_cpu as k; "
+        "from refimpl.backends.bf16 import BF16Matrix; "
+        "k.snake_beta(np.ones((1, 2, 8), np.float32), np.zeros(2, np.float32), np.zeros(2, np.float32)); "
+        "k.linear(np.ones((1, 4), np.float32), BF16Matrix(np.zeros((3, 4), np.uint16)))"
+    )
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1", PYTHONPATH=str(REPO))
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        for _ in range(2)
+    ]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    assert "data saved to" in runs[0].stdout
+    assert "data saved to" not in runs[1].stdout and "data loaded from" in runs[1].stdout

@@ -1,0 +1,202 @@
+"""Checkpoint reading: safetensors by hand (bf16 included), shards, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from refimpl import SpeechTokenizer
+from refimpl.backends.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
+from refimpl.io.checkpoint import (
+    CheckpointError,
+    WeightSpec,
+    check_weights,
+    read_checkpoint_weights,
+    read_safetensors_file,
+    write_safetensors_file,
+)
+from refimpl.porting import presets, synthetic
+
+
+def test_reads_what_the_safetensors_library_writes(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {
+        "a": rng.standard_normal((3, 4)).astype(np.float32),
+        "b": rng.standard_normal(5).astype(np.float16),
+        "c": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "d": np.float32(2.5) * np.ones((0, 2), np.float32),
+    }
+    save_file(tensors, str(tmp_path / "x.safetensors"))
+    out = read_safetensors_file(tmp_path / "x.safetensors", np.float64)
+    assert out["a"].dtype == np.float64 and out["c"].dtype == np.int64
+    np.testing.assert_array_equal(out["a"], tensors["a"].astype(np.float64))
+    np.testing.assert_array_equal(out["b"], tensors["b"].astype(np.float64))
+    np.testing.assert_array_equal(out["c"], tensors["c"])
+    assert out["d"].shape == (0, 2)
+
+
+def test_what_we_write_is_read_by_the_safetensors_library(tmp_path):
+    rng = np.random.default_rng(1)
+    tensors = {"w": rng.standard_normal((7, 3)).astype(np.float32), "i": np.arange(4, dtype=np.int64)}
+    write_safetensors_file(tmp_path / "y.safetensors", tensors)
+    back = load_file(str(tmp_path / "y.safetensors"))
+    np.testing.assert_array_equal(back["w"], tensors["w"])
+    np.testing.assert_array_equal(back["i"], tensors["i"])
+
+
+def test_bfloat16_rounding_and_widening():
+    # exactly representable values survive; others round to nearest, ties to even (torch's rule)
+    x = np.array([1.0, -2.5, 0.0, 3.0e38, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-9, np.inf, -np.inf], dtype=np.float32)
+    back = bf16_bits_to_float32(float32_to_bf16_bits(x))
+    expected = np.array([1.0, -2.5, 0.0, 2.9975e38, 1.0, 1.0 + 4 * 2**-8, 1.0, np.inf, -np.inf], dtype=np.float32)
+    np.testing.assert_allclose(back[:3], expected[:3])
+    assert back[4] == np.float32(1.0)  # halfway between 1 and 1 + 2^-7: ties to even (1.0)
+    assert back[5] == np.float32(1.0 + 2**-6)  # halfway, rounds to the even neighbour 1 + 2^-6
+    assert back[6] == np.float32(1.0)
+    assert np.isinf(back[7]) and np.isinf(back[8])
+    assert np.isnan(bf16_bits_to_float32(float32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+    rng = np.random.default_rng(2)
+    y = rng.standard_normal(10000).astype(np.float32)
+    rel = np.abs(bf16_bits_to_float32(float32_to_bf16_bits(y)) - y) / np.abs(y)
+    assert rel.max() <= 2**-8  # half an ulp of an 8-bit mantissa
+
+
+def test_bf16_checkpoint_in_real_layout_loads(tmp_path):
+    """A bf16 speech tokenizer (the released checkpoints are bf16) decodes like the f32 one rounded to bf16."""
+    config = presets.preset(presets.TINY_SPEECH_TOKENIZER)
+    synthetic.write_speech_tokenizer(tmp_path / "bf16", config, seed=5, dtype="bfloat16")
+    header_len = int.from_bytes(open(tmp_path / "bf16" / "model.safetensors", "rb").read(8), "little")
+    header = json.loads(open(tmp_path / "bf16" / "model.safetensors", "rb").read(8 + header_len)[8:])
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+    w = read_checkpoint_weights(tmp_path / "bf16", np.float32, prefix="decoder.")
+    ref = synthetic.random_weights(synthetic.speech_tokenizer_weight_spec(config), seed=5)
+    name = "pre_conv.conv.weight"
+    np.testing.assert_array_equal(w[name], bf16_bits_to_float32(float32_to_bf16_bits(ref["decoder." + name])))
+    tok = SpeechTokenizer.from_pretrained(tmp_path / "bf16")
+    assert tok.decode(np.zeros((2, 16), dtype=np.int64)).shape == (3840,)
+
+
+def test_sharded_checkpoint_equals_single_file(tmp_path):
+    config = presets.preset(presets.TINY_SPEECH_TOKENIZER)
+    synthetic.write_speech_tokenizer(tmp_path / "one", config, seed=3)
+    synthetic.write_speech_tokenizer(tmp_path / "many", config, seed=3, max_shard_bytes=200_000)
+    shards = sorted(p.name for p in (tmp_path / "many").glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and (tmp_path / "many" / "model.safetensors.index.json").is_file()
+    a = read_checkpoint_weights(tmp_path / "one")
+    b = read_checkpoint_weights(tmp_path / "many")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    codes = np.random.default_rng(0).integers(0, 64, (3, 16))
+    np.testing.assert_array_equal(
+        SpeechTokenizer.from_pretrained(tmp_path / "one").decode(codes),
+        SpeechTokenizer.from_pretrained(tmp_path / "many").decode(codes),
+    )
+
+
+def test_full_model_directory_with_speech_tokenizer_subfolder(tmp_path, tiny_speech_tokenizer_dir):
+    import shutil
+
+    shutil.copytree(tiny_speech_tokenizer_dir, tmp_path / "model" / "speech_tokenizer")
+    (tmp_path / "model" / "config.json").write_text("{}")
+    tok = SpeechTokenizer.from_pretrained(tmp_path / "model")
+    assert tok.directory.name == "speech_tokenizer"
+
+
+def test_weight_problems_are_listed_by_name():
+    spec = [WeightSpec("a", (2, 3)), WeightSpec("b", (4,)), WeightSpec("c", (1,))]
+    weights = {"a": np.zeros((3, 2)), "b": np.zeros(4), "zzz": np.zeros(1)}
+    with pytest.raises(CheckpointError) as e:
+        check_weights(weights, spec, "my net")
+    msg = str(e.value)
+    assert "missing tensors (1): c [1]" in msg and "a: expected [2, 3], found [3, 2]" in msg and "zzz" in msg
+
+
+def test_missing_and_damaged_files_give_clear_errors(tmp_path, tiny_speech_tokenizer_dir):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        SpeechTokenizer.from_pretrained(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        SpeechTokenizer.from_pretrained(tmp_path / "empty")
+    import shutil
+
+    d = tmp_path / "broken"
+    shutil.copytree(tiny_speech_tokenizer_dir, d)
+    (d / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        SpeechTokenizer.from_pretrained(d)
+    (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}......")
+    with pytest.raises(CheckpointError, match="malformed safetensors header"):
+        SpeechTokenizer.from_pretrained(d)
+    # a tensor missing from an otherwise valid file
+    w = read_checkpoint_weights(tiny_speech_tokenizer_dir)
+    del w["decoder.pre_conv.conv.bias"]
+    write_safetensors_file(d / "model.safetensors", w)
+    with pytest.raises(CheckpointError, match="missing tensors.*pre_conv.conv.bias"):
+        SpeechTokenizer.from_pretrained(d)
+
+
+def test_dtype_option(tiny_speech_tokenizer_dir):
+    with pytest.raises(ValueError, match="float32 or numpy.float64"):
+        SpeechTokenizer.from_pretrained(tiny_speech_tokenizer_dir, dtype=np.float16)
+
+
+def test_synthetic_weights_are_deterministic_per_name():
+    spec = [WeightSpec("x", (3, 4)), WeightSpec("y", (5,), "norm")]
+    a = synthetic.random_weights(spec, seed=9)
+    b = synthetic.random_weights(list(reversed(spec))[:1], seed=9)
+    np.testing.assert_array_equal(a["y"], b["y"])
+    assert not np.array_equal(a["x"], synthetic.random_weights(spec, seed=10)["x"])
+
+
+def test_stray_tensors_are_reported(tmp_path, tiny_speech_tokenizer_dir):
+    import shutil
+
+    d = tmp_path / "stray"
+    shutil.copytree(tiny_speech_tokenizer_dir, d)
+    w = read_checkpoint_weights(tiny_speech_tokenizer_dir)
+    w["vocoder.extra.weight"] = np.zeros(3, np.float32)
+    write_safetensors_file(d / "model.safetensors", w)
+    with pytest.raises(CheckpointError, match="unexpected tensors.*vocoder.extra.weight"):
+        SpeechTokenizer.from_pretrained(d)
+    w = read_checkpoint_weights(tiny_speech_tokenizer_dir)
+    w["decoder.pre_conv.conv.extra"] = np.zeros(3, np.float32)  # inside a network: check_weights names it
+    write_safetensors_file(d / "model.safetensors", w)
+    with pytest.raises(CheckpointError, match="unexpected tensors.*pre_conv.conv.extra"):
+        SpeechTokenizer.from_pretrained(d)
+
+
+def test_sharded_bf16_full_model_loads_like_the_released_layout(tmp_path):
+    """A full model re-saved as bf16 shards with an index (how the 1.7B release ships) generates the same
+    greedy codes as the same weights in one bf16 file."""
+    import shutil
+
+    from conftest import CHECKPOINTS
+
+    from refimpl import Qwen3TTS
+
+    src = CHECKPOINTS / "tiny-base"
+    one, many = tmp_path / "one", tmp_path / "many"
+    for d in (one, many):
+        shutil.copytree(src, d)
+        (d / "model.safetensors").unlink()
+    tensors = read_checkpoint_weights(src)
+    synthetic.write_checkpoint(one, None, tensors, dtype="bfloat16")
+    synthetic.write_checkpoint(many, None, tensors, dtype="bfloat16", max_shard_bytes=150_000)
+    assert len(list(many.glob("model-*-of-*.safetensors"))) > 2
+    prompt = dict(
+        text="Sharded.",
+        ref_audio=(np.sin(np.arange(12000) / 9.0).astype(np.float32), 24000),
+        x_vector_only_mode=True,
+        do_sample=False,
+        subtalker_dosample=False,
+        max_new_tokens=6,
+        return_codes=True,
+    )
+    _, _, codes_one = Qwen3TTS.from_pretrained(one).generate_voice_clone(**prompt)
+    _, _, codes_many = Qwen3TTS.from_pretrained(many).generate_voice_clone(**prompt)
+    np.testing.assert_array_equal(codes_one[0], codes_many[0])
+    assert codes_one[0].shape[1] == 16

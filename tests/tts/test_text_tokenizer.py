@@ -1,0 +1,301 @@
+"""Text tokenizer: ids equal to the official Qwen3-TTS processor's (golden/text_tokenizer.json).
+
+The golden file holds, for 238 texts (plain strings, the three chat templates, seeded random
+unicode), the ids that the official loader (``AutoProcessor.from_pretrained(dir,
+fix_mistral_regex=True)``, transformers 4.57.3) gives on six model-directory layouts: the tiny
+vocabulary and the real Qwen BPE, with and without tokenizer.json, and with the config.json variants
+that decide the pre-tokenisation pattern.  Here each layout is rebuilt the same way and read by
+``refimpl.tts.text_tokenizer.load_text_tokenizer``.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+# the same layouts, built by the same code, as golden/oracle/record_text_tokenizer.py
+from golden.text_layouts import LAYOUTS, RELEASED_CONFIG, TINY_DIR, read_real_merges, write_layout
+from refimpl.io.checkpoint import CheckpointError
+from refimpl.porting import synthetic
+from refimpl.tts.text_tokenizer import (
+    CASE_AWARE_SPLIT_PATTERN,
+    QWEN2_SPLIT_PATTERN,
+    assistant_prompt,
+    bpe_encode_explicit,
+    instruct_prompt,
+    load_text_tokenizer,
+    read_vocab_and_merges,
+    reference_prompt,
+    uses_case_aware_split,
+)
+
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
+
+
+@pytest.fixture(scope="module")
+def golden():
+    with open(GOLDEN / "text_tokenizer.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def real_merges():
+    return read_real_merges()
+
+
+@pytest.fixture(scope="module")
+def layout_dirs(tmp_path_factory, real_merges):
+    root = tmp_path_factory.mktemp("text_layouts")
+    dirs = {}
+    for name in LAYOUTS:
+        dirs[name] = root / name
+        write_layout(dirs[name], name, real_merges)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def tokenizers_by_layout(layout_dirs):
+    return {name: load_text_tokenizer(d) for name, d in layout_dirs.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# parity with the official processor
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_ids_equal_official(layout, golden, tokenizers_by_layout):
+    tok = tokenizers_by_layout[layout]
+    expected = golden["layouts"][layout]["ids"]
+    ours = [tok.encode(t) for t in golden["texts"]]
+    mismatches = [(t, o, e) for t, o, e in zip(golden["texts"], ours, expected) if o != e]
+    assert not mismatches, f"{len(mismatches)} of {len(expected)} texts differ, first: {mismatches[0]!r}"
+    assert tok.encode_batch(golden["texts"][:20]) == expected[:20]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_matches_official_loader(layout, golden, tokenizers_by_layout):
+    tok, rec = tokenizers_by_layout[layout], golden["layouts"][layout]
+    assert tok.split_pattern == rec["split_pattern"]
+    assert tok.base_vocab_size == rec["vocab_size"]
+    assert tok.vocab_size == rec["len"]
+    assert tok.added_tokens == rec["added_tokens"]
+    assert tok.source == ("tokenizer.json" if LAYOUTS[layout][1] else "vocab.json+merges.txt")
+
+
+@pytest.mark.parametrize("layout", ["tiny", "real_released"])
+def test_decode_equals_official(layout, golden, tokenizers_by_layout):
+    tok, rec = tokenizers_by_layout[layout], golden["layouts"][layout]
+    assert [tok.decode(ids) for ids in rec["ids"]] == rec["decoded"]
+
+
+def test_released_layout_uses_the_case_aware_pattern(golden):
+    """The real checkpoints get the case-aware pattern, and it changes ids on some texts."""
+    layouts = golden["layouts"]
+    assert layouts["real_released"]["split_pattern"] == CASE_AWARE_SPLIT_PATTERN
+    assert layouts["real_config_4_57_1"]["split_pattern"] == QWEN2_SPLIT_PATTERN
+    assert layouts["tiny"]["split_pattern"] == QWEN2_SPLIT_PATTERN  # vocabulary too small for the swap
+    differ = [
+        t
+        for t, a, b in zip(golden["texts"], layouts["real_released"]["ids"], layouts["real_config_4_57_1"]["ids"])
+        if a != b
+    ]
+    assert "JavaScript and TypeScript, McDonald's, OpenAI's GPT-4o, XMLHttpRequest" in differ
+
+
+@pytest.mark.parametrize("layout", ["tiny", "real_released", "real_no_config"])
+def test_explicit_bpe_equals_official(layout, golden, layout_dirs, tokenizers_by_layout):
+    """The plain-Python algorithm (regex + merge loop) gives the official ids too."""
+    pytest.importorskip("regex")
+    vocab, merges = read_vocab_and_merges(layout_dirs[layout])
+    tok = tokenizers_by_layout[layout]
+    expected = golden["layouts"][layout]["ids"]
+    step = 1 if layout == "tiny" else 3  # the pure-Python merge loop is slow on the full vocabulary
+    for text, ids in list(zip(golden["texts"], expected))[::step]:
+        assert bpe_encode_explicit(text, vocab, merges, tok.added_tokens, tok.split_pattern) == ids, text
+
+
+@pytest.mark.parametrize("layout", ["tiny", "real_released"])
+def test_chat_templates_keep_the_official_slices(layout, golden, tokenizers_by_layout):
+    """The official prompt code takes ids[:3] as the role and ids[-5:] as the closing part."""
+    tok = tokenizers_by_layout[layout]
+    im_start, im_end, nl = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>"), tok.encode("\n")
+    assistant, user = tok.encode("assistant"), tok.encode("user")
+    assert len(nl) == len(assistant) == len(user) == 1
+    kinds, texts, ids = golden["kinds"], golden["texts"], golden["layouts"][layout]["ids"]
+    n = 0
+    for kind, text, official in zip(kinds, texts, ids):
+        if kind == "assistant":
+            body = text[len("<|im_start|>assistant\n") : -len("<|im_end|>\n<|im_start|>assistant\n")]
+            assert assistant_prompt(body) == text and tok.encode(assistant_prompt(body)) == official
+            assert official[-5:] == [im_end] + nl + [im_start] + assistant + nl
+            if body.startswith("\n") and official[2] != nl[0]:
+                # the role's newline merges with the text's ("\n\n" is one token): the 3-id slice
+                # then holds part of the text, in the official code as well
+                assert official[:2] == [im_start] + assistant
+            else:
+                assert official[:3] == [im_start] + assistant + nl
+            n += 1
+        elif kind == "reference":
+            body = text[len("<|im_start|>assistant\n") : -len("<|im_end|>\n")]
+            assert reference_prompt(body) == text and official[-2:] == [im_end] + nl
+        elif kind == "instruct":
+            body = text[len("<|im_start|>user\n") : -len("<|im_end|>\n")]
+            assert instruct_prompt(body) == text and official[:2] == [im_start] + user
+            assert official[2] == nl[0] or body.startswith("\n")
+    assert n == 13
+
+
+# ------------------------------------------------------------------------------------------------
+# the tiny vocabulary
+# ------------------------------------------------------------------------------------------------
+
+
+def test_tiny_vocabulary_committed_files_are_reproducible(tmp_path):
+    ids = synthetic.write_tiny_text_tokenizer(tmp_path)
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (TINY_DIR / name).read_bytes(), name
+    tok = load_text_tokenizer(TINY_DIR)
+    assert tok.added_tokens == ids
+    assert set(ids) == {t for t, _ in synthetic.TINY_TEXT_ADDED_TOKENS}
+    assert tok.vocab_size == max(ids.values()) + 1 <= 1024  # one text-embedding row per id
+
+
+def test_tiny_special_ids_equal_official(golden):
+    assert load_text_tokenizer(TINY_DIR).added_tokens == golden["layouts"]["tiny"]["added_tokens"]
+
+
+def test_real_vocabulary_follows_from_its_merges(real_merges):
+    vocab = synthetic.byte_level_vocab(real_merges)
+    assert len(vocab) == 151643
+    assert vocab["assistant"] == 77091 and vocab["Ċ"] == 198  # ids the released config/prompts rely on
+
+
+# ------------------------------------------------------------------------------------------------
+# the pattern rule, property tests
+# ------------------------------------------------------------------------------------------------
+
+
+def test_case_aware_rule():
+    big, small = 151643, 682
+    assert uses_case_aware_split(RELEASED_CONFIG, big)
+    assert uses_case_aware_split({"model_type": "qwen3_tts"}, big)  # no version recorded
+    assert not uses_case_aware_split(RELEASED_CONFIG, small)
+    assert not uses_case_aware_split(None, big)
+    assert not uses_case_aware_split({"model_type": "qwen3_tts", "transformers_version": "4.57.2"}, big)
+    assert uses_case_aware_split({"transformers_version": "4.57.2"}, big)  # no model_type
+    assert uses_case_aware_split({"model_type": "mistral", "transformers_version": "4.40.0"}, big)
+    assert not uses_case_aware_split({"model_type": "qwen3_tts", "transformers_version": "5.0.0"}, big)
+    with pytest.raises(CheckpointError, match="transformers_version"):
+        uses_case_aware_split({"transformers_version": "not-a-version"}, big)
+
+
+_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cn", "Co")), max_size=40)
+_SPECIALS = st.sampled_from(["<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", ""])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.tuples(_TEXT, _SPECIALS), max_size=4))
+def test_property_tiny_paths_agree_and_round_trip(parts, layout_dirs, tokenizers_by_layout):
+    """tokenizer.json path == vocab+merges path == explicit Python BPE; decode(encode(t)) == NFC pieces."""
+    text = "".join(a + b for a, b in parts)
+    tok = tokenizers_by_layout["tiny"]
+    ids = tok.encode(text)
+    assert tokenizers_by_layout["tiny_tokenizer_json"].encode(text) == ids
+    assert tok.decode(ids) == "".join(unicodedata.normalize("NFC", a) + b for a, b in parts)
+    try:
+        import regex  # noqa: F401
+    except ImportError:
+        return
+    vocab, merges = _tiny_vocab_merges()
+    assert bpe_encode_explicit(text, vocab, merges, tok.added_tokens, tok.split_pattern) == ids
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_TEXT)
+def test_property_real_paths_agree(text, tokenizers_by_layout):
+    assert tokenizers_by_layout["real_released"].encode(text) == tokenizers_by_layout["real_tokenizer_json"].encode(
+        text
+    )
+    assert tokenizers_by_layout["real_released"].decode(
+        tokenizers_by_layout["real_released"].encode(text)
+    ) == unicodedata.normalize("NFC", text)
+
+
+_TINY_CACHE = {}
+
+
+def _tiny_vocab_merges():
+    if not _TINY_CACHE:
+        _TINY_CACHE["vm"] = read_vocab_and_merges(TINY_DIR)
+    return _TINY_CACHE["vm"]
+
+
+# ------------------------------------------------------------------------------------------------
+# bad inputs
+# ------------------------------------------------------------------------------------------------
+
+
+def _copy_tiny(tmp_path, names=("vocab.json", "merges.txt", "tokenizer_config.json")):
+    for name in names:
+        (tmp_path / name).write_bytes((TINY_DIR / name).read_bytes())
+    return tmp_path
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(CheckpointError, match="not a directory"):
+        load_text_tokenizer(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="neither tokenizer.json nor vocab.json"):
+        load_text_tokenizer(tmp_path)
+    _copy_tiny(tmp_path, ("vocab.json",))
+    with pytest.raises(CheckpointError, match="neither tokenizer.json nor vocab.json"):
+        load_text_tokenizer(tmp_path)
+    _copy_tiny(tmp_path, ("merges.txt",))
+    with pytest.raises(CheckpointError, match="no tokenizer_config.json"):
+        load_text_tokenizer(tmp_path)
+
+
+def test_malformed_files(tmp_path):
+    d = _copy_tiny(tmp_path)
+    (d / "vocab.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="vocab.json is not valid JSON"):
+        load_text_tokenizer(d)
+    _copy_tiny(d)
+    (d / "merges.txt").write_text("#version: 0.2\na b c\n")
+    with pytest.raises(CheckpointError, match="expected two symbols"):
+        load_text_tokenizer(d)
+    _copy_tiny(d)
+    (d / "merges.txt").write_text("#version: 0.2\nzz qq\n")
+    with pytest.raises(CheckpointError, match="cannot build it"):
+        load_text_tokenizer(d)
+    _copy_tiny(d)
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    first = min(config["added_tokens_decoder"], key=int)
+    config["added_tokens_decoder"][str(int(first) + 100)] = config["added_tokens_decoder"].pop(first)
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="without gaps"):
+        load_text_tokenizer(d)
+    (d / "tokenizer_config.json").write_text('{"added_tokens_decoder": {"x": {"content": "<a>"}}}')
+    with pytest.raises(CheckpointError, match="not an integer"):
+        load_text_tokenizer(d)
+
+
+def test_bad_text_and_ids():
+    tok = load_text_tokenizer(TINY_DIR)
+    for bad in (None, b"bytes", 3, ["a"]):
+        with pytest.raises(ValueError, match="must be a str"):
+            tok.encode(bad)
+    with pytest.raises(ValueError, match="must be a str"):
+        tok.encode_batch(["ok", 5])
+    with pytest.raises(ValueError, match="out of range"):
+        tok.decode([0, tok.vocab_size])
+    with pytest.raises(ValueError, match="out of range"):
+        tok.decode([-1])
+    with pytest.raises(ValueError, match="unknown token"):
+        tok.token_to_id("<|not_a_token|>")
+    assert tok.encode("") == []
