@@ -17,8 +17,14 @@ index arithmetic in NumPy, and runs these twins through the whole pipeline on th
                   DECODE_MAX_QUERIES queries (decoding  heads, sliding window, key_valid padding
                   against a KV cache), else cuBLAS
     linear        RawModule BF16_SOURCE for a few rows  x @ W^T + b, W a BF16Matrix whose words are on
-                  of x, else widen + cuBLAS             the device (float32 weights: cuBLAS)
-    the others    the reference's formula with ``cupy`` in place of ``numpy`` (cuBLAS matrix products)
+                  of x, else widen + cuBLAS             the device (float32 weights: the reference)
+    conv1d        a multiply-add per tap when depthwise,  the reference's formula
+                  else the reference (cuBLAS per tap)
+
+A twin exists only where it is faster than the reference or must differ from it.  Every other primitive
+(``softmax``, ``rms_norm``, ``layer_norm``, ``conv_transpose1d``, ``apply_rope``, ...) is the reference itself,
+whose NumPy calls CuPy runs on device arrays through NumPy's dispatch (``__array_ufunc__``,
+``__array_function__``): the formula is written once, in ``refimpl/nn.py``.
 
 CuPy is imported only when a twin first runs or ``available()`` / ``array_module()`` is called: importing
 ``refimpl`` never needs it.  ``available()`` says in one error what is missing: CuPy itself (which extra
@@ -33,15 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import nn
+from . import BackendUnavailable
 from .bf16 import BF16Matrix
-
-try:
-    from . import BackendUnavailable
-except ImportError:  # the backend layer does not define it (yet): the same-named RuntimeError, here
-
-    class BackendUnavailable(RuntimeError):
-        """A backend was asked for that cannot run here (its package or its device is missing)."""
-
 
 __all__ = ["BackendUnavailable", "available", "array_module", "to_device", "to_host", "TWINS"]  # and xp, special
 
@@ -219,18 +218,7 @@ def gelu_erf(x):
     return _elementwise(GELU_ERF)(x)
 
 
-# ----------------------------------------------------------------------------- the reference formulas on the device
-
-
-def softmax(x, axis: int = -1):
-    """``nn.softmax``: exp(x - max) / sum(exp(x - max)); rows that are entirely -inf give zeros."""
-    xp = array_module()
-    (x,) = _on_device(x)
-    m = xp.max(x, axis=axis, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
-    e = xp.exp(x - m)
-    s = xp.sum(e, axis=axis, keepdims=True)
-    return e / xp.where(s == 0, 1, s)
+# ----------------------------------------------------------------------------- matrix products
 
 
 def linear(x, w_oi, b_o=None):
@@ -254,8 +242,7 @@ def linear(x, w_oi, b_o=None):
     elif not hasattr(w_oi, "ndim"):
         raise TypeError(f"cupy backend: linear needs the weight as an array on the device, got {type(w_oi).__name__}")
     else:
-        x, w_oi, b_o = _on_device(x, w_oi, b_o)
-        y = x @ w_oi.T
+        return nn.linear.reference(*_on_device(x, w_oi, b_o))  # float32 or float64 weights: the formula
     if b_o is not None:
         y = y + b_o
     return y
@@ -318,74 +305,24 @@ def bf16_rows_times(x_ni, bits_oi):
     return out_no
 
 
-def rms_norm(x, w, eps: float):
-    """``nn.rms_norm``: w * x / sqrt(mean(x^2) + eps), over the last axis."""
-    xp = array_module()
-    x, w = _on_device(x, w)
-    variance = xp.mean(x * x, axis=-1, keepdims=True)
-    return w * (x / xp.sqrt(variance + x.dtype.type(eps)))
-
-
-def layer_norm(x, w, b, eps: float):
-    """``nn.layer_norm``: w * (x - mean) / sqrt(var + eps) + b, over the last axis (biased variance)."""
-    xp = array_module()
-    x, w, b = _on_device(x, w, b)
-    mean = xp.mean(x, axis=-1, keepdims=True)
-    centred = x - mean
-    variance = xp.mean(centred * centred, axis=-1, keepdims=True)
-    y = centred / xp.sqrt(variance + x.dtype.type(eps))
-    return y * w + b if b is not None else y * w
-
-
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
-    """``nn.conv1d``: out[b, o, t] = b[o] + sum_{i,k} W[o, i, k] x[b, g(o) I + i, stride t + dilation k],
-    one batched cuBLAS product per tap k, as in the reference; a depthwise conv (groups = channels, one
-    input channel each) is a multiply-add per tap instead."""
+    """``nn.conv1d``: out[b, o, t] = b[o] + sum_{i,k} W[o, i, k] x[b, g(o) I + i, stride t + dilation k].
+    A depthwise conv (groups = channels, one input channel each) is a multiply-add per tap k (the reference
+    would run a batch of 1 x 1 matrix products per tap); every other conv is the reference's formula, one
+    batched cuBLAS product per tap."""
     xp = array_module()
     x_bct, w_oik, b_o = _on_device(x_bct, w_oik, b_o)
     nn.check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
+    if not (groups == C and I == 1 and O == C):
+        return nn.conv1d.reference(x_bct, w_oik, b_o, stride, dilation, groups)
     T_out = (T - dilation * (K - 1) - 1) // stride + 1
     last = stride * (T_out - 1) + 1  # tap k reads x[..., k * dilation : k * dilation + last : stride]
-    if groups == C and I == 1 and O == C:
-        out = xp.zeros((B, O, T_out), dtype=x_bct.dtype)
-        for k in range(K):
-            out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation : k * dilation + last : stride]
-    else:
-        x_bgit = x_bct.reshape(B, groups, I, T)
-        w_goik = w_oik.reshape(groups, O // groups, I, K)
-        out_bgot = 0
-        for k in range(K):
-            out_bgot = out_bgot + xp.matmul(
-                w_goik[:, :, :, k], x_bgit[..., k * dilation : k * dilation + last : stride]
-            )
-        out = out_bgot.reshape(B, O, T_out)
-    return out + b_o[None, :, None] if b_o is not None else out
-
-
-def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
-    """``nn.conv_transpose1d``: input frame t adds W[:, :, k]^T x[:, t] to output position stride t + k;
-    (T - 1) stride + K samples out."""
-    xp = array_module()
-    x_bct, w_iok, b_o = _on_device(x_bct, w_iok, b_o)
-    B, C, T = x_bct.shape
-    I, O, K = w_iok.shape
-    out = xp.zeros((B, O, (T - 1) * stride + K), dtype=x_bct.dtype)
+    out = xp.zeros((B, O, T_out), dtype=x_bct.dtype)
     for k in range(K):
-        out[:, :, k : k + stride * (T - 1) + 1 : stride] += xp.matmul(w_iok[:, :, k].T, x_bct)
-    if b_o is not None:
-        out += b_o[None, :, None]
-    return out
-
-
-def apply_rope(x_bhtd, cos_td, sin_td):
-    """``nn.apply_rope``: x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1]."""
-    xp = array_module()
-    x_bhtd, cos_td, sin_td = _on_device(x_bhtd, cos_td, sin_td)
-    half = x_bhtd.shape[-1] // 2
-    rotated = xp.concatenate([-x_bhtd[..., half:], x_bhtd[..., :half]], axis=-1)
-    return x_bhtd * cos_td + rotated * sin_td
+        out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation : k * dilation + last : stride]
+    return out + b_o[None, :, None] if b_o is not None else out
 
 
 # ----------------------------------------------------------------------------- attention
@@ -588,7 +525,7 @@ def attention_formula(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
             allowed_ts = allowed if allowed.shape[-2] == 1 else allowed[..., start:stop, :]
         scores_bhts = xp.matmul(q_bhtd[:, :, start:stop], xp.swapaxes(k_bgsd, -1, -2)) * q_bhtd.dtype.type(scale)
         scores_bhts = xp.where(allowed_ts, scores_bhts, -xp.inf)
-        out_bhtd[:, :, start:stop] = xp.matmul(softmax(scores_bhts, axis=-1), v_bgsd)
+        out_bhtd[:, :, start:stop] = xp.matmul(nn.softmax.reference(scores_bhts, axis=-1), v_bgsd)
     return out_bhtd
 
 
@@ -610,12 +547,7 @@ TWINS = {
     "elu": elu,
     "silu": silu,
     "gelu_erf": gelu_erf,
-    "softmax": softmax,
     "linear": linear,
-    "rms_norm": rms_norm,
-    "layer_norm": layer_norm,
     "conv1d": conv1d,
-    "conv_transpose1d": conv_transpose1d,
-    "apply_rope": apply_rope,
     "attention": attention,
 }

@@ -194,23 +194,21 @@ def emulate_attention_rows(grid, block, args):
 
 
 def emulate_bf16_rows_times(grid, block, args):
-    """BF16_SOURCE's ``bf16_rows_times`` replayed in NumPy: warp = output channel, lanes over the inputs."""
+    """BF16_SOURCE's ``bf16_rows_times`` replayed in NumPy: warp = output channel o (the grid's warps cover
+    o < grid * warps per block), lane l sums x[n, i] * widen(bits[o, i]) over i = l, l + 32, ... in that order
+    (float32), then the shuffle butterfly; every warp at once, as arrays [N, O, 32 lanes]."""
     x, bits, out, N, O, I = args
-    x, bits, out = x.reshape(-1), bits.reshape(-1), out.reshape(-1)
     N, O, I = int(N), int(O), int(I)
-    warps_per_block = block[0] // 32
-    for block_id in range(grid[0]):
-        for warp in range(warps_per_block):
-            o = block_id * warps_per_block + warp
-            if o >= O:
-                continue
-            for n in range(N):
-                lanes = np.zeros(32, dtype=np.float32)
-                for lane in range(32):
-                    for i in range(lane, I, 32):
-                        word = np.uint32(bits[o * I + i]) << np.uint32(16)
-                        lanes[lane] += x[n * I + i] * np.array(word, dtype=np.uint32).view(np.float32)
-                out[n * O + o] = warp_sum(lanes)[0]
+    x_ni = x.reshape(-1)[: N * I].reshape(N, I)
+    w_oi = (bits.reshape(-1)[: O * I].astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(O, I)
+    covered = min(O, grid[0] * (block[0] // 32))  # the warps launched
+    lanes_no32 = np.zeros((N, covered, 32), dtype=np.float32)
+    for start in range(0, I, 32):  # the loop "for (i = lane; i < I; i += 32)", all lanes side by side
+        stop = min(I, start + 32)
+        lanes_no32[:, :, : stop - start] += x_ni[:, None, start:stop] * w_oi[None, :covered, start:stop]
+    for offset in (16, 8, 4, 2, 1):  # warp_sum's butterfly: every lane ends with the sum
+        lanes_no32 = lanes_no32 + lanes_no32[..., np.arange(32) ^ offset]
+    out.reshape(N, O)[:, :covered] = lanes_no32[..., 0]
 
 
 @pytest.fixture
@@ -294,20 +292,8 @@ def test_attention_refuses_heads_that_do_not_share(numpy_as_xp):
 def test_formula_twins_equal_the_reference_with_numpy_as_xp(numpy_as_xp, dtype):
     rng = np.random.default_rng(3)
     r = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
-    x_btc, w, b = r(2, 5, 8), r(8), r(8)
-    cases = {
-        "softmax": (np.where(r(3, 6) > 1, -np.inf, r(3, 6)).astype(dtype),),
-        "linear": (x_btc, r(6, 8), r(6)),
-        "rms_norm": (x_btc, w, 1e-6),
-        "layer_norm": (x_btc, w, b, 1e-5),
-        "apply_rope": (r(2, 3, 5, 8),) + nn.rope_cos_sin(np.arange(5), 8, 10000.0, dtype),
-        "conv_transpose1d": (r(2, 4, 7), r(4, 3, 5), r(3), 2),
-    }
-    for name, args in cases.items():
-        np.testing.assert_array_equal(
-            getattr(numpy_as_xp, name)(*args), getattr(nn, name).reference(*args), err_msg=name
-        )
-    assert np.all(numpy_as_xp.softmax(np.full((2, 3), -np.inf, dtype))[:] == 0)
+    x_btc, w_oi, b_o = r(2, 5, 8), r(6, 8), r(6)
+    np.testing.assert_array_equal(numpy_as_xp.linear(x_btc, w_oi, b_o), nn.linear.reference(x_btc, w_oi, b_o))
     for groups, (C, O, I) in {1: (4, 6, 4), 2: (4, 6, 2), 4: (4, 4, 1)}.items():  # dense, grouped, depthwise
         x, wk, bias = r(2, C, 12), r(O, I, 3), r(O)
         got = numpy_as_xp.conv1d(x, wk, bias, 2, 2, groups)
@@ -415,11 +401,11 @@ def test_importing_refimpl_and_the_backend_module_does_not_import_cupy():
 # ----------------------------------------------------------------------------- the twins inside the whole pipeline
 
 
-def put_these_twins_on_the_strict_stand_in(setattr_, setitem, strict) -> dict:
+def put_these_twins_on_the_strict_stand_in(setattr_, strict) -> dict:
     """Make the backend "strict" (``strict``: NumPy underneath, as strict as CuPy about host round trips) run
     THESE twins: CuPy replaced by the stand-in's namespace, the CUDA kernels by their NumPy replays (given the
     stand-in's underlying buffers, which they fill in place), the elementwise kernels by their formulas.
-    ``setattr_`` / ``setitem`` do the patching (monkeypatch's, or the builtins for a whole session: see
+    ``setattr_`` does the patching (monkeypatch's, or the builtin for a whole session: see
     tests/backends/cupy_twins_on_strict.py).  Returns {twin: calls}."""
     from refimpl import backends as kernels
 
@@ -451,7 +437,7 @@ def put_these_twins_on_the_strict_stand_in(setattr_, setitem, strict) -> dict:
 
         return call
 
-    setitem(kernels._twins, "strict", {n: counted(n, t) for n, t in cupy_cuda.TWINS.items()})
+    setattr_(kernels.REGISTRY["strict"], "twins", {n: counted(n, t) for n, t in cupy_cuda.TWINS.items()})
     return calls
 
 
@@ -460,7 +446,7 @@ def cupy_twins_on_the_strict_stand_in(monkeypatch):
     strict = pytest.importorskip(
         "refimpl.backends.strict_device", reason="the strict stand-in of the backend layer is not in this tree"
     )
-    return put_these_twins_on_the_strict_stand_in(monkeypatch.setattr, monkeypatch.setitem, strict)
+    return put_these_twins_on_the_strict_stand_in(monkeypatch.setattr, strict)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -505,16 +491,58 @@ def test_the_pipeline_with_these_twins_on_device_arrays_equals_numpy(cupy_twins_
     np.testing.assert_array_equal(dev_codes[0], cpu_codes[0])
     np.testing.assert_allclose(dev_wavs[0], cpu_wavs[0], rtol=0, atol=tol)
     ran = {name for name, n in calls.items() if n}
-    assert ran >= {
-        "snake_beta",
-        "elu",
-        "silu",
-        "gelu_erf",
-        "linear",
-        "rms_norm",
-        "layer_norm",
-        "conv1d",
-        "conv_transpose1d",
-        "apply_rope",
-        "attention",
-    }, sorted(set(calls) - ran)
+    assert ran == set(cupy_cuda.TWINS), sorted(set(calls) - ran)  # every twin ran
+
+
+@pytest.fixture(scope="module")
+def bf16_custom_voice(tmp_path_factory):
+    """The tiny CustomVoice model with its weights stored in bfloat16, as the released checkpoints store them
+    (the talker's and code predictor's matrices then load as BF16Matrix)."""
+    import shutil
+
+    from conftest import CHECKPOINTS
+
+    from refimpl.io.checkpoint import read_safetensors_file, write_safetensors_file
+
+    source, path = CHECKPOINTS / "tiny-customvoice", tmp_path_factory.mktemp("bf16") / "tiny-customvoice-bf16"
+    shutil.copytree(source, path, ignore=lambda folder, names: ["model.safetensors"] if folder == str(source) else [])
+    weights = read_safetensors_file(source / "model.safetensors", np.float32)
+    write_safetensors_file(path / "model.safetensors", weights, "bfloat16")
+    return path
+
+
+def generate_greedy(model, frames: int = 4):
+    wavs, _, codes = model.generate_custom_voice(
+        "Half the bytes.", speaker="vivian", language="english", do_sample=False, subtalker_dosample=False,
+        max_new_tokens=frames, return_codes=True,
+    )  # fmt: skip
+    return wavs[0], codes[0]
+
+
+@pytest.mark.parametrize("twins", ["cupy twins", "reference formulas"])
+def test_bf16_words_stay_bf16_on_the_device(bf16_custom_voice, monkeypatch, twins):
+    """A bf16 checkpoint on a device backend keeps its matrices as 16-bit words on the device (half the bytes of
+    float32): with the cupy twins the bf16 kernel reads them in every generation step (replayed here), with the
+    reference formulas every use widens what it takes; greedy generation equals the host's either way."""
+    from refimpl import Qwen3TTS
+    from refimpl.backends import strict_device, use_backend
+    from refimpl.backends.bf16 import BF16Matrix
+
+    launches = []
+    if twins == "cupy twins":
+        put_these_twins_on_the_strict_stand_in(monkeypatch.setattr, strict_device)
+        replay = cupy_cuda._bf16_function()
+        monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: lambda *a: launches.append(1) or replay(*a))
+    with use_backend("numpy"):
+        cpu = Qwen3TTS.from_pretrained(bf16_custom_voice, dtype=np.float32)
+    with use_backend("strict"):
+        dev = Qwen3TTS.from_pretrained(bf16_custom_voice, dtype=np.float32)
+    for weights in (dev.talker.weights, dev.talker.code_predictor.weights):
+        kept = [w for w in weights.values() if isinstance(w, BF16Matrix)]
+        assert kept and all(isinstance(w.bits, strict_device.StrictArray) for w in kept)
+    assert isinstance(dev.talker.weights["codec_head.weight"], BF16Matrix)
+    dev_wav, dev_codes = generate_greedy(dev)
+    cpu_wav, cpu_codes = generate_greedy(cpu)
+    np.testing.assert_array_equal(dev_codes, cpu_codes)
+    np.testing.assert_allclose(dev_wav, cpu_wav, rtol=0, atol=2e-5)
+    assert bool(launches) == (twins == "cupy twins")

@@ -187,7 +187,7 @@ def _calls(monkeypatch):
     """Record which implementation of conv1d runs."""
     seen = []
     monkeypatch.setitem(
-        kernels._twin_table("numba"), "conv1d", lambda *a, **k: seen.append("twin") or numba_cpu.conv1d(*a, **k)
+        kernels.REGISTRY["numba"].twins, "conv1d", lambda *a, **k: seen.append("twin") or numba_cpu.conv1d(*a, **k)
     )
     return seen
 
