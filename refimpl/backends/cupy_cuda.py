@@ -427,21 +427,128 @@ __global__ void attention_rows(const T* q,                    // [B, H, Tq, D]
         out[row * Dv + d] = acc;
     }
 }
+
+// The keys of a row split over gridDim.y blocks: block (row, j) takes keys s0 = j * chunk <= s < s1 and
+// writes its part of the softmax: m_j (the max of its visible scores, 0 when none), l_j = sum exp(score - m_j)
+// and acc_j[d] = sum exp(score - m_j) v[s, d] (unnormalised).  attention_split_combine then forms the row.
+template <typename T>
+__global__ void attention_split_partials(const T* q, const T* k, const T* v, const long long* query_pos,
+                                         const long long* key_pos, const unsigned char* key_valid,
+                                         T* scores,                    // [B, H, Tq, S] scratch
+                                         T* part_max, T* part_sum,     // [B, H, Tq, n_splits]
+                                         T* part_out,                  // [B, H, Tq, n_splits, Dv]
+                                         int H, int G, int Tq, int S, int D, int Dv,
+                                         long long k_stride_b, long long k_stride_g,
+                                         long long v_stride_b, long long v_stride_g,
+                                         long long window, int has_key_valid, T scale, int chunk) {
+    const long long row = blockIdx.x;                         // (b * H + h) * Tq + t
+    const int split = blockIdx.y, n_splits = gridDim.y;
+    const int s0 = split * chunk, s1 = min(S, s0 + chunk);
+    const int t = (int)(row % Tq);
+    const int h = (int)((row / Tq) % H);
+    const int b = (int)(row / ((long long)Tq * H));
+    const int g = h / (H / G);
+    const T* q_row = q + row * D;
+    const T* k_bg = k + b * k_stride_b + g * k_stride_g;
+    const T* v_bg = v + b * v_stride_b + g * v_stride_g;
+    T* score_row = scores + row * S;
+    const long long p = query_pos[t];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+
+    for (int s = s0 + warp; s < s1; s += n_warps) {
+        T dot = 0;
+        for (int d = lane; d < D; d += 32) dot += q_row[d] * k_bg[(long long)s * D + d];
+        dot = warp_sum(dot);
+        const long long ks = key_pos[s];
+        const bool visible = ks <= p && (window < 0 || ks > p - window)
+                             && (!has_key_valid || key_valid[(long long)b * S + s] != 0);
+        if (lane == 0) score_row[s] = visible ? dot * scale : negative_infinity<T>();
+    }
+    __syncthreads();
+
+    T m = negative_infinity<T>();
+    for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) m = score_row[s] > m ? score_row[s] : m;
+    m = block_reduce(m, true);
+    if (!(m - m == (T)0)) m = 0;                              // no visible key in this part: l_j = 0
+    T sum = 0;
+    for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+        const T e = exp(score_row[s] - m);
+        score_row[s] = e;
+        sum += e;
+    }
+    sum = block_reduce(sum, false);
+    __syncthreads();
+
+    const long long part = row * n_splits + split;
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+        T acc = 0;
+        for (int s = s0; s < s1; ++s) acc += score_row[s] * v_bg[(long long)s * Dv + d];
+        part_out[part * Dv + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+        part_max[part] = m;
+        part_sum[part] = sum;
+    }
+}
+
+// One block per row: M = the largest m_j of the parts with a visible key (0 when none), w_j = exp(m_j - M),
+// out[d] = sum_j w_j acc_j[d] / sum_j w_j l_j (a sum of 0 taken as 1: a row that sees no key gives zeros).
+template <typename T>
+__global__ void attention_split_combine(const T* part_max, const T* part_sum, const T* part_out, T* out,
+                                        int n_splits, int Dv) {
+    const long long row = blockIdx.x;
+    const T* m_row = part_max + row * n_splits;
+    const T* l_row = part_sum + row * n_splits;
+    T M = negative_infinity<T>();
+    for (int j = 0; j < n_splits; ++j) M = (l_row[j] > (T)0 && m_row[j] > M) ? m_row[j] : M;
+    if (!(M - M == (T)0)) M = 0;
+    T total = 0;
+    for (int j = 0; j < n_splits; ++j) total += l_row[j] > (T)0 ? exp(m_row[j] - M) * l_row[j] : (T)0;
+    if (total == (T)0) total = 1;
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+        T acc = 0;
+        for (int j = 0; j < n_splits; ++j) {
+            if (l_row[j] > (T)0) acc += exp(m_row[j] - M) * part_out[(row * n_splits + j) * Dv + d];
+        }
+        out[row * Dv + d] = acc / total;
+    }
+}
 """
 ATTENTION_KERNELS = {np.dtype(np.float32): "attention_rows<float>", np.dtype(np.float64): "attention_rows<double>"}
+ATTENTION_SPLIT_KERNELS = {  # (the parts, their combination)
+    np.dtype(np.float32): ("attention_split_partials<float>", "attention_split_combine<float>"),
+    np.dtype(np.float64): ("attention_split_partials<double>", "attention_split_combine<double>"),
+}
 ATTENTION_THREADS = 128  # 4 warps per query row
 DECODE_MAX_QUERIES = 16  # up to this many queries: the row kernel; more: the cuBLAS formula
+# A decoding step has few rows (B * H * Tq: 16 for the released Talker), far fewer than the GPU's
+# multiprocessors (132 on an H100/H200): a long row's keys are split over several blocks, at least
+# ATTENTION_SPLIT_KEYS keys each, until about ATTENTION_TARGET_BLOCKS blocks run.
+ATTENTION_SPLIT_KEYS = 64
+ATTENTION_TARGET_BLOCKS = 264
+
+
+def attention_splits(rows: int, S: int) -> tuple:
+    """(blocks per row, keys per block) for ``rows`` query rows of ``S`` keys: (1, S) for short rows; else
+    enough blocks per row for about ATTENTION_TARGET_BLOCKS in all, each with at least ATTENTION_SPLIT_KEYS
+    keys and none empty."""
+    n = min(-(-S // ATTENTION_SPLIT_KEYS), max(1, -(-ATTENTION_TARGET_BLOCKS // max(rows, 1))))
+    if n <= 1:
+        return 1, S
+    chunk = -(-S // n)
+    return -(-S // chunk), chunk
 
 
 @functools.lru_cache(maxsize=1)
 def _attention_module():
-    return array_module().RawModule(code=ATTENTION_SOURCE, name_expressions=tuple(ATTENTION_KERNELS.values()))
+    names = tuple(ATTENTION_KERNELS.values()) + tuple(n for pair in ATTENTION_SPLIT_KERNELS.values() for n in pair)
+    return array_module().RawModule(code=ATTENTION_SOURCE, name_expressions=names)
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_function(dtype):
-    """The compiled ``attention_rows`` instance for ``dtype`` (compiled once, on first use)."""
-    return _attention_module().get_function(ATTENTION_KERNELS[dtype])
+def _attention_named(name: str):
+    """The compiled kernel ``name`` of ATTENTION_SOURCE (the module compiled once, on first use)."""
+    return _attention_module().get_function(name)
 
 
 def _mask_arrays(allowed: nn.AttentionMask):
@@ -456,7 +563,9 @@ def _mask_arrays(allowed: nn.AttentionMask):
 
 def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, scale: float):
     """``nn.attention`` for an ``AttentionMask``, one thread block per query row (RawModule ATTENTION_SOURCE;
-    the comment above it gives the steps).  What ``attention`` runs for a few queries against a KV cache."""
+    the comment above it gives the steps), or for long rows (``attention_splits``) several blocks per row,
+    each over a part of the keys, and a second kernel that combines their softmax parts.  What ``attention``
+    runs for a few queries against a KV cache."""
     xp = array_module()
     q_bhtd, k_bgsd, v_bgsd = _on_device(q_bhtd, k_bgsd, v_bgsd)
     dtype = q_bhtd.dtype
@@ -469,31 +578,26 @@ def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, sca
     if out_bhtd.size == 0:
         return out_bhtd
     scores = xp.empty((B, H, Tq, S), dtype=dtype)
-    kernel = _attention_function(dtype)
-    kernel(
-        (B * H * Tq,),
+    inputs = (q_bhtd, k_bgsd, v_bgsd, query_pos, key_pos, valid if valid is not None else xp.zeros(1, xp.uint8))
+    sizes = tuple(np.int32(n) for n in (H, G, Tq, S, D, Dv))
+    strides = tuple(np.int64(a.strides[axis] // a.itemsize) for a in (k_bgsd, v_bgsd) for axis in (0, 1))
+    mask = (np.int64(window), np.int32(valid is not None), dtype.type(scale))
+    rows = B * H * Tq
+    n_splits, chunk = attention_splits(rows, S)
+    if n_splits == 1:
+        _attention_named(ATTENTION_KERNELS[dtype])(
+            (rows,), (ATTENTION_THREADS,), (*inputs, scores, out_bhtd, *sizes, *strides, *mask)
+        )
+        return out_bhtd
+    partials, combine = (_attention_named(name) for name in ATTENTION_SPLIT_KERNELS[dtype])
+    part_max, part_sum = xp.empty((rows, n_splits), dtype=dtype), xp.empty((rows, n_splits), dtype=dtype)
+    part_out = xp.empty((rows, n_splits, Dv), dtype=dtype)
+    partials(
+        (rows, n_splits),
         (ATTENTION_THREADS,),
-        (
-            q_bhtd,
-            k_bgsd,
-            v_bgsd,
-            query_pos,
-            key_pos,
-            valid if valid is not None else xp.zeros(1, xp.uint8),
-            scores,
-            out_bhtd,
-            np.int32(H),
-            np.int32(G),
-            np.int32(Tq),
-            np.int32(S),
-            np.int32(D),
-            np.int32(Dv),
-            *(np.int64(a.strides[axis] // a.itemsize) for a in (k_bgsd, v_bgsd) for axis in (0, 1)),
-            np.int64(window),
-            np.int32(valid is not None),
-            dtype.type(scale),
-        ),
+        (*inputs, scores, part_max, part_sum, part_out, *sizes, *strides, *mask, np.int32(chunk)),
     )
+    combine((rows,), (ATTENTION_THREADS,), (part_max, part_sum, part_out, out_bhtd, np.int32(n_splits), np.int32(Dv)))
     return out_bhtd
 
 

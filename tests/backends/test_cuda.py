@@ -133,12 +133,14 @@ def test_bf16_linear_on_the_device(cp):
 
 
 def test_attention_kernel_on_a_long_cache(cp):
-    """One query against 5000 cached keys (more than a block's threads many times over), window 4096, GQA 16/8."""
+    """One query against 5000 cached keys (more than a block's threads many times over), window 4096, GQA 16/8:
+    the keys split over 17 blocks per row (cupy_cuda.attention_splits), then combined."""
     rng = np.random.default_rng(2)
     shapes = ((1, 16, 1, 128), (1, 8, 5000, 128), (1, 8, 5000, 128))
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in shapes)
     mask = nn.AttentionMask(np.array([4999]), np.arange(5000), 4096)
     ref = nn.attention.reference(q, k, v, mask, 128**-0.5)
+    assert cupy_cuda.attention_splits(16, 5000) == (17, 295)
     got = cupy_cuda.attention_rows_kernel(cp.asarray(q), cp.asarray(k), cp.asarray(v), mask, 128**-0.5)
     assert_matches_reference(got, ref, "attention, 5000 keys", 128 * 4096)
 

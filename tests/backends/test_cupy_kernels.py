@@ -95,7 +95,10 @@ def test_bf16_module_compiles(tmp_path):
 @needs_nvcc
 def test_attention_module_compiles_for_both_dtypes(tmp_path):
     # taking the address of each instance makes nvcc compile it, as CuPy's name_expressions make NVRTC do
-    keep = ", ".join(f"(void*)&{name}" for name in cupy_cuda.ATTENTION_KERNELS.values())
+    names = list(cupy_cuda.ATTENTION_KERNELS.values()) + [
+        n for pair in cupy_cuda.ATTENTION_SPLIT_KERNELS.values() for n in pair
+    ]
+    keep = ", ".join(f"(void*)&{name}" for name in names)
     nvcc_compile(tmp_path, "attention", cupy_cuda.ATTENTION_SOURCE + f"\nvoid* kernels_to_compile[] = {{{keep}}};\n")
 
 
@@ -193,6 +196,82 @@ def emulate_attention_rows(grid, block, args):
             out[row * Dv + d] = acc
 
 
+def emulate_attention_split_partials(grid, block, args):
+    """ATTENTION_SOURCE's ``attention_split_partials`` replayed in NumPy: block (row, j) over keys
+    j * chunk <= s < min(S, (j + 1) * chunk), the same index arithmetic and warp order as the row kernel."""
+    (q, k, v, query_pos, key_pos, key_valid, scores, part_max, part_sum, part_out) = args[:10]
+    H, G, Tq, S, D, Dv, ksb, ksg, vsb, vsg, window, has_key_valid = map(int, args[10:22])
+    scale, chunk = args[22], int(args[23])
+    q, key_valid, scores = (a.reshape(-1) for a in (q, key_valid, scores))
+    part_max, part_sum, part_out = (a.reshape(-1) for a in (part_max, part_sum, part_out))
+    k, v = device_memory_from(k), device_memory_from(v)
+    T = q.dtype.type
+    n_warps, n_splits = block[0] // 32, grid[1]
+    for row in range(grid[0]):
+        t, h, b = row % Tq, (row // Tq) % H, row // (Tq * H)
+        g = h // (H // G)
+        q_row, k_bg, v_bg, score_row = row * D, b * ksb + g * ksg, b * vsb + g * vsg, row * S
+        p = query_pos[t]
+        for split in range(n_splits):
+            s0, s1 = split * chunk, min(S, split * chunk + chunk)
+            for warp in range(n_warps):
+                for s in range(s0 + warp, s1, n_warps):
+                    lanes = np.zeros(32, dtype=q.dtype)
+                    for lane in range(32):
+                        for d in range(lane, D, 32):
+                            lanes[lane] += q[q_row + d] * k[k_bg + s * D + d]
+                    ks = key_pos[s]
+                    visible = (
+                        ks <= p and (window < 0 or ks > p - window) and (not has_key_valid or key_valid[b * S + s] != 0)
+                    )
+                    scores[score_row + s] = warp_sum(lanes)[0] * scale if visible else T(-np.inf)
+            m = max((scores[score_row + s] for s in range(s0, s1)), default=T(-np.inf))
+            with np.errstate(invalid="ignore"):
+                m = m if m - m == 0 else T(0)
+            total = T(0)
+            for s in range(s0, s1):
+                scores[score_row + s] = np.exp(scores[score_row + s] - m)
+                total += scores[score_row + s]
+            part = row * n_splits + split
+            for d in range(Dv):
+                acc = T(0)
+                for s in range(s0, s1):
+                    acc += scores[score_row + s] * v[v_bg + s * Dv + d]
+                part_out[part * Dv + d] = acc
+            part_max[part], part_sum[part] = m, total
+
+
+def emulate_attention_split_combine(grid, block, args):
+    """ATTENTION_SOURCE's ``attention_split_combine`` replayed in NumPy, one row after another."""
+    part_max, part_sum, part_out, out = (a.reshape(-1) for a in args[:4])
+    n_splits, Dv = int(args[4]), int(args[5])
+    T = out.dtype.type
+    for row in range(grid[0]):
+        m_row, l_row = part_max[row * n_splits : (row + 1) * n_splits], part_sum[row * n_splits : (row + 1) * n_splits]
+        M = max((m for m, l in zip(m_row, l_row) if l > 0), default=T(-np.inf))
+        with np.errstate(invalid="ignore"):
+            M = M if M - M == 0 else T(0)
+        total = T(0)
+        for j in range(n_splits):
+            total += np.exp(m_row[j] - M) * l_row[j] if l_row[j] > 0 else T(0)
+        total = total if total != 0 else T(1)
+        for d in range(Dv):
+            acc = T(0)
+            for j in range(n_splits):
+                if l_row[j] > 0:
+                    acc += np.exp(m_row[j] - M) * part_out[(row * n_splits + j) * Dv + d]
+            out[row * Dv + d] = acc / total
+
+
+def kernel_emulations(unwrap=lambda emulation: emulation) -> dict:
+    """{kernel name of ATTENTION_SOURCE / BF16_SOURCE: its NumPy replay} (``unwrap`` adapts the launch)."""
+    emulations = {name: emulate_attention_rows for name in cupy_cuda.ATTENTION_KERNELS.values()}
+    for partials, combine in cupy_cuda.ATTENTION_SPLIT_KERNELS.values():
+        emulations[partials], emulations[combine] = emulate_attention_split_partials, emulate_attention_split_combine
+    emulations["bf16_rows_times"] = emulate_bf16_rows_times
+    return {name: unwrap(emulation) for name, emulation in emulations.items()}
+
+
 def emulate_bf16_rows_times(grid, block, args):
     """BF16_SOURCE's ``bf16_rows_times`` replayed in NumPy: warp = output channel o (the grid's warps cover
     o < grid * warps per block), lane l sums x[n, i] * widen(bits[o, i]) over i = l, l + 32, ... in that order
@@ -217,12 +296,8 @@ def numpy_as_xp(monkeypatch):
     kernels replaced by their emulations."""
     monkeypatch.setattr(cupy_cuda, "array_module", lambda: np)
     monkeypatch.setattr(cupy_cuda, "_is_host", lambda array: False)
-    emulations = {
-        "attention_rows<float>": emulate_attention_rows,
-        "attention_rows<double>": emulate_attention_rows,
-        "bf16_rows_times": emulate_bf16_rows_times,
-    }
-    monkeypatch.setattr(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    emulations = kernel_emulations()
+    monkeypatch.setattr(cupy_cuda, "_attention_named", emulations.__getitem__)
     monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
     return cupy_cuda
 
@@ -258,10 +333,15 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("split_keys", [None, 3], ids=["one block per row", "keys split over blocks"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", CASES)
-def test_attention_kernel_equals_the_reference(numpy_as_xp, case, dtype):
+def test_attention_kernel_equals_the_reference(numpy_as_xp, monkeypatch, case, dtype, split_keys):
+    if split_keys:  # parts of 3 keys: several blocks per row, parts with no visible key among them
+        monkeypatch.setattr(cupy_cuda, "ATTENTION_SPLIT_KEYS", split_keys)
     q, k, v, mask = attention_case(len(case), dtype, **CASES[case])
+    S = k.shape[2]
+    assert (cupy_cuda.attention_splits(q.shape[0] * q.shape[1] * q.shape[2], S)[0] > 1) == bool(split_keys)
     ref = nn.attention.reference(q, k, v, mask, scale=0.125)
     got = numpy_as_xp.attention_rows_kernel(q, k, v, mask, 0.125)
     assert got.shape == ref.shape and got.dtype == ref.dtype
@@ -414,12 +494,8 @@ def put_these_twins_on_the_strict_stand_in(setattr_, strict) -> dict:
     def launch(emulation):
         return lambda grid, block, args: emulation(grid, block, tuple(getattr(a, "_data", a) for a in args))
 
-    emulations = {
-        "attention_rows<float>": launch(emulate_attention_rows),
-        "attention_rows<double>": launch(emulate_attention_rows),
-        "bf16_rows_times": launch(emulate_bf16_rows_times),
-    }
-    setattr_(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    emulations = kernel_emulations(launch)
+    setattr_(cupy_cuda, "_attention_named", emulations.__getitem__)
     setattr_(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
     formulas = {
         cupy_cuda.SNAKE_BETA: lambda x, alpha, inv_beta: x + inv_beta * np.sin(alpha * x) ** 2,
