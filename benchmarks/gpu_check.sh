@@ -64,7 +64,8 @@
 # Environment: PYTHON (default python3), OUT (results folder), REFIMPL_BENCH_DIR (checkpoints, default
 # bench-checkpoints/), GPU_WHEELS (default benchmarks/gpu_wheels), GPU_CHECK_BUDGET_S (default 460),
 # GPU_CHECK_STEPS (comma-separated steps; default all), GPU_CHECK_WORK, GPU_CHECK_DRY_RUN,
-# GPU_CHECK_LIMIT_<step>.
+# GPU_CHECK_LIMIT_<step>, GPU_CHECK_PACKAGES (the modules installed from the wheels when they do not import;
+# default "scipy soxr tokenizers pytest hypothesis").
 
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -73,6 +74,7 @@ PY=${PYTHON:-python3}
 RESULTS=${OUT:-$REPO/gpu-results}
 WORK=${GPU_CHECK_WORK:-$REPO/gpu-results/work}
 WHEELS=${GPU_WHEELS:-$REPO/benchmarks/gpu_wheels}
+PACKAGES=${GPU_CHECK_PACKAGES:-scipy soxr tokenizers pytest hypothesis}   # installed when not importable
 BUDGET=${GPU_CHECK_BUDGET_S:-460}
 ALL_STEPS="machine,install,build,warmup,cuda_tests,bench_gpu,bench_cpu"
 STEPS=${GPU_CHECK_STEPS:-$ALL_STEPS}
@@ -172,7 +174,7 @@ install_from_wheels() {
         return 0
     fi
     local package
-    for package in scipy soxr tokenizers pytest hypothesis; do   # one by one: one missing wheel stops no other
+    for package in $PACKAGES; do   # one by one: one missing wheel stops no other
         "$PY" -c "import $package" 2> /dev/null || pip_install "$package" || echo "could not install $package"
     done
     pip_install "transformers==4.57.3" accelerate einops librosa soundfile \
@@ -180,7 +182,7 @@ install_from_wheels() {
     pip_install --no-deps "qwen-tts==0.1.1" || echo "could not install qwen-tts: no side by side"
 }
 
-export PY WHEELS REPO SITE
+export PY WHEELS REPO SITE PACKAGES
 export -f machine pip_install install_from_wheels   # run by "timeout ... bash -c NAME" below
 echo "GPU check of the cupy backend, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), steps $STEPS, results in $RESULTS"
 [ "$DRY_RUN" = 1 ] && echo "DRY RUN: the device steps run on the strict stand-in with the tiny checkpoints"

@@ -91,7 +91,7 @@ def test_the_summary_holds_every_step_failure_and_measurement(tmp_path):
 
 def run_check(tmp_path, timeout, **env):
     out, work = tmp_path / "out", tmp_path / "work"
-    environment = dict(os.environ, OUT=str(out), GPU_CHECK_WORK=str(work), PYTHON=sys.executable, **env)
+    environment = dict(os.environ, OUT=str(out), GPU_CHECK_WORK=str(work), **{"PYTHON": sys.executable, **env})
     done = subprocess.run(
         ["bash", str(SCRIPT)], cwd=REPO, env=environment, capture_output=True, text=True, timeout=timeout
     )
@@ -113,6 +113,57 @@ def test_gpu_check_steps_runs_only_the_steps_asked_for(tmp_path):
     assert set(steps.values()) == {"not-asked"} and "bench_cpu" in steps and "build_0_6b" in steps
     summary = (out / "summary.txt").read_text()
     assert "install      ok" in summary and "no bench_gpu.json" in summary
+
+
+def one_module_wheel(folder, name: str):
+    """A wheel of an empty pure-Python package ``name`` 0.1, written by hand (a wheel is a zip with metadata)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        f"{name}/__init__.py": b"X = 1\n",
+        f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
+        f"{name}-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    digest = lambda data: base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()  # noqa: E731
+    record = "".join(f"{path},sha256={digest(data)},{len(data)}\n" for path, data in files.items())
+    files[f"{name}-0.1.dist-info/RECORD"] = (record + f"{name}-0.1.dist-info/RECORD,,\n").encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"{name}-0.1-py3-none-any.whl", "w") as wheel:
+        for path, data in files.items():
+            wheel.writestr(path, data)
+
+
+@needs_bash
+def test_install_falls_back_to_a_target_folder_on_pythonpath(tmp_path):
+    """Where the environment is not writable (a read-only virtual environment: pip refuses --user there),
+    the install step puts the wheel into GPU_CHECK_WORK/site-packages, which the script puts on PYTHONPATH."""
+    one_module_wheel(tmp_path / "wheels", "refimpl_gpu_check_probe")
+    python = tmp_path / "read-only-python"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        "# pip install into the environment fails, as in a read-only one; --target works\n"
+        'if [ "$1 $2 $3" = "-m pip install" ] && [[ " $* " != *" --target "* ]]; then\n'
+        '    echo "ERROR: [Errno 30] Read-only file system" >&2; exit 1\nfi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    done, out, work = run_check(
+        tmp_path, 120, GPU_CHECK_STEPS="install", GPU_WHEELS=str(tmp_path / "wheels"),
+        GPU_CHECK_PACKAGES="refimpl_gpu_check_probe", PYTHON=str(python),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (work / "logs" / "install.log").read_text()
+    assert "Read-only file system" in log and "could not install refimpl_gpu_check_probe" not in log, log
+    assert (work / "site-packages" / "refimpl_gpu_check_probe" / "__init__.py").is_file()
+    probe = subprocess.run(
+        [sys.executable, "-c", "import refimpl_gpu_check_probe"],
+        env=dict(os.environ, PYTHONPATH=str(work / "site-packages")),
+        capture_output=True,
+        timeout=60,
+    )
+    assert probe.returncode == 0, probe.stderr
 
 
 @needs_bash
