@@ -153,6 +153,7 @@ hidden_bh, logits_bv = talker_step(frame_b16, step=0)
 
 # %% 5. Frame 1: the same two steps
 previous = np.concatenate([frame[:, :1] for frame in frames], axis=1)  # frame 0's code 0 is penalised now
+show("repetition penalty on codes", f"{previous[0].tolist()} (penalty {penalty}, generation_config.json)")
 frame_b16 = next_frame(logits_bv, hidden_bh, previous)
 frames.append(frame_b16)
 hidden_bh, logits_bv = talker_step(frame_b16, step=1)
