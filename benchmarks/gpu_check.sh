@@ -57,7 +57,7 @@
 #
 # The dry run (GPU_CHECK_DRY_RUN=1; tests/backends/test_gpu_check.py runs it): every step's bookkeeping on the
 # CPU: the cupy steps run on the strict stand-in device with the committed tiny checkpoints (warm-up, bench),
-# or skip as they would without a GPU (cuda_tests), the builds are stopped after 5 s by their time limits
+# or skip as they would without a GPU (cuda_tests), the builds are stopped after 1 s by their time limits
 # (what is left of them stays under *.partial in GPU_CHECK_WORK/bench-checkpoints/, never under a checkpoint's
 # name), and the summary is written as on the GPU.
 #
@@ -91,7 +91,7 @@ if [ "$DRY_RUN" = 1 ]; then   # the device steps on the stand-in; the builds sto
     BENCH_BACKEND=strict
     BENCH_SIZES=(--tiny --frames 10 --seconds 1 --e2e-frames 3 --repeats 1)
     export REFIMPL_BENCH_DIR=$WORK/bench-checkpoints
-    export GPU_CHECK_LIMIT_build=${GPU_CHECK_LIMIT_build:-5} GPU_CHECK_LIMIT_build_0_6b=${GPU_CHECK_LIMIT_build_0_6b:-5}
+    export GPU_CHECK_LIMIT_build=${GPU_CHECK_LIMIT_build:-1} GPU_CHECK_LIMIT_build_0_6b=${GPU_CHECK_LIMIT_build_0_6b:-1}
 fi
 export REFIMPL_BENCH_DIR=${REFIMPL_BENCH_DIR:-$REPO/bench-checkpoints}
 SITE="$WORK/site-packages"   # pip --target installs here when the environment is not writable
@@ -127,8 +127,8 @@ step() {
     fi
     echo "=== $name (limit $limit s, $SECONDS s elapsed)"
     start=$SECONDS
-    timeout -k 10 "$limit" "$@" > >(tee "$WORK/logs/$name.log") 2>&1
-    rc=$?
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$WORK/logs/$name.log"   # a pipe: tee has written all when it ends
+    rc=${PIPESTATUS[0]}
     [ "$rc" -eq 124 ] && echo "=== $name: TIMED OUT after $limit s"
     echo "=== $name: exit $rc in $((SECONDS - start)) s"
     echo "$name $rc $((SECONDS - start)) $limit" >> "$WORK/steps.txt"
