@@ -1,0 +1,134 @@
+"""The official module names that a trace needs and the stage code does not record.
+
+Stage code records each tensor it computes once, under the name of the unit that computes it
+(``refimpl.recorder``).  The official model has more names than that: wrapper modules whose output is
+the very tensor of the module inside them, Identity modules, a rotary module in every attention layer
+that hands out the stack's one table, the untrimmed output of a transposed conv (which our code computes
+once and records as the extra ``untrimmed`` before it takes the trimmed view).  The table below gives
+those names; ``official_calls`` applies it to the calls a run recorded, before the calls are named by
+the ``:N`` rule and written (``refimpl.porting.trace_files``), so that a trace's keys are the official
+hook dump's, in its order (tests/porting/test_trace.py).
+
+    official name (hook dump)                        the tensor, as our stage code records it
+    X.conv, before X: the codec's conv wrappers       X (a ``CausalConvNet`` / ``MimiConv1d`` X, found
+      X around their Conv1d                            by its weights ``X.conv.*``)
+    X.conv: a transposed conv's ConvTranspose1d       refimpl.X.untrimmed (renamed where it stands)
+    decoder.pre_transformer.layers.{i}.self_attn      ...self_attn.q_proj / k_proj [B, T, H*D] in heads,
+      .q_norm / .k_norm (Identity: no q/k norm)          [B, T, H, D]; D from the stack's rotary table
+    encoder.encoder_transformer.layers.{i}.self_attn  refimpl.encoder.encoder_transformer.rope.cos, the
+      .rotary_emb, after v_proj (Mimi: per layer)       stack's table, computed once
+    speaker_encoder.{TDNN block}.activation,          the TDNN block X (conv -> ReLU: the block's output
+      before X                                         is its activation's)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from ..recorder import EXTRA_PREFIX
+
+__all__ = ["Alias", "ALIASES", "official_calls", "conv_wrappers"]
+
+
+def same(value, match, recorded):
+    """The tensor itself."""
+    return value
+
+
+def as_heads(value_btc, match, recorded):
+    """An Identity q_norm / k_norm of a stack without q/k norm: the projection split into heads,
+    [B, T, H*D] -> [B, T, H, D], D being the width of the stack's rotary table (recorded before its layers)."""
+    table = recorded.get(f"{match['stack']}.rotary_emb")
+    if table is None:
+        raise ValueError(f"cannot name {match[0]}'s Identity q/k norm: no {match['stack']}.rotary_emb recorded")
+    B, T, _ = value_btc.shape
+    return value_btc.reshape(B, T, -1, table.shape[-1])
+
+
+def stack_rotary_cos(value, match, recorded):
+    """The cos table the stack computed once (the extra ``{stack}.rope.cos``), which every layer's own
+    rotary module returns."""
+    key = f"{EXTRA_PREFIX}{match['stack']}.rope.cos"
+    if key not in recorded:
+        raise ValueError(f"cannot name {match[0]}'s rotary module: no {key} recorded")
+    return recorded[key]
+
+
+@dataclass(frozen=True)
+class Alias:
+    """After (or before) each recorded name matching ``pattern`` in full, the official model also has the
+    name ``name`` (a ``re`` template over the pattern's groups) for ``value(tensor, match, recorded)``."""
+
+    pattern: str
+    name: str
+    where: str  # "before" or "after" the matched name, in call order
+    value: Callable = same
+
+
+TDNN_BLOCKS = r"blocks\.0|blocks\.\d+\.tdnn[12]|blocks\.\d+\.res2net_block\.blocks\.\d+|mfa|asp\.tdnn"
+
+ALIASES = (
+    # the codec decoder's layers have q_norm / k_norm modules, Identity (its attention has no q/k norm)
+    Alias(
+        r"(?P<stack>decoder\.pre_transformer)(?P<attn>\.layers\.\d+\.self_attn)\.q_proj",
+        r"\g<stack>\g<attn>.q_norm",
+        "after",
+        as_heads,
+    ),
+    Alias(
+        r"(?P<stack>decoder\.pre_transformer)(?P<attn>\.layers\.\d+\.self_attn)\.k_proj",
+        r"\g<stack>\g<attn>.k_norm",
+        "after",
+        as_heads,
+    ),
+    # Mimi's attention calls its own rotary module (after v_proj); it returns the stack's cos table
+    Alias(
+        r"(?P<stack>encoder\.encoder_transformer)(?P<attn>\.layers\.\d+\.self_attn)\.v_proj",
+        r"\g<stack>\g<attn>.rotary_emb",
+        "after",
+        stack_rotary_cos,
+    ),
+    # a TDNN block is conv -> ReLU: its output is its activation module's
+    Alias(rf"speaker_encoder\.(?:{TDNN_BLOCKS})", r"\g<0>.activation", "before"),
+)
+
+UNTRIMMED = re.compile(re.escape(EXTRA_PREFIX) + r"(.+)\.untrimmed")
+
+
+def conv_wrappers(prefix: str, weight_spec) -> frozenset:
+    """The official names (``prefix`` + the checkpoint name X) of the codec's conv units: the modules X
+    with weights ``X.conv.weight`` (a wrapper around the Conv1d or ConvTranspose1d ``X.conv``)."""
+    tail = ".conv.weight"
+    return frozenset(prefix + s.name[: -len(tail)] for s in weight_spec if s.name.endswith(tail))
+
+
+def official_calls(calls, wrappers: frozenset = frozenset()) -> list:
+    """[(name, tensor)] in the order recorded -> the same calls with the table's names added, in the
+    official call order.  ``wrappers`` are the conv units of the run (``conv_wrappers``): each is preceded
+    by its inner conv ``X.conv``, the same tensor, or for a transposed conv the untrimmed output that
+    came just before it."""
+    out, recorded = [], {}
+
+    def emit(name, value):
+        out.append((name, value))
+        recorded[name] = value
+
+    compiled = [(a, re.compile(a.pattern)) for a in ALIASES]
+    for name, value in calls:
+        untrimmed = UNTRIMMED.fullmatch(name)
+        if untrimmed:
+            emit(untrimmed[1] + ".conv", value)
+            continue
+        if name in wrappers and (not out or out[-1][0] != name + ".conv"):
+            emit(name + ".conv", value)
+        matches = [(a, m) for a, p in compiled if (m := p.fullmatch(name))]
+        for a, m in matches:
+            if a.where == "before":
+                emit(m.expand(a.name), a.value(value, m, recorded))
+        emit(name, value)
+        for a, m in matches:
+            if a.where == "after":
+                emit(m.expand(a.name), a.value(value, m, recorded))
+    return out

@@ -1,0 +1,66 @@
+"""refimpl.porting.names: the official names a trace adds to what the stage code records, each the very
+tensor that was computed (nothing computed twice), in the official call order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refimpl.porting.names import official_calls
+
+
+def test_conv_units_get_their_inner_conv_and_the_untrimmed_transposed_output():
+    y, full = np.ones((1, 2, 4)), np.ones((1, 2, 6))
+    calls = [
+        ("decoder.pre_conv", y),
+        ("refimpl.decoder.upsample.0.0.untrimmed", full),
+        ("decoder.upsample.0.0", full[:, :, :4]),
+        ("decoder.decoder.5", y),
+    ]
+    wrappers = frozenset({"decoder.pre_conv", "decoder.upsample.0.0"})
+    out = official_calls(calls, wrappers)
+    assert [k for k, _ in out] == [
+        "decoder.pre_conv.conv",
+        "decoder.pre_conv",
+        "decoder.upsample.0.0.conv",
+        "decoder.upsample.0.0",
+        "decoder.decoder.5",
+    ]
+    assert out[0][1] is y and out[2][1] is full
+
+
+def test_identity_qk_norm_and_per_layer_rotary_are_views_of_what_was_computed():
+    cos_btd = np.arange(3 * 8.0).reshape(1, 3, 8)
+    q_btc = np.arange(3 * 32.0).reshape(1, 3, 32)
+    calls = [
+        ("decoder.pre_transformer.rotary_emb", cos_btd),
+        ("decoder.pre_transformer.layers.0.self_attn.q_proj", q_btc),
+        ("decoder.pre_transformer.layers.0.self_attn.k_proj", q_btc[:, :, :16]),
+    ]
+    out = dict(official_calls(calls))
+    q_norm = out["decoder.pre_transformer.layers.0.self_attn.q_norm"]
+    assert q_norm.shape == (1, 3, 4, 8) and np.shares_memory(q_norm, q_btc)
+    assert np.array_equal(q_norm[0, 2, 1], q_btc[0, 2, 8:16])
+    assert out["decoder.pre_transformer.layers.0.self_attn.k_norm"].shape == (1, 3, 2, 8)
+
+    calls = [
+        ("refimpl.encoder.encoder_transformer.rope.cos", cos_btd),
+        ("encoder.encoder_transformer.layers.1.self_attn.v_proj", q_btc),
+    ]
+    out = official_calls(calls)
+    assert out[-1] == ("encoder.encoder_transformer.layers.1.self_attn.rotary_emb", cos_btd)
+    with pytest.raises(ValueError, match="no refimpl.encoder.encoder_transformer.rope.cos recorded"):
+        official_calls(calls[1:])
+
+
+def test_tdnn_activation_comes_before_its_block():
+    h = np.zeros((1, 4, 5))
+    calls = [("speaker_encoder.blocks.2.tdnn1.conv", h), ("speaker_encoder.blocks.2.tdnn1", h)]
+    keys = [k for k, _ in official_calls(calls)]
+    assert keys == [
+        "speaker_encoder.blocks.2.tdnn1.conv",
+        "speaker_encoder.blocks.2.tdnn1.activation",
+        "speaker_encoder.blocks.2.tdnn1",
+    ]
+    # an SE-Res2Net block is not a TDNN block
+    assert [k for k, _ in official_calls([("speaker_encoder.blocks.2", h)])] == ["speaker_encoder.blocks.2"]
