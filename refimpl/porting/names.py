@@ -19,6 +19,11 @@ hook dump's, in its order (tests/porting/test_trace.py).
       .rotary_emb, after v_proj (Mimi: per layer)       stack's table, computed once
     speaker_encoder.{TDNN block}.activation,          the TDNN block X (conv -> ReLU: the block's output
       before X                                         is its activation's)
+
+A dict or ``CallLog`` given as ``trace=`` to a stage holds what the stage code records, without these
+names; ``refimpl.porting.trace_files`` builds the whole traces.  (The Talker's and the code predictor's
+wrappers, ``talker.model``, ``talker``, ``talker.code_predictor``..., are still recorded by the generation
+code: a streamed generation's raw ``CallLog`` is compared key for key with a whole trace.)
 """
 
 from __future__ import annotations
