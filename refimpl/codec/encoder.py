@@ -288,8 +288,6 @@ def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Re
     h = named_causal_conv(w, f"{p}.block.3", h, record, pad_mode=cfg.pad_mode)
     if cfg.use_conv_shortcut:
         x_bct = named_causal_conv(w, f"{p}.shortcut", x_bct, record, pad_mode=cfg.pad_mode)
-    else:
-        record(f"{p}.shortcut", x_bct)  # an Identity module
     return x_bct + h
 
 

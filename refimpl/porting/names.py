@@ -17,6 +17,8 @@ hook dump's, in its order (tests/porting/test_trace.py).
       .q_norm / .k_norm (Identity: no q/k norm)          [B, T, H, D]; D from the stack's rotary table
     encoder.encoder_transformer.layers.{i}.self_attn  refimpl.encoder.encoder_transformer.rope.cos, the
       .rotary_emb, after v_proj (Mimi: per layer)       stack's table, computed once
+    encoder.encoder.layers.{i}.shortcut, after        the residual block's input, encoder.encoder.layers.{i-1}
+      ...block.3 (Identity, without a shortcut conv)
     speaker_encoder.{TDNN block}.activation,          the TDNN block X (conv -> ReLU: the block's output
       before X                                         is its activation's)
 
@@ -37,34 +39,56 @@ from ..recorder import EXTRA_PREFIX
 __all__ = ["Alias", "ALIASES", "official_calls", "conv_wrappers"]
 
 
-def same(value, match, recorded):
+@dataclass
+class Run:
+    """What an alias may look at: the calls named so far (name -> tensor, the last call of each) and the
+    run's conv units (``conv_wrappers``)."""
+
+    recorded: dict
+    wrappers: frozenset
+
+
+def same(value, match, run: Run):
     """The tensor itself."""
     return value
 
 
-def as_heads(value_btc, match, recorded):
+def as_heads(value_btc, match, run: Run):
     """An Identity q_norm / k_norm of a stack without q/k norm: the projection split into heads,
     [B, T, H*D] -> [B, T, H, D], D being the width of the stack's rotary table (recorded before its layers)."""
-    table = recorded.get(f"{match['stack']}.rotary_emb")
+    table = run.recorded.get(f"{match['stack']}.rotary_emb")
     if table is None:
         raise ValueError(f"cannot name {match[0]}'s Identity q/k norm: no {match['stack']}.rotary_emb recorded")
     B, T, _ = value_btc.shape
     return value_btc.reshape(B, T, -1, table.shape[-1])
 
 
-def stack_rotary_cos(value, match, recorded):
+def stack_rotary_cos(value, match, run: Run):
     """The cos table the stack computed once (the extra ``{stack}.rope.cos``), which every layer's own
     rotary module returns."""
     key = f"{EXTRA_PREFIX}{match['stack']}.rope.cos"
-    if key not in recorded:
+    if key not in run.recorded:
         raise ValueError(f"cannot name {match[0]}'s rotary module: no {key} recorded")
-    return recorded[key]
+    return run.recorded[key]
+
+
+def identity_shortcut(value, match, run: Run):
+    """A SEANet residual block's Identity shortcut: the block's input, the output of the layer before it
+    (None, no alias, where the shortcut is a conv: the stage code records that one)."""
+    block, index = match["block"], int(match["index"])
+    if f"{block}.shortcut" in run.wrappers:
+        return None
+    key = f"{match['layers']}.{index - 1}"
+    if key not in run.recorded:
+        raise ValueError(f"cannot name {block}.shortcut: no {key} recorded")
+    return run.recorded[key]
 
 
 @dataclass(frozen=True)
 class Alias:
     """After (or before) each recorded name matching ``pattern`` in full, the official model also has the
-    name ``name`` (a ``re`` template over the pattern's groups) for ``value(tensor, match, recorded)``."""
+    name ``name`` (a ``re`` template over the pattern's groups) for ``value(tensor, match, run)`` (None:
+    not here)."""
 
     pattern: str
     name: str
@@ -95,6 +119,13 @@ ALIASES = (
         "after",
         stack_rotary_cos,
     ),
+    # a SEANet residual block without a shortcut conv has an Identity shortcut, called after its block
+    Alias(
+        r"(?P<block>(?P<layers>encoder\.encoder\.layers)\.(?P<index>\d+))\.block\.3",
+        r"\g<block>.shortcut",
+        "after",
+        identity_shortcut,
+    ),
     # a TDNN block is conv -> ReLU: its output is its activation module's
     Alias(rf"speaker_encoder\.(?:{TDNN_BLOCKS})", r"\g<0>.activation", "before"),
 )
@@ -114,11 +145,16 @@ def official_calls(calls, wrappers: frozenset = frozenset()) -> list:
     official call order.  ``wrappers`` are the conv units of the run (``conv_wrappers``): each is preceded
     by its inner conv ``X.conv``, the same tensor, or for a transposed conv the untrimmed output that
     came just before it."""
-    out, recorded = [], {}
+    out, run = [], Run({}, wrappers)
 
     def emit(name, value):
         out.append((name, value))
-        recorded[name] = value
+        run.recorded[name] = value
+
+    def emit_aliases(matches, where, value):
+        for a, m in matches:
+            if a.where == where and (aliased := a.value(value, m, run)) is not None:
+                emit(m.expand(a.name), aliased)
 
     compiled = [(a, re.compile(a.pattern)) for a in ALIASES]
     for name, value in calls:
@@ -129,11 +165,7 @@ def official_calls(calls, wrappers: frozenset = frozenset()) -> list:
         if name in wrappers and (not out or out[-1][0] != name + ".conv"):
             emit(name + ".conv", value)
         matches = [(a, m) for a, p in compiled if (m := p.fullmatch(name))]
-        for a, m in matches:
-            if a.where == "before":
-                emit(m.expand(a.name), a.value(value, m, recorded))
+        emit_aliases(matches, "before", value)
         emit(name, value)
-        for a, m in matches:
-            if a.where == "after":
-                emit(m.expand(a.name), a.value(value, m, recorded))
+        emit_aliases(matches, "after", value)
     return out

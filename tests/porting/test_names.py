@@ -64,3 +64,17 @@ def test_tdnn_activation_comes_before_its_block():
     ]
     # an SE-Res2Net block is not a TDNN block
     assert [k for k, _ in official_calls([("speaker_encoder.blocks.2", h)])] == ["speaker_encoder.blocks.2"]
+
+
+def test_identity_shortcut_is_the_residual_blocks_input():
+    x, h = np.zeros((1, 4, 5)), np.ones((1, 4, 5))
+    calls = [
+        ("encoder.encoder.layers.3", x),
+        ("encoder.encoder.layers.4.block.3", h),
+        ("encoder.encoder.layers.4", x + h),
+    ]
+    out = official_calls(calls)
+    assert [k for k, _ in out][2] == "encoder.encoder.layers.4.shortcut" and out[2][1] is x
+    # with a shortcut conv the stage code records the shortcut itself: nothing is added
+    conv_shortcut = frozenset({"encoder.encoder.layers.4.shortcut"})
+    assert [k for k, _ in official_calls(calls, conv_shortcut)] == [k for k, _ in calls]
