@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import CHECKPOINTS
 
+from refimpl import SpeechTokenizer, nn
+from refimpl.porting import trace_files
 from refimpl.porting.names import official_calls
 
 
@@ -78,3 +81,21 @@ def test_identity_shortcut_is_the_residual_blocks_input():
     # with a shortcut conv the stage code records the shortcut itself: nothing is added
     conv_shortcut = frozenset({"encoder.encoder.layers.4.shortcut"})
     assert [k for k, _ in official_calls(calls, conv_shortcut)] == [k for k, _ in calls]
+
+
+def test_a_traced_decode_runs_each_transposed_conv_once(monkeypatch):
+    """The untrimmed output in a trace is the one the decoder computed, not a second convolution."""
+    tok = SpeechTokenizer.from_pretrained(CHECKPOINTS / "tiny-speech-tokenizer")
+    codes = np.random.default_rng(1).integers(0, tok.codebook_size, size=(4, tok.num_quantizers))
+    calls = []
+    conv_transpose1d = nn.conv_transpose1d
+    monkeypatch.setattr(nn, "conv_transpose1d", lambda *a, **k: calls.append(1) or conv_transpose1d(*a, **k))
+    tok.decode_full(codes)
+    untraced, calls[:] = len(calls), []
+    trace = trace_files.trace_codec_decode(tok, codes)
+    cfg = tok.decoder_config
+    assert len(calls) == untraced == len(cfg.upsampling_ratios) + len(cfg.upsample_rates)
+    for i, rate in enumerate(cfg.upsample_rates):  # kernel 2 * rate, stride rate: the last rate samples cut
+        full, trimmed = trace[f"decoder.decoder.{i + 1}.block.1.conv"], trace[f"decoder.decoder.{i + 1}.block.1"]
+        assert full.shape[-1] == trimmed.shape[-1] + rate and np.shares_memory(full, trimmed)
+        np.testing.assert_array_equal(full[..., : trimmed.shape[-1]], trimmed)
