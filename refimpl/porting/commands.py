@@ -15,7 +15,8 @@ import numpy as np
 
 from ..io.files import load_npy_codes
 from . import trace_files
-from .compare import PRECISIONS, compare_traces, report_json
+from .compare import PRECISIONS, compare_traces, metadata_mismatches, prefix_hint, report_json
+from .name_maps import load_map
 
 __all__ = ["add_commands", "run_case", "run_cases", "read_cases"]
 
@@ -203,14 +204,40 @@ def cmd_compare(args, say) -> int:
     try:
         reference = trace_files.load_trace(args.reference)
         candidate = trace_files.load_trace(args.candidate)
+        notes = []
+        if args.map:
+            reference, candidate, notes = load_map(args.map).apply(reference, candidate)
     except (OSError, ValueError, KeyError) as e:
         print(f"refimpl compare: unusable input: {e}", file=sys.stderr)
         return 2
+    mismatches = metadata_mismatches(reference.metadata, candidate.metadata, args.precision)
     report = compare_traces(reference, candidate, args.precision)
+    report.notes[:0] = notes
+    report.metadata_mismatches = mismatches
     if not report.rows and not report.shape_mismatches:
-        print("refimpl compare: unusable input: the two traces have no key in common", file=sys.stderr)
+        hint = prefix_hint(reference.keys, candidate.keys)
+        print(
+            "refimpl compare: unusable input: the two traces have no key in common" + (f" ({hint})" if hint else ""),
+            file=sys.stderr,
+        )
         return 2
-    print(report_json(report) if args.json else report.format())
+    if report.covered < len(candidate.keys) // 2:
+        hint = prefix_hint(reference.keys, report.missing_in_reference)
+        if hint:
+            report.notes.append(hint)
+    if mismatches and not args.force:
+        for line in report.header_lines():
+            print(line, file=sys.stderr)
+        print(
+            "refimpl compare: unusable input: the traces are not runs of the same checkpoint, input and "
+            "precision (--force compares them anyway)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.json:
+        print(report_json(report))
+    else:
+        print(report.format(failures=args.failures, context=args.context, list_missing=args.list_missing))
     return report.exit_status()
 
 
@@ -220,7 +247,8 @@ def add_compare_parser(sub) -> None:
         help="compare two traces key by key; find the first divergence",
         description="Compare CANDIDATE with REFERENCE tensor by tensor in execution order. "
         "Exit 0: every common tensor within tolerance; 1: something fails (the first failure in "
-        "execution order is marked); 2: unusable input.",
+        "execution order is marked; differing codes get their frame, codebook and verdict); 2: unusable "
+        "input (also: the metadata say another checkpoint, input or precision, unless --force).",
     )
     c.add_argument("reference", metavar="REFERENCE")
     c.add_argument("candidate", metavar="CANDIDATE")
@@ -231,6 +259,13 @@ def add_compare_parser(sub) -> None:
         help="what the candidate computes in (sets the tolerance; default float32)",
     )
     c.add_argument("--json", action="store_true", help="machine-readable report")
+    c.add_argument(
+        "--map", metavar="FILE", help="a name map (JSON or TOML) from the candidate's names to the official ones"
+    )
+    c.add_argument("--failures", action="store_true", help="show only the failing rows (and every differing code)")
+    c.add_argument("--context", type=int, metavar="N", help="show the first failure with N rows either side")
+    c.add_argument("--list-missing", action="store_true", help="list every missing key instead of a summary")
+    c.add_argument("--force", action="store_true", help="compare even when the metadata say the runs differ")
     c.set_defaults(func=cmd_compare)
 
 

@@ -133,7 +133,8 @@ def load_trace(path) -> Trace:
         if not metadata.get("order"):  # the file's own order (offsets)
             metadata["order"] = sorted(header, key=lambda k: header[k]["data_offsets"][0])
     order = [k for k in metadata.get("order", []) if k in arrays]
-    order += [k for k in arrays if k not in set(order)]
+    listed = set(order)
+    order += [k for k in arrays if k not in listed]
     return Trace([(k, arrays[k]) for k in order], metadata)
 
 

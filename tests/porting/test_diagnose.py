@@ -1,0 +1,198 @@
+"""refimpl compare as a debugger (refimpl/porting/diagnose.py): simulated ports that choose other codes,
+one for each verdict, and the coverage / metadata findings at the top of the report."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import CHECKPOINTS
+
+from refimpl import Qwen3TTS, nn, sampling
+from refimpl.cli import main
+from refimpl.porting import trace_files as tracing
+from refimpl.porting.compare import compare_traces, tolerance
+
+TEXT = "Hello there, how are you?"
+GREEDY = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=10)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")
+
+
+def say(model, **options):
+    return tracing.trace_generation(model, "say", text=TEXT, speaker="vivian", **{**GREEDY, **options})
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return say(model)
+
+
+def first(report):
+    d = report.first_divergence
+    assert d is not None, "the codes should differ"
+    return d
+
+
+def test_a_port_without_the_repetition_penalty_is_a_rule_difference(model):
+    reference = say(model, repetition_penalty=1.3)
+    port = say(model, repetition_penalty=1.0)  # applies no penalty
+    report = compare_traces(reference, port, "float32")
+    d = first(report)
+    assert (d.key, d.codebook, d.verdict, d.processor) == ("refimpl.codes.0", 0, "rule", "repetition_penalty")
+    assert d.frame >= 1 and d.upstream is None  # no history at frame 0: nothing to penalise
+    ref_codes, port_codes = reference["refimpl.codes.0"], port["refimpl.codes.0"]
+    np.testing.assert_array_equal(ref_codes[: d.frame], port_codes[: d.frame])
+    assert (d.reference_id, d.candidate_id) == (ref_codes[d.frame, 0], port_codes[d.frame, 0])
+    # the port's pick is the argmax of the reference's logits after every processor but the penalty
+    no_penalty = sampling.apply_suppression(
+        reference[f"refimpl.talker.sampling.logits:{d.frame}"], sampling.suppressed_ids(1088, 166)
+    )
+    assert d.candidate_id == np.argmax(no_penalty[0]) != d.reference_id
+    final = reference[f"refimpl.talker.sampling.suppress:{d.frame}"][0]
+    assert d.margin == pytest.approx(final[d.reference_id] - final[d.candidate_id])
+    assert d.margin > 2 * d.tolerance
+
+
+def test_a_port_without_the_min_new_tokens_block_ends_at_once(model, monkeypatch):
+    # a greedy pick at frame 0 made the EOS id, so that only the min_new_tokens block keeps it from ending
+    eos = int(say(model)["refimpl.codes.0"][0, 0])
+    reference = say(model, eos_token_id=eos)
+    monkeypatch.setattr(sampling, "apply_min_new_tokens", lambda scores, *args: np.array(scores, copy=True))
+    port = say(model, eos_token_id=eos)
+    monkeypatch.undo()
+    assert port["refimpl.codes.0"].shape == (0, 16) and reference["refimpl.codes.0"].shape[0] > 0
+    d = first(compare_traces(reference, port))
+    assert (d.frame, d.codebook, d.candidate_id) == (0, 0, eos)
+    assert (d.verdict, d.processor) == ("rule", "min_new_tokens") and d.margin == float("inf")
+
+
+def nudge_at(step: int, swap_with: int):
+    """A port whose code-0 logits at one step are off by 1.5 x the margin of the top two, toward the second."""
+    original = sampling.talker_scores
+    calls = []
+
+    def talker_scores(logits, previous, settings, eos_id, record=None):
+        if len(calls) == step:
+            logits = np.array(logits, copy=True)
+            final = original(logits, previous, settings, eos_id)[0]
+            best = int(np.argmax(final))
+            logits[0, swap_with] += 1.5 * (final[best] - final[swap_with])
+        calls.append(step)
+        return original(logits, previous, settings, eos_id, record or sampling.NULL_RECORDER)
+
+    return talker_scores
+
+
+def test_logits_perturbed_within_the_tolerance_at_a_near_tie(model, reference, monkeypatch, tmp_path, capsys):
+    # the step whose top two scores are closest
+    margins = []
+    for n in range(reference["refimpl.codes.0"].shape[0]):
+        s = np.sort(reference[f"refimpl.talker.sampling.suppress:{n}"][0])[::-1]
+        margins.append(s[0] - s[1])
+    step = int(np.argmin(margins))
+    final = reference[f"refimpl.talker.sampling.suppress:{step}"][0]
+    second = int(np.argsort(final)[-2])
+    logits = reference[f"refimpl.talker.sampling.logits:{step}"]
+    bf16_tol = tolerance(logits, "bfloat16", network="talker")
+    assert 1.5 * margins[step] < bf16_tol  # the perturbation is within what a bfloat16 port may do
+    monkeypatch.setattr(sampling, "talker_scores", nudge_at(step, second))
+    port = say(model)
+    d = first(compare_traces(reference, port, "bfloat16"))
+    assert (d.frame, d.codebook, d.reference_id, d.candidate_id) == (step, 0, int(np.argmax(final)), second)
+    assert d.verdict == "near_tie" and d.processor is None
+    assert d.margin == pytest.approx(margins[step]) and d.margin <= 2 * d.tolerance
+    # the same pair judged by the float32 rule is no tie: the port's logits must be wrong
+    d32 = first(compare_traces(reference, port, "float32"))
+    assert d32.verdict == "numeric" and d32.margin > 2 * d32.tolerance
+    # the command line: a bfloat16 port's dump, --json carries the verdict
+    reference.save(tmp_path / "ref.safetensors")
+    tracing.Trace(port.items, dict(port.metadata, dtype="bfloat16")).save(tmp_path / "port.safetensors")
+    args = ["compare", str(tmp_path / "ref.safetensors"), str(tmp_path / "port.safetensors")]
+    assert main(args + ["--precision", "bfloat16", "--json"]) == 1
+    div = json.loads(capsys.readouterr().out)["first_divergence"]
+    assert {k: div[k] for k in ("key", "frame", "codebook", "verdict", "processor")} == {
+        "key": "refimpl.codes.0",
+        "frame": step,
+        "codebook": 0,
+        "verdict": "near_tie",
+        "processor": None,
+    }
+    assert set(div) >= {"reference_id", "candidate_id", "margin"}
+    assert main(args + ["--precision", "bfloat16"]) == 1
+    out = capsys.readouterr().out
+    assert f"first divergent code: refimpl.codes.0 frame {step} codebook 0" in out and "near_tie" in out
+    assert "cosine 1.000000" not in out and " integer " in out  # integer rows show no cosine
+
+
+def interleaved_rope(x, cos, sin):
+    """The classic port bug: rotating adjacent pairs (x0, x1), (x2, x3)... instead of the two halves."""
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * c - odd * s
+    out[..., 1::2] = odd * c + even * s
+    return out
+
+
+def test_a_rope_bug_is_numeric_and_names_the_first_divergent_tensor(model, reference, monkeypatch):
+    monkeypatch.setattr(nn, "apply_rope", interleaved_rope)
+    port = say(model)
+    report = compare_traces(reference, port)
+    d = first(report)
+    assert d.verdict == "numeric" and d.processor is None
+    assert d.upstream == report.first_failure.key == "talker.model.layers.0.self_attn.o_proj:0"
+
+
+def test_coverage_header_and_a_sparse_dump(reference, tmp_path, capsys):
+    keep = ["talker.model.layers.0:0", "talker.codec_head:0", "refimpl.codes.0"]
+    sparse = tracing.Trace([(k, reference[k]) for k in keep], {})
+    reference.save(tmp_path / "ref.safetensors")
+    sparse.save(tmp_path / "port.safetensors")
+    args = ["compare", str(tmp_path / "ref.safetensors"), str(tmp_path / "port.safetensors")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"the candidate covers 3 of {len(reference.keys)} reference tensors, 3 compared"
+    assert len(lines) < 15 and f"missing in candidate: {len(reference.keys) - 3} tensors (" in out
+    assert main(args + ["--list-missing"]) == 0
+    assert "talker.model.layers.1.mlp:0" in capsys.readouterr().out
+
+
+def test_failures_and_context(reference, tmp_path, capsys):
+    key = "talker.model.layers.1.mlp:0"
+    items = [(k, v * np.float32(1.01) if k == key else v) for k, v in reference.items]
+    reference.save(tmp_path / "ref.safetensors")
+    tracing.Trace(items, reference.metadata).save(tmp_path / "port.safetensors")
+    args = ["compare", str(tmp_path / "ref.safetensors"), str(tmp_path / "port.safetensors")]
+    assert main(args + ["--failures"]) == 1
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("talker.")]
+    assert [r.split()[0] for r in rows] == [key]
+    assert main(args + ["--context", "2"]) == 1
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("talker.")]
+    i = reference.keys.index(key)
+    assert rows == reference.keys[i - 2 : i + 3]
+
+
+def test_metadata_mismatches_are_an_error_unless_forced(model, reference, tmp_path, capsys):
+    other = tracing.trace_generation(model, "say", text="Something else.", speaker="vivian", **GREEDY)
+    reference.save(tmp_path / "ref.safetensors")
+    other.save(tmp_path / "other.safetensors")
+    args = ["compare", str(tmp_path / "ref.safetensors"), str(tmp_path / "other.safetensors")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "metadata differs: input.text: reference Hello there, how are you?, candidate Something else." in err
+    assert "--force" in err
+    assert main(args + ["--force"]) == 1
+    assert capsys.readouterr().out.splitlines()[1].startswith("metadata differs: input.text")
+    # another checkpoint, and a candidate that computed in another precision than the rule compared
+    meta = dict(reference.metadata, weights_sha256="0" * 64, dtype="bfloat16")
+    tracing.Trace(reference.items, meta).save(tmp_path / "cand.safetensors")
+    assert main(["compare", str(tmp_path / "ref.safetensors"), str(tmp_path / "cand.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "metadata differs: weights_sha256" in err and "metadata differs: dtype: reference float32" in err
