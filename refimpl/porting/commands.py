@@ -27,6 +27,7 @@ examples:
   refimpl trace speaker me.wav --model Qwen3-TTS-12Hz-0.6B-Base -o speaker.safetensors
   refimpl trace say "Hello." --speaker vivian --seed 3 -o say.safetensors
   refimpl trace say "Hello." --speaker vivian --replay say.safetensors -o again.safetensors
+  refimpl trace say "Hello." --greedy --force-codes port_codes.npy -o forced.safetensors
   refimpl trace design "Hi." --instruct "A calm voice." --dtype float64 -o design64.safetensors
   refimpl trace clone "Hi." --ref-audio me.wav --x-vector-only -o clone.safetensors
 
@@ -89,6 +90,8 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Tra
         audio, sr = read_mono(inp) if isinstance(inp, (str, Path)) else inp
         return trace_files.trace_speaker(tts, audio, sr)
     options = dict(options)
+    if stage == "say" and options.get("speaker") is None and tts.get_supported_speakers():
+        options["speaker"] = tts.get_supported_speakers()[0]  # as ``refimpl say``: the first preset speaker
     if stage == "clone" and isinstance(options.get("ref_audio"), (str, Path)):
         options["ref_audio"] = read_mono(options["ref_audio"])
     return trace_files.trace_generation(tts, stage, text=inp, **options)
@@ -97,30 +100,72 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Tra
 # ----------------------------------------------------------------------------- refimpl trace
 
 
+SAMPLING_FLAGS = ("repetition_penalty", "temperature", "top_k", "top_p")
+
+
 def generation_options(args) -> dict:
-    """The Python keywords of the generation options (as ``refimpl say`` etc.), the replayed draws and the
-    mode's own options."""
+    """The Python keywords of the generation options (as ``refimpl say`` etc.), the replayed draws, the
+    forced codes and the mode's own options."""
     given = {"seed": args.seed, "max_new_tokens": args.max_new_tokens, "language": args.language}
+    given.update({k: getattr(args, k) for k in SAMPLING_FLAGS})
     opts = {k: v for k, v in given.items() if v is not None}
     if args.greedy:
         opts.update(do_sample=False, subtalker_dosample=False)
-    if args.replay:
-        replayed = trace_files.load_trace(args.replay)
-        if "refimpl.random_draws" not in replayed.keys:
-            raise ValueError(f"{args.replay} has no refimpl.random_draws (not a trace of a generation)")
-        opts["random_draws"] = replayed["refimpl.random_draws"]
     if args.stage == "say":
         opts.update(speaker=args.speaker, instruct=args.instruct)
     elif args.stage == "design":
         opts["instruct"] = args.instruct
     elif args.stage == "clone":
         opts.update(ref_audio=args.ref_audio, ref_text=args.ref_text, x_vector_only_mode=args.x_vector_only)
+    if args.force_codes:
+        opts["forced_codes"] = read_forced_codes(args.force_codes)
+    if args.replay:
+        replayed = trace_files.load_trace(args.replay)
+        check_replay(replayed, args.stage, args.input, opts, args.replay)
+        opts["random_draws"] = replayed["refimpl.random_draws"]
     return opts
 
 
+def read_forced_codes(path) -> list:
+    """--force-codes: a codes .npy [T, 16], or a trace whose ``refimpl.codes.{i}`` are the codes."""
+    if str(path).endswith(".npy"):
+        return [read_codes(path)]
+    trace = trace_files.load_trace(path)
+    codes = [trace[k] for k in trace.keys if k.startswith("refimpl.codes.")]
+    if not codes:
+        raise ValueError(f"{path} is neither a codes .npy nor a trace with refimpl.codes.* tensors")
+    return codes
+
+
+# what a replay must share with the recorded run (the seed does not matter: the draws replace it)
+NOT_REPLAYED = ("seed", "random_draws", "progress", "forced_codes")
+
+
+def check_replay(replayed, stage: str, text: str, opts: dict, name) -> None:
+    """--replay reproduces a run only with its text and options: refuse anything else, naming it."""
+    meta = replayed.metadata
+    if "refimpl.random_draws" not in replayed.keys:
+        raise ValueError(f"{name} has no refimpl.random_draws (not a trace of a generation)")
+    if replayed["refimpl.random_draws"].size == 0:
+        raise ValueError(f"{name} is a greedy run: it consumed no random numbers, there is nothing to replay")
+    if meta.get("stage") not in (None, stage):
+        raise ValueError(f"{name} is a trace of {meta['stage']!r}, not of {stage!r}")
+    recorded = {k: v for k, v in (meta.get("input") or {}).items() if k not in NOT_REPLAYED}
+    now = {k: v for k, v in dict(opts, text=text).items() if k not in NOT_REPLAYED and not k.startswith("ref_audio")}
+    recorded = {k: v for k, v in recorded.items() if not k.startswith("ref_audio") and v is not None}
+    now = {k: v for k, v in now.items() if v is not None}
+    if "speaker" not in now:  # the default speaker: the model's first, as recorded then
+        recorded.pop("speaker", None)
+    differ = [
+        f"{k}: recorded {recorded.get(k)!r}, now {now.get(k)!r}"
+        for k in sorted(set(recorded) | set(now))
+        if recorded.get(k) != now.get(k)
+    ]
+    if differ:
+        raise ValueError(f"--replay {name}: the recorded run had other input or options ({'; '.join(differ)})")
+
+
 def cmd_trace(args, say) -> int:
-    if args.stage == "say" and args.speaker is None:
-        raise ValueError("trace say needs --speaker (see 'refimpl info')")
     if args.stage == "clone" and args.ref_text is None and not args.x_vector_only:
         raise ValueError("trace clone needs --ref-text or --x-vector-only")
     options = generation_options(args) if args.stage in ("say", "design", "clone") else {}
@@ -152,6 +197,16 @@ def add_trace_parser(sub, common) -> None:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     gen.add_argument("--max-new-tokens", type=int, metavar="N")
+    gen.add_argument("--repetition-penalty", type=float, metavar="X")
+    gen.add_argument("--temperature", type=float, metavar="T")
+    gen.add_argument("--top-k", type=int, metavar="K")
+    gen.add_argument("--top-p", type=float, metavar="P")
+    gen.add_argument(
+        "--force-codes",
+        metavar="CODES",
+        help="teacher forcing: continue every step with these codes (a .npy [T, 16], or a trace's "
+        "refimpl.codes.*) so that every step stays comparable with the port that made them",
+    )
     gen.add_argument(
         "--replay",
         metavar="TRACE",
@@ -179,7 +234,7 @@ def add_trace_parser(sub, common) -> None:
         s = tsub.add_parser(stage, parents=parents, help=text, description=f"Trace {text}.")
         s.add_argument("input", metavar=metavar)
         if stage == "say":
-            s.add_argument("--speaker", metavar="NAME")
+            s.add_argument("--speaker", metavar="NAME", help="preset speaker (default: the first, as 'refimpl say')")
             s.add_argument("--instruct", metavar="TEXT")
         if stage == "design":
             s.add_argument("--instruct", required=True, metavar="TEXT")

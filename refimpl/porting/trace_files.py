@@ -279,18 +279,54 @@ def trace_generation(tts, stage: str, **kwargs) -> Trace:
     (clone) with ``kwargs``, recording every Talker and code-predictor module call (``talker.*``, with
     ``:N`` per call), the prompt, the scores after each sampling step, the chosen ids, the generated
     codes (``refimpl.codes``, [T, 16] per item: ``refimpl.codes.{i}``) and every random uniform consumed
-    (``refimpl.random_draws``; pass it back as ``random_draws=`` to replay)."""
+    (``refimpl.random_draws``; pass it back as ``random_draws=`` to replay).
+
+    ``forced_codes=`` (a [T, 16] array, or one per item: a port's codes) teacher-forces the run: every
+    step continues with the forced codes, so each step's logits are those of the port's history;
+    ``refimpl.codes.{i}`` are then the codes WE chose at each step on that history (compare them with the
+    port's to judge every frame), ``refimpl.forced_codes.{i}`` the history, and the metadata say
+    ``generation.forced``."""
     log = CallLog()
+    forced = kwargs.pop("forced_codes", None)
+    if forced is not None:
+        forced = [np.asarray(forced)] if np.ndim(forced) == 2 else [np.asarray(c) for c in forced]
+        kwargs["forced_codes"] = forced
     wavs, sr, codes = getattr(tts, GENERATE_METHODS[stage])(trace=Recorder(log), return_codes=True, **kwargs)
+    if forced is not None:  # the codes are ours, chosen on the forced history; the history is recorded too
+        for i, c in enumerate(forced):
+            log[f"{EXTRA_PREFIX}forced_codes.{i}"] = c
+        codes = chosen_codes(log, len(forced), [c.shape[0] for c in forced], tts.talker.cfg.num_code_groups)
     for i, c in enumerate(codes):
         log[f"{EXTRA_PREFIX}codes.{i}"] = c
+    kwargs.pop("forced_codes", None)
     inputs = {k: v for k, v in kwargs.items() if isinstance(v, (str, int, float, bool, list, type(None)))}
     if "ref_audio" in kwargs and isinstance(kwargs["ref_audio"], tuple):
         inputs["ref_audio_sha256"] = array_hash(kwargs["ref_audio"][0])
     settings, _, _, _ = tts._settings({k: v for k, v in kwargs.items() if k in GENERATION_KEYWORDS})
     generation = dict(dataclasses.asdict(settings), seed=kwargs.get("seed"), replayed="random_draws" in kwargs)
+    if forced is not None:
+        generation.update(
+            forced=True,
+            forced_codes_sha256=[array_hash(c) for c in forced],
+            max_new_tokens=max(len(c) for c in forced) + 1,
+        )
     meta = base_metadata(stage, tts.directory, tts.dtype, inputs, generation)
     return finish(log, meta)
+
+
+def chosen_codes(log: CallLog, batch: int, lengths: list, groups: int) -> list:
+    """The codes a teacher-forced run chose itself: code 0 of step t from ``sampling.chosen`` call t, code g
+    from the code predictor's call t * (groups - 1) + g - 1; [T_i, groups] per item."""
+    code0 = [v for k, v in log.calls if k == f"{EXTRA_PREFIX}talker.sampling.chosen"]
+    rest = [v for k, v in log.calls if k == f"{EXTRA_PREFIX}talker.code_predictor.sampling.chosen"]
+    out = []
+    for b, T in enumerate(lengths):
+        codes = np.zeros((T, groups), dtype=np.int64)
+        for t in range(T):
+            codes[t, 0] = code0[t][b]
+            codes[t, 1:] = [rest[t * (groups - 1) + g][b] for g in range(groups - 1)]
+        out.append(codes)
+    return out
 
 
 GENERATION_KEYWORDS = (

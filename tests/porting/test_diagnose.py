@@ -196,3 +196,71 @@ def test_metadata_mismatches_are_an_error_unless_forced(model, reference, tmp_pa
     assert main(["compare", str(tmp_path / "ref.safetensors"), str(tmp_path / "cand.safetensors")]) == 2
     err = capsys.readouterr().err
     assert "metadata differs: weights_sha256" in err and "metadata differs: dtype: reference float32" in err
+
+
+# ----------------------------------------------------------------------------- teacher forcing
+
+
+def test_teacher_forcing_judges_every_frame_past_the_first_divergence(model, tmp_path, capsys):
+    port = say(model, repetition_penalty=1.0)
+    # forced on our own codes, the run is the free run, tensor for tensor
+    free = say(model, repetition_penalty=1.3)
+    again = say(model, repetition_penalty=1.3, forced_codes=free["refimpl.codes.0"])
+    assert compare_traces(free, again).passed and again.metadata["generation"]["forced"]
+    np.testing.assert_array_equal(again["refimpl.forced_codes.0"], free["refimpl.codes.0"])
+    # forced on the port's codes: every differing code is judged, each one a penalty difference
+    forced = say(model, repetition_penalty=1.3, forced_codes=port["refimpl.codes.0"])
+    np.testing.assert_array_equal(forced["refimpl.forced_codes.0"], port["refimpl.codes.0"])
+    ours, theirs = forced["refimpl.codes.0"], port["refimpl.codes.0"]
+    assert ours.shape == theirs.shape
+    report = compare_traces(forced, port)
+    where = [(d.frame, d.codebook) for d in report.divergences]
+    assert where == [(int(t), int(g)) for t, g in zip(*np.nonzero(ours != theirs))] and len(where) >= 2
+    assert {(d.verdict, d.processor) for d in report.divergences} == {("rule", "repetition_penalty")}
+    # the talker's hidden states stay comparable after the first divergence: same history, same tensors
+    last = f"talker.model:{ours.shape[0] - 1}"
+    assert next(r for r in report.rows if r.key == last).ok
+    free_report = compare_traces(free, port)
+    assert len(free_report.divergences) == 1 and "--force-codes" in free_report.divergences[0].note
+    # the command line: --force-codes takes a .npy or the port's trace
+    np.save(tmp_path / "port_codes.npy", port["refimpl.codes.0"])
+    port.save(tmp_path / "port.safetensors")
+    common = ["trace", "say", TEXT, "--greedy", "--max-new-tokens", "10", "--repetition-penalty", "1.3", "-q"]
+    common += ["--model", str(CHECKPOINTS / "tiny-customvoice"), "--speaker", "vivian"]
+    for source in ("port_codes.npy", "port.safetensors"):
+        out = tmp_path / f"forced-{source}.safetensors"
+        assert main(common + ["--force-codes", str(tmp_path / source), "-o", str(out)]) == 0
+        np.testing.assert_array_equal(tracing.load_trace(out)["refimpl.codes.0"], ours)
+    assert main(["compare", str(out), str(tmp_path / "port.safetensors"), "--failures", "--force"]) == 1
+    text = capsys.readouterr().out
+    assert text.count("verdict rule, processor repetition_penalty") == len(where)
+
+
+def test_trace_say_flags_and_replay_checks(model, tmp_path, capsys):
+    base = ["trace", "say", TEXT, "--max-new-tokens", "4", "-q", "--model", str(CHECKPOINTS / "tiny-customvoice")]
+    first = tmp_path / "first.safetensors"
+    assert main(base + ["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "1", "-o", str(first)]) == 0
+    meta = tracing.load_trace(first).metadata
+    assert meta["input"]["speaker"] == model.get_supported_speakers()[0]  # the default, as 'refimpl say'
+    g = meta["generation"]
+    assert (g["temperature"], g["top_k"], g["top_p"]) == (0.7, 5, 0.9)
+    again = tmp_path / "again.safetensors"
+    same = base + ["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--replay", str(first), "-o", str(again)]
+    assert main(same) == 0
+    np.testing.assert_array_equal(
+        tracing.load_trace(again)["refimpl.codes.0"], tracing.load_trace(first)["refimpl.codes.0"]
+    )
+    other = [base[0], base[1], "Other text."] + base[3:] + ["--replay", str(first), "-o", str(again)]
+    assert main(other + ["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9"]) == 1  # bad input
+    assert "text: recorded 'Hello there, how are you?', now 'Other text.'" in capsys.readouterr().err
+    assert (
+        main(
+            base + ["--temperature", "0.8", "--top-k", "5", "--top-p", "0.9", "--replay", str(first), "-o", str(again)]
+        )
+        == 1
+    )
+    assert "temperature: recorded 0.7, now 0.8" in capsys.readouterr().err
+    greedy = tmp_path / "greedy.safetensors"
+    assert main(base + ["--greedy", "-o", str(greedy)]) == 0
+    assert main(base + ["--greedy", "--replay", str(greedy), "-o", str(again)]) == 1  # bad input
+    assert "greedy run" in capsys.readouterr().err
