@@ -79,10 +79,12 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Tra
         tok = SpeechTokenizer.from_pretrained(model, dtype=dtype)
         if stage == "codec-decode":
             return trace_files.trace_codec_decode(
-                tok, read_codes(inp) if isinstance(inp, (str, Path)) else np.asarray(inp)
+                tok,
+                read_codes(inp) if isinstance(inp, (str, Path)) else np.asarray(inp),
+                bool(options.get("attention")),
             )
         audio, sr = read_mono(inp) if isinstance(inp, (str, Path)) else inp
-        return trace_files.trace_codec_encode(tok, audio, sr)
+        return trace_files.trace_codec_encode(tok, audio, sr, bool(options.get("attention")))
     from ..tts.model import Qwen3TTS
 
     tts = Qwen3TTS.from_pretrained(model, dtype=dtype)
@@ -138,7 +140,7 @@ def read_forced_codes(path) -> list:
 
 
 # what a replay must share with the recorded run (the seed does not matter: the draws replace it)
-NOT_REPLAYED = ("seed", "random_draws", "progress", "forced_codes")
+NOT_REPLAYED = ("seed", "random_draws", "progress", "forced_codes", "attention", "decoder")
 
 
 def check_replay(replayed, stage: str, text: str, opts: dict, name) -> None:
@@ -171,6 +173,9 @@ def cmd_trace(args, say) -> int:
     options = generation_options(args) if args.stage in ("say", "design", "clone") else {}
     if options:
         options["progress"] = say.progress  # a bar over the generated frames (none under -q)
+        options["decoder"] = not args.no_decoder
+    if getattr(args, "attention", False):
+        options["attention"] = True
     t0 = time.perf_counter()
     trace = trace_case(args.model, args.stage, args.input, options, args.dtype_np)
     path = trace.save(args.output, args.format)
@@ -213,6 +218,16 @@ def add_trace_parser(sub, common) -> None:
         help="take the random uniforms from this trace's "
         "refimpl.random_draws (reproduces its sampled codes; give the same options)",
     )
+    gen.add_argument(
+        "--no-decoder", action="store_true", help="leave out the codec decoder of the generated codes (decoder.*)"
+    )
+    attention = argparse.ArgumentParser(add_help=False)
+    attention.add_argument(
+        "--attention",
+        action="store_true",
+        help="also record each attention layer's post-RoPE q/k and probabilities (refimpl.*.q_rope, "
+        ".k_rope, .attn_probs; large)",
+    )
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("-o", "--output", required=True, metavar="TRACE")
     out.add_argument(
@@ -231,6 +246,7 @@ def add_trace_parser(sub, common) -> None:
     }
     for stage, (metavar, text) in helps.items():
         parents = [common, out] + ([gen] if stage in ("say", "design", "clone") else [])
+        parents += [attention] if stage != "speaker" else []
         s = tsub.add_parser(stage, parents=parents, help=text, description=f"Trace {text}.")
         s.add_argument("input", metavar=metavar)
         if stage == "say":

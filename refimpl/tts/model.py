@@ -454,8 +454,9 @@ class Qwen3TTS:
     @on_model_backend
     def create_voice_clone_prompt(self, ref_audio, ref_text=None, x_vector_only_mode=False, trace=None) -> list:
         """Reference voice(s) -> ``VoiceClonePromptItem`` list: the reference codes (ICL mode) and x-vector.
-        ``trace`` receives the speaker encoder's module outputs (the codec encoder's are traced by
-        ``refimpl trace codec-encode``: the official object runs it outside ``Qwen3TTSModel.model``)."""
+        ``trace`` receives the speaker encoder's module outputs and, when an item is in ICL mode, the codec
+        encoder's (``encoder.*``, the names of ``Qwen3TTSTokenizer.model``: the official object runs it
+        outside ``Qwen3TTSModel.model``)."""
         self._require_type("base", "create_voice_clone_prompt")
         audios = _as_list(ref_audio)
         ref_texts = _as_list(ref_text) if isinstance(ref_text, list) else [ref_text] * len(audios)
@@ -472,10 +473,12 @@ class Qwen3TTS:
             if not xo and (rt is None or rt == ""):
                 raise ValueError(f"ref_text is required when x_vector_only_mode=False (ICL mode). Bad index={i}")
         rates = {sr for _, sr in loaded}
+        # the ICL reference's codec encode is traced too (under the codec's names, ``encoder.*``)
+        encode_trace = as_recorder(trace).scope("encoder.") if not all(xvec) else None
         if len(rates) == 1:
-            codes = self.speech_tokenizer.encode([w for w, _ in loaded], sr=loaded[0][1])
+            codes = self.speech_tokenizer.encode([w for w, _ in loaded], sr=loaded[0][1], trace=encode_trace)
         else:
-            codes = [self.speech_tokenizer.encode(w, sr=sr) for w, sr in loaded]
+            codes = [self.speech_tokenizer.encode(w, sr=sr, trace=encode_trace) for w, sr in loaded]
         items = []
         for (wav, sr), code, rt, xo in zip(loaded, codes, ref_texts, xvec):
             emb = self.extract_speaker_embedding(wav, sr, trace)

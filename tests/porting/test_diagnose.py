@@ -24,7 +24,10 @@ def model():
 
 
 def say(model, **options):
-    return tracing.trace_generation(model, "say", text=TEXT, speaker="vivian", **{**GREEDY, **options})
+    """A say trace without the codec decoder (not what these tests are about)."""
+    return tracing.trace_generation(
+        model, "say", text=TEXT, speaker="vivian", **{**GREEDY, "decoder": False, **options}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +150,12 @@ def test_a_rope_bug_is_numeric_and_names_the_first_divergent_tensor(model, refer
     d = first(report)
     assert d.verdict == "numeric" and d.processor is None
     assert d.upstream == report.first_failure.key == "talker.model.layers.0.self_attn.o_proj:0"
+    # with the attention details traced, the first divergent tensor is the rotated query itself
+    monkeypatch.undo()
+    detailed_reference = say(model, attention=True)
+    monkeypatch.setattr(nn, "apply_rope", interleaved_rope)
+    detailed = compare_traces(detailed_reference, say(model, attention=True))
+    assert first(detailed).upstream == "refimpl.talker.model.layers.0.self_attn.q_rope:0"
 
 
 def test_coverage_header_and_a_sparse_dump(reference, tmp_path, capsys):
