@@ -84,11 +84,17 @@ def test_trace_keys_are_the_official_module_calls(stage):
 @pytest.mark.parametrize("stage", ["codec-decode", "speaker", "say"])
 def test_compare_passes_against_the_official_hook_dump(stage, tmp_path, capsys):
     path = tmp_path / "ours.safetensors"
-    our_trace(stage).save(path)
+    ours = our_trace(stage)
+    ours.save(path)
     official = TRACE_GOLDEN / f"official_{stage.replace('-', '_')}.safetensors"
     assert main(["compare", str(official), str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["first_failure"] is None and not report["shape_mismatches"]
+    # the official dump records which run it is, as ours does, and the two agree (checked by compare)
+    meta = tracing.load_trace(official).metadata
+    for field in ("weights_sha256", "config", "input", "model_dir", "dtype"):
+        assert meta[field] == ours.metadata[field], field
+    assert report["metadata_mismatches"] == []
     not_traced = [k for k, _ in OFFICIAL[stage] if k.split(":")[0].startswith(tracing.NOT_TRACED)]
     assert report["missing_in_candidate"] == not_traced
     assert len(report["rows"]) == len(OFFICIAL[stage]) - len(not_traced) > 100
