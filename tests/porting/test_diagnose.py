@@ -273,3 +273,35 @@ def test_trace_say_flags_and_replay_checks(model, tmp_path, capsys):
     assert main(base + ["--greedy", "-o", str(greedy)]) == 0
     assert main(base + ["--greedy", "--replay", str(greedy), "-o", str(again)]) == 1  # bad input
     assert "greedy run" in capsys.readouterr().err
+
+
+SAMPLED = dict(do_sample=True, temperature=0.8, top_k=30, subtalker_dosample=True, subtalker_temperature=1.2)
+
+
+@pytest.mark.parametrize(
+    "reference_options, port_options, processor, talker",
+    [
+        (
+            dict(repetition_penalty=1.3, subtalker_top_k=20),
+            dict(repetition_penalty=1.0, subtalker_top_k=20),
+            "repetition_penalty",
+            True,
+        ),
+        (
+            dict(repetition_penalty=1.05, subtalker_top_k=3),
+            dict(repetition_penalty=1.05, subtalker_top_k=0),
+            "top_k",
+            False,
+        ),
+    ],
+)
+def test_sampled_rule_differences_replay_the_recorded_uniform(
+    model, reference_options, port_options, processor, talker
+):
+    """A sampled port replaying our uniforms (refimpl.random_draws) but missing one processor: the verdict
+    replays the very uniform of the differing code, for code 0 and for the code predictor's groups."""
+    reference = say(model, seed=4, **SAMPLED, **reference_options)
+    port = say(model, random_draws=reference["refimpl.random_draws"], **SAMPLED, **port_options)
+    d = first(compare_traces(reference, port))
+    assert (d.codebook == 0) == talker and (d.verdict, d.processor) == ("rule", processor)
+    np.testing.assert_array_equal(reference["refimpl.codes.0"][: d.frame], port["refimpl.codes.0"][: d.frame])
