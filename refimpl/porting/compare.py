@@ -354,7 +354,7 @@ SAME_RUN_FIELDS = ("weights_sha256", "config", "input")
 def metadata_mismatches(reference: dict, candidate: dict, precision: str) -> list:
     """[[field, reference value, candidate value]] for every field of ``SAME_RUN_FIELDS`` both traces
     record and that differs (``input``: its fields both record, one by one), and the candidate's ``dtype``
-    when it is not the precision compared."""
+    when it is coarser than the precision compared (its rounding would fail the rule)."""
     out = []
     for field in SAME_RUN_FIELDS:
         a, b = reference.get(field), candidate.get(field)
@@ -365,9 +365,13 @@ def metadata_mismatches(reference: dict, candidate: dict, precision: str) -> lis
         elif a != b:
             out.append([field, a, b])
     dtype = candidate.get("dtype")
-    if isinstance(dtype, str) and dtype in PRECISIONS and dtype != precision:
-        out.append(["dtype", precision + " (the rule compared)", dtype])
+    if isinstance(dtype, str) and dtype in PRECISIONS and precision_eps(dtype) > precision_eps(precision):
+        out.append(["dtype", precision + " (the rule compared)", dtype])  # a coarser candidate fails spuriously
     return out
+
+
+def precision_eps(precision: str) -> float:
+    return EPS.get(precision, float(np.finfo(np.float64).eps))
 
 
 def prefix_hint(reference_keys: list, candidate_keys: list) -> str | None:

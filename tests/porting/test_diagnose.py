@@ -305,3 +305,14 @@ def test_sampled_rule_differences_replay_the_recorded_uniform(
     d = first(compare_traces(reference, port))
     assert (d.codebook == 0) == talker and (d.verdict, d.processor) == ("rule", processor)
     np.testing.assert_array_equal(reference["refimpl.codes.0"][: d.frame], port["refimpl.codes.0"][: d.frame])
+
+
+def test_the_dtype_guard_flags_only_a_candidate_coarser_than_the_rule():
+    from refimpl.porting.compare import metadata_mismatches
+
+    assert metadata_mismatches({}, {"dtype": "float64"}, "float32") == []
+    assert metadata_mismatches({}, {"dtype": "float32"}, "float32") == []
+    assert metadata_mismatches({}, {"dtype": "bfloat16"}, "float32") == [
+        ["dtype", "float32 (the rule compared)", "bfloat16"]
+    ]
+    assert metadata_mismatches({}, {"dtype": "float16"}, "bfloat16") == []
