@@ -226,6 +226,7 @@ def diagnose(reference, candidate, report, tolerance_of) -> list:
     ``tolerance_of(logits)``: the allowed error of a logits array at the precision compared."""
     keys = set(reference.keys)
     cand = dict(candidate.items)
+    arrays = dict(reference.items)  # key -> array (a Trace looks keys up one by one)
     order = {k: i for i, k in enumerate(reference.keys)}
     failing = [r.key for r in report.rows if not r.ok and not r.exact and not is_sampling_key(r.key)]
     forced = bool((reference.metadata.get("generation") or {}).get("forced"))
@@ -235,7 +236,7 @@ def diagnose(reference, candidate, report, tolerance_of) -> list:
     for key in reference.keys:
         if not key.startswith(CODES_PREFIX) or key not in cand:
             continue
-        ref_codes = as_frames(reference[key])
+        ref_codes = as_frames(arrays[key])
         if ref_codes is None:
             continue
         item = int(key[len(CODES_PREFIX) :]) if key[len(CODES_PREFIX) :].isdigit() else 0
@@ -244,9 +245,7 @@ def diagnose(reference, candidate, report, tolerance_of) -> list:
         for n, (frame, codebook, r, c) in enumerate(found if forced else found[:1]):
             d = Divergence(key, frame, codebook, r, c)
             if n < MAX_DIAGNOSED:
-                judge(
-                    d, reference, keys, order, failing, settings, eos_id, tolerance_of, item, ref_codes.shape[1], batch
-                )
+                judge(d, arrays, keys, order, failing, settings, eos_id, tolerance_of, item, ref_codes.shape[1], batch)
             if not forced and len(found) > 1:
                 d.note = (d.note + "; " if d.note else "") + (
                     f"{len(found) - 1} later differences not judged (other histories: trace the reference "
