@@ -247,14 +247,81 @@ def _widen_bf16_into(bits_oi, out_oi):
             out_oi[o, i] = _bf16_to_f32(bits_oi[o, i])
 
 
-MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel; more: widen blocks, then BLAS
+TILE = 4  # the block kernel's register tile: 4 rows of x times 4 weight rows, 16 accumulators
+
+
+@numba.njit(inline="always")
+def _store_4(out_no, n, o0, cols, v0, v1, v2, v3):
+    """out[n, o0 : o0 + cols] = (v0, v1, v2, v3)[:cols]."""
+    out_no[n, o0] = v0
+    if cols > 1:
+        out_no[n, o0 + 1] = v1
+    if cols > 2:
+        out_no[n, o0 + 2] = v2
+    if cols > 3:
+        out_no[n, o0 + 3] = v3
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for a few dozen rows of x (a prompt): each thread takes
+    a contiguous range of weight rows, widens 4 of them at a time into its own small float32 buffer
+    (L1/L2-resident) and multiplies them with every row of x, 4 rows of x at a time, so each loaded
+    value feeds 4 multiply-adds (16 accumulators; the remainders repeat the last row and drop it)."""
+    O, I = bits_oi.shape
+    N = x_ni.shape[0]
+    blocks = (O + TILE - 1) // TILE
+    for t in prange(n_threads):
+        w = np.empty((TILE, I), dtype=np.float32)  # one buffer per thread
+        for ob in range(t * blocks // n_threads, (t + 1) * blocks // n_threads):
+            o0 = ob * TILE
+            for r in range(TILE):
+                o = min(o0 + r, O - 1)
+                for i in range(I):
+                    w[r, i] = _bf16_to_f32(bits_oi[o, i])
+            for n0 in range(0, N, TILE):
+                n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
+                a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+                a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+                for i in range(I):
+                    x0, x1, x2, x3 = x_ni[n0, i], x_ni[n1, i], x_ni[n2, i], x_ni[n3, i]
+                    w0, w1, w2, w3 = w[0, i], w[1, i], w[2, i], w[3, i]
+                    a00 += x0 * w0
+                    a01 += x0 * w1
+                    a02 += x0 * w2
+                    a03 += x0 * w3
+                    a10 += x1 * w0
+                    a11 += x1 * w1
+                    a12 += x1 * w2
+                    a13 += x1 * w3
+                    a20 += x2 * w0
+                    a21 += x2 * w1
+                    a22 += x2 * w2
+                    a23 += x2 * w3
+                    a30 += x3 * w0
+                    a31 += x3 * w1
+                    a32 += x3 * w2
+                    a33 += x3 * w3
+                cols = min(TILE, O - o0)
+                _store_4(out_no, n0, o0, cols, a00, a01, a02, a03)
+                if n0 + 1 < N:
+                    _store_4(out_no, n1, o0, cols, a10, a11, a12, a13)
+                if n0 + 2 < N:
+                    _store_4(out_no, n2, o0, cols, a20, a21, a22, a23)
+                if n0 + 3 < N:
+                    _store_4(out_no, n3, o0, cols, a30, a31, a32, a33)
+
+
+MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
+BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
 WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
 
 
 def linear(x, w_oi, b_o=None):
     """``nn.linear``.  A ``BF16Matrix`` weight is read as stored: for a few rows of x (a generation step)
-    by the Numba kernel, for many (a prompt) by BLAS on blocks of rows widened one block at a time, so
-    no float32 copy of the whole matrix ever exists.  Float32 weights go to BLAS as in the reference."""
+    by the matrix-vector kernel, for a few dozen (a short prompt) by the block kernel, for more by BLAS
+    on blocks of rows widened one block at a time, so no float32 copy of the whole matrix ever exists.
+    Float32 weights go to BLAS as in the reference."""
     if not isinstance(w_oi, BF16Matrix):
         return nn.linear.reference(x, w_oi, b_o)
     O, I = w_oi.shape
@@ -262,6 +329,9 @@ def linear(x, w_oi, b_o=None):
     if x_ni.shape[0] <= MATVEC_MAX_ROWS:
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _bf16_rows_times(x_ni, w_oi.bits, out_no)
+    elif x_ni.shape[0] <= BLOCK_MAX_ROWS:
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _bf16_block_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
     else:  # each block of output channels is a contiguous block of rows of out_on: BLAS writes it in place
         out_on = np.empty((O, x_ni.shape[0]), dtype=np.float32)
         block_oi = np.empty((min(O, WIDEN_BLOCK_ROWS), I), dtype=np.float32)  # reused for every block

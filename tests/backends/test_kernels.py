@@ -127,7 +127,8 @@ def test_snake_beta_twin_sine_is_accurate_over_many_periods():
 def linear_case(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     O, I = draw(st.integers(1, 70)), draw(st.integers(1, 300))
-    rows = draw(st.sampled_from(((1,), (3,), (2, 8), (17,), (3, 40))))  # <= 16 rows: the kernel; more: BLAS
+    # <= 16 rows: the matrix-vector kernel; <= 64: the block kernel (remainders of its 4 x 4 tile); more: BLAS
+    rows = draw(st.sampled_from(((1,), (3,), (2, 8), (17,), (18,), (19,), (20,), (31,), (64,), (3, 40), (65,))))
     w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
     x = rng.standard_normal(rows + (I,)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32) if draw(st.booleans()) else None
@@ -151,7 +152,7 @@ def test_linear_twin_edge_shapes():
     """No rows (an empty time axis), one weight row, one input channel: the kernel and the BLAS path agree
     with the reference on shapes and values."""
     rng = np.random.default_rng(5)
-    for O, I, rows in ((3, 5, (0,)), (1, 7, (2,)), (4, 1, (20,)), (2, 3, (1, 0, 3))):
+    for O, I, rows in ((3, 5, (0,)), (1, 7, (2,)), (4, 1, (20,)), (1, 1, (17,)), (5, 2, (66,)), (2, 3, (1, 0, 3))):
         w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
         x = rng.standard_normal(rows + (I,)).astype(np.float32)
         got, ref = numba_cpu.linear(x, w), nn.linear.reference(x, np.asarray(w))
