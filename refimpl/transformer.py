@@ -238,19 +238,24 @@ def attention_block(
     official module name (``q_proj`` [B, T, H*D], ``q_norm`` [B, T, H, D], ...)."""
     B, T, _ = x_btc.shape
     H, G, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q_bthd = nn.linear(x_btc, a["q_proj.weight"], a.get("q_proj.bias")).reshape(B, T, H, D)
+    q_btc, k_btc, v_btc = nn.linears(
+        x_btc,
+        (a["q_proj.weight"], a["k_proj.weight"], a["v_proj.weight"]),
+        (a.get("q_proj.bias"), a.get("k_proj.bias"), a.get("v_proj.bias")),
+    )
+    q_bthd = q_btc.reshape(B, T, H, D)
     record("q_proj", q_bthd.reshape(B, T, H * D))
     if kind.qk_norm:
         q_bthd = nn.rms_norm(q_bthd, a["q_norm.weight"], eps)
     if kind.qk_norm_modules:
         record("q_norm", q_bthd)
-    k_btgd = nn.linear(x_btc, a["k_proj.weight"], a.get("k_proj.bias")).reshape(B, T, G, D)
+    k_btgd = k_btc.reshape(B, T, G, D)
     record("k_proj", k_btgd.reshape(B, T, G * D))
     if kind.qk_norm:
         k_btgd = nn.rms_norm(k_btgd, a["k_norm.weight"], eps)
     if kind.qk_norm_modules:
         record("k_norm", k_btgd)
-    v_btgd = nn.linear(x_btc, a["v_proj.weight"], a.get("v_proj.bias")).reshape(B, T, G, D)
+    v_btgd = v_btc.reshape(B, T, G, D)
     record("v_proj", v_btgd.reshape(B, T, G * D))
     if kind.layer_rotary:
         record("rotary_emb", cos_btd)
@@ -268,11 +273,10 @@ def attention_block(
 
 def swiglu_mlp(m: WeightView, x_btc, record: Recorder = NULL_RECORDER):
     """down_proj(silu(gate_proj(x)) * up_proj(x))."""
-    gate = nn.linear(x_btc, m["gate_proj.weight"])
+    gate, up = nn.linears(x_btc, (m["gate_proj.weight"], m["up_proj.weight"]))
     record("gate_proj", gate)
     gate = nn.silu(gate)
     record("act_fn", gate)
-    up = nn.linear(x_btc, m["up_proj.weight"])
     record("up_proj", up)
     down = nn.linear(gate * up, m["down_proj.weight"])
     record("down_proj", down)

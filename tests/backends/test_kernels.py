@@ -30,7 +30,7 @@ DTYPES = (np.float32, np.float64)
 def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     import inspect
 
-    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu", "linear"}
+    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu", "linear", "linears"}
     for name, twin in numba_cpu.TWINS.items():
         reference = getattr(nn, name).reference
         assert inspect.signature(twin) == inspect.signature(reference), name
@@ -159,6 +159,51 @@ def test_linear_twin_edge_shapes():
         assert got.shape == ref.shape == rows + (O,)
         abs_sum = np.abs(x.astype(np.float64)) @ np.abs(np.asarray(w, dtype=np.float64)).T
         assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    outs=st.lists(st.integers(1, 40), min_size=2, max_size=3),
+    I=st.integers(1, 90),
+    rows=st.sampled_from(((1,), (2,), (1, 16), (3, 1), (17,))),
+    bias=st.booleans(),
+)
+def test_linears_twin_is_linear_twin_per_matrix(seed, outs, I, rows, bias):
+    """The fused q/k/v (gate/up) product: each output bit for bit what the linear twin gives for its matrix
+    (the same inner loop, one parallel loop over all rows; 17 rows: linear one by one), and so within the
+    reduction-length bound of the reference."""
+    rng = np.random.default_rng(seed)
+    ws = [BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))) for O in outs]
+    bs = [rng.standard_normal(O).astype(np.float32) if bias else None for O in outs]
+    x = rng.standard_normal(rows + (I,)).astype(np.float32)
+    got = numba_cpu.linears(x, tuple(ws), tuple(bs))
+    ref = nn.linears.reference(x, tuple(np.asarray(w) for w in ws), tuple(bs))
+    assert len(got) == len(ws)
+    if x.size <= numba_cpu.MATVEC_MAX_ROWS * I:  # the kernel itself (linears uses it on 2+ threads)
+        bits = [w.bits for w in ws] + [np.zeros((0, I), np.uint16)] * (3 - len(ws))
+        kernel_outs = [np.empty((x.size // I, b.shape[0]), np.float32) for b in bits]
+        numba_cpu._bf16_rows_times_3(x.reshape(-1, I), *bits, *kernel_outs)
+        for out, w in zip(kernel_outs, ws):
+            np.testing.assert_array_equal(out.reshape(rows + (w.shape[0],)), numba_cpu.linear(x, w))
+    for g, r, w, b in zip(got, ref, ws, bs):
+        np.testing.assert_array_equal(g, numba_cpu.linear(x, w, b))
+        assert g.shape == r.shape and g.dtype == np.float32
+        abs_sum = np.abs(x.astype(np.float64)) @ np.abs(np.asarray(w, np.float64)).T + (np.abs(b) if bias else 0)
+        assert np.all(np.abs(g.astype(np.float64) - r) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
+def test_linears_twin_falls_back_to_linear():
+    """Float32 weights, one weight, widths that differ, float64 x: linear one by one (the same values)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 6)).astype(np.float32)
+    f32 = (rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal((3, 6)).astype(np.float32))
+    one = (BF16Matrix(float32_to_bf16_bits(f32[0])),)
+    for weights in (f32, one):
+        for got, w in zip(numba_cpu.linears(x, weights), weights):
+            np.testing.assert_array_equal(got, numba_cpu.linear(x, w))
+    with pytest.raises(ValueError):
+        numba_cpu.linears(x, (one[0], BF16Matrix(float32_to_bf16_bits(rng.standard_normal((2, 5)).astype(np.float32)))))
 
 
 def test_bf16_matrix_widens_exactly_where_used():
