@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nn
+from .backends import primitive
+from .backends.bf16 import BF16Matrix
 from .io.checkpoint import WeightSpec, WeightView
 from .recorder import NULL_RECORDER, Recorder
 
@@ -155,12 +157,17 @@ class KVCache:
         """Positions held (all of them: this cache forgets nothing)."""
         return self.length
 
-    def append(self, k_bgtd, v_bgtd):
-        n, T = self.length, k_bgtd.shape[2]
+    def reserve(self, T: int) -> None:
+        """Room for T more positions (the buffers doubled when full)."""
+        n = self.length
         if n + T > self.k.shape[2]:
             capacity = max(2 * self.k.shape[2], n + T)
             self.k = _grown(self.k, n, capacity)
             self.v = _grown(self.v, n, capacity)
+
+    def append(self, k_bgtd, v_bgtd):
+        n, T = self.length, k_bgtd.shape[2]
+        self.reserve(T)
         self.k[:, :, n : n + T] = k_bgtd
         self.v[:, :, n : n + T] = v_bgtd
         self.length = n + T
@@ -329,6 +336,36 @@ def transformer_layer(
     return x_btc + m
 
 
+@primitive
+def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
+    """One Qwen3 layer (``QWEN3``) for ONE new position of ONE row, nothing recorded, the query seeing every
+    cached key: ``transformer_layer`` itself (the reference of the fused twin in
+    ``refimpl/backends/numba_cpu.py``, which runs the layer in one call).  ``cache`` (a ``KVCache``) must
+    have room for the position."""
+    n = cache.length
+    mask = nn.AttentionMask(nn.arange(n, n + 1), nn.arange(n + 1))
+    return transformer_layer(lw, QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, cache, eps)
+
+
+def _fused_step_fits(layers: list, kind: LayerKind, x_btc, allowed, caches, record: Recorder) -> bool:
+    """Whether ``transformer_stack`` may run its layers through ``decoder_layer_step``: one row, one new
+    position, Qwen3 layers with bf16 matrices and no biases, plain caches, no window, no padding, nothing
+    recorded (the fused twin's conditions; elsewhere it is ``transformer_layer`` all the same)."""
+    if kind != QWEN3 or caches is None or record.enabled or x_btc.shape[:2] != (1, 1) or not layers:
+        return False
+    if not isinstance(allowed, nn.AttentionMask) or allowed.window is not None:
+        return False
+    fits = all(type(c) is KVCache for c in caches) and all(
+        isinstance(lw[n], BF16Matrix) and f"{n[:-6]}bias" not in lw for lw in layers for n in _STEP_MATRICES
+    )  # (bf16 matrices are host arrays: a device model never reaches the padding check below)
+    return fits and (allowed.key_valid_bs is None or bool(np.all(nn.to_host(allowed.key_valid_bs))))
+
+
+_STEP_MATRICES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
+    f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")
+)
+
+
 def transformer_stack(
     layers: list,
     kind: LayerKind,
@@ -343,6 +380,11 @@ def transformer_stack(
 ):
     """Every layer in turn (no final norm: each stack has its own ending).  ``caches`` is None or one
     cache per layer.  Each layer's output is recorded as ``layers.{i}``, its parts as ``layers.{i}.mlp``..."""
+    if _fused_step_fits(layers, kind, x_btc, allowed, caches, record):  # a generation step: one call a layer
+        for lw, cache in zip(layers, caches):
+            cache.reserve(1)
+            x_btc = decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps)
+        return x_btc
     for i, lw in enumerate(layers):
         x_btc = transformer_layer(
             lw,

@@ -308,6 +308,138 @@ def linears(x, weights, biases=None):
     return tuple(result)
 
 
+# ----------------------------------------------------------------------------- one decoder layer, one position
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _rms_norm_into(x_c, w_c, eps, out_c):
+    """out = w * (x / sqrt(mean(x^2) + eps)) (``nn.rms_norm`` of one vector)."""
+    C = x_c.shape[0]
+    acc = np.float32(0.0)
+    for i in range(C):
+        acc += x_c[i] * x_c[i]
+    root = np.sqrt(acc / np.float32(C) + eps)
+    for i in range(C):
+        out_c[i] = w_c[i] * (x_c[i] / root)
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _dot_bf16(x_i, bits_oi, o):
+    acc = np.float32(0.0)
+    for i in range(bits_oi.shape[1]):
+        acc += x_i[i] * _bf16_to_f32(bits_oi[o, i])
+    return acc
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _norm_rope_head(v_d, w_d, eps, cos_d, sin_d, tmp_d):
+    """In place: v = rope(rms_norm(v, w)) for one head (``nn.rms_norm`` then ``nn.apply_rope``)."""
+    _rms_norm_into(v_d, w_d, eps, tmp_d)
+    half = v_d.shape[0] // 2
+    for j in range(half):
+        v_d[j] = tmp_d[j] * cos_d[j] + (-tmp_d[j + half]) * sin_d[j]
+        v_d[j + half] = tmp_d[j + half] * cos_d[j + half] + tmp_d[j] * sin_d[j + half]
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _decoder_step_bf16(
+    x_c, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_d, sin_d, k_gsd, v_gsd, n, eps
+):
+    """One Qwen3 decoder layer for ONE position of ONE row, on bf16 words, with its KV cache (written at
+    index n, attended over 0..n): returns the layer's output [C].  Five parallel loops (q/k/v; the heads'
+    attention; o_proj; gate/up; down_proj), the norms and RoPE in between on one thread; the formulas of
+    ``transformer.transformer_layer`` in the same order."""
+    C = x_c.shape[0]
+    G, D = k_gsd.shape[0], k_gsd.shape[2]
+    H = q_oi.shape[0] // D
+    h_c = np.empty(C, dtype=np.float32)
+    _rms_norm_into(x_c, ln1_c, eps, h_c)
+    Oq, Ok = q_oi.shape[0], k_oi.shape[0]
+    qkv = np.empty(Oq + 2 * Ok, dtype=np.float32)
+    for r in prange(Oq + 2 * Ok):
+        if r < Oq:
+            qkv[r] = _dot_bf16(h_c, q_oi, r)
+        elif r < Oq + Ok:
+            qkv[r] = _dot_bf16(h_c, k_oi, r - Oq)
+        else:
+            qkv[r] = _dot_bf16(h_c, v_oi, r - Oq - Ok)
+    tmp_d = np.empty(D, dtype=np.float32)
+    for hd in range(H):
+        _norm_rope_head(qkv[hd * D : (hd + 1) * D], qn_d, eps, cos_d, sin_d, tmp_d)
+    for g in range(G):
+        _norm_rope_head(qkv[Oq + g * D : Oq + (g + 1) * D], kn_d, eps, cos_d, sin_d, tmp_d)
+        for d in range(D):
+            k_gsd[g, n, d] = qkv[Oq + g * D + d]
+            v_gsd[g, n, d] = qkv[Oq + Ok + g * D + d]
+    scale = np.float32(D**-0.5)
+    attn_hd = np.empty(H * D, dtype=np.float32)
+    S = n + 1
+    for hd in prange(H):
+        g = hd // (H // G)
+        scores = np.empty(S, dtype=np.float32)
+        m = np.float32(-np.inf)
+        for s_ in range(S):
+            acc = np.float32(0.0)
+            for d in range(D):
+                acc += qkv[hd * D + d] * k_gsd[g, s_, d]
+            scores[s_] = acc * scale
+            if scores[s_] > m:
+                m = scores[s_]
+        total = np.float32(0.0)
+        for s_ in range(S):
+            scores[s_] = np.exp(scores[s_] - m)
+            total += scores[s_]
+        for d in range(D):
+            attn_hd[hd * D + d] = 0.0
+        for s_ in range(S):
+            p = scores[s_] / total
+            for d in range(D):
+                attn_hd[hd * D + d] += p * v_gsd[g, s_, d]
+    x1_c = np.empty(C, dtype=np.float32)
+    for c in prange(C):
+        x1_c[c] = x_c[c] + _dot_bf16(attn_hd, o_oi, c)
+    _rms_norm_into(x1_c, ln2_c, eps, h_c)
+    F = gate_fi.shape[0]
+    act_f = np.empty(F, dtype=np.float32)
+    for f in prange(F):
+        gate = _dot_bf16(h_c, gate_fi, f)
+        up = _dot_bf16(h_c, up_fi, f)
+        act_f[f] = gate * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate))) * up
+    out_c = np.empty(C, dtype=np.float32)
+    for c in prange(C):
+        out_c[c] = x1_c[c] + _dot_bf16(act_f, down_cf, c)
+    return out_c
+
+
+def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
+    """``transformer.decoder_layer_step`` (one Qwen3 layer, one position of one row, bf16 weights, a
+    ``KVCache`` with room for it) in one Numba call."""
+    a, m = lw.sub("self_attn."), lw.sub("mlp.")
+    n = cache.length
+    out_c = _decoder_step_bf16(
+        np.ascontiguousarray(x_btc, dtype=np.float32).reshape(-1),
+        lw["input_layernorm.weight"],
+        a["q_proj.weight"].bits,
+        a["k_proj.weight"].bits,
+        a["v_proj.weight"].bits,
+        a["q_norm.weight"],
+        a["k_norm.weight"],
+        a["o_proj.weight"].bits,
+        lw["post_attention_layernorm.weight"],
+        m["gate_proj.weight"].bits,
+        m["up_proj.weight"].bits,
+        m["down_proj.weight"].bits,
+        np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(-1),
+        np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(-1),
+        cache.k[0],
+        cache.v[0],
+        n,
+        np.float32(eps),
+    )
+    cache.length = n + 1
+    return out_c.reshape(x_btc.shape)
+
+
 @numba.njit(cache=True)
 def _widen_bf16_into(bits_oi, out_oi):
     """out = the float32 values of the bfloat16 words (exact).  One thread: it alternates with BLAS calls,
@@ -416,4 +548,11 @@ def linear(x, w_oi, b_o=None):
     return out_no.reshape(x.shape[:-1] + (O,))
 
 
-TWINS = {"elu": elu, "snake_beta": snake_beta, "conv1d": conv1d, "linear": linear, "linears": linears}
+TWINS = {
+    "elu": elu,
+    "snake_beta": snake_beta,
+    "conv1d": conv1d,
+    "linear": linear,
+    "linears": linears,
+    "decoder_layer_step": decoder_layer_step,
+}
