@@ -57,7 +57,11 @@ COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def compute_dtype(dtype) -> type:
     """The compute dtype of a model as a NumPy scalar type: float32 (like the official model) or float64
     (the higher-precision oracle mode); anything else is a ValueError."""
-    if np.dtype(dtype) not in COMPUTE_DTYPES:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {dtype!r}") from None
+    if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {np.dtype(dtype)}")
     return np.dtype(dtype).type
 
