@@ -119,7 +119,7 @@ def read_json_object(path: str | os.PathLike, what: str = "") -> dict:
     larger than ``MAX_JSON_BYTES`` (checked before reading; a stream is read up to it), not UTF-8 JSON,
     nested deeper than ``files.MAX_JSON_DEPTH``."""
     path = Path(path)
-    raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError)
+    raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError, regular_only=True)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

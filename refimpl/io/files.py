@@ -153,11 +153,20 @@ MAX_JSON_DEPTH = 64  # released configs nest 4 levels, trace metadata (a config 
 MAX_INPUT_BYTES = 1 << 28  # 256 MiB: a codes file, a cases file, text on standard input
 
 
-def read_limited(source, limit: int, what: str, error=InputError) -> bytes:
+def read_limited(source, limit: int, what: str, error=InputError, regular_only: bool = False) -> bytes:
     """All bytes of ``source`` (a path, or a binary file object such as ``sys.stdin.buffer``), refused
     with one ``error`` naming ``what`` if there are more than ``limit``: a regular file from its size,
-    before reading; a stream (pipe, terminal, device) after reading ``limit + 1`` bytes at most."""
+    before reading; a stream (pipe, terminal, device) after reading ``limit + 1`` bytes at most.  With
+    ``regular_only`` a path that is not a regular file is refused before it is opened (opening a named
+    pipe would wait for a writer)."""
     if not hasattr(source, "read"):
+        if regular_only:
+            try:
+                mode = os.stat(os.fspath(source)).st_mode
+            except OSError:
+                mode = None  # reported by open() below
+            if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+                raise error(f"cannot read {what}: it is not a regular file (a pipe or a device?)")
         try:
             with open(os.fspath(source), "rb") as f:
                 return read_limited(f, limit, what, error)
