@@ -285,7 +285,7 @@ def read_cases(path) -> list:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        case = parse_json(line, f"{path}:{n}", unique_keys=True)
+        case = parse_json(line, f"{path}:{n}: the line", unique_keys=True)
         case = check_case(case, f"{path}:{n}", path.parent)
         if case["name"] in lines:
             raise InputError(
@@ -341,7 +341,10 @@ def check_case_input(stage: str, inp, where: str, base: Path):
         raise InputError(f"{where}: input must be {kind}, got {inp!r}")
     if stage == "codec-decode":
         path = base / inp
-        read_codes(path)  # the same checks as 'refimpl trace codec-decode', before any runs
+        try:
+            read_codes(path)  # the same checks as 'refimpl trace codec-decode', before any runs
+        except ValueError as e:
+            raise InputError(f"{where}: {e}") from None
         return str(path)
     if stage in ("codec-encode", "speaker"):
         return existing_file(base / inp, where, "input")
