@@ -482,6 +482,8 @@ def cmd_golden(args, say) -> int:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     cases = read_cases(args.cases)
     out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"cannot write the corpus to {out}: it exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     entries = run_cases(
