@@ -3,7 +3,8 @@ no page carries a path of the machine it was written on, and the runnable pieces
 
 - every [`name`](../refimpl/module.py#L123) link: line 123 of that module defines ``name``
   (``python docs/tools/relink.py`` repairs them after code moves);
-- docs/walkthrough.py computes one frame by hand and checks it against the public API;
+- docs/walkthrough.py and docs/clone_walkthrough.py compute two frames by hand and check them against the
+  public API; their notebooks execute here, and their pages and notebooks are exactly what they print;
 - docs/figures/make_figures.py draws every committed figure (into a temporary directory).
 """
 
@@ -24,6 +25,7 @@ DOCS = REPO / "docs"
 def _load(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
@@ -110,24 +112,58 @@ def test_relink_rewrites_a_moved_anchor():
     assert errors and errors[0][1].startswith("ERROR")
 
 
-def test_walkthrough_computes_one_frame_like_the_public_api():
+walkthroughs = _load(DOCS / "tools" / "walkthroughs.py", "docs_walkthroughs")
+
+
+@pytest.fixture(scope="module", params=walkthroughs.WALKTHROUGHS)
+def executed_notebook(request):
+    """A walkthrough notebook's code cells executed top to bottom in one namespace, in docs/, as Jupyter
+    would (no Jupyter needed: the .ipynb is JSON): (name, the printed output of each cell)."""
+    import matplotlib  # noqa: F401  (a test dependency, setup.cfg [test]: the cells draw figures)
+
+    name = request.param
+    sources = walkthroughs.notebook_code_cells((DOCS / f"{name}.ipynb").read_text(encoding="utf-8"))
+    return name, walkthroughs.run_cells(sources, name)
+
+
+def test_walkthrough_notebook_runs_and_checks_the_public_api(executed_notebook):
+    name, outputs = executed_notebook
+    assert "the same codes and the same samples" in outputs[-1], outputs[-1]
+
+
+def test_walkthrough_page_and_notebook_are_exactly_what_the_script_prints(executed_notebook):
+    """docs/NAME.md quotes each cell's output in full and is numbered like the script's cells; the notebook
+    is the script's cells with the page's prose; both are regenerated from the executed cells and compared
+    whole (python docs/tools/walkthroughs.py rewrites them)."""
+    name, outputs = executed_notebook
+    stale = walkthroughs.stale(walkthroughs.build(name, outputs))
+    assert not stale, f"stale, run python docs/tools/walkthroughs.py: {[str(p.relative_to(REPO)) for p in stale]}"
+
+
+def test_walkthrough_script_runs_as_a_script_and_prints_what_its_notebook_prints(executed_notebook):
+    name, outputs = executed_notebook
     run = subprocess.run(
-        [sys.executable, str(DOCS / "walkthrough.py")], capture_output=True, text=True, cwd=REPO, timeout=300
+        [sys.executable, str(DOCS / f"{name}.py")], capture_output=True, text=True, cwd=REPO, timeout=300
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "the same codes and the same samples" in run.stdout
-    assert "code predictor steps               15 heads" in run.stdout
-    # docs/walkthrough.md quotes the output: every quoted line must still be printed
+    assert run.stdout == "".join(outputs), "the script prints something else than its notebook"
+
+
+def test_walkthrough_tool_finds_stale_output_and_bad_numbering():
     page = (DOCS / "walkthrough.md").read_text(encoding="utf-8")
-    quoted = re.findall(r"```\n(.*?)```", page.split("## 1.", 1)[1], flags=re.S)
-    printed = {line.strip() for line in run.stdout.splitlines()}
-    stale = [
-        line.strip()
-        for block in quoted
-        for line in block.splitlines()
-        if line.strip() and not any(line.strip() in p for p in printed)
-    ]
-    assert not stale, f"docs/walkthrough.md quotes lines the script no longer prints: {stale}"
+    cells = walkthroughs.script_cells((DOCS / "walkthrough.py").read_text(encoding="utf-8"))
+    outputs = ["set-up\n"] + [f"cell {c.number} prints this\n" for c in cells[1:]]
+    rendered = walkthroughs.render_page(page, outputs)
+    assert "<!-- output 2 -->\n```\ncell 2 prints this\n```\n<!-- /output -->" in rendered
+    assert walkthroughs.render_page(rendered.replace("cell 2 prints this", "cell 2 printed that"), outputs) == rendered
+    with pytest.raises(ValueError, match="sections"):
+        walkthroughs.check_numbering("walkthrough", cells, page.replace("## 2. ", "## 3. ", 1))
+    with pytest.raises(ValueError, match="numbered"):
+        walkthroughs.script_cells("x = 1\n# %% 1. One\ny = 2\n# %% 3. Three\n")
+    with pytest.raises(ValueError, match="not '# %% N. Title'"):
+        walkthroughs.script_cells("x = 1\n# %% no number\n")
+    notebook = walkthroughs.render_notebook(rendered, cells, outputs)
+    assert walkthroughs.notebook_code_cells(notebook) == [c.source.strip("\n") for c in cells]
 
 
 def test_figure_script_draws_every_committed_figure(tmp_path):

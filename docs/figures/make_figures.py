@@ -7,7 +7,9 @@ Needs matplotlib (``pip install ".[docs]"``).  Figures that show data draw it fr
 embedded in the package (refimpl/data/default-*: random weights in the released layout), computed here
 with refimpl's own functions; figures that show structure (masks, caches, the decoder chain) compute it
 from the same functions the networks call (``nn.causal_window_mask``, ``prompt.build_layout``, ...)
-and from the released configuration (``refimpl.porting.presets``).
+and from the released configuration (``refimpl.porting.presets``).  Every shape a figure prints comes from
+one of the two: a released shape from a preset configuration, a tiny one from running the embedded model
+(pipeline_shapes.png, transformer_layer.png, speaker_encoder.png).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from refimpl.codec import decoder as codec_decoder
 from refimpl.codec import quantization
 from refimpl.io.checkpoint import read_checkpoint_weights  # noqa: E402
 from refimpl.porting import presets  # noqa: E402
-from refimpl.tts.prompt import assemble_batch, build_layout  # noqa: E402
+from refimpl.tts.prompt import assemble_batch, build_layout, embed_layout  # noqa: E402
 from refimpl.tts.speaker_encoder import mel_filterbank, mel_spectrogram  # noqa: E402
 from refimpl.tts.text_tokenizer import assistant_prompt, instruct_prompt, reference_prompt  # noqa: E402
 
@@ -99,30 +101,33 @@ def overview(out: Path) -> None:
         )
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
 
-    def arrow(x0, y0, x1, y1, text="", colour="#333333", **kw):
+    def arrow(x0, y0, x1, y1, text="", colour="#333333", label_at=None, **kw):
         ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="-|>", color=colour, linewidth=1.2, **kw))
-        if text:
-            ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.12, text, ha="center", va="bottom", fontsize=7.5, color="#333333")
+        if text and x0 == x1:  # a vertical arrow: the label beside it
+            ax.text(x0 + 0.1, (y0 + y1) / 2, text, ha="left", va="center", fontsize=7.5, color="#333333")
+        elif text:
+            x, y = label_at if label_at else ((x0 + x1) / 2, (y0 + y1) / 2 + 0.12)
+            ax.text(x, y, text, ha="center", va="bottom", fontsize=7.5, color="#333333")
 
     box(0.1, 4.3, 1.7, 0.7, '"Hello!"', "#ffffff", 10)
     box(2.3, 4.3, 1.9, 0.7, "text tokenizer\n(byte-level BPE)", "#fefcbf")
     arrow(1.8, 4.65, 2.3, 4.65)
     box(4.7, 3.2, 2.2, 2.2, "prompt\n\ntext stream\n+\ncodec stream", "#c6f6d5")
     arrow(4.2, 4.65, 4.7, 4.65, "ids")
-    box(0.1, 2.9, 1.9, 0.9, "reference audio\n(voice clone)", "#ffffff")
-    box(2.3, 3.3, 1.9, 0.6, "speaker encoder", "#fed7e2", 8.5)
-    box(2.3, 2.5, 1.9, 0.6, "codec encoder", "#e9d8fd", 8.5)
-    arrow(2.0, 3.45, 2.3, 3.6)
-    arrow(2.0, 3.2, 2.3, 2.8)
-    arrow(4.2, 3.6, 4.7, 3.75, "x-vector")
-    arrow(4.2, 2.8, 4.7, 3.35, "ref. codes")
-    box(7.5, 3.9, 2.2, 1.5, "Talker\n28 transformer layers\n+ KV cache", "#bee3f8", 9.5)
-    arrow(6.9, 4.65, 7.5, 4.65, "vectors")
+    box(0.1, 2.9, 1.7, 0.9, "reference audio\n(voice clone)", "#ffffff")
+    box(2.1, 3.3, 1.5, 0.6, "speaker encoder", "#fed7e2", 8.5)
+    box(2.1, 2.5, 1.5, 0.6, "codec encoder", "#e9d8fd", 8.5)
+    arrow(1.8, 3.45, 2.1, 3.6)
+    arrow(1.8, 3.2, 2.1, 2.8)
+    arrow(3.6, 3.6, 4.7, 3.6, "x-vector")
+    arrow(3.6, 2.8, 4.7, 3.3, "ref. codes")
+    box(7.7, 3.9, 2.0, 1.5, "Talker\n28 transformer layers\n+ KV cache", "#bee3f8", 9.5)
+    arrow(6.9, 4.65, 7.7, 4.65, "vectors")
     box(10.3, 4.3, 2.5, 0.7, "logits → code 0\n(or EOS: stop)", "#ffffff")
     arrow(9.7, 4.65, 10.3, 4.65)
     box(10.3, 2.5, 2.5, 1.3, "code predictor\n5 layers, 15 steps\n→ codes 1 … 15", "#bee3f8")
     arrow(11.55, 4.3, 11.55, 3.8, "code 0")
-    arrow(9.2, 3.9, 10.3, 3.3, "hidden h", colour="#2b6cb0")
+    arrow(9.2, 3.9, 10.3, 3.3, "hidden h", colour="#2b6cb0", label_at=(9.45, 3.2))
     box(10.3, 1.2, 2.5, 0.7, "frame: 16 codes", "#fefcbf")
     arrow(11.55, 2.5, 11.55, 1.9)
     box(6.0, 1.2, 3.6, 0.7, "sum of the 16 code embeddings\n+ next text vector", "#c6f6d5", 8.5)
@@ -473,7 +478,9 @@ def decoder_chain(out: Path) -> None:
     ax.set_xlim(0, 10)
     ax.set_ylim(len(per_frame), -0.6)
     ax.axis("off")
-    ax.set_title("released config, per frame of 80 ms", loc="left")
+    ax.set_title(
+        "released config, per frame of 80 ms: box width ~ log(samples), height ~ log(channels)", loc="left", fontsize=9
+    )
     for y, (name, channels, samples, what) in enumerate(per_frame):
         width = 0.6 + 4.4 * np.log(samples) / np.log(1920)
         height = 0.25 + 0.6 * np.log2(channels) / np.log2(2048)
@@ -513,9 +520,8 @@ def decoder_chain(out: Path) -> None:
     ]
     axes = [fig.add_axes([0.47, 0.86 - i * 0.083, 0.52, 0.07]) for i in range(len(stages))]
     for ax, name in zip(axes, stages):
-        x = trace[name]
-        x = np.swapaxes(x, 1, 2) if name == "pre_transformer" else x
-        y = x[0, 0]
+        x = trace[name]  # [B, C, T]; the transformer's output is [B, T, C]
+        y = x[0, :, 0] if name == "pre_transformer" else x[0, 0]
         if y.size <= 64:  # one value per time step: draw it as a constant over its interval
             ax.stairs(y, np.linspace(0, 3, y.size + 1), linewidth=0.8, color="#2b6cb0", baseline=None)
         else:
@@ -763,6 +769,506 @@ def snake_beta(out: Path) -> None:
     save(fig, out, "snake_beta.png")
 
 
+# ----------------------------------------------------------------------------- 9. the pipeline, shapes on the arrows
+
+
+def shape_text(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def tiny_pipeline_shapes() -> dict:
+    """The shape of every arrow of pipeline_shapes.png, per mode, from running the embedded tiny models
+    with the package's pieces (the same steps as docs/walkthrough.py and docs/clone_walkthrough.py)."""
+    models = {
+        m: refimpl.Qwen3TTS.from_pretrained(DATA / f"default-{m}") for m in ("customvoice", "voicedesign", "base")
+    }
+    ref_audio = (0.5 * test_signal(0.5)).astype(np.float32)
+    base = models["base"]
+    xvec = base.extract_speaker_embedding(ref_audio, SR)
+    mels = base.speaker_encoder.mels(ref_audio)
+    ref_codes = base.speech_tokenizer.encode(ref_audio, sr=SR)
+    cases = {
+        "custom voice": ("customvoice", dict(language="english", speaker="vivian", non_streaming_mode=True), None),
+        "voice design": ("voicedesign", dict(language="english", non_streaming_mode=True), "instruct"),
+        "clone, x-vector": ("base", dict(language="english", has_speaker_vector=True), "xvec"),
+        "clone, ICL": ("base", dict(language="english", has_speaker_vector=True), "icl"),
+    }
+    found = {}
+    for mode, (name, kw, extra) in cases.items():
+        tts = models[name]
+        talker, t_cfg = tts.talker, tts.config.talker_config
+        ids = np.asarray(tts.text_tokenizer.encode(assistant_prompt("Hello!")), dtype=np.int64)
+        s = {"ids": ids.shape}
+        if extra == "instruct":
+            kw["instruct_ids"] = np.asarray(tts.text_tokenizer.encode(instruct_prompt("a calm voice")), dtype=np.int64)
+            s["instruct"] = kw["instruct_ids"].shape
+        if extra == "icl":
+            kw["ref_ids"] = np.asarray(tts.text_tokenizer.encode(reference_prompt("Okay.")), dtype=np.int64)
+            kw["ref_codes"] = ref_codes
+            s["ref_ids"], s["ref_codes"] = kw["ref_ids"].shape, ref_codes.shape
+        if extra in ("xvec", "icl"):
+            s["audio"], s["mel"], s["xvec"] = ref_audio.shape, mels.shape, xvec.shape
+        layout = build_layout(tts.config, ids, **kw)
+        prompt_th = embed_layout(talker, layout, xvec if extra in ("xvec", "icl") else None)
+        T = len(layout)
+        caches = talker.new_caches(batch=1)
+        hidden_bh = talker.forward(prompt_th[None], np.arange(T)[None], np.ones((1, T), dtype=bool), caches)[:, -1]
+        logits_bv = talker.logits(hidden_bh)
+        code0_b = np.argmax(logits_bv[:, : t_cfg.code_predictor_config.vocab_size], axis=-1)
+        rest_b15, _ = talker.code_predictor.predict_frame(
+            hidden_bh, talker.embed_codec(code0_b), lambda g, x: np.argmax(x, axis=-1)
+        )
+        frame_16 = np.concatenate([code0_b, rest_b15[0]])
+        samples = tts.speech_tokenizer.decode_full(frame_16[None])
+        s.update(prompt=prompt_th.shape, hidden=hidden_bh.shape[1:], logits=logits_bv.shape[1:], code0=code0_b.shape)
+        s.update(frame=frame_16.shape, samples=samples.shape, layers=t_cfg.num_hidden_layers)
+        found[mode] = s
+    return found
+
+
+def released_pipeline_sizes() -> dict:
+    """The released sizes of the same arrows (refimpl.porting.presets), per mode: (0.6B, 1.7B) or (1.7B,)."""
+    dec = presets.RELEASED_SPEECH_TOKENIZER["decoder_config"]
+    per_frame = int(np.prod(dec["upsampling_ratios"]) * np.prod(dec["upsample_rates"]))
+    se = (presets.RELEASED_SPEAKER_ENCODER, presets.RELEASED_SPEAKER_ENCODER_1_7B)
+
+    def sizes(talkers, encoders=None):
+        h = "|".join(str(t["hidden_size"]) for t in talkers)
+        return dict(
+            H=h,
+            V=talkers[0]["vocab_size"],
+            G=talkers[0]["num_code_groups"],
+            layers=talkers[0]["num_hidden_layers"],
+            samples=per_frame,
+            mel=presets.RELEASED_SPEAKER_ENCODER["mel_dim"],
+            enc="|".join(str(e["enc_dim"]) for e in encoders) if encoders else None,
+        )
+
+    return {
+        "custom voice": sizes((presets.RELEASED_TALKER_0_6B_CUSTOMVOICE, presets.RELEASED_TALKER_1_7B_CUSTOMVOICE)),
+        "voice design": sizes((presets.RELEASED_TALKER_1_7B,)),
+        "clone, x-vector": sizes((presets.RELEASED_TALKER_0_6B, presets.RELEASED_TALKER_1_7B), se),
+        "clone, ICL": sizes((presets.RELEASED_TALKER_0_6B, presets.RELEASED_TALKER_1_7B), se),
+    }
+
+
+RELEASED_COLOUR, TINY_COLOUR = "#1a4f8b", "#777777"
+
+
+def pipeline_shapes(out: Path) -> None:
+    tiny, rel = tiny_pipeline_shapes(), released_pipeline_sizes()
+    modes = list(tiny)
+    row_h = 3.3
+    fig, ax = plt.subplots(figsize=(19, 2.75 * len(modes) + 0.6))
+    ax.set_xlim(0, 23.6)
+    ax.set_ylim(0, row_h * len(modes) + 0.5)
+    ax.axis("off")
+
+    def box(x0, x1, y, h, text, colour, size=8.5):
+        ax.add_patch(
+            FancyBboxPatch(
+                (x0, y), x1 - x0, h, boxstyle="round,pad=0.03", facecolor=colour, edgecolor="#333333", linewidth=0.8
+            )
+        )
+        ax.text((x0 + x1) / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
+
+    def arrow(x0, y0, x1, y1, released, small, **kw):
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="-|>", color="#333333", linewidth=1.1, **kw))
+        arrow_labels((x0 + x1) / 2, (y0 + y1) / 2, released, small)
+
+    def elbow(x0, y0, x1, y1, released, small):
+        """Right, then up into the bottom of a box; the labels on the horizontal part."""
+        ax.annotate(
+            "",
+            (x1, y1),
+            (x0, y0),
+            arrowprops=dict(
+                arrowstyle="-|>", color="#333333", linewidth=1.1, connectionstyle="angle,angleA=0,angleB=90,rad=0"
+            ),
+        )
+        arrow_labels((x0 + x1) / 2, y0, released, small)
+
+    def arrow_labels(lx, ly, released, small):
+        ax.text(lx, ly + 0.1, released, ha="center", va="bottom", fontsize=8, color=RELEASED_COLOUR, weight="bold")
+        ax.text(lx, ly - 0.1, small, ha="center", va="top", fontsize=8, color=TINY_COLOUR)
+
+    for r, mode in enumerate(modes):
+        t, R = tiny[mode], rel[mode]
+        base = row_h * (len(modes) - 1 - r) + 0.2
+        y_main, h = base + 2.0, 0.8
+        ym = y_main + h / 2
+        H = R["H"]
+        ax.text(0.1, base + 3.05, f"{mode}", fontsize=10.5, weight="bold", va="center")
+        sizes_note = {
+            "custom voice": "released 0.6B | 1.7B CustomVoice",
+            "voice design": "released 1.7B VoiceDesign",
+        }.get(mode, "released 0.6B | 1.7B Base")
+        ax.text(
+            2.3,
+            base + 3.05,
+            f"{sizes_note}  ·  tiny: refimpl/data/default-{'base' if 'clone' in mode else mode.replace(' ', '')}",
+            fontsize=8,
+            color="#555555",
+            va="center",
+        )
+        text_box = '"Hello!" + transcript\ntext tokenizer' if mode == "clone, ICL" else '"Hello!"\ntext tokenizer'
+        box(0.3, 2.3, y_main, h, text_box, "#fefcbf")
+        ids = "[N+K]" if mode == "clone, ICL" else "[N]"
+        small_ids = (
+            f"{shape_text(t['ids'])} + {shape_text(t['ref_ids'])}" if mode == "clone, ICL" else shape_text(t["ids"])
+        )
+        arrow(2.3, ym, 7.4, ym, f"text ids {ids}", small_ids)
+        box(7.4, 9.4, y_main, h, "prompt: text +\ncodec streams", "#c6f6d5")
+        arrow(9.4, ym, 11.3, ym, f"[T, {H}]", shape_text(t["prompt"]))
+        box(11.3, 13.1, y_main, h, f"Talker\n{R['layers']} layers (tiny {t['layers']})", "#bee3f8")
+        arrow(13.1, ym, 14.8, ym, f"logits [{R['V']}]", shape_text(t["logits"]))
+        box(14.8, 16.2, y_main, h, "processors,\nchoose code 0", "#ffffff")
+        arrow(16.2, ym, 17.5, ym, "code 0 [1]", shape_text(t["code0"]))
+        box(17.5, 19.3, y_main, h, "code predictor\n15 steps", "#bee3f8")
+        arrow(19.3, ym, 20.6, ym, f"frame [{R['G']}]", shape_text(t["frame"]))
+        box(20.6, 22.2, y_main, h, "codec decoder", "#e9d8fd")
+        arrow(22.2, ym, 23.5, ym, f"[{R['samples']}]", shape_text(t["samples"]))
+        ax.text(22.85, y_main - 0.35, "samples / frame", ha="center", fontsize=7, color="#555555")
+        # the Talker's last hidden state also feeds the code predictor
+        ax.annotate(
+            "",
+            (18.4, y_main),
+            (12.2, y_main),
+            arrowprops=dict(arrowstyle="-|>", color="#2b6cb0", linewidth=1.0, connectionstyle="arc3,rad=0.15"),
+        )
+        ax.text(15.3, y_main - 0.75, f"hidden h [{H}]", ha="center", fontsize=8, color=RELEASED_COLOUR, weight="bold")
+        ax.text(15.3, y_main - 0.95, shape_text(t["hidden"]), ha="center", va="top", fontsize=8, color=TINY_COLOUR)
+        # the conditioning of each mode, into the prompt box from below
+        y1 = base + 0.75
+        if mode == "custom voice":
+            box(0.3, 2.3, y1, 0.7, 'speaker "vivian"', "#ffffff")
+            elbow(2.3, y1 + 0.35, 8.4, y_main, "speaker id [1]", "[1]")
+        elif mode == "voice design":
+            box(0.3, 2.3, y1, 0.7, '"a calm voice"\ntext tokenizer', "#fefcbf")
+            elbow(2.3, y1 + 0.35, 8.4, y_main, "instruct ids [M]", shape_text(t["instruct"]))
+        else:
+            y1 = base + 1.0 if mode == "clone, ICL" else base + 0.75
+            box(0.3, 1.4, y1, 0.7, "reference\naudio", "#ffffff")
+            arrow(1.4, y1 + 0.35, 2.5, y1 + 0.35, "[S]", shape_text(t["audio"]))
+            box(2.5, 3.4, y1, 0.7, "log-mel", "#fed7e2")
+            arrow(3.4, y1 + 0.35, 4.5, y1 + 0.35, f"[F, {R['mel']}]", shape_text(t["mel"]))
+            box(4.5, 5.6, y1, 0.7, "ECAPA-\nTDNN", "#fed7e2")
+            elbow(
+                5.6,
+                y1 + 0.35,
+                8.0 if mode == "clone, ICL" else 8.4,
+                y_main,
+                f"x-vector [{R['enc']}]",
+                shape_text(t["xvec"]),
+            )
+            if mode == "clone, ICL":
+                y2 = base + 0.05
+                box(0.3, 1.4, y2, 0.7, "reference\naudio", "#ffffff")
+                arrow(1.4, y2 + 0.35, 2.5, y2 + 0.35, "[S]", shape_text(t["audio"]))
+                box(2.5, 4.3, y2, 0.7, "codec encoder", "#e9d8fd")
+                elbow(4.3, y2 + 0.35, 8.9, y_main, f"ref. codes [R, {R['G']}]", shape_text(t["ref_codes"]))
+    ax.text(
+        0.1,
+        row_h * len(modes) + 0.25,
+        "Every arrow: released shape (bold, refimpl/porting/presets.py; a|b = 0.6B|1.7B) above, the embedded tiny "
+        "model's (grey, computed by running it) below.  N, K, M: text ids; T: prompt positions; S: samples; "
+        "F: mel frames; R: reference frames",
+        fontsize=9,
+    )
+    save(fig, out, "pipeline_shapes.png")
+
+
+# ----------------------------------------------------------------------------- 10. one transformer layer
+
+
+def tiny_layer_shapes() -> dict:
+    """The recorded output shapes of layer 0 of the tiny CustomVoice Talker and code predictor (a greedy
+    generation's last call, one new position), by official module name, without the batch axis."""
+    tts = refimpl.Qwen3TTS.from_pretrained(DATA / "default-customvoice")
+    trace = {}
+    tts.generate_custom_voice(
+        "Hi",
+        speaker="vivian",
+        language="english",
+        do_sample=False,
+        subtalker_dosample=False,
+        max_new_tokens=2,
+        trace=trace,
+    )
+    found = {}
+    for stack, prefix in (("talker", "talker.model.layers.0."), ("predictor", "talker.code_predictor.model.layers.0.")):
+        found[stack] = {k[len(prefix) :]: v.shape[1:] for k, v in trace.items() if k.startswith(prefix)}
+    return found
+
+
+def layer_shape_rows(c: dict, recorded: dict | None) -> list:
+    """[(row, [shape text, ...])] for one stack: from a config (released) or from recorded shapes (tiny)."""
+    if recorded is not None:  # the recorded shapes, T standing for the time axis
+        r = {k: ["T"] + [str(s) for s in v[1:]] for k, v in recorded.items()}
+        fmt = lambda k: "[" + ", ".join(r[k]) + "]"  # noqa: E731
+        q, k_ = fmt("self_attn.q_norm"), fmt("self_attn.k_norm")
+        return [
+            ("x", [fmt("input_layernorm")]),
+            ("norm1", [fmt("input_layernorm")]),
+            ("qkv", [f"q {fmt('self_attn.q_proj')}", f"k {fmt('self_attn.k_proj')}", f"v {fmt('self_attn.v_proj')}"]),
+            ("qknorm", [f"q {q}", f"k {k_}"]),
+            ("rope", [f"q {q}", f"k {k_}"]),
+            ("attn", [f"{fmt('self_attn.q_proj')} (heads joined)"]),
+            ("o", [fmt("self_attn.o_proj")]),
+            ("add1", [fmt("self_attn")]),
+            ("norm2", [fmt("post_attention_layernorm")]),
+            ("gateup", [f"{fmt('mlp.gate_proj')} ×2"]),
+            ("act", [fmt("mlp.act_fn")]),
+            ("down", [fmt("mlp.down_proj")]),
+            ("add2", [fmt("mlp")]),
+        ]
+    H, Hq, G, D, I = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+        c["intermediate_size"],
+    )
+    return [
+        ("x", [f"[T, {H}]"]),
+        ("norm1", [f"[T, {H}]"]),
+        ("qkv", [f"q [T, {Hq * D}]", f"k [T, {G * D}]", f"v [T, {G * D}]"]),
+        ("qknorm", [f"q [T, {Hq}, {D}]", f"k [T, {G}, {D}]"]),
+        ("rope", [f"q [T, {Hq}, {D}]", f"k [T, {G}, {D}]"]),
+        ("attn", [f"[T, {Hq * D}] (heads joined)"]),
+        ("o", [f"[T, {H}]"]),
+        ("add1", [f"[T, {H}]"]),
+        ("norm2", [f"[T, {H}]"]),
+        ("gateup", [f"[T, {I}] ×2"]),
+        ("act", [f"[T, {I}]"]),
+        ("down", [f"[T, {H}]"]),
+        ("add2", [f"[T, {H}]"]),
+    ]
+
+
+def transformer_layer(out: Path) -> None:
+    tiny = tiny_layer_shapes()
+    talker = presets.RELEASED_TALKER_1_7B_CUSTOMVOICE
+    columns = [
+        ("Talker, released 1.7B", layer_shape_rows(talker, None), RELEASED_COLOUR),
+        ("code predictor, released", layer_shape_rows(talker["code_predictor_config"], None), RELEASED_COLOUR),
+        ("Talker, tiny (recorded)", layer_shape_rows(None, tiny["talker"]), TINY_COLOUR),
+        ("code predictor, tiny (rec.)", layer_shape_rows(None, tiny["predictor"]), TINY_COLOUR),
+    ]
+    rows = [
+        ("x", "layer input x", "#ffffff"),
+        ("norm1", "RMSNorm  (input_layernorm)", "#fefcbf"),
+        ("qkv", None, None),
+        ("qknorm", None, None),
+        ("rope", None, None),
+        (
+            "attn",
+            "attention: softmax(q·kᵀ/√D + causal mask)·v\n"
+            "query head h reads k/v head h // (Hq/G); keys/values → KV cache",
+            "#bee3f8",
+        ),
+        ("o", "o_proj  (linear)", "#bee3f8"),
+        ("add1", "+  (residual)", "#ffffff"),
+        ("norm2", "RMSNorm  (post_attention_layernorm)", "#fefcbf"),
+        ("gateup", None, None),
+        ("act", "SiLU(gate) ⊙ up", "#c6f6d5"),
+        ("down", "down_proj  (linear)", "#c6f6d5"),
+        ("add2", "+  (residual) → next layer", "#ffffff"),
+    ]
+    n = len(rows)
+    fig, ax = plt.subplots(figsize=(15, 8.6))
+    ax.set_xlim(0, 15)
+    ax.set_ylim(-0.3, n + 0.9)
+    ax.axis("off")
+    y_of = {key: n - 1 - i + 0.5 for i, (key, _, _) in enumerate(rows)}
+
+    def box(xc, w, y, text, colour, size=8.5):
+        ax.add_patch(
+            FancyBboxPatch(
+                (xc - w / 2, y - 0.3),
+                w,
+                0.6,
+                boxstyle="round,pad=0.03",
+                facecolor=colour,
+                edgecolor="#333333",
+                linewidth=0.8,
+            )
+        )
+        ax.text(xc, y, text, ha="center", va="center", fontsize=size)
+
+    def down(x, y0, y1):
+        ax.annotate("", (x, y1 + 0.31), (x, y0 - 0.31), arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1))
+
+    X = 3.0
+    for key, text, colour in rows:
+        y = y_of[key]
+        if key == "qkv":
+            for xc, name in ((1.6, "q_proj"), (3.0, "k_proj"), (4.4, "v_proj")):
+                box(xc, 1.2, y, name, "#bee3f8")
+        elif key == "qknorm":
+            box(1.6, 1.2, y, "q_norm (RMS\nper head)", "#fefcbf", 7.5)
+            box(3.0, 1.2, y, "k_norm (RMS\nper head)", "#fefcbf", 7.5)
+        elif key == "rope":
+            box(1.6, 1.2, y, "RoPE(q)", "#e9d8fd")
+            box(3.0, 1.2, y, "RoPE(k)", "#e9d8fd")
+        elif key == "gateup":
+            box(2.2, 1.5, y, "gate_proj", "#c6f6d5")
+            box(3.8, 1.5, y, "up_proj", "#c6f6d5")
+        else:
+            box(X, 4.6 if key == "attn" else 3.4, y, text, colour, 8 if key == "attn" else 8.5)
+    # the arrows
+    down(X, y_of["x"], y_of["norm1"])
+    for xc in (1.6, 3.0, 4.4):
+        ax.annotate("", (xc, y_of["qkv"] + 0.31), (X, y_of["norm1"] - 0.31), arrowprops=dict(arrowstyle="-|>", lw=1))
+    for xc in (1.6, 3.0):
+        down(xc, y_of["qkv"], y_of["qknorm"])
+        down(xc, y_of["qknorm"], y_of["rope"])
+        down(xc, y_of["rope"], y_of["attn"])
+    ax.annotate("", (4.4, y_of["attn"] + 0.31), (4.4, y_of["qkv"] - 0.31), arrowprops=dict(arrowstyle="-|>", lw=1))
+    for a, b in (("attn", "o"), ("o", "add1"), ("add1", "norm2"), ("act", "down"), ("down", "add2")):
+        down(X, y_of[a], y_of[b])
+    for xc in (2.2, 3.8):
+        ax.annotate("", (xc, y_of["gateup"] + 0.31), (X, y_of["norm2"] - 0.31), arrowprops=dict(arrowstyle="-|>", lw=1))
+        ax.annotate("", (X, y_of["act"] + 0.31), (xc, y_of["gateup"] - 0.31), arrowprops=dict(arrowstyle="-|>", lw=1))
+    # the residual paths, on the left
+    for a, b in (("x", "add1"), ("add1", "add2")):
+        ax.plot([X - 1.75, 0.35, 0.35], [y_of[a], y_of[a], y_of[b]], color="#c05621", lw=1.2)
+        ax.annotate(
+            "", (X - 1.72, y_of[b]), (0.35, y_of[b]), arrowprops=dict(arrowstyle="-|>", color="#c05621", lw=1.2)
+        )
+    ax.text(
+        0.45, (y_of["x"] + y_of["add1"]) / 2 + 1.2, "residual", rotation=90, color="#c05621", fontsize=8, va="center"
+    )
+
+    # the shape table
+    x0, dx = 6.0, 2.3
+    for j, (title, shapes, colour) in enumerate(columns):
+        ax.text(x0 + j * dx, n + 0.35, title, fontsize=8.5, weight="bold", color=colour, va="center")
+        for key, lines in shapes:
+            y = y_of[key]
+            for i, line in enumerate(lines):
+                ax.text(
+                    x0 + j * dx,
+                    y + (len(lines) - 1) * 0.14 - i * 0.28,
+                    line,
+                    fontsize=7.5,
+                    family="monospace",
+                    color=colour,
+                    va="center",
+                )
+    for key, _, _ in rows:
+        ax.plot([5.6, 15], [y_of[key] - 0.5] * 2, color="#eeeeee", lw=0.6, zorder=0)
+    ax.text(
+        0.0,
+        n + 0.75,
+        "One Talker / code-predictor layer (refimpl/transformer.py: transformer_layer, attention_block, swiglu_mlp): "
+        "the output after each part, for one batch row (T new positions)",
+        fontsize=10,
+    )
+    save(fig, out, "transformer_layer.png")
+
+
+# ----------------------------------------------------------------------------- 11. the speaker encoder
+
+
+def speaker_encoder_figure(out: Path) -> None:
+    base = refimpl.Qwen3TTS.from_pretrained(DATA / "default-base")
+    trace = {}
+    base.extract_speaker_embedding((0.5 * test_signal(0.5)).astype(np.float32), SR, trace=trace)
+    rec = {k.removeprefix("speaker_encoder."): v.shape for k, v in trace.items()}
+    rel = presets.RELEASED_SPEAKER_ENCODER
+    C, A, S, E = rel["enc_channels"], rel["enc_attention_channels"], rel["enc_se_channels"], rel["enc_dim"]
+    k, d, scale = rel["enc_kernel_sizes"], rel["enc_dilations"], rel["enc_res2net_scale"]
+
+    def tiny(name, transpose=False):
+        shape = rec[name][1:] if len(rec[name]) == 3 else rec[name]
+        shape = shape[::-1] if transpose else shape
+        return shape_text(["F" if s == rec["mel"][0] else s for s in shape])
+
+    main = [
+        ("log mels, transposed", "#ffffff", f"[{rel['mel_dim']}, F]", tiny("mel", transpose=True)),
+        (f"blocks.0: TDNN k{k[0]} (conv + ReLU)", "#fed7e2", f"[{C[0]}, F]", tiny("blocks.0")),
+    ]
+    for i in range(1, len(C) - 1):
+        main.append(
+            (f"blocks.{i}: SE-Res2Net, k{k[i]} dilation {d[i]}", "#fbb6ce", f"[{C[i]}, F]", tiny(f"blocks.{i}"))
+        )
+    main += [
+        ("concatenate blocks 1–3", "#ffffff", f"[{sum(C[1:-1])}, F]", shape_text([rec["mfa"][1], "F"])),
+        (f"mfa: TDNN k{k[-1]}", "#fed7e2", f"[{C[-1]}, F]", tiny("mfa")),
+        ("asp: attentive statistics pooling", "#bee3f8", f"[{2 * C[-1]}, 1]", tiny("asp")),
+        ("fc: conv k1 → x-vector", "#c6f6d5", f"[{E}]", shape_text(trace["speaker_encoder"].shape[1:])),
+    ]
+    block = [
+        ("block input x", "#ffffff", f"[{C[1]}, F]", tiny("blocks.0")),
+        ("tdnn1: TDNN k1", "#fed7e2", f"[{C[1]}, F]", tiny("blocks.1.tdnn1")),
+        (
+            f"split into {scale} groups x₀…x₇",
+            "#ffffff",
+            f"{scale} × [{C[1] // scale}, F]",
+            f"{scale} × {shape_text([rec['blocks.1.res2net_block.blocks.0'][1], 'F'])}",
+        ),
+        (
+            f"Res2Net: y₀ = x₀,  y₁ = TDNN k{k[1]} d{d[1]}(x₁),\nyⱼ = TDNN k{k[1]} d{d[1]}(xⱼ + yⱼ₋₁)",
+            "#fbb6ce",
+            f"{scale - 1} × [{C[1] // scale}, F]",
+            f"{scale - 1} × {shape_text([rec['blocks.1.res2net_block.blocks.0'][1], 'F'])}",
+        ),
+        ("concatenate y₀…y₇", "#ffffff", f"[{C[1]}, F]", tiny("blocks.1.res2net_block")),
+        ("tdnn2: TDNN k1", "#fed7e2", f"[{C[1]}, F]", tiny("blocks.1.tdnn2")),
+        ("SE: mean over time → conv → ReLU", "#fefcbf", f"[{S}, 1]", tiny("blocks.1.se_block.relu")),
+        ("conv → sigmoid: a gate per channel", "#fefcbf", f"[{C[1]}, 1]", tiny("blocks.1.se_block.sigmoid")),
+        ("x' · gates, + x (residual)", "#ffffff", f"[{C[1]}, F]", tiny("blocks.1")),
+    ]
+    asp = [
+        ("x from mfa", "#ffffff", f"[{C[-1]}, F]", tiny("mfa")),
+        ("[x; mean(x); std(x)] (global context)", "#ffffff", f"[{3 * C[-1]}, F]", tiny("asp.context")),
+        ("TDNN k1 → tanh", "#fed7e2", f"[{A}, F]", tiny("asp.tanh")),
+        ("conv k1 → softmax over time", "#bee3f8", f"[{C[-1]}, F]", tiny("asp.weights")),
+        ("weighted mean; weighted std", "#bee3f8", f"[{2 * C[-1]}, 1]", tiny("asp")),
+    ]
+
+    fig, axes = plt.subplots(1, 3, figsize=(15.5, 6.6))
+    titles = (
+        "ECAPA-TDNN: mels → x-vector",
+        "one SE-Res2Net block (blocks.1)",
+        "attentive statistics pooling (asp)",
+    )
+    for ax, items, title in zip(axes, (main, block, asp), titles):
+        n = len(items)
+        ax.set_xlim(0, 10)
+        ax.set_ylim(-0.2, 9.9)
+        ax.axis("off")
+        ax.set_title(title, loc="left", fontsize=10)
+        step = 9.0 / max(n, 7)
+        for i, (label, colour, released, small) in enumerate(items):
+            y = 9.0 - i * step
+            ax.add_patch(
+                FancyBboxPatch(
+                    (0.2, y - 0.34),
+                    6.4,
+                    0.68,
+                    boxstyle="round,pad=0.03",
+                    facecolor=colour,
+                    edgecolor="#333333",
+                    linewidth=0.8,
+                )
+            )
+            ax.text(3.4, y, label, ha="center", va="center", fontsize=8 if "\n" not in label else 7.5)
+            ax.text(6.85, y + 0.13, released, fontsize=7.5, family="monospace", color=RELEASED_COLOUR, va="center")
+            ax.text(6.85, y - 0.17, small, fontsize=7.5, family="monospace", color=TINY_COLOUR, va="center")
+            if i:
+                ax.annotate("", (3.4, y + 0.37), (3.4, y + step - 0.37), arrowprops=dict(arrowstyle="-|>", lw=1))
+    fig.suptitle(
+        "The speaker encoder (refimpl/tts/speaker_encoder.py), per channel × mel frame F: released 0.6B Base "
+        "(bold blue, presets.py) above, the embedded tiny model's recorded shapes (grey) below",
+        x=0.01,
+        ha="left",
+        fontsize=10,
+    )
+    save(fig, out, "speaker_encoder.png")
+
+
 FIGURES = {
     "overview.png": overview,
     "prompt_layouts.png": prompt_layouts,
@@ -773,6 +1279,9 @@ FIGURES = {
     "mel_and_waveform.png": mel_and_waveform,
     "rvq_residuals.png": rvq_residuals,
     "snake_beta.png": snake_beta,
+    "pipeline_shapes.png": pipeline_shapes,
+    "transformer_layer.png": transformer_layer,
+    "speaker_encoder.png": speaker_encoder_figure,
 }
 
 
