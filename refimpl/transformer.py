@@ -59,16 +59,11 @@ class LayerKind:
     qk_norm: bool  # RMSNorm of each query / key head before RoPE (Qwen3)
     mlp: str  # "swiglu" (gate_proj, up_proj, down_proj) or "gelu" (fc1, fc2)
     layer_scale: bool  # per-channel scales self_attn_layer_scale / mlp_layer_scale on both branches
-    qk_norm_modules: bool = True  # the official layer has q_norm / k_norm modules (Identity without qk_norm)
-    layer_rotary: bool = False  # the official attention has its own rotary module (Mimi)
-    # (these two only say what a trace records, see refimpl.porting.trace_files)
 
 
 QWEN3 = LayerKind(norm="rms", qk_norm=True, mlp="swiglu", layer_scale=False)
 CODEC_DECODER = LayerKind(norm="rms", qk_norm=False, mlp="swiglu", layer_scale=True)
-CODEC_ENCODER = LayerKind(
-    norm="layer", qk_norm=False, mlp="gelu", layer_scale=True, qk_norm_modules=False, layer_rotary=True
-)
+CODEC_ENCODER = LayerKind(norm="layer", qk_norm=False, mlp="gelu", layer_scale=True)
 
 
 # ----------------------------------------------------------------------------- weights and configs
@@ -234,26 +229,24 @@ def attention_block(
     ``cfg`` gives num_attention_heads (H), num_key_value_heads (G) and head_dim (D); ``cos_btd`` and
     ``sin_btd`` are the rotary tables of the new positions ([B or 1, T, D]); ``allowed`` says which keys
     each query sees (an ``nn.AttentionMask``; S = the cached positions followed by the new ones);
-    ``eps`` is the q/k RMSNorm epsilon (Qwen3).  ``record`` receives each projection and norm under its
-    official module name (``q_proj`` [B, T, H*D], ``q_norm`` [B, T, H, D], ...)."""
+    ``eps`` is the q/k RMSNorm epsilon (Qwen3).  ``record`` receives each projection and norm it computes
+    under its official module name (``q_proj`` [B, T, H*D], ``q_norm`` [B, T, H, D], ...); modules that
+    compute nothing here (an Identity q_norm, a per-layer rotary module) are named by the porting layer
+    (``refimpl.porting.names``)."""
     B, T, _ = x_btc.shape
     H, G, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q_bthd = nn.linear(x_btc, a["q_proj.weight"], a.get("q_proj.bias")).reshape(B, T, H, D)
     record("q_proj", q_bthd.reshape(B, T, H * D))
     if kind.qk_norm:
         q_bthd = nn.rms_norm(q_bthd, a["q_norm.weight"], eps)
-    if kind.qk_norm_modules:
         record("q_norm", q_bthd)
     k_btgd = nn.linear(x_btc, a["k_proj.weight"], a.get("k_proj.bias")).reshape(B, T, G, D)
     record("k_proj", k_btgd.reshape(B, T, G * D))
     if kind.qk_norm:
         k_btgd = nn.rms_norm(k_btgd, a["k_norm.weight"], eps)
-    if kind.qk_norm_modules:
         record("k_norm", k_btgd)
     v_btgd = nn.linear(x_btc, a["v_proj.weight"], a.get("v_proj.bias")).reshape(B, T, G, D)
     record("v_proj", v_btgd.reshape(B, T, G * D))
-    if kind.layer_rotary:
-        record("rotary_emb", cos_btd)
     q_bhtd = nn.apply_rope(q_bthd.transpose(0, 2, 1, 3), cos_btd[:, None], sin_btd[:, None])
     k_bgtd = nn.apply_rope(k_btgd.transpose(0, 2, 1, 3), cos_btd[:, None], sin_btd[:, None])
     v_bgtd = v_btgd.transpose(0, 2, 1, 3)

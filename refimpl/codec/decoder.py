@@ -237,27 +237,75 @@ def pre_transformer(w, cfg: DecoderConfig, x_btl, positions_t, caches=None, reco
 
 # ----------------------------------------------------------------------------- 4./5. conv stages
 #
-# Every causal conv takes ``state=states.get(name)``: offline ``states`` is empty, so each conv pads
-# with zeros; in streaming it holds one state per conv (``DecoderState``), carrying the left context
-# (causal convs) or the unfinished output tail (transposed convs) from one push to the next.
+# Every conv unit takes a view of its weights, of its streaming state and of its recorder, all three
+# scoped to its checkpoint name (``w.sub("conv1.")``, ``state.sub("conv1.")``, ``record.scope("conv1.")``).
+# Offline the state is ``ConvStates(None)`` and each conv pads with zeros; streaming it reaches one state
+# per conv (``DecoderState.convs``), carrying the left context (causal convs) or the unfinished output
+# tail (transposed convs) from one push to the next.
 
 
-def causal_conv(w: WeightView, name: str, x_bct, states: dict, record: Recorder, **options):
-    """The causal conv ``{name}.conv`` (a wrapper module around a Conv1d; both record the same output)."""
-    y_bct = nn.causal_conv1d(x_bct, w[f"{name}.conv.weight"], w[f"{name}.conv.bias"], state=states.get(name), **options)
-    record(f"{name}.conv", y_bct)
-    record(name, y_bct)
+class ConvStates:
+    """The streaming states of the decoder's convs, reached by the checkpoint names of their weights as a
+    ``WeightView`` reaches the weights:
+
+        states = ConvStates(decoder_state.convs)            # offline: ConvStates(None)
+        unit = states.sub("decoder.1.block.2.")
+        unit.sub("conv1.").conv(nn.CausalConvState)          # is decoder_state.convs["decoder.1.block.2.conv1"]
+
+    Offline ``conv`` returns None (the conv pads with zeros).  Streaming, a conv whose state is missing or
+    of the other kind is an error: padding with zeros instead would restart that conv at every push."""
+
+    __slots__ = ("convs", "prefix")
+
+    def __init__(self, convs: dict | None, prefix: str = ""):
+        self.convs = convs
+        self.prefix = prefix
+
+    def sub(self, prefix: str) -> "ConvStates":
+        return ConvStates(self.convs, self.prefix + prefix)
+
+    def conv(self, kind: type):
+        """The state of the conv this view is scoped to (``decoder.0.`` -> ``convs["decoder.0"]``), None offline."""
+        if self.convs is None:
+            return None
+        name = self.prefix.rstrip(".")
+        state = self.convs.get(name)
+        if not isinstance(state, kind):
+            found = "no state" if state is None else f"a {type(state).__name__}"
+            raise LookupError(
+                f"streaming decoder: conv {name!r} finds {found} in DecoderState.convs, not a {kind.__name__}"
+            )
+        return state
+
+    def __repr__(self) -> str:
+        return f"ConvStates({self.prefix!r}, {'offline' if self.convs is None else 'streaming'})"
+
+
+OFFLINE = ConvStates(None)
+
+
+def causal_conv(w: WeightView, x_bct, state: ConvStates, record: Recorder, **options):
+    """A causal conv unit (the official ``CausalConvNet``: weights ``conv.weight``, ``conv.bias``)."""
+    y_bct = nn.causal_conv1d(x_bct, w["conv.weight"], w["conv.bias"], state=state.conv(nn.CausalConvState), **options)
+    record.output(y_bct)
     return y_bct
 
 
-def transposed_conv(w: WeightView, name: str, x_bct, stride: int, states: dict, record: Recorder):
-    """The causal transposed conv ``{name}.conv``: the inner ConvTranspose1d's untrimmed output is
-    recorded as ``{name}.conv`` (computed again only when recording), the trimmed one as ``{name}``."""
-    weight, bias = w[f"{name}.conv.weight"], w[f"{name}.conv.bias"]
-    y_bct = nn.causal_conv_transpose1d(x_bct, weight, bias, stride, state=states.get(name))
-    if record.enabled:
-        record(f"{name}.conv", nn.conv_transpose1d(x_bct, weight, bias, stride))
-    record(name, y_bct)
+def transposed_conv(w: WeightView, x_bct, stride: int, state: ConvStates, record: Recorder):
+    """A causal transposed conv unit (``CausalTransConvNet``: weights ``conv.weight`` [in, out, K],
+    ``conv.bias``): T frames in, T * stride samples out.  Offline the ConvTranspose1d's whole output,
+    (T - 1) * stride + K samples, is computed and its last K - stride cut off (the result is a view of
+    it; the whole one is recorded as the extra ``untrimmed``).  Streaming, those last samples are
+    partial sums that the state keeps for the next push (``nn.causal_conv_transpose1d``)."""
+    weight, bias = w["conv.weight"], w["conv.bias"]
+    conv_state = state.conv(nn.TransposedConvState)
+    if conv_state is not None:
+        y_bct = nn.causal_conv_transpose1d(x_bct, weight, bias, stride, state=conv_state)
+    else:
+        full_bct = nn.conv_transpose1d(x_bct, weight, bias, stride)  # [B, O, (T - 1) * stride + K]
+        record.extra("untrimmed", full_bct)
+        y_bct = full_bct[:, :, : x_bct.shape[-1] * stride]
+    record.output(y_bct)
     return y_bct
 
 
@@ -267,11 +315,11 @@ def snake(w: WeightView, name: str, x_bct, record: Recorder):
     return y_bct
 
 
-def convnext_block(w: WeightView, x_bct, states: dict, name: str, record: Recorder = NULL_RECORDER):
+def convnext_block(w: WeightView, x_bct, state: ConvStates, record: Recorder = NULL_RECORDER):
     """Depthwise causal conv k7 -> LayerNorm(1e-6) -> Linear(4C) -> GELU(erf) -> Linear(C) -> gamma, + x.
-    ``w`` is a view of the block (``upsample.{i}.1.``); ``record`` is scoped to it too."""
+    ``w``, ``state`` and ``record`` are scoped to the block (``upsample.{i}.1.``)."""
     C = x_bct.shape[1]
-    h_bct = causal_conv(w, "dwconv", x_bct, {"dwconv": states.get(f"{name}.dwconv")}, record, groups=C)
+    h_bct = causal_conv(w.sub("dwconv."), x_bct, state.sub("dwconv."), record.scope("dwconv."), groups=C)
     h_btc = np.swapaxes(h_bct, 1, 2)
     h_btc = nn.layer_norm(h_btc, w["norm.weight"], w["norm.bias"], 1e-6)
     record("norm", h_btc)
@@ -284,52 +332,51 @@ def convnext_block(w: WeightView, x_bct, states: dict, name: str, record: Record
     return x_bct + np.swapaxes(w["gamma"] * h_btc, 1, 2)
 
 
-def upsample_stage(w, i: int, ratio: int, x_bct, states: dict, record: Recorder = NULL_RECORDER):
-    """upsample.{i}: ConvTranspose (k = stride = ratio) then a ConvNeXt block."""
-    u = WeightView(w, f"upsample.{i}.")
-    x_bct = transposed_conv(u, "0", x_bct, ratio, {"0": states.get(f"upsample.{i}.0")}, record.scope(f"upsample.{i}."))
-    x_bct = convnext_block(u.sub("1."), x_bct, states, f"upsample.{i}.1", record.scope(f"upsample.{i}.1."))
-    record(f"upsample.{i}.1", x_bct)
+def upsample_stage(u: WeightView, ratio: int, x_bct, state: ConvStates, record: Recorder = NULL_RECORDER):
+    """upsample.{i}: ConvTranspose (k = stride = ratio) then a ConvNeXt block; all views scoped to ``upsample.{i}.``."""
+    x_bct = transposed_conv(u.sub("0."), x_bct, ratio, state.sub("0."), record.scope("0."))
+    x_bct = convnext_block(u.sub("1."), x_bct, state.sub("1."), record.scope("1."))
+    record("1", x_bct)
     return x_bct
 
 
-def residual_unit(u: WeightView, dilation: int, x_bct, states: dict, name: str, record: Recorder = NULL_RECORDER):
-    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))).  ``record`` is scoped to the unit."""
-    unit_states = {"conv1": states.get(f"{name}.conv1"), "conv2": states.get(f"{name}.conv2")}
+def residual_unit(u: WeightView, dilation: int, x_bct, state: ConvStates, record: Recorder = NULL_RECORDER):
+    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))); all views scoped to the unit."""
     h = snake(u, "act1", x_bct, record)
-    h = causal_conv(u, "conv1", h, unit_states, record, dilation=dilation)
+    h = causal_conv(u.sub("conv1."), h, state.sub("conv1."), record.scope("conv1."), dilation=dilation)
     h = snake(u, "act2", h, record)
-    h = causal_conv(u, "conv2", h, unit_states, record)
+    h = causal_conv(u.sub("conv2."), h, state.sub("conv2."), record.scope("conv2."))
     return x_bct + h
 
 
-def waveform_block(w, i: int, rate: int, x_bct, states: dict, record: Recorder = NULL_RECORDER):
+def waveform_block(b: WeightView, rate: int, x_bct, state: ConvStates, record: Recorder = NULL_RECORDER):
     """decoder.{i+1}: SnakeBeta -> ConvTranspose (k = 2 * rate, stride = rate, channels halve)
-    -> residual units (dilations 1, 3, 9)."""
-    name = f"decoder.{i + 1}.block"
-    b = WeightView(w, name + ".")
-    record = record.scope(name + ".")
+    -> residual units (dilations 1, 3, 9); all views scoped to ``decoder.{i+1}.block.``."""
     x_bct = snake(b, "0", x_bct, record)
-    x_bct = transposed_conv(b, "1", x_bct, rate, {"1": states.get(f"{name}.1")}, record)
+    x_bct = transposed_conv(b.sub("1."), x_bct, rate, state.sub("1."), record.scope("1."))
     for j, dilation in enumerate(RESIDUAL_DILATIONS):
-        x_bct = residual_unit(b.sub(f"{j + 2}."), dilation, x_bct, states, f"{name}.{j + 2}", record.scope(f"{j + 2}."))
+        p = f"{j + 2}."
+        x_bct = residual_unit(b.sub(p), dilation, x_bct, state.sub(p), record.scope(p))
         record(f"{j + 2}", x_bct)
     return x_bct
 
 
-def conv_stages(w, cfg: DecoderConfig, x_bct, states: dict, record: Recorder = NULL_RECORDER):
+def conv_stages(w, cfg: DecoderConfig, x_bct, states: ConvStates, record: Recorder = NULL_RECORDER):
     """Stages 4 and 5: [B, latent, T] -> [B, 1, T * samples_per_frame] (before the clamp)."""
     w = WeightView(w)
     for i, ratio in enumerate(cfg.upsampling_ratios):
-        x_bct = upsample_stage(w, i, ratio, x_bct, states, record)
+        p = f"upsample.{i}."
+        x_bct = upsample_stage(w.sub(p), ratio, x_bct, states.sub(p), record.scope(p))
         record(f"upsample.{i}", x_bct)
-    x_bct = causal_conv(w, "decoder.0", x_bct, states, record)
+    x_bct = causal_conv(w.sub("decoder.0."), x_bct, states.sub("decoder.0."), record.scope("decoder.0."))
     for i, rate in enumerate(cfg.upsample_rates):
-        x_bct = waveform_block(w, i, rate, x_bct, states, record)
+        p = f"decoder.{i + 1}.block."
+        x_bct = waveform_block(w.sub(p), rate, x_bct, states.sub(p), record.scope(p))
         record(f"decoder.{i + 1}", x_bct)
     n = len(cfg.upsample_rates)
     x_bct = snake(w, f"decoder.{n + 1}", x_bct, record)
-    return causal_conv(w, f"decoder.{n + 2}", x_bct, states, record)
+    p = f"decoder.{n + 2}."
+    return causal_conv(w.sub(p), x_bct, states.sub(p), record.scope(p))
 
 
 # ----------------------------------------------------------------------------- the whole decoder
@@ -349,10 +396,10 @@ def decode_stages(
     codes_bqt = nn.to_device(codes_bqt)
     T = codes_bqt.shape[-1]
     start = state.frames_done if state is not None else 0
-    states = state.convs if state is not None else {}
+    states = ConvStates(state.convs) if state is not None else OFFLINE
     x_bct = dequantize(w, cfg, codes_bqt, tables, record)
     record("quantizer", x_bct)
-    x_bct = causal_conv(WeightView(w), "pre_conv", x_bct, states, record)
+    x_bct = causal_conv(WeightView(w, "pre_conv."), x_bct, states.sub("pre_conv."), record.scope("pre_conv."))
     x_btc = pre_transformer(
         w,
         cfg,
@@ -382,18 +429,14 @@ def decode_codes(w, cfg: DecoderConfig, codes_bqt, trace=None, tables=None):
 
 
 def conv_names(cfg: DecoderConfig) -> tuple:
-    """The checkpoint name of every causal conv (first) and transposed conv (second) of the decoder."""
-    causal, transposed = ["pre_conv"], []
-    for i in range(len(cfg.upsampling_ratios)):
-        transposed.append(f"upsample.{i}.0")
-        causal.append(f"upsample.{i}.1.dwconv")
-    causal.append("decoder.0")
-    for i in range(len(cfg.upsample_rates)):
-        transposed.append(f"decoder.{i + 1}.block.1")
-        causal += [
-            f"decoder.{i + 1}.block.{j + 2}.{c}" for j in range(len(RESIDUAL_DILATIONS)) for c in ("conv1", "conv2")
-        ]
-    causal.append(f"decoder.{len(cfg.upsample_rates) + 2}")
+    """The checkpoint name of every causal conv (first) and transposed conv (second) of the decoder: the
+    units whose weights are ``{name}.conv.weight`` in ``decoder_weight_spec`` (ConvTranspose weights,
+    [in, out, K], are the ones marked ``transpose``)."""
+    causal, transposed = [], []
+    for spec in decoder_weight_spec(cfg):
+        if spec.name.endswith(".conv.weight"):
+            name = spec.name[: -len(".conv.weight")]
+            (transposed if spec.init == "transpose" else causal).append(name)
     return causal, transposed
 
 

@@ -258,7 +258,7 @@ def pad_for_causal_conv(x_bct, left: int, right: int, pad_mode: str):
     raise ValueError(f"unknown pad mode {pad_mode!r}")
 
 
-def causal_conv(x_bct, w_oik, b_o, stride: int = 1, dilation: int = 1, pad_mode: str = "constant"):
+def mimi_causal_conv1d(x_bct, w_oik, b_o, stride: int = 1, dilation: int = 1, pad_mode: str = "constant"):
     """Mimi's causal conv: pad the left by span - stride, the right by the extra samples that make the
     last (strided) window complete, both in ``pad_mode``; then a valid conv.  [B, C, N] -> [B, O, ceil(N / stride)]."""
     K = w_oik.shape[-1]
@@ -268,9 +268,8 @@ def causal_conv(x_bct, w_oik, b_o, stride: int = 1, dilation: int = 1, pad_mode:
 
 
 def named_causal_conv(w, name: str, x_bct, record: Recorder, **options):
-    """The MimiConv1d ``name`` (a wrapper around ``{name}.conv``; both record the same output)."""
-    y_bct = causal_conv(x_bct, w[f"{name}.conv.weight"], w.get(f"{name}.conv.bias"), **options)
-    record(f"{name}.conv", y_bct)
+    """The MimiConv1d ``name`` (weights ``{name}.conv.weight``, ``{name}.conv.bias``)."""
+    y_bct = mimi_causal_conv1d(x_bct, w[f"{name}.conv.weight"], w.get(f"{name}.conv.bias"), **options)
     record(name, y_bct)
     return y_bct
 
@@ -289,8 +288,6 @@ def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Re
     h = named_causal_conv(w, f"{p}.block.3", h, record, pad_mode=cfg.pad_mode)
     if cfg.use_conv_shortcut:
         x_bct = named_causal_conv(w, f"{p}.shortcut", x_bct, record, pad_mode=cfg.pad_mode)
-    else:
-        record(f"{p}.shortcut", x_bct)  # an Identity module
     return x_bct + h
 
 
@@ -323,10 +320,13 @@ def attention_mask(cfg: EncoderConfig, T: int, attention: str) -> nn.AttentionMa
 
 def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", record: Recorder = NULL_RECORDER):
     """The layers at positions 0..T-1 (LayerNorm, RoPE, causal attention, LayerScale, GELU MLP), no final
-    norm.  [B, T, C] -> [B, T, C]; each layer's output is recorded as ``layers.{i}``."""
+    norm.  [B, T, C] -> [B, T, C]; each layer's output is recorded as ``layers.{i}``, the rotary tables
+    (computed once for all layers) as the extras ``rope.cos`` and ``rope.sin`` ([1, T, D])."""
     T = x_btc.shape[1]
     mask = attention_mask(cfg, T, attention)
     cos_td, sin_td = nn.rope_cos_sin(nn.arange(T), cfg.head_dim, cfg.rope_theta, x_btc.dtype.type)
+    record.extra("rope.cos", cos_td[None])
+    record.extra("rope.sin", sin_td[None])
     layers = layer_views(w, "encoder_transformer.layers.", cfg.num_hidden_layers)
     return transformer_stack(
         layers, CODEC_ENCODER, cfg, x_btc, cos_td[None], sin_td[None], mask, None, cfg.norm_eps, record

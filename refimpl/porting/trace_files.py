@@ -32,9 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.bf16 import bf16_bits_to_float32
+from ..codec.decoder import decoder_weight_spec
+from ..codec.encoder import EncoderConfig, encoder_weight_spec
 from ..io.checkpoint import STORED_DTYPES, read_config, read_safetensors_header, write_safetensors_file
 from ..io.files import InputError, atomic_output, parse_json, read_npy_header
-from ..recorder import EXTRA_PREFIX, CallLog, Recorder
+from ..recorder import EXTRA_PREFIX, CallLog, Recorder, call_names
+from .names import conv_wrappers, official_calls
 
 __all__ = [
     "Trace",
@@ -300,9 +303,12 @@ def base_metadata(stage: str, directory, dtype, inputs: dict, settings: dict | N
     }
 
 
-def finish(log: CallLog, metadata: dict) -> Trace:
-    """Name the recorded calls by the rule and move our non-module stage records to ``refimpl.``."""
-    items = [(EXTRA_PREFIX + k if k.split(":")[0] in NOT_MODULES else k, v) for k, v in log.named()]
+def finish(log: CallLog, metadata: dict, wrappers: frozenset = frozenset()) -> Trace:
+    """Add the official names our stage code does not record (``refimpl.porting.names``; ``wrappers``: the
+    run's conv units), name the calls by the ``:N`` rule and move our non-module stage records to ``refimpl.``."""
+    calls = official_calls(log.calls, wrappers)
+    keys = call_names([k for k, _ in calls])
+    items = [(EXTRA_PREFIX + k if k.split(":")[0] in NOT_MODULES else k, v) for k, (_, v) in zip(keys, calls)]
     return Trace(items, metadata)
 
 
@@ -323,7 +329,7 @@ def trace_codec_decode(tokenizer, codes_tq) -> Trace:
         tokenizer.dtype,
         {"codes_sha256": array_hash(codes), "frames": int(codes.shape[0]), "codes": codes.tolist()},
     )
-    return finish(log, meta)
+    return finish(log, meta, conv_wrappers("decoder.", decoder_weight_spec(tokenizer.decoder_config)))
 
 
 def trace_codec_encode(tokenizer, audio, sr: int = 24000) -> Trace:
@@ -339,7 +345,8 @@ def trace_codec_encode(tokenizer, audio, sr: int = 24000) -> Trace:
         tokenizer.dtype,
         {"audio_sha256": array_hash(audio), "samples": int(audio.shape[0]), "sample_rate": int(sr)},
     )
-    return finish(log, meta)
+    cfg = EncoderConfig.from_dict(tokenizer.config["encoder_config"])
+    return finish(log, meta, conv_wrappers("encoder.", encoder_weight_spec(cfg)))
 
 
 def trace_speaker(tts, audio, sr: int = 24000) -> Trace:

@@ -43,6 +43,8 @@ NON_FINITE_HINT = "damaged weights or an extreme speaker embedding?"
 @dataclass
 class GenerationTrace:
     """What a run saw, for tests and debugging (filled when passed to ``generate_codes``); host arrays.
+    It is ``Qwen3TTS.last_trace``: a summary of one generation, not a module trace (those are recorded by
+    ``refimpl.recorder`` and written by ``refimpl.porting.trace_files``).
     With ``keep_logits=False`` the three logits fields stay empty: they are most of its size (at the
     released sizes about 130 KB a frame, a gigabyte for the longest generations)."""
 

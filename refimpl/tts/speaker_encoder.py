@@ -334,11 +334,11 @@ def relu(x):
 
 
 def tdnn(w, p, x_bct, dilation: int = 1, record: Recorder = NULL_RECORDER):
-    """TDNN block: ReLU(reflect-"same" conv).  Records ``{p}.conv``, ``{p}.activation`` and ``{p}``."""
+    """TDNN block: ReLU(reflect-"same" conv).  Records ``{p}.conv`` and ``{p}`` (the official name of the
+    same tensor, ``{p}.activation``, is added by ``refimpl.porting.names``)."""
     h = reflect_same_conv1d(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation)
     record(f"{p}.conv", h)
     h = relu(h)
-    record(f"{p}.activation", h)
     record(p, h)
     return h
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -66,6 +68,32 @@ def test_streaming_is_not_redecoding(speech_tokenizers):
     assert stream.frames_done == 50
     # the longest carried conv context is the dilated k7 conv of the last residual units: 6 * 9 samples
     assert max(stream.state.context_lengths().values()) == 6 * 9
+
+
+def test_every_conv_streams_with_its_own_state(speech_tokenizers):
+    """The conv states are named as the conv units' weights (``{name}.conv.weight``), a push uses every
+    one, and a streaming conv that finds no state (or one of the other kind) is an error, never the
+    silent zero padding that would restart it at every push."""
+    from refimpl import nn
+
+    tok = speech_tokenizers["f64"]
+    codes = np.random.default_rng(3).integers(0, 64, size=(3, 16))
+    stream = tok.stream()
+    units = {n[: -len(".conv.weight")] for n in tok.decoder_weights if n.endswith(".conv.weight")}
+    assert set(stream.state.convs) == units and len(units) == 2 + 2 * 2 + 4 * (1 + 3 * 2) + 1
+    stream.push(codes)
+    for name, state in stream.state.convs.items():
+        held = state.context_bct if isinstance(state, nn.CausalConvState) else state.tail_bot
+        assert held is not None, f"the push did not use the state of {name}"
+    for name in ("pre_conv", "upsample.1.1.dwconv", "upsample.0.0", "decoder.2.block.3.conv1", "decoder.6"):
+        broken = tok.stream()
+        del broken.state.convs[name]
+        with pytest.raises(LookupError, match=re.escape(f"conv {name!r} finds no state")):
+            broken.push(codes)
+    swapped = tok.stream()
+    swapped.state.convs["decoder.1.block.1"] = nn.CausalConvState()
+    with pytest.raises(LookupError, match="'decoder.1.block.1' finds a CausalConvState .* not a TransposedConvState"):
+        swapped.push(codes)
 
 
 def test_long_stream_against_golden(speech_tokenizers):
