@@ -20,7 +20,16 @@ import numpy as np
 
 from .backends import to_host
 
-__all__ = ["Recorder", "NULL_RECORDER", "as_recorder", "CallLog", "call_names", "EXTRA_PREFIX", "record_rope_and_mask"]
+__all__ = [
+    "Recorder",
+    "NULL_RECORDER",
+    "as_recorder",
+    "CallLog",
+    "call_names",
+    "EXTRA_PREFIX",
+    "record_rope_and_mask",
+    "record_attention_details",
+]
 
 # Names of tensors that are not the output of an official module start with this (no official module
 # path does): ``refimpl.talker.prompt.embeds``, ``refimpl.encoder.quantizer...margin``.
@@ -31,11 +40,12 @@ class Recorder:
     """Stores ``name -> array`` into ``store`` (a dict) under ``prefix``; with no store it does nothing.
     A recording is a host array: a device array (CuPy backend) is copied down when it is recorded."""
 
-    __slots__ = ("store", "prefix")
+    __slots__ = ("store", "prefix", "attention")
 
-    def __init__(self, store: dict | None = None, prefix: str = ""):
+    def __init__(self, store: dict | None = None, prefix: str = "", attention: bool = False):
         self.store = store
         self.prefix = prefix
+        self.attention = attention  # also record post-RoPE q/k and attention probabilities (large)
 
     @property
     def enabled(self) -> bool:
@@ -60,13 +70,13 @@ class Recorder:
         """A recorder whose names all go to the ``refimpl.`` namespace: ``refimpl.`` + this prefix + prefix."""
         if self.store is None:
             return self
-        return Recorder(self.store, EXTRA_PREFIX + self.prefix + prefix)
+        return Recorder(self.store, EXTRA_PREFIX + self.prefix + prefix, self.attention)
 
     def scope(self, prefix: str) -> "Recorder":
         """A recorder into the same store whose names start with ``prefix`` (after this one's)."""
         if self.store is None:
             return self
-        return Recorder(self.store, self.prefix + prefix)
+        return Recorder(self.store, self.prefix + prefix, self.attention)
 
 
 NULL_RECORDER = Recorder(None)
@@ -127,3 +137,23 @@ def record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope: bool = False) ->
     record("rotary_emb", np.broadcast_to(cos_btd, (3,) + cos_btd.shape) if mrope else cos_btd)
     record.extra("rotary_emb.sin", sin_btd)
     record.extra("attention_mask", mask.rows(0, len(mask.query_positions_t)))
+
+
+def record_attention_details(record, q_bhtd, k_bgsd, allowed, scale: float, k_new_bgtd) -> None:
+    """Only for a recorder made with ``attention=True`` (they are large): as extras of the attention
+    module, the queries and the new keys after RoPE (``q_rope`` [B, H, T, D], ``k_rope`` [B, G, T, D]) and
+    the attention probabilities over every key seen (``attn_probs`` [B, H, T, S], masked keys 0), as the
+    official eager attention computes them: softmax(q k^T * scale + mask)."""
+    if not (record.enabled and record.attention):
+        return
+    record.extra("q_rope", q_bhtd)
+    record.extra("k_rope", k_new_bgtd)
+    q, k = to_host(q_bhtd).astype(np.float64), to_host(k_bgsd).astype(np.float64)
+    k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+    scores = np.einsum("bhtd,bhsd->bhts", q, k) * scale
+    mask = allowed.rows(0, q.shape[2]) if hasattr(allowed, "rows") else np.asarray(to_host(allowed))
+    scores = np.where(np.broadcast_to(to_host(mask), scores.shape), scores, -np.inf)
+    m = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(m), m, 0))
+    probs = e / np.maximum(e.sum(axis=-1, keepdims=True), np.finfo(np.float64).tiny)
+    record.extra("attn_probs", probs.astype(np.asarray(to_host(q_bhtd)).dtype))

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import nn
 from .io.checkpoint import WeightSpec, WeightView
-from .recorder import NULL_RECORDER, Recorder
+from .recorder import NULL_RECORDER, Recorder, record_attention_details
 
 __all__ = [
     "LayerKind",
@@ -250,8 +250,10 @@ def attention_block(
     q_bhtd = nn.apply_rope(q_bthd.transpose(0, 2, 1, 3), cos_btd[:, None], sin_btd[:, None])
     k_bgtd = nn.apply_rope(k_btgd.transpose(0, 2, 1, 3), cos_btd[:, None], sin_btd[:, None])
     v_bgtd = v_btgd.transpose(0, 2, 1, 3)
+    k_new_bgtd = k_bgtd
     if cache is not None:
         k_bgtd, v_bgtd = cache.append(k_bgtd, v_bgtd)
+    record_attention_details(record, q_bhtd, k_bgtd, allowed, D**-0.5, k_new_bgtd)  # opt-in (large)
     out_bhtd = nn.attention(q_bhtd, k_bgtd, v_bgtd, allowed, scale=D**-0.5)
     out_btc = out_bhtd.transpose(0, 2, 1, 3).reshape(B, T, H * D)
     out_btc = nn.linear(out_btc, a["o_proj.weight"], a.get("o_proj.bias"))

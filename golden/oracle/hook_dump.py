@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 from collections import Counter
+from pathlib import Path
 
 from common import make_float64_oracle, np, to_numpy, torch, versions  # noqa: I001
 
@@ -78,6 +79,31 @@ def named_calls(calls) -> list:
         seen[name] += 1
         out.append((key, value))
     return out
+
+
+def run_metadata(stage: str, model_dir, inputs: dict) -> dict:
+    """The fields of a refimpl trace's metadata that say which run it is (docs/port_authors.md), computed
+    as ``refimpl.porting.trace_files`` does, so that ``refimpl compare`` can check a dump against ours:
+    ``input`` (for codes or audio their hash and size, for a generation the keywords), ``config``,
+    ``weights_sha256``, ``model_dir``."""
+    from refimpl.io.checkpoint import read_config
+    from refimpl.porting.trace_files import array_hash, weights_hash
+
+    if stage == "codec-decode":
+        codes = np.asarray(inputs["codes"], dtype=np.int64)
+        inp = {"codes_sha256": array_hash(codes), "frames": int(codes.shape[0]), "codes": codes.tolist()}
+    elif stage in ("codec-encode", "speaker"):
+        audio = np.asarray(inputs["audio"])
+        inp = {"audio_sha256": array_hash(audio), "samples": int(audio.shape[0]), "sample_rate": 24000}
+    else:
+        inp = {k: v for k, v in inputs.items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+    return {
+        "stage": stage,
+        "input": inp,
+        "model_dir": Path(model_dir).name,
+        "config": read_config(model_dir),
+        "weights_sha256": weights_hash(model_dir),
+    }
 
 
 def write_dump(path: str, named: list, metadata: dict) -> None:
@@ -174,20 +200,23 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=8)
     args = p.parse_args(argv)
     if args.stage == "codec-decode":
-        calls = run_codec_decode(args.model, np.load(args.input), args.dtype)
-    elif args.stage == "codec-encode":
-        calls = run_codec_encode(args.model, read_audio(args.input), args.dtype)
-    elif args.stage == "speaker":
-        calls = run_speaker(args.model, read_audio(args.input), args.dtype)
+        inputs = {"codes": np.load(args.input)}
+        calls = run_codec_decode(args.model, inputs["codes"], args.dtype)
+    elif args.stage in ("codec-encode", "speaker"):
+        inputs = {"audio": read_audio(args.input)}
+        run = run_codec_encode if args.stage == "codec-encode" else run_speaker
+        calls = run(args.model, inputs["audio"], args.dtype)
     else:
         greedy = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=args.max_new_tokens)
         if args.stage == "say":
-            kwargs = dict(text=args.input, speaker=args.speaker, language=args.language, instruct=args.instruct)
-            calls = run_generation(args.model, "generate_custom_voice", {**kwargs, **greedy}, args.dtype)
+            inputs = dict(text=args.input, speaker=args.speaker, language=args.language, instruct=args.instruct)
+            calls = run_generation(args.model, "generate_custom_voice", {**inputs, **greedy}, args.dtype)
         else:
-            kwargs = dict(text=args.input, instruct=args.instruct or "", language=args.language)
-            calls = run_generation(args.model, "generate_voice_design", {**kwargs, **greedy}, args.dtype)
-    write_dump(args.output, named_calls(calls), {"stage": args.stage, "dtype": args.dtype, "input": args.input})
+            inputs = dict(text=args.input, instruct=args.instruct or "", language=args.language)
+            calls = run_generation(args.model, "generate_voice_design", {**inputs, **greedy}, args.dtype)
+        inputs.update(greedy)
+    metadata = dict(run_metadata(args.stage, args.model, inputs), dtype=args.dtype)
+    write_dump(args.output, named_calls(calls), metadata)
     print(f"wrote {args.output}: {len(calls)} tensors")
     return 0
 

@@ -2,6 +2,7 @@
 and the official model's rounding noise in float32 / bfloat16 / float16 -> golden/trace/.
 
     .oracle-venv/bin/python golden/oracle/record_trace_keys.py
+    .oracle-venv/bin/python golden/oracle/record_trace_keys.py --dumps-only   # only the three official dumps
 
 Writes:
     golden/trace/inputs.npz                     the inputs of the cases below (codes, audio)
@@ -24,7 +25,15 @@ from __future__ import annotations
 import json
 
 from common import CHECKPOINTS, GOLDEN, np, versions  # noqa: I001
-from hook_dump import named_calls, run_codec_decode, run_codec_encode, run_generation, run_speaker, write_dump
+from hook_dump import (
+    named_calls,
+    run_codec_decode,
+    run_codec_encode,
+    run_generation,
+    run_metadata,
+    run_speaker,
+    write_dump,
+)
 
 OUT = GOLDEN / "trace"
 EPS = {"float32": float(np.finfo(np.float32).eps), "bfloat16": 2.0**-7, "float16": float(np.finfo(np.float16).eps)}
@@ -91,20 +100,46 @@ def noise_ratios(named_p: list, named_64: dict, eps: float, prefill_only: bool) 
     return ratios
 
 
-def main() -> None:
+DUMPED = ("codec-decode", "speaker", "say")
+
+
+def dump_metadata(stage: str, inputs: dict) -> dict:
+    """What refimpl's trace of the same case records about the run (``hook_dump.run_metadata``)."""
+    if stage == "codec-decode":
+        where, given = CHECKPOINTS / "tiny-speech-tokenizer", {"codes": inputs["codes"]}
+    elif stage == "speaker":
+        where, given = CHECKPOINTS / "tiny-base", {"audio": inputs["speaker_audio"]}
+    else:
+        where, given = (
+            CHECKPOINTS / "tiny-customvoice",
+            dict(text="Hi.", speaker="vivian", language="english", **GREEDY),
+        )
+    meta = run_metadata(stage, where, given)
+    return dict(meta, dtype="float32", case="golden/oracle/record_trace_keys.py")
+
+
+def write_official_dump(stage: str, named: list, inputs: dict) -> None:
+    write_dump(str(OUT / f"official_{stage.replace('-', '_')}.safetensors"), named, dump_metadata(stage, inputs))
+
+
+def main(argv=None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
     OUT.mkdir(exist_ok=True)
     inputs = make_inputs()
+    if argv == ["--dumps-only"]:
+        for stage in DUMPED:
+            write_official_dump(stage, named_calls(cases(inputs)[stage]("float32")), inputs)
+            print("wrote", stage)
+        return
     np.savez_compressed(OUT / "inputs.npz", **inputs)
     keys, noise = {}, {p: {} for p in EPS}
     for stage, run in cases(inputs).items():
         named = named_calls(run("float32"))
         keys[stage] = [[k, list(v.shape)] for k, v in named]
-        if stage in ("codec-decode", "speaker", "say"):
-            write_dump(
-                str(OUT / f"official_{stage.replace('-', '_')}.safetensors"),
-                named,
-                {"stage": stage, "dtype": "float32", "case": "golden/oracle/record_trace_keys.py"},
-            )
+        if stage in DUMPED:
+            write_official_dump(stage, named, inputs)
         named_64 = dict(named_calls(run("float64")))
         generation = stage in ("say", "design", "clone")
         for precision in EPS:

@@ -23,7 +23,8 @@ from ..io.files import (
     write_atomically,
 )
 from . import trace_files
-from .compare import PRECISIONS, compare_traces, report_json
+from .compare import PRECISIONS, compare_traces, metadata_mismatches, prefix_hint, report_json
+from .name_maps import load_map
 
 __all__ = ["add_commands", "run_case", "run_cases", "read_cases"]
 
@@ -34,6 +35,7 @@ examples:
   refimpl trace speaker me.wav --model Qwen3-TTS-12Hz-0.6B-Base -o speaker.safetensors
   refimpl trace say "Hello." --speaker vivian --seed 3 -o say.safetensors
   refimpl trace say "Hello." --speaker vivian --replay say.safetensors -o again.safetensors
+  refimpl trace say "Hello." --greedy --force-codes port_codes.npy -o forced.safetensors
   refimpl trace design "Hi." --instruct "A calm voice." --dtype float64 -o design64.safetensors
   refimpl trace clone "Hi." --ref-audio me.wav --x-vector-only -o clone.safetensors
 
@@ -81,10 +83,12 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Tra
         tok = SpeechTokenizer.from_pretrained(model, dtype=dtype)
         if stage == "codec-decode":
             return trace_files.trace_codec_decode(
-                tok, read_codes(inp) if isinstance(inp, (str, Path)) else np.asarray(inp)
+                tok,
+                read_codes(inp) if isinstance(inp, (str, Path)) else np.asarray(inp),
+                bool(options.get("attention")),
             )
         audio, sr = read_mono(inp) if isinstance(inp, (str, Path)) else inp
-        return trace_files.trace_codec_encode(tok, audio, sr)
+        return trace_files.trace_codec_encode(tok, audio, sr, bool(options.get("attention")))
     from ..tts.model import Qwen3TTS
 
     tts = Qwen3TTS.from_pretrained(model, dtype=dtype)
@@ -92,6 +96,8 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Tra
         audio, sr = read_mono(inp) if isinstance(inp, (str, Path)) else inp
         return trace_files.trace_speaker(tts, audio, sr)
     options = dict(options)
+    if stage == "say" and options.get("speaker") is None and tts.get_supported_speakers():
+        options["speaker"] = tts.get_supported_speakers()[0]  # as ``refimpl say``: the first preset speaker
     if stage == "clone" and isinstance(options.get("ref_audio"), (str, Path)):
         options["ref_audio"] = read_mono(options["ref_audio"])
     return trace_files.trace_generation(tts, stage, text=inp, **options)
@@ -100,35 +106,80 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Tra
 # ----------------------------------------------------------------------------- refimpl trace
 
 
+SAMPLING_FLAGS = ("repetition_penalty", "temperature", "top_k", "top_p")
+
+
 def generation_options(args) -> dict:
-    """The Python keywords of the generation options (as ``refimpl say`` etc.), the replayed draws and the
-    mode's own options."""
+    """The Python keywords of the generation options (as ``refimpl say`` etc.), the replayed draws, the
+    forced codes and the mode's own options."""
     given = {"seed": args.seed, "max_new_tokens": args.max_new_tokens, "language": args.language}
+    given.update({k: getattr(args, k) for k in SAMPLING_FLAGS})
     opts = {k: v for k, v in given.items() if v is not None}
     if args.greedy:
         opts.update(do_sample=False, subtalker_dosample=False)
-    if args.replay:
-        replayed = trace_files.load_trace(args.replay)
-        if "refimpl.random_draws" not in replayed.keys:
-            raise ValueError(f"{args.replay} has no refimpl.random_draws (not a trace of a generation)")
-        opts["random_draws"] = replayed["refimpl.random_draws"]
     if args.stage == "say":
         opts.update(speaker=args.speaker, instruct=args.instruct)
     elif args.stage == "design":
         opts["instruct"] = args.instruct
     elif args.stage == "clone":
         opts.update(ref_audio=args.ref_audio, ref_text=args.ref_text, x_vector_only_mode=args.x_vector_only)
+    if args.force_codes:
+        opts["forced_codes"] = read_forced_codes(args.force_codes)
+    if args.replay:
+        replayed = trace_files.load_trace(args.replay)
+        check_replay(replayed, args.stage, args.input, opts, args.replay)
+        opts["random_draws"] = replayed["refimpl.random_draws"]
     return opts
 
 
+def read_forced_codes(path) -> list:
+    """--force-codes: a codes .npy [T, 16], or a trace whose ``refimpl.codes.{i}`` are the codes."""
+    if str(path).endswith(".npy"):
+        return [read_codes(path)]
+    trace = trace_files.load_trace(path)
+    codes = [trace[k] for k in trace.keys if k.startswith("refimpl.codes.")]
+    if not codes:
+        raise ValueError(f"{path} is neither a codes .npy nor a trace with refimpl.codes.* tensors")
+    return codes
+
+
+# what a replay must share with the recorded run (the seed does not matter: the draws replace it)
+NOT_REPLAYED = ("seed", "random_draws", "progress", "forced_codes", "attention", "decoder")
+
+
+def check_replay(replayed, stage: str, text: str, opts: dict, name) -> None:
+    """--replay reproduces a run only with its text and options: refuse anything else, naming it."""
+    meta = replayed.metadata
+    if "refimpl.random_draws" not in replayed.keys:
+        raise ValueError(f"{name} has no refimpl.random_draws (not a trace of a generation)")
+    if replayed["refimpl.random_draws"].size == 0:
+        raise ValueError(f"{name} is a greedy run: it consumed no random numbers, there is nothing to replay")
+    if meta.get("stage") not in (None, stage):
+        raise ValueError(f"{name} is a trace of {meta['stage']!r}, not of {stage!r}")
+    recorded = {k: v for k, v in (meta.get("input") or {}).items() if k not in NOT_REPLAYED}
+    now = {k: v for k, v in dict(opts, text=text).items() if k not in NOT_REPLAYED and not k.startswith("ref_audio")}
+    recorded = {k: v for k, v in recorded.items() if not k.startswith("ref_audio") and v is not None}
+    now = {k: v for k, v in now.items() if v is not None}
+    if "speaker" not in now:  # the default speaker: the model's first, as recorded then
+        recorded.pop("speaker", None)
+    differ = [
+        f"{k}: recorded {recorded.get(k)!r}, now {now.get(k)!r}"
+        for k in sorted(set(recorded) | set(now))
+        if recorded.get(k) != now.get(k)
+    ]
+    if differ:
+        raise ValueError(f"--replay {name}: the recorded run had other input or options ({'; '.join(differ)})")
+
+
 def cmd_trace(args, say) -> int:
-    if args.stage == "say" and args.speaker is None:
-        raise ValueError("trace say needs --speaker (see 'refimpl info')")
     if args.stage == "clone" and args.ref_text is None and not args.x_vector_only:
         raise ValueError("trace clone needs --ref-text or --x-vector-only")
     options = generation_options(args) if args.stage in ("say", "design", "clone") else {}
     if options:
         options["progress"] = say.progress  # a bar over the generated frames (none under -q)
+        options["decoder"] = not args.no_decoder
+    if getattr(args, "attention", False):
+        options["attention"] = True
     t0 = time.perf_counter()
     trace = trace_case(args.model, args.stage, args.input, options, args.dtype_np)
     path = trace.save(args.output, args.format)
@@ -155,11 +206,31 @@ def add_trace_parser(sub, common) -> None:
     gen.add_argument("--seed", type=count(0), default=0, help="random seed for sampling, >= 0 (default 0)")
     gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     gen.add_argument("--max-new-tokens", type=count(1), metavar="N")
+    gen.add_argument("--repetition-penalty", type=float, metavar="X")
+    gen.add_argument("--temperature", type=float, metavar="T")
+    gen.add_argument("--top-k", type=count(0), metavar="K")
+    gen.add_argument("--top-p", type=float, metavar="P")
+    gen.add_argument(
+        "--force-codes",
+        metavar="CODES",
+        help="teacher forcing: continue every step with these codes (a .npy [T, 16], or a trace's "
+        "refimpl.codes.*) so that every step stays comparable with the port that made them",
+    )
     gen.add_argument(
         "--replay",
         metavar="TRACE",
         help="take the random uniforms from this trace's "
         "refimpl.random_draws (reproduces its sampled codes; give the same options)",
+    )
+    gen.add_argument(
+        "--no-decoder", action="store_true", help="leave out the codec decoder of the generated codes (decoder.*)"
+    )
+    attention = argparse.ArgumentParser(add_help=False)
+    attention.add_argument(
+        "--attention",
+        action="store_true",
+        help="also record each attention layer's post-RoPE q/k and probabilities (refimpl.*.q_rope, "
+        ".k_rope, .attn_probs; large)",
     )
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("-o", "--output", required=True, metavar="TRACE")
@@ -179,10 +250,11 @@ def add_trace_parser(sub, common) -> None:
     }
     for stage, (metavar, text) in helps.items():
         parents = [common, out] + ([gen] if stage in ("say", "design", "clone") else [])
+        parents += [attention] if stage != "speaker" else []
         s = tsub.add_parser(stage, parents=parents, help=text, description=f"Trace {text}.")
         s.add_argument("input", metavar=metavar)
         if stage == "say":
-            s.add_argument("--speaker", metavar="NAME")
+            s.add_argument("--speaker", metavar="NAME", help="preset speaker (default: the first, as 'refimpl say')")
             s.add_argument("--instruct", metavar="TEXT")
         if stage == "design":
             s.add_argument("--instruct", required=True, metavar="TEXT")
@@ -222,14 +294,40 @@ def cmd_compare(args, say) -> int:
     try:
         reference = trace_files.load_trace(args.reference)
         candidate = trace_files.load_trace(args.candidate)
+        notes = []
+        if args.map:
+            reference, candidate, notes = load_map(args.map).apply(reference, candidate)
     except (OSError, ValueError, KeyError) as e:
         print(f"refimpl compare: unusable input: {e}", file=sys.stderr)
         return 2
+    mismatches = metadata_mismatches(reference.metadata, candidate.metadata, args.precision)
     report = compare_traces(reference, candidate, args.precision)
+    report.notes[:0] = notes
+    report.metadata_mismatches = mismatches
     if not report.rows and not report.shape_mismatches:
-        print("refimpl compare: unusable input: the two traces have no key in common", file=sys.stderr)
+        hint = prefix_hint(reference.keys, candidate.keys)
+        print(
+            "refimpl compare: unusable input: the two traces have no key in common" + (f" ({hint})" if hint else ""),
+            file=sys.stderr,
+        )
         return 2
-    print(report_json(report) if args.json else report.format())
+    if report.covered < len(candidate.keys) // 2:
+        hint = prefix_hint(reference.keys, report.missing_in_reference)
+        if hint:
+            report.notes.append(hint)
+    if mismatches and not args.force:
+        for line in report.header_lines():
+            print(line, file=sys.stderr)
+        print(
+            "refimpl compare: unusable input: the traces are not runs of the same checkpoint, input and "
+            "precision (--force compares them anyway)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.json:
+        print(report_json(report))
+    else:
+        print(report.format(failures=args.failures, context=args.context, list_missing=args.list_missing))
     return report.exit_status()
 
 
@@ -239,7 +337,8 @@ def add_compare_parser(sub) -> None:
         help="compare two traces key by key; find the first divergence",
         description="Compare CANDIDATE with REFERENCE tensor by tensor in execution order. "
         "Exit 0: every common tensor within tolerance; 1: something fails (the first failure in "
-        "execution order is marked); 2: unusable input.",
+        "execution order is marked; differing codes get their frame, codebook and verdict); 2: unusable "
+        "input (also: the metadata say another checkpoint, input or precision, unless --force).",
     )
     c.add_argument("reference", metavar="REFERENCE")
     c.add_argument("candidate", metavar="CANDIDATE")
@@ -250,6 +349,13 @@ def add_compare_parser(sub) -> None:
         help="what the candidate computes in (sets the tolerance; default float32)",
     )
     c.add_argument("--json", action="store_true", help="machine-readable report")
+    c.add_argument(
+        "--map", metavar="FILE", help="a name map (JSON or TOML) from the candidate's names to the official ones"
+    )
+    c.add_argument("--failures", action="store_true", help="show only the failing rows (and every differing code)")
+    c.add_argument("--context", type=int, metavar="N", help="show the first failure with N rows either side")
+    c.add_argument("--list-missing", action="store_true", help="list every missing key instead of a summary")
+    c.add_argument("--force", action="store_true", help="compare even when the metadata say the runs differ")
     c.set_defaults(func=cmd_compare)
 
 

@@ -31,6 +31,8 @@ __all__ = [
     "Row",
     "Report",
     "compare_traces",
+    "metadata_mismatches",
+    "prefix_hint",
     "PRECISIONS",
 ]
 
@@ -121,9 +123,11 @@ class Row:
     shape: list
     max_abs: float
     relative: float  # max_abs / max(1, max|reference|)
-    cosine: float
+    cosine: float | None  # None for integer tensors (codes, ids): they are equal or not
     tol: float
     ok: bool
+    exact: bool = False  # an integer tensor: must be equal
+    differing: int = 0  # elements that differ (integer tensors) / are out of tolerance (float)
 
 
 @dataclasses.dataclass
@@ -133,54 +137,142 @@ class Report:
     missing_in_candidate: list
     missing_in_reference: list
     shape_mismatches: list  # [key, reference shape, candidate shape]
+    reference_total: int = 0  # tensors of the reference
+    notes: list = dataclasses.field(default_factory=list)  # how keys were matched (maps, squeezed axes)
+    metadata_mismatches: list = dataclasses.field(default_factory=list)  # [field, reference, candidate]
+    divergences: list = dataclasses.field(default_factory=list)  # diagnose.Divergence, first first
 
     @property
     def first_failure(self) -> Row | None:
         return next((r for r in self.rows if not r.ok), None)
 
     @property
+    def first_divergence(self):
+        return self.divergences[0] if self.divergences else None
+
+    @property
     def passed(self) -> bool:
         return self.first_failure is None and not self.shape_mismatches
+
+    @property
+    def covered(self) -> int:
+        """Reference tensors the candidate has (compared or with another shape)."""
+        return len(self.rows) + len(self.shape_mismatches)
 
     def exit_status(self) -> int:
         return 0 if self.passed else 1
 
+    def coverage_line(self) -> str:
+        line = (
+            f"the candidate covers {self.covered} of {self.reference_total or self.covered} reference tensors, "
+            f"{len(self.rows)} compared"
+        )
+        if self.shape_mismatches:
+            line += f", {len(self.shape_mismatches)} with another shape"
+        if self.missing_in_reference:
+            line += f"; {len(self.missing_in_reference)} candidate tensors are not in the reference"
+        return line
+
     def to_json(self) -> dict:
         first = self.first_failure
+        div = self.first_divergence
         return {
             "precision": self.precision,
             "passed": self.passed,
+            "coverage": {
+                "reference": self.reference_total,
+                "covered": self.covered,
+                "compared": len(self.rows),
+            },
+            "metadata_mismatches": self.metadata_mismatches,
+            "notes": self.notes,
             "first_failure": first.key if first else None,
+            "first_divergence": div.to_json() if div else None,
+            "divergences": [d.to_json() for d in self.divergences],
             "rows": [dataclasses.asdict(r) for r in self.rows],
             "missing_in_candidate": self.missing_in_candidate,
             "missing_in_reference": self.missing_in_reference,
             "shape_mismatches": self.shape_mismatches,
         }
 
-    def format(self) -> str:
-        width = max([len(r.key) for r in self.rows] + [3])
-        lines = [f"{'key':<{width}}  {'shape':<18} {'max abs':>10} {'rel':>10} {'cosine':>10} {'tol':>10}  result"]
+    def format(self, failures: bool = False, context: int | None = None, list_missing: bool = False) -> str:
+        """The table: every row; ``failures``: only the failing ones; ``context``: the first failure with
+        ``context`` rows either side (and only those)."""
         first = self.first_failure
-        for r in self.rows:
+        shown = self.rows
+        if context is not None and first is not None:
+            i = self.rows.index(first)
+            shown = self.rows[max(0, i - context) : i + context + 1]
+        if failures:
+            shown = [r for r in shown if not r.ok]
+        lines = [f"{m}" for m in self.header_lines()]
+        width = max([len(r.key) for r in shown] + [3])
+        lines.append(f"{'key':<{width}}  {'shape':<18} {'max abs':>10} {'rel':>10} {'cosine':>10} {'tol':>10}  result")
+        if shown and shown[0] is not self.rows[0]:
+            lines.append(f"... ({self.rows.index(shown[0])} rows before)")
+        for r in shown:
             mark = "FAIL  <- first divergence" if r is first else ("ok" if r.ok else "FAIL")
+            if r.exact:
+                cos = "integer"
+                if not r.ok:
+                    mark += f" ({r.differing} of {int(np.prod(r.shape))} differ)"
+            else:
+                cos = f"{r.cosine:10.6f}"
             lines.append(
                 f"{r.key:<{width}}  {str(tuple(r.shape)):<18} {r.max_abs:10.3e} {r.relative:10.3e} "
-                f"{r.cosine:10.6f} {r.tol:10.3e}  {mark}"
+                f"{cos:>10} {r.tol:10.3e}  {mark}"
             )
+        hidden = len(self.rows) - len(shown)
+        if hidden:
+            lines.append(f"... ({hidden} of {len(self.rows)} rows not shown)")
         lines.append("")
-        lines.append(f"{sum(r.ok for r in self.rows)} of {len(self.rows)} common tensors pass ({self.precision} rule)")
+        lines.append(
+            f"{sum(r.ok for r in self.rows)} of {len(self.rows)} compared tensors pass ({self.precision} rule)"
+        )
         if first is not None:
             lines.append(f"first divergence (execution order): {first.key}")
-        for key, a, b in self.shape_mismatches:
+        for d in self.divergences[:1] if not failures else self.divergences:
+            lines.append(f"first divergent code: {d.describe()}" if d is self.divergences[0] else f"  {d.describe()}")
+        if len(self.divergences) > 1 and not failures:
+            judged = [d.verdict for d in self.divergences if d.verdict]
+            counts = ", ".join(f"{v} {judged.count(v)}" for v in sorted(set(judged)))
+            lines.append(f"{len(self.divergences)} differing codes in all ({counts}; --failures lists them)")
+        for key, a, b in self.shape_mismatches[: None if list_missing else 8]:
             lines.append(f"shape mismatch: {key}: reference {tuple(a)}, candidate {tuple(b)}")
+        if len(self.shape_mismatches) > 8 and not list_missing:
+            lines.append(f"... {len(self.shape_mismatches)} shape mismatches in all (--list-missing lists them)")
         for what, keys in (
             ("missing in candidate", self.missing_in_candidate),
             ("missing in reference", self.missing_in_reference),
         ):
-            if keys:
-                shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
-                lines.append(f"{what}: {shown}")
+            if keys and list_missing:
+                lines.append(f"{what} ({len(keys)}): " + ", ".join(keys))
+            elif keys:
+                lines.append(f"{what}: {len(keys)} tensors ({summarise(keys)}; --list-missing lists them)")
         return "\n".join(lines)
+
+    def header_lines(self) -> list:
+        lines = [self.coverage_line()]
+        for field, a, b in self.metadata_mismatches:
+            lines.append(f"metadata differs: {field}: reference {short(a)}, candidate {short(b)}")
+        lines += [f"note: {n}" for n in self.notes]
+        return lines
+
+
+def short(value, n: int = 60) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def summarise(keys: list, groups: int = 4) -> str:
+    """The most common module prefixes of ``keys`` (call suffixes dropped), with counts."""
+    from collections import Counter
+
+    prefixes = Counter(".".join(k.split(":")[0].split(".")[:3]) for k in keys)
+    parts = [f"{p}* {n}" for p, n in prefixes.most_common(groups)]
+    if len(prefixes) > groups:
+        parts.append(f"{len(prefixes) - groups} other groups")
+    return ", ".join(parts)
 
 
 def cosine_similarity(a, b) -> float:
@@ -196,15 +288,8 @@ def compare_row(key: str, ref, cand, precision: str) -> Row:
     exact = ref.dtype.kind in "iub" or cand.dtype.kind in "iub"
     if exact:
         max_abs = max_abs_diff(ref, cand)
-        return Row(
-            key,
-            list(ref.shape),
-            max_abs,
-            max_abs / scale_of(ref),
-            cosine_similarity(ref, cand),
-            0.0,
-            bool(np.array_equal(ref, cand)),
-        )
+        differing = int(np.count_nonzero(ref != cand))
+        return Row(key, list(ref.shape), max_abs, max_abs / scale_of(ref), None, 0.0, differing == 0, True, differing)
     ref64, cand64 = ref.astype(np.float64), cand.astype(np.float64)
     finite = np.isfinite(ref64)
     same_nonfinite = np.array_equal(np.isfinite(cand64), finite) and np.array_equal(ref64[~finite], cand64[~finite])
@@ -212,30 +297,117 @@ def compare_row(key: str, ref, cand, precision: str) -> Row:
     tol = tolerance(ref64[finite], precision, network=network_of(key))
     cos = cosine_similarity(ref64[finite], cand64[finite]) if finite.any() else 1.0
     ok = same_nonfinite and max_abs <= tol
-    return Row(key, list(ref.shape), max_abs, max_abs / scale_of(ref64[finite]), cos, tol, bool(ok))
+    differing = int(np.count_nonzero(np.abs(ref64[finite] - cand64[finite]) > tol)) + int(not same_nonfinite)
+    return Row(key, list(ref.shape), max_abs, max_abs / scale_of(ref64[finite]), cos, tol, bool(ok), False, differing)
 
 
-def compare_traces(reference, candidate, precision: str = "float32") -> Report:
-    """Compare two ``tracing.Trace`` objects key by key, in the reference's execution order."""
+def compare_traces(reference, candidate, precision: str = "float32", diagnose: bool = True) -> Report:
+    """Compare two ``trace_files.Trace`` objects key by key, in the reference's execution order.  Shapes that
+    differ only by singleton axes ([T, H] against [1, T, H]) are compared squeezed, with a note.  With
+    ``diagnose``, differing codes (``refimpl.codes.{i}``) get their (frame, codebook) and verdict
+    (``refimpl.porting.diagnose``)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     cand = dict(candidate.items)
     ref_keys = set(reference.keys)
-    rows, mismatches = [], []
+    rows, mismatches, squeezed = [], [], []
     for key, ref in reference.items:
         if key not in cand:
             continue
-        if tuple(np.shape(ref)) != tuple(np.shape(cand[key])):
-            mismatches.append([key, list(np.shape(ref)), list(np.shape(cand[key]))])
-            continue
-        rows.append(compare_row(key, ref, cand[key], precision))
-    return Report(
+        c = cand[key]
+        if tuple(np.shape(ref)) != tuple(np.shape(c)):
+            if np.squeeze(ref).shape != np.squeeze(c).shape:
+                mismatches.append([key, list(np.shape(ref)), list(np.shape(c))])
+                continue
+            squeezed.append(key)
+            c = np.reshape(c, np.shape(ref))
+        rows.append(compare_row(key, ref, c, precision))
+    notes = []
+    if squeezed:
+        notes.append(
+            f"{len(squeezed)} tensors differ only by singleton axes and were compared squeezed (e.g. {squeezed[0]})"
+        )
+    report = Report(
         precision,
         rows,
         [k for k in reference.keys if k not in cand],
         [k for k in candidate.keys if k not in ref_keys],
         mismatches,
+        reference_total=len(reference.keys),
+        notes=notes,
     )
+    if diagnose:
+        from .diagnose import diagnose as diagnose_codes
+
+        report.divergences = diagnose_codes(
+            reference, candidate, report, lambda logits: tolerance(logits, precision, network="talker")
+        )
+    return report
+
+
+# ----------------------------------------------------------------------------- metadata and names
+
+# the metadata fields that say two traces are runs of the same thing
+SAME_RUN_FIELDS = ("weights_sha256", "config", "input")
+
+
+def metadata_mismatches(reference: dict, candidate: dict, precision: str) -> list:
+    """[[field, reference value, candidate value]] for every field of ``SAME_RUN_FIELDS`` both traces
+    record and that differs (``input``: its fields both record, one by one), and the candidate's ``dtype``
+    when it is coarser than the precision compared (its rounding would fail the rule)."""
+    out = []
+    for field in SAME_RUN_FIELDS:
+        a, b = reference.get(field), candidate.get(field)
+        if a is None or b is None:
+            continue
+        if field == "input" and isinstance(a, dict) and isinstance(b, dict):
+            out += [[f"input.{k}", a[k], b[k]] for k in a if k in b and a[k] != b[k]]
+        elif a != b:
+            out.append([field, a, b])
+    dtype = candidate.get("dtype")
+    if isinstance(dtype, str) and dtype in PRECISIONS and precision_eps(dtype) > precision_eps(precision):
+        out.append(["dtype", precision + " (the rule compared)", dtype])  # a coarser candidate fails spuriously
+    return out
+
+
+def precision_eps(precision: str) -> float:
+    return EPS.get(precision, float(np.finfo(np.float64).eps))
+
+
+def prefix_hint(reference_keys: list, candidate_keys: list) -> str | None:
+    """When the candidate's names are the reference's with a prefix added or removed (``decoder.``), say so."""
+    from collections import Counter
+
+    ref = set(reference_keys)
+    prefix_of = {}  # a reference key's every dotted suffix -> the prefix before it
+    for r in reference_keys:
+        for i, ch in enumerate(r):
+            if ch == ".":
+                prefix_of.setdefault(r[i + 1 :], r[: i + 1])
+    found = Counter()
+    for k in candidate_keys:
+        if k in prefix_of:
+            found["add " + prefix_of[k]] += 1
+        head, _, rest = k.partition(".")
+        if rest in ref:
+            found["strip " + head + "."] += 1
+    if not found:
+        return None
+    ((how, n),) = found.most_common(1)
+    verb, prefix = how.split(" ", 1)
+    where = "add_prefix" if verb == "add" else "strip_prefix"
+    return (
+        f"{n} candidate keys match reference keys with the prefix {prefix!r} "
+        f'{"added" if verb == "add" else "removed"}: a --map file with {{"{where}": "{prefix}"}} does that'
+    )
+
+
+def clean_json(value):
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def report_json(report: Report) -> str:
@@ -243,6 +415,7 @@ def report_json(report: Report) -> str:
         return None if isinstance(x, float) and not math.isfinite(x) else x
 
     data = report.to_json()
+    data["metadata_mismatches"] = [[f, clean_json(a), clean_json(b)] for f, a, b in data["metadata_mismatches"]]
     for row in data["rows"]:
         for k, v in row.items():
             row[k] = clean(v)

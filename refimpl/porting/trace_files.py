@@ -103,8 +103,8 @@ class Trace:
         metadata = dict(self.metadata, order=self.keys)
         tensors = {k: storable(v) for k, v in self.items}
         if fmt == "npz":
-            with atomic_output(path) as f:  # a failed write leaves the previous file as it was
-                np.savez(f, __metadata__=np.array(json.dumps(metadata)), **tensors)
+            with atomic_output(path) as f:  # the metadata as UTF-8 JSON bytes (uint8 [n]): any npy reader takes them
+                np.savez(f, __metadata__=np.frombuffer(json.dumps(metadata).encode("utf-8"), np.uint8), **tensors)
         elif fmt == "safetensors":
             write_safetensors_file(
                 path, tensors, dtype="keep", metadata={METADATA_KEY: json.dumps(metadata)}, sort=False
@@ -315,14 +315,20 @@ def finish(log: CallLog, metadata: dict, wrappers: frozenset = frozenset()) -> T
 # ----------------------------------------------------------------------------- the stages
 
 
-def trace_codec_decode(tokenizer, codes_tq) -> Trace:
+def record_decode(log: CallLog, tokenizer, codes_tq, attention: bool = False) -> None:
+    """The decoder's module outputs for codes [T, 16] (``decode_full``); ``decoder`` is the waveform [1, 1, N]."""
+    wav = tokenizer.decode_full(codes_tq, trace=Recorder(log, "decoder.", attention))
+    log["decoder"] = np.asarray(wav)[None, None, :]
+
+
+def trace_codec_decode(tokenizer, codes_tq, attention: bool = False) -> Trace:
     """Decode codes [T, 16] in one causal pass (``decode_full``), recording every module of
     ``Qwen3TTSTokenizer.model.decoder`` (keys ``decoder.*``); the last key, ``decoder``, is the waveform
-    [1, 1, T * 1920]."""
+    [1, 1, T * 1920].  ``attention``: also the post-RoPE q/k and attention probabilities of every layer
+    (``recorder.record_attention_details``; large)."""
     log = CallLog()
     codes = tokenizer.check_codes(codes_tq)
-    wav = tokenizer.decode_full(codes, trace=Recorder(log, "decoder."))
-    log["decoder"] = np.asarray(wav)[None, None, :]
+    record_decode(log, tokenizer, codes, attention)
     meta = base_metadata(
         "codec-decode",
         tokenizer.directory,
@@ -332,13 +338,17 @@ def trace_codec_decode(tokenizer, codes_tq) -> Trace:
     return finish(log, meta, conv_wrappers("decoder.", decoder_weight_spec(tokenizer.decoder_config)))
 
 
-def trace_codec_encode(tokenizer, audio, sr: int = 24000) -> Trace:
-    """Encode one waveform, recording every module of ``Qwen3TTSTokenizer.model.encoder`` (keys
+def trace_codec_encode(tokenizer, audio, sr: int = 24000, attention: bool = False) -> Trace:
+    """Encode one waveform, recording the audio the encoder sees (``refimpl.encoder.input`` [1, N]: mono,
+    resampled to 24 kHz, in the compute dtype), every module of ``Qwen3TTSTokenizer.model.encoder`` (keys
     ``encoder.*``) and, under ``refimpl.encoder.quantizer.*``, each RVQ layer's input residual, codes
     and nearest-code margin."""
+    from ..codec.speech_tokenizer import prepare_audio
+
     log = CallLog()
     audio = np.asarray(audio)
-    tokenizer.encode_detailed(audio, sr, trace=Recorder(log, "encoder."))
+    log[f"{EXTRA_PREFIX}encoder.input"] = prepare_audio(audio, sr, tokenizer.input_sample_rate, tokenizer.dtype)[None]
+    tokenizer.encode_detailed(audio, sr, trace=Recorder(log, "encoder.", attention))
     meta = base_metadata(
         "codec-encode",
         tokenizer.directory,
@@ -350,11 +360,14 @@ def trace_codec_encode(tokenizer, audio, sr: int = 24000) -> Trace:
 
 
 def trace_speaker(tts, audio, sr: int = 24000) -> Trace:
-    """The x-vector of one waveform, recording every module of ``Qwen3TTSModel.model.speaker_encoder``
+    """The x-vector of one waveform, recording the audio the encoder sees (``refimpl.speaker_encoder.input``
+    [N]: resampled to 24 kHz, in the compute dtype), every module of ``Qwen3TTSModel.model.speaker_encoder``
     (keys ``speaker_encoder.*``; the last, ``speaker_encoder``, is the x-vector [1, D]) and the log mels
     (``refimpl.speaker_encoder.mel``, [T, 128])."""
     log = CallLog()
     audio = np.asarray(audio)
+    if tts.speaker_encoder is not None:
+        log[f"{EXTRA_PREFIX}speaker_encoder.input"] = tts.speaker_encoder.prepare_audio(audio, sr)
     tts.extract_speaker_embedding(audio, sr, trace=Recorder(log))
     meta = base_metadata(
         "speaker",
@@ -368,23 +381,75 @@ def trace_speaker(tts, audio, sr: int = 24000) -> Trace:
 GENERATE_METHODS = {"say": "generate_custom_voice", "design": "generate_voice_design", "clone": "generate_voice_clone"}
 
 
-def trace_generation(tts, stage: str, **kwargs) -> Trace:
+def trace_generation(tts, stage: str, *, attention: bool = False, decoder: bool = True, **kwargs) -> Trace:
     """Run ``generate_custom_voice`` (say), ``generate_voice_design`` (design) or ``generate_voice_clone``
     (clone) with ``kwargs``, recording every Talker and code-predictor module call (``talker.*``, with
     ``:N`` per call), the prompt, the scores after each sampling step, the chosen ids, the generated
     codes (``refimpl.codes``, [T, 16] per item: ``refimpl.codes.{i}``) and every random uniform consumed
-    (``refimpl.random_draws``; pass it back as ``random_draws=`` to replay)."""
+    (``refimpl.random_draws``; pass it back as ``random_draws=`` to replay).
+
+    ``forced_codes=`` (a [T, 16] array, or one per item: a port's codes) teacher-forces the run: every
+    step continues with the forced codes, so each step's logits are those of the port's history;
+    ``refimpl.codes.{i}`` are then the codes WE chose at each step on that history (compare them with the
+    port's to judge every frame), ``refimpl.forced_codes.{i}`` the history, and the metadata say
+    ``generation.forced``.
+
+    ``decoder`` (default True): the generated codes (forced: the forced ones) are then decoded with
+    ``decode_full`` under the codec decoder's names (``decoder.*``, ``decoder`` the waveform; ``:N`` per item
+    of a batch); at the released size that is about 40 MB a frame.  ``attention``: the post-RoPE q/k and
+    attention probabilities of every layer too (large).  In a voice clone in ICL mode the reference's codec
+    encode is recorded too (``encoder.*``)."""
     log = CallLog()
-    wavs, sr, codes = getattr(tts, GENERATE_METHODS[stage])(trace=Recorder(log), return_codes=True, **kwargs)
+    forced = kwargs.pop("forced_codes", None)
+    if forced is not None:
+        forced = [np.asarray(forced)] if np.ndim(forced) == 2 else [np.asarray(c) for c in forced]
+        kwargs["forced_codes"] = forced
+    wavs, sr, codes = getattr(tts, GENERATE_METHODS[stage])(
+        trace=Recorder(log, attention=attention), return_codes=True, **kwargs
+    )
+    if decoder:  # the codes through the codec decoder, as the official generate ends (``decoder.*``)
+        for c in codes:
+            record_decode(log, tts.speech_tokenizer, c, attention)
+    if forced is not None:  # the codes are ours, chosen on the forced history; the history is recorded too
+        for i, c in enumerate(forced):
+            log[f"{EXTRA_PREFIX}forced_codes.{i}"] = c
+        codes = chosen_codes(log, len(forced), [c.shape[0] for c in forced], tts.talker.cfg.num_code_groups)
     for i, c in enumerate(codes):
         log[f"{EXTRA_PREFIX}codes.{i}"] = c
+    kwargs.pop("forced_codes", None)
     inputs = {k: v for k, v in kwargs.items() if isinstance(v, (str, int, float, bool, list, type(None)))}
     if "ref_audio" in kwargs and isinstance(kwargs["ref_audio"], tuple):
         inputs["ref_audio_sha256"] = array_hash(kwargs["ref_audio"][0])
     settings, _, _, _ = tts._settings({k: v for k, v in kwargs.items() if k in GENERATION_KEYWORDS})
     generation = dict(dataclasses.asdict(settings), seed=kwargs.get("seed"), replayed="random_draws" in kwargs)
+    if forced is not None:
+        generation.update(
+            forced=True,
+            forced_codes_sha256=[array_hash(c) for c in forced],
+            max_new_tokens=max(len(c) for c in forced) + 1,
+        )
     meta = base_metadata(stage, tts.directory, tts.dtype, inputs, generation)
-    return finish(log, meta)
+    st = tts.speech_tokenizer  # the codec's conv units, for its official wrapper names
+    wrappers = conv_wrappers("decoder.", decoder_weight_spec(st.decoder_config)) if decoder else frozenset()
+    if any(k.startswith("encoder.") for k, _ in log.calls):  # an ICL clone's reference encode
+        encoder_cfg = EncoderConfig.from_dict(st.config["encoder_config"])
+        wrappers |= conv_wrappers("encoder.", encoder_weight_spec(encoder_cfg))
+    return finish(log, meta, wrappers)
+
+
+def chosen_codes(log: CallLog, batch: int, lengths: list, groups: int) -> list:
+    """The codes a teacher-forced run chose itself: code 0 of step t from ``sampling.chosen`` call t, code g
+    from the code predictor's call t * (groups - 1) + g - 1; [T_i, groups] per item."""
+    code0 = [v for k, v in log.calls if k == f"{EXTRA_PREFIX}talker.sampling.chosen"]
+    rest = [v for k, v in log.calls if k == f"{EXTRA_PREFIX}talker.code_predictor.sampling.chosen"]
+    out = []
+    for b, T in enumerate(lengths):
+        codes = np.zeros((T, groups), dtype=np.int64)
+        for t in range(T):
+            codes[t, 0] = code0[t][b]
+            codes[t, 1:] = [rest[t * (groups - 1) + g][b] for g in range(groups - 1)]
+        out.append(codes)
+    return out
 
 
 GENERATION_KEYWORDS = (

@@ -24,7 +24,7 @@ chosen ids (host int64) are uploaded where they index an embedding table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -105,9 +105,15 @@ def iterate_frames(
     rng: np.random.Generator | None = None,
     trace: GenerationTrace | None = None,
     record: Recorder = NULL_RECORDER,
+    forced_btg=None,
 ):
     """Generate frame by frame: yields one int64 array [B, 16] per expanded frame, as soon as it is made.
     A row that already produced EOS gets frames whose code 0 is EOS (cut them, see ``generate_codes``).
+
+    ``forced_btg`` (teacher forcing, [B, T, 16], code 0 = EOS where a row has ended): every code is still
+    chosen and recorded (``sampling.chosen``), but the forced one is what the run continues with (history,
+    penalty, next input, the frame yielded); after T frames every row gets EOS.  So the logits of every
+    step are those of the forced history, comparable with a port's that produced these codes.
 
     ``record`` (a root ``Recorder``) receives every module output of the Talker and the code predictor
     under the official names (``talker.model.layers.0.mlp:3``... once named by ``CallLog.named``) and,
@@ -131,6 +137,8 @@ def iterate_frames(
 
     sub_extra = extra.scope("code_predictor.sampling.")
     frame_logits = []  # the host copies of this frame's code-predictor logits
+    forced_btg = None if forced_btg is None else check_forced(forced_btg, B, G, talker.cfg.vocab_size, eos_id)
+    now = [0]  # the step being expanded (what choose_sub forces)
 
     def choose_sub(g, logits_bv):
         logits_bv = nn.to_host(logits_bv)  # the one copy down
@@ -141,7 +149,7 @@ def iterate_frames(
             sampling.subtalker_scores(logits_bv, settings, sub_extra), settings.subtalker_dosample, rng
         )
         sub_extra("chosen", ids)
-        return ids
+        return ids if forced_btg is None else forced_btg[:, now[0], g + 1]
 
     caches = talker.new_caches(B)
     hidden, logits = talker_step(talker, embeds, positions, valid, caches, record)  # prefill
@@ -156,6 +164,9 @@ def iterate_frames(
         scores = sampling.talker_scores(logits, previous, settings, eos_id, extra.scope("sampling."))  # 1. code 0
         code0 = np.where(finished, eos_id, sampling.choose(scores, settings.do_sample, rng))
         extra("sampling.chosen", code0)
+        if forced_btg is not None:  # the history is the forced one
+            code0 = forced_btg[:, step, 0] if step < forced_btg.shape[1] else np.full(B, eos_id, dtype=np.int64)
+            now[0] = step
         previous = np.concatenate([previous, code0[:, None]], axis=1)
         finished |= code0 == eos_id
         trace.add("code0", code0)
@@ -179,6 +190,17 @@ def iterate_frames(
         check_finite(logits, f"talker (logits of generation step {step + 1})", NON_FINITE_HINT)
         next_position = next_position + 1
         trace.add("step_logits", logits)
+
+
+def check_forced(forced_btg, B: int, G: int, vocab_size: int, eos_id: int) -> np.ndarray:
+    """Forced codes as int64 [B, T, G], every id in the talker's vocabulary (code 0) or the codebook."""
+    f = np.asarray(forced_btg)
+    if f.ndim != 3 or f.shape[0] != B or f.shape[2] != G or f.dtype.kind not in "iu":
+        raise ValueError(f"forced codes must be integers [B={B}, T, {G}], got {f.dtype} {list(f.shape)}")
+    f = f.astype(np.int64)
+    if f.size and (f.min() < 0 or f[..., 0].max() >= vocab_size):
+        raise ValueError(f"forced codes out of range [0, {vocab_size}): {f.min()}..{f.max()}")
+    return f
 
 
 def talker_step(talker, x_btc, positions_bt, valid_bs, caches, record: Recorder = NULL_RECORDER):
@@ -208,12 +230,19 @@ def generate_codes(
     record: Recorder = NULL_RECORDER,
     *,
     progress=None,
+    forced_codes=None,
 ):
     """Generate frames for a batch of prompts; returns one int64 array [T_i, 16] per item (each row cut
     before its first frame whose code 0 is EOS).  ``progress``: None (silent) or a callable
-    ``progress(iterable, desc) -> iterable`` wrapped around the frame loop, e.g. ``tqdm.tqdm``."""
+    ``progress(iterable, desc) -> iterable`` wrapped around the frame loop, e.g. ``tqdm.tqdm``.
+    ``forced_codes``: one [T_i, 16] array per item to teacher-force (``iterate_frames``); the run then
+    returns them and lasts max T_i + 1 steps, whatever ``settings.max_new_tokens``."""
     G = talker.cfg.num_code_groups
-    frames = iterate_frames(talker, prompts_th, trailing_nh, pad_vector_h, settings, eos_id, rng, trace, record)
+    forced = None
+    if forced_codes is not None:
+        forced = forced_frames(forced_codes, len(prompts_th), G, eos_id)
+        settings = replace(settings, max_new_tokens=forced.shape[1] + 1)
+    frames = iterate_frames(talker, prompts_th, trailing_nh, pad_vector_h, settings, eos_id, rng, trace, record, forced)
     frames = list(frames if progress is None else progress(frames, "generating frames"))
     B = len(prompts_th)
     codes_bt16 = np.stack(frames, axis=1) if frames else np.zeros((B, 0, G), dtype=np.int64)
@@ -222,4 +251,20 @@ def generate_codes(
         stops = np.flatnonzero(codes_bt16[b, :, 0] == eos_id)
         n = stops[0] if stops.size else codes_bt16.shape[1]
         out.append(codes_bt16[b, :n].copy())
+    return out
+
+
+def forced_frames(forced_codes: list, B: int, G: int, eos_id: int) -> np.ndarray:
+    """One [T_i, G] code array per item -> [B, max T_i, G], rows past their end padded with EOS frames."""
+    if len(forced_codes) != B:
+        raise ValueError(f"forced codes for {len(forced_codes)} items, the batch has {B}")
+    items = [np.asarray(c) for c in forced_codes]
+    for i, c in enumerate(items):
+        if c.ndim != 2 or c.shape[1] != G or (c.size and c.dtype.kind not in "iu"):
+            raise ValueError(f"forced codes of item {i} must be integers [T, {G}], got {c.dtype} {list(c.shape)}")
+    T = max(c.shape[0] for c in items)
+    out = np.zeros((B, T, G), dtype=np.int64)
+    out[:, :, 0] = eos_id
+    for i, c in enumerate(items):
+        out[i, : c.shape[0]] = c
     return out

@@ -20,7 +20,9 @@ generation_config.json, then to the official hard defaults.  ``seed`` seeds the 
 sampling; ``return_codes=True`` also returns the generated codes, one int64 array [T, 16] per item.
 ``trace=`` (a dict or ``refimpl.recorder.Recorder``) receives every module output under the official names
 and the uniforms consumed (``refimpl.random_draws``); ``random_draws=`` replays such uniforms instead of
-drawing them (docs/port_authors.md, ``refimpl.porting.trace_files``).  ``progress=`` (``generate_*`` only; default
+drawing them (docs/port_authors.md, ``refimpl.porting.trace_files``); ``forced_codes=`` (one [T, 16] array
+per item, ``generate_*`` only) teacher-forces the run on those codes: it returns them, and its trace
+records the logits of every step on that history.  ``progress=`` (``generate_*`` only; default
 None: silent) is a callable ``progress(iterable, desc) -> iterable`` wrapped around the frame loop and
 the decoder's chunk loop, e.g. ``progress=tqdm.tqdm`` (the command line passes its own bars).
 """
@@ -261,6 +263,7 @@ class Qwen3TTS:
         record: Recorder = NULL_RECORDER,
         *,
         progress=None,
+        forced_codes=None,
     ) -> list:
         """The model part of every mode: prompts (as ``PromptLayout``) -> codes [T, 16] per item.
         ``record`` receives the module outputs (``refimpl.porting.trace_files``) and, when ``rng`` is a
@@ -271,7 +274,17 @@ class Qwen3TTS:
         trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
         pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
         codes = generate_codes(
-            self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record, progress=progress
+            self.talker,
+            prompts,
+            trailing,
+            pad,
+            settings,
+            eos_id,
+            rng,
+            trace,
+            record,
+            progress=progress,
+            forced_codes=forced_codes,
         )
         if isinstance(rng, UniformDraws):
             record.extra("random_draws", rng.recorded())
@@ -300,11 +313,20 @@ class Qwen3TTS:
         self._require_type("custom_voice", "generate_custom_voice")
         record = as_recorder(kwargs.pop("trace", None))
         progress = kwargs.pop("progress", None)
+        forced = kwargs.pop("forced_codes", None)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
         self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
         codes = self.generate_codes_from_layouts(
-            layouts, [None] * len(layouts), settings, rng, eos_id, self.last_trace, record, progress=progress
+            layouts,
+            [None] * len(layouts),
+            settings,
+            rng,
+            eos_id,
+            self.last_trace,
+            record,
+            progress=progress,
+            forced_codes=forced,
         )
         return self._finish(codes, return_codes, progress=progress)
 
@@ -352,11 +374,20 @@ class Qwen3TTS:
         self._require_type("voice_design", "generate_voice_design")
         record = as_recorder(kwargs.pop("trace", None))
         progress = kwargs.pop("progress", None)
+        forced = kwargs.pop("forced_codes", None)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
         self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
         codes = self.generate_codes_from_layouts(
-            layouts, [None] * len(layouts), settings, rng, eos_id, self.last_trace, record, progress=progress
+            layouts,
+            [None] * len(layouts),
+            settings,
+            rng,
+            eos_id,
+            self.last_trace,
+            record,
+            progress=progress,
+            forced_codes=forced,
         )
         return self._finish(codes, return_codes, progress=progress)
 
@@ -423,8 +454,9 @@ class Qwen3TTS:
     @on_model_backend
     def create_voice_clone_prompt(self, ref_audio, ref_text=None, x_vector_only_mode=False, trace=None) -> list:
         """Reference voice(s) -> ``VoiceClonePromptItem`` list: the reference codes (ICL mode) and x-vector.
-        ``trace`` receives the speaker encoder's module outputs (the codec encoder's are traced by
-        ``refimpl trace codec-encode``: the official object runs it outside ``Qwen3TTSModel.model``)."""
+        ``trace`` receives the speaker encoder's module outputs and, when an item is in ICL mode, the codec
+        encoder's (``encoder.*``, the names of ``Qwen3TTSTokenizer.model``: the official object runs it
+        outside ``Qwen3TTSModel.model``)."""
         self._require_type("base", "create_voice_clone_prompt")
         audios = _as_list(ref_audio)
         ref_texts = _as_list(ref_text) if isinstance(ref_text, list) else [ref_text] * len(audios)
@@ -441,10 +473,12 @@ class Qwen3TTS:
             if not xo and (rt is None or rt == ""):
                 raise ValueError(f"ref_text is required when x_vector_only_mode=False (ICL mode). Bad index={i}")
         rates = {sr for _, sr in loaded}
+        # the ICL reference's codec encode is traced too (under the codec's names, ``encoder.*``)
+        encode_trace = as_recorder(trace).scope("encoder.") if not all(xvec) else None
         if len(rates) == 1:
-            codes = self.speech_tokenizer.encode([w for w, _ in loaded], sr=loaded[0][1])
+            codes = self.speech_tokenizer.encode([w for w, _ in loaded], sr=loaded[0][1], trace=encode_trace)
         else:
-            codes = [self.speech_tokenizer.encode(w, sr=sr) for w, sr in loaded]
+            codes = [self.speech_tokenizer.encode(w, sr=sr, trace=encode_trace) for w, sr in loaded]
         items = []
         for (wav, sr), code, rt, xo in zip(loaded, codes, ref_texts, xvec):
             emb = self.extract_speaker_embedding(wav, sr, trace)
@@ -476,13 +510,14 @@ class Qwen3TTS:
         self._require_type("base", "generate_voice_clone")
         record = as_recorder(kwargs.pop("trace", None))
         progress = kwargs.pop("progress", None)
+        forced = kwargs.pop("forced_codes", None)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts, vectors, ref_codes = self._voice_clone_layouts(
             text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, non_streaming_mode, record
         )
         self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
         codes = self.generate_codes_from_layouts(
-            layouts, vectors, settings, rng, eos_id, self.last_trace, record, progress=progress
+            layouts, vectors, settings, rng, eos_id, self.last_trace, record, progress=progress, forced_codes=forced
         )
         return self._finish(codes, return_codes, ref_codes, progress)
 

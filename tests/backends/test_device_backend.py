@@ -355,6 +355,7 @@ HOST_SIDE = {
     ("tts.code_predictor", "CodePredictor.predict_frame"): "the chosen codes: ids are chosen on the host",
     ("tts.generate", "iterate_frames"): "host bookkeeping: codes so far, finished rows, the key-valid mask",
     ("tts.generate", "generate_codes"): "the generated codes: host ids, the public output",
+    ("tts.generate", "forced_frames"): "teacher-forced codes: host ids, used where chosen ids are",
     ("sampling", "suppressed_ids"): "sampling runs on the host, on the copied logits (refimpl.tts.generate)",
     ("sampling", "apply_repetition_penalty"): "sampling runs on the host",
     ("sampling", "UniformDraws.recorded"): "the recorded uniforms: host float64",

@@ -68,7 +68,10 @@ def our_trace(stage: str) -> tracing.Trace:
 
 @pytest.mark.parametrize("stage", tracing.STAGES)
 def test_trace_keys_are_the_official_module_calls(stage):
-    ours = [(k, list(v.shape)) for k, v in our_trace(stage).items if not k.startswith("refimpl.")]
+    # (a generation's trace ends with the codec decoder, which the official dump of Qwen3TTSModel.model
+    # does not hook: its keys are checked by the codec-decode case)
+    skip = ("refimpl.", "decoder") if stage in ("say", "design", "clone") else ("refimpl.",)
+    ours = [(k, list(v.shape)) for k, v in our_trace(stage).items if not k.startswith(skip)]
     official = [(k, s) for k, s in OFFICIAL[stage] if not k.split(":")[0].startswith(tracing.NOT_TRACED)]
     assert len(official) > 80
     assert [k for k, _ in ours] == [k for k, _ in official], "keys or execution order differ"
@@ -81,15 +84,21 @@ def test_trace_keys_are_the_official_module_calls(stage):
 @pytest.mark.parametrize("stage", ["codec-decode", "speaker", "say"])
 def test_compare_passes_against_the_official_hook_dump(stage, tmp_path, capsys):
     path = tmp_path / "ours.safetensors"
-    our_trace(stage).save(path)
+    ours = our_trace(stage)
+    ours.save(path)
     official = TRACE_GOLDEN / f"official_{stage.replace('-', '_')}.safetensors"
     assert main(["compare", str(official), str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["first_failure"] is None and not report["shape_mismatches"]
+    # the official dump records which run it is, as ours does, and the two agree (checked by compare)
+    meta = tracing.load_trace(official).metadata
+    for field in ("weights_sha256", "config", "input", "model_dir", "dtype"):
+        assert meta[field] == ours.metadata[field], field
+    assert report["metadata_mismatches"] == []
     not_traced = [k for k, _ in OFFICIAL[stage] if k.split(":")[0].startswith(tracing.NOT_TRACED)]
     assert report["missing_in_candidate"] == not_traced
     assert len(report["rows"]) == len(OFFICIAL[stage]) - len(not_traced) > 100
-    assert all(r["cosine"] > 0.999999 for r in report["rows"])
+    assert all(r["exact"] or r["cosine"] > 0.999999 for r in report["rows"])
 
 
 def test_one_percent_perturbation_is_the_first_divergence(tmp_path, capsys):
@@ -317,7 +326,9 @@ def test_streaming_generation_traces_and_replays_like_generate():
         )
     )
     streamed = tracing.Trace(log.named(), {})
-    whole = tracing.trace_generation(model, "say", text="Hello there.", speaker="vivian", seed=5, **SAMPLED)
+    whole = tracing.trace_generation(
+        model, "say", text="Hello there.", speaker="vivian", seed=5, decoder=False, **SAMPLED
+    )
     assert streamed.keys == [k for k in whole.keys if not k.startswith("refimpl.codes")]
     np.testing.assert_array_equal(streamed["refimpl.random_draws"], whole["refimpl.random_draws"])
     replayed = list(
@@ -346,3 +357,61 @@ def test_precision_flag_sets_the_rule(tmp_path, capsys):
     assert main(["compare", official, str(tmp_path / "bf16.safetensors"), "--precision", "bfloat16"]) == 0
     assert main(["compare", official, str(tmp_path / "bf16.safetensors"), "--precision", "float32"]) == 1
     assert "first divergence" in capsys.readouterr().out
+
+
+def test_traces_carry_the_input_audio_the_decoder_and_the_icl_encode(tmp_path):
+    audio = INPUTS["speaker_audio"]
+    speaker = our_trace("speaker")
+    np.testing.assert_array_equal(speaker["refimpl.speaker_encoder.input"], audio.astype(np.float32))
+    encode = our_trace("codec-encode")
+    np.testing.assert_array_equal(encode["refimpl.encoder.input"], INPUTS["encode_audio"][None].astype(np.float32))
+    resampled = tracing.trace_speaker(tts("base"), audio[::3].copy(), 8000)["refimpl.speaker_encoder.input"]
+    assert resampled.shape == (3 * len(audio[::3]),)  # what the encoder saw: 24 kHz
+    # a generation ends with the codec decoder of its codes, keys and values as the codec-decode trace
+    say = our_trace("say")
+    tok = SpeechTokenizer.from_pretrained(CHECKPOINTS / "tiny-customvoice" / "speech_tokenizer")
+    decode = tracing.trace_codec_decode(tok, say["refimpl.codes.0"])
+    decoder_keys = [k for k in say.keys if k.startswith(("decoder", "refimpl.decoder"))]
+    assert decoder_keys == decode.keys and decoder_keys[-1] == "decoder"
+    assert all(np.array_equal(say[k], decode[k]) for k in decoder_keys)
+    # an ICL clone records the reference's codec encode under the codec's names
+    clone = tracing.trace_generation(
+        tts("base"), "clone", text="Hi.", ref_audio=(audio, 24000), ref_text="Hello.", decoder=False, **GREEDY
+    )
+    base_tok = SpeechTokenizer.from_pretrained(CHECKPOINTS / "tiny-base" / "speech_tokenizer")
+    encoded = tracing.trace_codec_encode(base_tok, audio)
+    encoder_keys = [k for k in clone.keys if k.startswith("encoder.")]
+    assert encoder_keys and encoder_keys == [k for k in encoded.keys if k.startswith("encoder.")]
+    assert compare_traces(encoded, clone, diagnose=False).passed
+    assert not [k for k in clone.keys if k.startswith("decoder")]
+
+
+def test_npz_metadata_is_utf8_json_bytes_and_the_old_form_still_reads(tmp_path):
+    trace = our_trace("codec-decode")
+    trace.save(tmp_path / "t.npz")
+    with np.load(tmp_path / "t.npz") as z:
+        raw = z["__metadata__"]
+    assert raw.dtype == np.uint8 and raw.ndim == 1
+    assert json.loads(raw.tobytes().decode("utf-8"))["stage"] == "codec-decode"
+    np.savez(tmp_path / "old.npz", __metadata__=np.array(json.dumps({"stage": "x", "order": ["b", "a"]})), a=1, b=2)
+    old = tracing.load_trace(tmp_path / "old.npz")
+    assert old.keys == ["b", "a"] and old.metadata["stage"] == "x"
+
+
+def test_attention_details_are_opt_in(tmp_path):
+    model = tts("customvoice")
+    plain = our_trace("say")
+    assert not [k for k in plain.keys if "q_rope" in k or "attn_probs" in k]
+    detailed = tracing.trace_generation(
+        model, "say", text="Hi.", speaker="vivian", language="english", attention=True, **GREEDY
+    )
+    assert [k for k in detailed.keys if not k.startswith("refimpl.")] == [
+        k for k in plain.keys if not k.startswith("refimpl.")
+    ]
+    probs = detailed["refimpl.talker.model.layers.0.self_attn.attn_probs:0"]  # the prefill: [B, H, S, S]
+    S = probs.shape[-1]
+    assert probs.shape[2] == S and np.allclose(probs.sum(-1), 1, atol=1e-6)
+    assert not probs[..., np.triu_indices(S, 1)[0], np.triu_indices(S, 1)[1]].any()  # causal
+    q = detailed["refimpl.talker.model.layers.0.self_attn.q_rope:0"]
+    q_norm = detailed["talker.model.layers.0.self_attn.q_norm:0"]  # [B, S, H, D] before RoPE
+    np.testing.assert_allclose(q[:, :, 0], q_norm[:, 0], rtol=1e-6, atol=1e-6)  # position 0: RoPE is the identity
