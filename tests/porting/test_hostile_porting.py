@@ -388,7 +388,11 @@ def test_trace_say_numbers_are_usage_errors(tmp_path, option, value):
 
 def test_replayed_draws_must_be_uniforms(tmp_path):
     """--replay of a trace whose recorded uniforms are NaN: an error naming random_draws, not all-zero codes."""
-    Trace([("refimpl.random_draws", np.full(64, np.nan))], {}).save(tmp_path / "nan.safetensors")
+    args = ["trace", "say", "Hi.", "--speaker", "vivian", "--max-new-tokens", "3", "-q"]
+    assert main([*args, "-o", str(tmp_path / "good.safetensors")]) == 0
+    good = load_trace(tmp_path / "good.safetensors")  # the same run, its uniforms replaced by NaN
+    items = [(k, np.full_like(v, np.nan) if k == "refimpl.random_draws" else v) for k, v in good.items]
+    Trace(items, good.metadata).save(tmp_path / "nan.safetensors")
     r = run(
         "trace", "say", "Hi.", "--speaker", "vivian", "--replay", tmp_path / "nan.safetensors",
         "-o", tmp_path / "t.safetensors", "--max-new-tokens", "3",
