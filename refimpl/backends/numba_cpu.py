@@ -20,6 +20,7 @@ here (its wake-up costs more than the 736 small products of a frame can hide; do
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -72,6 +73,48 @@ from numba.extending import intrinsic  # noqa: E402
 
 from .. import nn  # noqa: E402
 from .bf16 import BF16Matrix  # noqa: E402
+
+
+def _discard_damaged_cache() -> None:
+    """Numba trusts its cache files: an emptied index or a truncated data file (a full disk, a killed
+    writer) would make every later run fail with EOFError or UnpicklingError.  Check this module's entries
+    (unpickled as Numba would, a few milliseconds), delete damaged ones with a one-line warning, and let
+    Numba compile those kernels again."""
+    import pickle
+    import warnings
+
+    from numba.core.caching import UserProvidedCacheLocator
+
+    here = Path(__file__).resolve()
+    user_dir = os.environ.get("NUMBA_CACHE_DIR")
+    cache = Path(user_dir) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(here)) if user_dir else None
+    cache = cache or here.parent / "__pycache__"
+    damaged = []
+    for index in sorted(cache.glob(here.stem + ".*.nbi")):
+        try:
+            with open(index, "rb") as f:
+                if pickle.load(f) != numba.__version__:
+                    continue  # Numba ignores (and later rewrites) another version's index
+                _, overloads = pickle.loads(f.read())
+            for name in overloads.values():
+                with contextlib.suppress(FileNotFoundError):  # a missing data file is recompiled by Numba
+                    pickle.loads((cache / name).read_bytes())
+        except FileNotFoundError:
+            continue
+        except Exception as e:  # any unreadable entry (EOFError, UnpicklingError, ValueError...)
+            damaged.append(f"{index.name} ({type(e).__name__})")
+            for path in [index, *cache.glob(index.name[: -len(".nbi")] + ".*.nbc")]:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+    if damaged:
+        warnings.warn(
+            f"discarded damaged Numba cache entries in {cache}: {', '.join(damaged)}; recompiling those kernels",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+_discard_damaged_cache()
 
 # float sums may be reassociated (that is what lets a dot product use SIMD lanes) and a multiply-add
 # fused; nothing else (no "fast" NaN/inf assumptions)

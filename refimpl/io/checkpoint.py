@@ -19,6 +19,7 @@ import json
 import math
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ..backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
+from .files import MAX_JSON_BYTES, InputError, atomic_output, parse_json, plain_file_name, read_limited
 
 __all__ = [
     "CheckpointError",
@@ -38,13 +40,15 @@ __all__ = [
     "read_checkpoint_weights",
     "tensor_headers",
     "read_json_object",
+    "read_safetensors_header",
+    "STORED_DTYPES",
     "check_weights",
     "check_prefixes",
     "write_safetensors_file",
 ]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint directory or weight file is missing, malformed, or does not fit the model."""
 
 
@@ -54,13 +58,17 @@ COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def compute_dtype(dtype) -> type:
     """The compute dtype of a model as a NumPy scalar type: float32 (like the official model) or float64
     (the higher-precision oracle mode); anything else is a ValueError."""
-    if np.dtype(dtype) not in COMPUTE_DTYPES:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {dtype!r}") from None
+    if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {np.dtype(dtype)}")
     return np.dtype(dtype).type
 
 
 # safetensors dtype name -> numpy dtype of the stored bytes (bf16 is read as raw uint16 bits)
-_STORED_DTYPES = {
+STORED_DTYPES = {
     "F64": np.dtype("<f8"),
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
@@ -108,17 +116,16 @@ class WeightView:
 
 
 def read_json_object(path: str | os.PathLike, what: str = "") -> dict:
-    """Read a JSON file that must hold an object (a dict); any problem is a CheckpointError naming the file."""
+    """Read a JSON file that must hold an object (a dict); any problem is a CheckpointError naming the file:
+    larger than ``MAX_JSON_BYTES`` (checked before reading; a stream is read up to it), not UTF-8 JSON,
+    nested deeper than ``files.MAX_JSON_DEPTH``."""
     path = Path(path)
+    raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError, regular_only=True)
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path} is not valid UTF-8 text: {e}") from None
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    data = parse_json(text, str(path), CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object{what}, found a JSON {type(data).__name__}")
     return data
@@ -142,32 +149,50 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
 def _read_header(path: Path) -> tuple[dict, int]:
     """The checked header of a safetensors file (``__metadata__`` removed) and where its data starts."""
+    header, _, data_start = read_safetensors_header(path)
+    return header, data_start
+
+
+def read_safetensors_header(path, error=CheckpointError) -> tuple[dict, dict, int]:
+    """(tensor entries, ``__metadata__`` or {}, where the data starts) of a safetensors file, every entry
+    checked (``check_tensor_entry``) and the data section covered exactly (``check_data_covered``); any
+    problem is one ``error`` naming the file.  Only a regular file is read (the tensors are memory-mapped
+    from it): a pipe or a device is refused before it is opened."""
     path = Path(path)
-    file_size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise CheckpointError(f"{path} is too short to be a safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        if n > file_size - 8:
-            raise CheckpointError(f"{path}: header length {n} runs past the end of the file")
-        if n > MAX_HEADER_BYTES:
-            raise CheckpointError(f"{path}: header length {n} is over the format's limit of {MAX_HEADER_BYTES} bytes")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: malformed safetensors header ({e})") from None
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise error(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a pipe or a device?)"
+        raise error(f"cannot read {path} as safetensors: it is {kind}")
+    file_size = info.st_size
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise error(f"{path} is too short to be a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > file_size - 8:
+                raise error(f"{path}: header length {n} runs past the end of the file")
+            if n > MAX_HEADER_BYTES:
+                raise error(f"{path}: header length {n} is over the format's limit of {MAX_HEADER_BYTES} bytes")
+            raw = f.read(n)
+    except OSError as e:
+        raise error(f"cannot read {path}: {e.strerror or e}") from None
+    header = parse_json(raw, f"{path}: malformed safetensors header: the header", error)
     if not isinstance(header, dict):
-        raise CheckpointError(
-            f"{path}: the safetensors header must be a JSON object, found a JSON {type(header).__name__}"
-        )
+        raise error(f"{path}: the safetensors header must be a JSON object, found a JSON {type(header).__name__}")
     metadata = header.pop("__metadata__", None)
     if metadata is not None and not isinstance(metadata, dict):
-        raise CheckpointError(f"{path}: __metadata__ must be a JSON object, found {type(metadata).__name__}")
-    for name, info in header.items():
-        check_tensor_entry(path, name, info)
-    check_data_covered(path, header, file_size - 8 - n)
-    return header, 8 + n
+        raise error(f"{path}: __metadata__ must be a JSON object, found {type(metadata).__name__}")
+    try:
+        for name, entry in header.items():
+            check_tensor_entry(path, name, entry)
+        check_data_covered(path, header, file_size - 8 - n)
+    except CheckpointError as e:
+        raise error(str(e)) from None
+    return header, metadata or {}, 8 + n
 
 
 def _is_count(x) -> bool:
@@ -183,10 +208,10 @@ def check_tensor_entry(path, name: str, info) -> None:
     missing = [key for key in ("dtype", "shape", "data_offsets") if key not in info]
     if missing:
         raise CheckpointError(f"{where}: entry lacks {', '.join(missing)}")
-    stored = _STORED_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+    stored = STORED_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
     if stored is None:
         raise CheckpointError(
-            f"{where} has unsupported dtype {info['dtype']!r} (supported: {', '.join(_STORED_DTYPES)})"
+            f"{where} has unsupported dtype {info['dtype']!r} (supported: {', '.join(STORED_DTYPES)})"
         )
     shape = info["shape"]
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
@@ -252,7 +277,7 @@ def read_safetensors_file(
     out = {}
     for name in wanted:
         info = header[name]
-        stored = _STORED_DTYPES[info["dtype"]]
+        stored = STORED_DTYPES[info["dtype"]]
         begin, end = info["data_offsets"]
         shape = tuple(info["shape"])
         if name in kept:
@@ -361,8 +386,7 @@ def check_shard_path(directory: Path, index: Path, name: str) -> None:
     """A shard named by an index must be a plain file name in the checkpoint directory (no folder part,
     no ``..``, not absolute).  The name is checked, not where it resolves to: the Hugging Face cache
     keeps checkpoint files as symbolic links into its blob store."""
-    plain = name not in ("", ".", "..") and "/" not in name and "\\" not in name and not os.path.isabs(name)
-    if not plain:
+    if not plain_file_name(name):
         raise CheckpointError(
             f"{index}: shard path {name!r} is not a file name inside the checkpoint directory {directory}"
         )
@@ -542,7 +566,7 @@ def write_safetensors_file(
         header["__metadata__"] = dict(metadata)
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     head += b" " * (-len(head) % 8)  # the format aligns the data start to 8 bytes
-    with open(path, "wb") as f:
+    with atomic_output(path) as f:  # a failed write leaves the previous file as it was
         f.write(struct.pack("<Q", len(head)))
         f.write(head)
         for blob in blobs:

@@ -264,7 +264,7 @@ class Qwen3TTS:
             v = kwargs.get(k)
             merged[k] = v if v is not None else self.generate_defaults.get(k, HARD_DEFAULTS[k])
         settings = SamplingSettings(**merged)
-        settings.validate()
+        settings.validate(self.dtype)
         eos_id = self.config.talker_config.codec_eos_token_id if eos is None else int(eos)
         return settings, UniformDraws(np.random.default_rng(seed), random_draws), return_codes, eos_id
 
