@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import stat
 import struct
@@ -261,22 +262,29 @@ def read_safetensors_file(
     keep their type.  The file is memory-mapped, so only the tensors asked for are read from disk, and a
     tensor already stored in ``dtype`` is returned as a read-only view of the map rather than copied
     (copy it before modifying it).  With ``keep_bf16`` (float32 only), a bfloat16 matrix stays as its
-    16-bit words in a ``BF16Matrix`` (a view of the map, widened where it is used).
+    16-bit words in a ``BF16Matrix``, widened where it is used: the words of a matrix the kernels stream
+    (every one but the embedding tables) copied unchanged into anonymous memory backed by 2 MB huge pages
+    (``_read_into_huge_pages``; off with ``REFIMPL_HUGE_PAGES=0``, or where the system has no
+    ``MADV_HUGEPAGE``), the others a view of the map.
     """
     path = Path(path)
     header, data_start = _read_header(path)
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     wanted = header.keys() if names is None else [n for n in names if n in header]
+    kept = [n for n in wanted if keep_bf16 and np.dtype(dtype) == np.float32 and _is_bf16_matrix(header[n])]
+    streamed = [n for n in kept if not is_lookup_table(n)]
+    copies = _read_into_huge_pages(path, data_start, header, streamed) if huge_pages_enabled() else {}
     out = {}
     for name in wanted:
         info = header[name]
         stored = STORED_DTYPES[info["dtype"]]
         begin, end = info["data_offsets"]
         shape = tuple(info["shape"])
-        arr = raw[data_start + begin : data_start + end].view(stored).reshape(shape)
-        if info["dtype"] == "BF16" and keep_bf16 and arr.ndim == 2 and np.dtype(dtype) == np.float32:
-            out[name] = BF16Matrix(arr)
+        if name in kept:
+            words = copies[name] if name in copies else raw[data_start + begin : data_start + end]
+            out[name] = BF16Matrix(words.view(stored).reshape(shape))
             continue
+        arr = raw[data_start + begin : data_start + end].view(stored).reshape(shape)
         if info["dtype"] == "BF16":
             arr = bf16_bits_to_float32(arr)
         if arr.dtype.kind == "f":
@@ -286,6 +294,64 @@ def read_safetensors_file(
         else:
             arr = np.array(arr)
         out[name] = arr
+    return out
+
+
+def _is_bf16_matrix(info: dict) -> bool:
+    return info["dtype"] == "BF16" and len(info["shape"]) == 2
+
+
+def is_lookup_table(name: str) -> bool:
+    """An embedding table (``...embedding.weight``, ``embed_tokens``): read by rows, never streamed whole,
+    so it stays memory-mapped (the pages of the looked-up rows are read on use)."""
+    return "embed" in name
+
+
+HUGE_PAGE_BYTES = 2 << 20  # the x86-64 transparent huge page
+_HUGE_PAGES_ENV = "REFIMPL_HUGE_PAGES"
+
+
+def huge_pages_enabled() -> bool:
+    """Whether bfloat16 matrices are read into anonymous memory backed by 2 MB huge pages (Linux, where
+    ``madvise(MADV_HUGEPAGE)`` exists; ``REFIMPL_HUGE_PAGES=0`` keeps them memory-mapped instead)."""
+    return hasattr(mmap, "MADV_HUGEPAGE") and os.environ.get(_HUGE_PAGES_ENV, "1").strip() != "0"
+
+
+def _read_into_huge_pages(path: Path, data_start: int, header: Mapping[str, dict], names: list) -> dict:
+    """The stored bytes of tensors ``names``, unchanged (bfloat16 words stay 16-bit words), copied from the
+    file into one anonymous memory region backed by transparent 2 MB huge pages: name -> read-only uint8
+    array.  Why: the matrix-vector products stream every weight once per step, and in memory-mapped 4 KB
+    pages the hardware prefetcher stops at every page end (docs/performance.md: about 15% of a frame).
+    The file is read with ``readinto``, so its page-cache pages are not mapped into this process: the
+    resident memory is the copy, about the size of the tensors, as it was with the memory map."""
+    if not names:
+        return {}
+    align = 64  # each tensor starts on a cache line
+    slots, total = {}, 0
+    for name in sorted(names, key=lambda n: header[n]["data_offsets"][0]):  # file order: sequential reads
+        begin, end = header[name]["data_offsets"]
+        slots[name] = (total, begin, end)
+        total += -(-(end - begin) // align) * align
+    if total == 0:
+        return {}
+    region = mmap.mmap(-1, total + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    lead = -np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data % HUGE_PAGE_BYTES  # to a 2 MB boundary
+    region.madvise(mmap.MADV_HUGEPAGE, lead, total)
+    arena = np.frombuffer(region, dtype=np.uint8, count=total, offset=lead)
+    out = {}
+    with open(path, "rb", buffering=0) as f:
+        for name, (at, begin, end) in slots.items():
+            target = memoryview(arena[at : at + end - begin])
+            f.seek(data_start + begin)
+            filled = 0
+            while filled < end - begin:
+                n = f.readinto(target[filled:])
+                if not n:
+                    raise CheckpointError(f"{path}: tensor {name!r} ends past the end of the file (truncated?)")
+                filled += n
+            copy = arena[at : at + end - begin]
+            copy.flags.writeable = False
+            out[name] = copy
     return out
 
 
