@@ -21,7 +21,7 @@ import numpy as np
 
 from . import __version__
 from .backends import BACKENDS, active_backend, use_backend
-from .io.files import load_npy_codes, user_cache_dir, write_atomically
+from .io.files import MAX_INPUT_BYTES, load_npy_codes, read_limited, user_cache_dir, write_atomically
 from .io.hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
 
 # model kind a command needs -> the embedded tiny checkpoint of that kind (refimpl/data/)
@@ -60,6 +60,8 @@ exit status:
 """
 
 STDIO = "-"  # as an input or output path: standard input / standard output
+MAX_WAV_BYTES = 2**32 + 8  # the largest WAV file: RIFF sizes are 32-bit (a longer stream is refused)
+MAX_TEXT_BYTES = 1 << 24  # 16 MiB of text on standard input, far more than a prompt of 32768 positions holds
 
 
 class CliError(Exception):
@@ -185,6 +187,8 @@ def model_dir(args, kind: str, say: Reporter) -> Path:
 def check_output_path(path: str) -> None:
     """Refuse an output path that cannot be written before any work is done."""
     if path == STDIO:
+        if isinstance(getattr(sys.stdout, "buffer", None), ClosedStream):
+            raise CliError("cannot write standard output: it is closed")
         return
     if os.path.isdir(path):
         raise CliError(f"cannot write {path}: it is a directory")
@@ -196,10 +200,18 @@ def check_output_path(path: str) -> None:
 
 
 def write_output(path: str, data: bytes) -> None:
-    """Bytes to a file (atomically) or, for "-", to standard output."""
+    """Bytes to a file (atomically) or, for "-", to standard output: every byte, or an error (a short
+    write, e.g. past a file-size limit, is not a success)."""
     if path == STDIO:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        try:
+            written = sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise CliError(f"cannot write standard output: {e.strerror or e}") from None
+        if written is not None and written != len(data):
+            raise CliError(f"cannot write standard output: only {written} of {len(data)} bytes were written")
         return
     try:
         write_atomically(path, data)
@@ -218,10 +230,11 @@ def write_audio(path: str, wav: np.ndarray, sr: int, float_wav: bool) -> None:
 
 
 def read_text_argument(text: str) -> str:
-    """TEXT as given, or for "-" standard input decoded as UTF-8 (one trailing newline dropped)."""
+    """TEXT as given, or for "-" standard input decoded as UTF-8 (one trailing newline dropped), read up to
+    ``files.MAX_INPUT_BYTES``."""
     if text != STDIO:
         return text
-    raw = sys.stdin.buffer.read()
+    raw = read_limited(sys.stdin.buffer, MAX_TEXT_BYTES, "standard input", CliError)
     try:
         return raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
     except UnicodeDecodeError as e:
@@ -230,11 +243,22 @@ def read_text_argument(text: str) -> str:
         ) from None
 
 
-def input_bytes(path: str, what: str) -> bytes | None:
-    """Standard input's bytes for "-", else None (the caller reads the file)."""
+def input_bytes(path: str, what: str, magic: bytes, limit: int = MAX_INPUT_BYTES) -> bytes | None:
+    """Standard input's bytes for "-" (at most ``limit``: more, from an endless stream, is an error), else
+    None (the caller reads the file).  Input that does not start with ``magic`` is not read further: its
+    first bytes go to the parser, which names the problem (so ``/dev/zero`` is refused at once)."""
     if path != STDIO:
         return None
-    data = sys.stdin.buffer.read()
+    head = b""
+    while len(head) < len(magic):
+        piece = sys.stdin.buffer.read(len(magic) - len(head))
+        if not piece:
+            break
+        head += piece
+    if head != magic:
+        data = head
+    else:
+        data = head + read_limited(sys.stdin.buffer, limit - len(head), "standard input", CliError)
     if not data:
         raise CliError(f"standard input is empty: expected {what}")
     return data
@@ -358,7 +382,7 @@ def cmd_codec_encode(args, say: Reporter) -> int:
     from .codec.speech_tokenizer import SpeechTokenizer
     from .io.audio import read_wav, read_wav_bytes
 
-    data = input_bytes(args.input, "a WAV file")
+    data = input_bytes(args.input, "a WAV file", b"RIFF", MAX_WAV_BYTES)
     audio, sr = read_wav(args.input) if data is None else read_wav_bytes(data, "standard input")
     if audio.ndim == 2:
         say(f"note: {audio.shape[1]}-channel audio mixed down to mono")
@@ -382,15 +406,10 @@ def cmd_codec_encode(args, say: Reporter) -> int:
 
 def read_codes(path: str) -> np.ndarray:
     """A .npy array of codes (from a file or, for "-", standard input); anything else names the file."""
-    data = input_bytes(path, "a .npy file of codes")
+    data = input_bytes(path, "a .npy file of codes", b"\x93NUMPY")
     if data is not None:
         return load_npy_codes(data, "standard input")
-    if not os.path.exists(path):
-        raise CliError(f"codes file {path} does not exist")
-    if os.path.isdir(path):
-        raise CliError(f"codes file {path} is a directory")
-    with open(path, "rb") as f:
-        return load_npy_codes(f.read(), path)
+    return load_npy_codes(read_limited(path, MAX_INPUT_BYTES, f"codes file {path}", CliError), path)
 
 
 def cmd_codec_decode(args, say: Reporter) -> int:
@@ -629,7 +648,62 @@ def quiet_after_closed_pipe() -> int:
     return 1
 
 
+class ClosedStream(io.RawIOBase):
+    """Stands in for a standard stream that was closed when refimpl started: reading or writing it is an
+    error naming it (its file descriptor is held open on /dev/null, so that no file opened later takes it)."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.stream_name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def readinto(self, buffer):
+        raise OSError(f"cannot read standard {self.stream_name}: it is closed")
+
+    def write(self, data):
+        raise OSError(f"cannot write standard {self.stream_name}: it is closed")
+
+
+def fd_is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def settle_standard_streams() -> None:
+    """What a careful Unix tool does before any work: a closed stdin, stdout or stderr gets /dev/null on its
+    descriptor (so that no output file is opened as descriptor 1); reading a closed stdin or writing a
+    closed stdout is then an error (``ClosedStream``), while notes for a closed stderr are dropped (never
+    sent to stdout).  An unbuffered stdout (``PYTHONUNBUFFERED``, ``-u``) gets a buffer again: a raw write
+    may write only part of its bytes, and the buffered writer writes the rest or raises."""
+    for fd, name, attribute in ((0, "input", "stdin"), (1, "output", "stdout"), (2, "error", "stderr")):
+        if getattr(sys, attribute) is not None and fd_is_open(fd):
+            continue
+        if not fd_is_open(fd):
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if attribute == "stderr":
+            sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)
+        else:
+            setattr(sys, attribute, io.TextIOWrapper(ClosedStream(name), encoding="utf-8", write_through=True))
+    raw = getattr(sys.stdout, "buffer", None)
+    if sys.stdout is sys.__stdout__ and isinstance(raw, io.FileIO):  # the interpreter's own, unbuffered
+        sys.stdout = io.TextIOWrapper(
+            io.BufferedWriter(raw), encoding=sys.stdout.encoding, errors=sys.stdout.errors, line_buffering=True
+        )
+
+
 def main(argv=None) -> int:
+    settle_standard_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

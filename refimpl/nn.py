@@ -130,6 +130,14 @@ def linear(x, w_oi, b_o=None):
 
 
 @primitive
+def linears(x, weights, biases=None):
+    """Several linear maps of the same input: (linear(x, W_1, b_1), linear(x, W_2, b_2), ...); ``biases``
+    None or one bias (or None) per weight.  (A twin may compute them in one pass over the weights.)"""
+    biases = (None,) * len(weights) if biases is None else biases
+    return tuple(linear(x, w, b) for w, b in zip(weights, biases))
+
+
+@primitive
 def rms_norm(x, w, eps: float):
     """w * x / sqrt(mean(x^2) + eps), over the last axis."""
     variance = np.mean(x * x, axis=-1, keepdims=True)

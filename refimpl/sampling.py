@@ -58,7 +58,9 @@ def apply_repetition_penalty(scores_bv, previous_bn, penalty: float):
         return scores
     rows = np.arange(scores.shape[0])[:, None]
     s = scores[rows, previous_bn]
-    scores[rows, previous_bn] = np.where(s < 0, s * scores.dtype.type(penalty), s / scores.dtype.type(penalty))
+    with np.errstate(over="ignore", under="ignore"):  # an overflow is reported below, naming the penalty
+        scores[rows, previous_bn] = np.where(s < 0, s * scores.dtype.type(penalty), s / scores.dtype.type(penalty))
+    check_scaled(scores, scores_bv, "repetition_penalty", penalty)
     return scores
 
 
@@ -84,7 +86,34 @@ def apply_suppression(scores_bv, ids):
 
 
 def apply_temperature(scores_bv, temperature: float):
-    return scores_bv / scores_bv.dtype.type(temperature)
+    with np.errstate(over="ignore", under="ignore"):  # an overflow is reported below, naming the temperature
+        scaled_bv = scores_bv / scores_bv.dtype.type(temperature)
+    check_scaled(scaled_bv, scores_bv, "temperature", temperature)
+    return scaled_bv
+
+
+def check_scaled(after_bv, before_bv, name: str, value) -> None:
+    """A score that was finite must stay finite when divided by a temperature or a penalty: a tiny
+    divisor overflows the compute dtype (scores of infinity, softmax NaN, code 0); ValueError naming it."""
+    bad = ~np.isfinite(after_bv) & np.isfinite(before_bv)
+    if bad.any():
+        largest = float(np.max(np.abs(before_bv[bad])))
+        raise ValueError(
+            f"{name} {value!r} makes the scores overflow {after_bv.dtype} (a score of {largest:.4g} "
+            f"scaled by it passes {np.finfo(after_bv.dtype).max:.4g}); use a larger {name}"
+        )
+
+
+def check_divisor(name: str, value, dtype) -> None:
+    """A temperature or penalty must be a normal number of the compute dtype: 1e-40 is below float32's
+    smallest (1.2e-38; the scores would overflow), 1e300 above its largest (it would become infinity, and
+    -inf / inf is NaN)."""
+    tiny, largest = float(np.finfo(dtype).tiny), float(np.finfo(dtype).max)
+    if not tiny <= float(value) <= largest:
+        raise ValueError(
+            f"{name} must lie in [{tiny:.4g}, {largest:.4g}] (the normal numbers of {np.dtype(dtype).name}, "
+            f"the compute dtype), got {value!r}"
+        )
 
 
 def apply_top_k(scores_bv, k: int):
@@ -126,7 +155,10 @@ class SamplingSettings:
     max_new_tokens: int = 2048
     min_new_tokens: int = 2
 
-    def validate(self) -> None:
+    def validate(self, dtype=None) -> None:
+        """Types and ranges of every setting; with the compute ``dtype``, also that the temperatures and
+        the repetition penalty are normal numbers of it (``check_divisor``)."""
+
         def positive(name, value, allow_none=True):
             if value is None and allow_none:
                 return
@@ -157,6 +189,13 @@ class SamplingSettings:
             or self.max_new_tokens < 1
         ):
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if dtype is not None:
+            divisors = [("repetition_penalty", self.repetition_penalty)]
+            divisors += [("temperature", self.temperature)] if self.do_sample else []
+            divisors += [("subtalker_temperature", self.subtalker_temperature)] if self.subtalker_dosample else []
+            for name, value in divisors:
+                if value is not None:
+                    check_divisor(name, value, dtype)
 
 
 def talker_scores(logits_bv, previous_bn, settings: SamplingSettings, eos_id: int, record: Recorder = NULL_RECORDER):
@@ -210,7 +249,7 @@ class UniformDraws:
 
     def __init__(self, rng: np.random.Generator | None = None, replay=None):
         self.rng = rng if rng is not None else np.random.default_rng()
-        self.replay = None if replay is None else np.asarray(replay, dtype=np.float64).reshape(-1)
+        self.replay = None if replay is None else checked_uniforms(replay)
         self.used = 0
         self.drawn = []
 
@@ -228,6 +267,23 @@ class UniformDraws:
 
     def recorded(self) -> np.ndarray:
         return np.concatenate(self.drawn) if self.drawn else np.zeros(0, dtype=np.float64)
+
+
+def checked_uniforms(replay) -> np.ndarray:
+    """Recorded uniforms as a flat float64 vector: real numbers, each finite and in [0, 1) (a NaN would
+    silently pick code 0 at every step); ValueError naming the first bad one."""
+    arr = np.asarray(replay)
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"random_draws must be real numbers (uniforms in [0, 1)), got dtype {arr.dtype}")
+    arr = arr.astype(np.float64).reshape(-1)
+    bad = ~(np.isfinite(arr) & (arr >= 0) & (arr < 1))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"random_draws[{i}] is {float(arr[i])!r}, not a uniform in [0, 1) "
+            f"({int(bad.sum())} of {arr.size} such values)"
+        )
+    return arr
 
 
 def choose(scores_bv, sample: bool, rng: "np.random.Generator | UniformDraws | None"):

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import nn
+from .backends import primitive
+from .backends.bf16 import BF16Matrix
 from .io.checkpoint import WeightSpec, WeightView
 from .recorder import NULL_RECORDER, Recorder, record_attention_details
 
@@ -150,12 +152,17 @@ class KVCache:
         """Positions held (all of them: this cache forgets nothing)."""
         return self.length
 
-    def append(self, k_bgtd, v_bgtd):
-        n, T = self.length, k_bgtd.shape[2]
+    def reserve(self, T: int) -> None:
+        """Room for T more positions (the buffers doubled when full)."""
+        n = self.length
         if n + T > self.k.shape[2]:
             capacity = max(2 * self.k.shape[2], n + T)
             self.k = _grown(self.k, n, capacity)
             self.v = _grown(self.v, n, capacity)
+
+    def append(self, k_bgtd, v_bgtd):
+        n, T = self.length, k_bgtd.shape[2]
+        self.reserve(T)
         self.k[:, :, n : n + T] = k_bgtd
         self.v[:, :, n : n + T] = v_bgtd
         self.length = n + T
@@ -235,17 +242,22 @@ def attention_block(
     (``refimpl.porting.names``)."""
     B, T, _ = x_btc.shape
     H, G, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q_bthd = nn.linear(x_btc, a["q_proj.weight"], a.get("q_proj.bias")).reshape(B, T, H, D)
+    q_btc, k_btc, v_btc = nn.linears(
+        x_btc,
+        (a["q_proj.weight"], a["k_proj.weight"], a["v_proj.weight"]),
+        (a.get("q_proj.bias"), a.get("k_proj.bias"), a.get("v_proj.bias")),
+    )
+    q_bthd = q_btc.reshape(B, T, H, D)
     record("q_proj", q_bthd.reshape(B, T, H * D))
     if kind.qk_norm:
         q_bthd = nn.rms_norm(q_bthd, a["q_norm.weight"], eps)
         record("q_norm", q_bthd)
-    k_btgd = nn.linear(x_btc, a["k_proj.weight"], a.get("k_proj.bias")).reshape(B, T, G, D)
+    k_btgd = k_btc.reshape(B, T, G, D)
     record("k_proj", k_btgd.reshape(B, T, G * D))
     if kind.qk_norm:
         k_btgd = nn.rms_norm(k_btgd, a["k_norm.weight"], eps)
         record("k_norm", k_btgd)
-    v_btgd = nn.linear(x_btc, a["v_proj.weight"], a.get("v_proj.bias")).reshape(B, T, G, D)
+    v_btgd = v_btc.reshape(B, T, G, D)
     record("v_proj", v_btgd.reshape(B, T, G * D))
     q_bhtd = nn.apply_rope(q_bthd.transpose(0, 2, 1, 3), cos_btd[:, None], sin_btd[:, None])
     k_bgtd = nn.apply_rope(k_btgd.transpose(0, 2, 1, 3), cos_btd[:, None], sin_btd[:, None])
@@ -263,11 +275,10 @@ def attention_block(
 
 def swiglu_mlp(m: WeightView, x_btc, record: Recorder = NULL_RECORDER):
     """down_proj(silu(gate_proj(x)) * up_proj(x))."""
-    gate = nn.linear(x_btc, m["gate_proj.weight"])
+    gate, up = nn.linears(x_btc, (m["gate_proj.weight"], m["up_proj.weight"]))
     record("gate_proj", gate)
     gate = nn.silu(gate)
     record("act_fn", gate)
-    up = nn.linear(x_btc, m["up_proj.weight"])
     record("up_proj", up)
     down = nn.linear(gate * up, m["down_proj.weight"])
     record("down_proj", down)
@@ -320,6 +331,36 @@ def transformer_layer(
     return x_btc + m
 
 
+@primitive
+def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
+    """One Qwen3 layer (``QWEN3``) for ONE new position of ONE row, nothing recorded, the query seeing every
+    cached key: ``transformer_layer`` itself (the reference of the fused twin in
+    ``refimpl/backends/numba_cpu.py``, which runs the layer in one call).  ``cache`` (a ``KVCache``) must
+    have room for the position."""
+    n = cache.length
+    mask = nn.AttentionMask(nn.arange(n, n + 1), nn.arange(n + 1))
+    return transformer_layer(lw, QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, cache, eps)
+
+
+def _fused_step_fits(layers: list, kind: LayerKind, x_btc, allowed, caches, record: Recorder) -> bool:
+    """Whether ``transformer_stack`` may run its layers through ``decoder_layer_step``: one row, one new
+    position, Qwen3 layers with bf16 matrices and no biases, plain caches, no window, no padding, nothing
+    recorded (the fused twin's conditions; elsewhere it is ``transformer_layer`` all the same)."""
+    if kind != QWEN3 or caches is None or record.enabled or x_btc.shape[:2] != (1, 1) or not layers:
+        return False
+    if not isinstance(allowed, nn.AttentionMask) or allowed.window is not None:
+        return False
+    fits = all(type(c) is KVCache for c in caches) and all(
+        isinstance(lw[n], BF16Matrix) and f"{n[:-6]}bias" not in lw for lw in layers for n in _STEP_MATRICES
+    )  # (bf16 matrices are host arrays: a device model never reaches the padding check below)
+    return fits and (allowed.key_valid_bs is None or bool(np.all(nn.to_host(allowed.key_valid_bs))))
+
+
+_STEP_MATRICES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
+    f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")
+)
+
+
 def transformer_stack(
     layers: list,
     kind: LayerKind,
@@ -334,6 +375,11 @@ def transformer_stack(
 ):
     """Every layer in turn (no final norm: each stack has its own ending).  ``caches`` is None or one
     cache per layer.  Each layer's output is recorded as ``layers.{i}``, its parts as ``layers.{i}.mlp``..."""
+    if _fused_step_fits(layers, kind, x_btc, allowed, caches, record):  # a generation step: one call a layer
+        for lw, cache in zip(layers, caches):
+            cache.reserve(1)
+            x_btc = decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps)
+        return x_btc
     for i, lw in enumerate(layers):
         x_btc = transformer_layer(
             lw,

@@ -143,3 +143,58 @@ def test_eos_outside_the_vocabulary_is_refused(eos):
     tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")
     with pytest.raises(ValueError, match=f"eos_token_id {eos} is outside the talker vocabulary"):
         tts.generate_custom_voice("Hi.", speaker="vivian", eos_token_id=eos, max_new_tokens=3)
+
+
+# ----------------------------------------------------------------------------- sampling arguments
+
+
+@pytest.fixture(scope="module")
+def tiny_tts():
+    return Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")
+
+
+@pytest.mark.parametrize(
+    "keyword, value",
+    [
+        ("temperature", 1e-40),  # below float32's smallest normal number: the scores overflow
+        ("temperature", 1e300),  # becomes infinity in float32: -inf / inf is NaN
+        ("subtalker_temperature", 1e-40),
+        ("repetition_penalty", 1e-40),
+        ("repetition_penalty", 1e300),
+    ],
+)
+def test_sampling_divisors_outside_the_compute_dtype_are_refused(tiny_tts, keyword, value):
+    """These used to give NaN scores and code 0 at every step; now one ValueError naming the keyword."""
+    with pytest.raises(ValueError, match=f"{keyword} must lie in \\[1.175e-38, 3.403e\\+38\\].*float32"):
+        tiny_tts.generate_custom_voice("Hi.", speaker="vivian", max_new_tokens=3, **{keyword: value})
+
+
+def test_a_divisor_valid_in_float64_is_checked_against_float64():
+    from refimpl.sampling import SamplingSettings
+
+    SamplingSettings(temperature=1e-40).validate(np.float64)  # a normal float64 number
+    with pytest.raises(ValueError, match="float32"):
+        SamplingSettings(temperature=1e-40).validate(np.float32)
+
+
+def test_scores_that_overflow_when_scaled_are_an_error_naming_the_setting():
+    """A normal temperature can still overflow large scores: refused, not turned into NaN."""
+    from refimpl.sampling import apply_repetition_penalty, apply_temperature
+
+    scores = np.array([[1e30, -np.inf, 2.0]], np.float32)
+    with pytest.raises(ValueError, match="temperature 1e-10 makes the scores overflow float32"):
+        apply_temperature(scores, 1e-10)
+    np.testing.assert_array_equal(apply_temperature(scores, 2.0), scores / np.float32(2))
+    with pytest.raises(ValueError, match="repetition_penalty 1e-10 makes the scores overflow"):
+        apply_repetition_penalty(scores, [[0]], 1e-10)
+
+
+@pytest.mark.parametrize("bad, index", [(np.nan, 1), (np.inf, 1), (1.0, 1), (-0.25, 1)])
+def test_replayed_draws_must_be_finite_uniforms(tiny_tts, bad, index):
+    """A replayed uniform outside [0, 1) (NaN picked code 0 silently) is a ValueError naming its index."""
+    draws = np.full(64, 0.5)
+    draws[index] = bad
+    with pytest.raises(ValueError, match=f"random_draws\\[{index}\\] is .*not a uniform in \\[0, 1\\)"):
+        tiny_tts.generate_custom_voice("Hi.", speaker="vivian", max_new_tokens=3, random_draws=draws)
+    with pytest.raises(ValueError, match="real numbers"):
+        tiny_tts.generate_custom_voice("Hi.", speaker="vivian", max_new_tokens=3, random_draws=np.array(["0.5"]))

@@ -20,6 +20,7 @@ here (its wake-up costs more than the 736 small products of a frame can hide; do
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -72,6 +73,48 @@ from numba.extending import intrinsic  # noqa: E402
 
 from .. import nn  # noqa: E402
 from .bf16 import BF16Matrix  # noqa: E402
+
+
+def _discard_damaged_cache() -> None:
+    """Numba trusts its cache files: an emptied index or a truncated data file (a full disk, a killed
+    writer) would make every later run fail with EOFError or UnpicklingError.  Check this module's entries
+    (unpickled as Numba would, a few milliseconds), delete damaged ones with a one-line warning, and let
+    Numba compile those kernels again."""
+    import pickle
+    import warnings
+
+    from numba.core.caching import UserProvidedCacheLocator
+
+    here = Path(__file__).resolve()
+    user_dir = os.environ.get("NUMBA_CACHE_DIR")
+    cache = Path(user_dir) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(here)) if user_dir else None
+    cache = cache or here.parent / "__pycache__"
+    damaged = []
+    for index in sorted(cache.glob(here.stem + ".*.nbi")):
+        try:
+            with open(index, "rb") as f:
+                if pickle.load(f) != numba.__version__:
+                    continue  # Numba ignores (and later rewrites) another version's index
+                _, overloads = pickle.loads(f.read())
+            for name in overloads.values():
+                with contextlib.suppress(FileNotFoundError):  # a missing data file is recompiled by Numba
+                    pickle.loads((cache / name).read_bytes())
+        except FileNotFoundError:
+            continue
+        except Exception as e:  # any unreadable entry (EOFError, UnpicklingError, ValueError...)
+            damaged.append(f"{index.name} ({type(e).__name__})")
+            for path in [index, *cache.glob(index.name[: -len(".nbi")] + ".*.nbc")]:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+    if damaged:
+        warnings.warn(
+            f"discarded damaged Numba cache entries in {cache}: {', '.join(damaged)}; recompiling those kernels",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+_discard_damaged_cache()
 
 # float sums may be reassociated (that is what lets a dot product use SIMD lanes) and a multiply-add
 # fused; nothing else (no "fast" NaN/inf assumptions)
@@ -237,6 +280,209 @@ def _bf16_rows_times(x_ni, bits_oi, out_no):
             out_no[n, o] = acc
 
 
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _row_times(x_ni, bits_oi, o, out_no):
+    """out[:, o] = x @ widen(bits[o]) (the inner loops of ``_bf16_rows_times``)."""
+    I = bits_oi.shape[1]
+    for n in range(x_ni.shape[0]):
+        acc = np.float32(0.0)
+        for i in range(I):
+            acc += x_ni[n, i] * _bf16_to_f32(bits_oi[o, i])
+        out_no[n, o] = acc
+
+
+@numba.njit(inline="always")
+def _prefetch_row(words, I, o):
+    """Ask for the 64-byte lines of weight row o of the flat words of a matrix with I columns."""
+    for j in range(o * I, (o + 1) * I, 32):
+        _prefetch(words, j)
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _bf16_rows_times_3(x_ni, a_oi, b_oi, c_oi, out_a, out_b, out_c):
+    """``_bf16_rows_times`` of one x by three matrices (rows stacked a, b, c) in ONE parallel loop: the
+    q/k/v or gate/up products of a layer end at one barrier instead of three (an empty c for two)."""
+    Oa, Ob, Oc = a_oi.shape[0], b_oi.shape[0], c_oi.shape[0]
+    I = a_oi.shape[1]
+    wa, wb, wc = a_oi.reshape(-1), b_oi.reshape(-1), c_oi.reshape(-1)
+    for r in prange(Oa + Ob + Oc):
+        ahead = r + PREFETCH_ROWS_AHEAD
+        if ahead < Oa:
+            _prefetch_row(wa, I, ahead)
+        elif ahead < Oa + Ob:
+            _prefetch_row(wb, I, ahead - Oa)
+        elif ahead < Oa + Ob + Oc:
+            _prefetch_row(wc, I, ahead - Oa - Ob)
+        if r < Oa:
+            _row_times(x_ni, a_oi, r, out_a)
+        elif r < Oa + Ob:
+            _row_times(x_ni, b_oi, r - Oa, out_b)
+        else:
+            _row_times(x_ni, c_oi, r - Oa - Ob, out_c)
+
+
+def linears(x, weights, biases=None):
+    """``nn.linears``.  Two or three ``BF16Matrix`` weights of the same input width and a few rows of x (a
+    generation step's q/k/v or gate/up), on more than one thread: one kernel call, one parallel loop over
+    all their rows, so one barrier instead of three (each output computed as ``linear``'s kernel computes
+    it, the same bits); anything else: ``linear`` one by one."""
+    biases = (None,) * len(weights) if biases is None else biases
+    I = x.shape[-1]
+    fused = (
+        x.dtype == np.float32
+        and len(weights) in (2, 3)
+        and all(isinstance(w, BF16Matrix) and w.shape[1] == I for w in weights)
+        and x.size <= MATVEC_MAX_ROWS * I
+        and numba.get_num_threads() > 1  # on one thread there is no barrier to save (measured: 5-10% slower)
+    )
+    if not fused:
+        return tuple(linear(x, w, b) for w, b in zip(weights, biases))
+    x_ni = np.ascontiguousarray(x).reshape(-1, I)
+    bits = [w.bits for w in weights]
+    if len(bits) == 2:
+        bits.append(np.zeros((0, I), dtype=np.uint16))
+    outs = [np.empty((x_ni.shape[0], b.shape[0]), dtype=np.float32) for b in bits]
+    _bf16_rows_times_3(x_ni, *bits, *outs)
+    result = []
+    for out_no, b_o in zip(outs[: len(weights)], biases):
+        if b_o is not None:
+            out_no += b_o
+        result.append(out_no.reshape(x.shape[:-1] + (out_no.shape[1],)))
+    return tuple(result)
+
+
+# ----------------------------------------------------------------------------- one decoder layer, one position
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _rms_norm_into(x_c, w_c, eps, out_c):
+    """out = w * (x / sqrt(mean(x^2) + eps)) (``nn.rms_norm`` of one vector)."""
+    C = x_c.shape[0]
+    acc = np.float32(0.0)
+    for i in range(C):
+        acc += x_c[i] * x_c[i]
+    root = np.sqrt(acc / np.float32(C) + eps)
+    for i in range(C):
+        out_c[i] = w_c[i] * (x_c[i] / root)
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _dot_bf16(x_i, bits_oi, o):
+    acc = np.float32(0.0)
+    for i in range(bits_oi.shape[1]):
+        acc += x_i[i] * _bf16_to_f32(bits_oi[o, i])
+    return acc
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _norm_rope_head(v_d, w_d, eps, cos_d, sin_d, tmp_d):
+    """In place: v = rope(rms_norm(v, w)) for one head (``nn.rms_norm`` then ``nn.apply_rope``)."""
+    _rms_norm_into(v_d, w_d, eps, tmp_d)
+    half = v_d.shape[0] // 2
+    for j in range(half):
+        v_d[j] = tmp_d[j] * cos_d[j] + (-tmp_d[j + half]) * sin_d[j]
+        v_d[j + half] = tmp_d[j + half] * cos_d[j + half] + tmp_d[j] * sin_d[j + half]
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _decoder_step_bf16(
+    x_c, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_d, sin_d, k_gsd, v_gsd, n, eps
+):
+    """One Qwen3 decoder layer for ONE position of ONE row, on bf16 words, with its KV cache (written at
+    index n, attended over 0..n): returns the layer's output [C].  Five parallel loops (q/k/v; the heads'
+    attention; o_proj; gate/up; down_proj), the norms and RoPE in between on one thread; the formulas of
+    ``transformer.transformer_layer`` in the same order."""
+    C = x_c.shape[0]
+    G, D = k_gsd.shape[0], k_gsd.shape[2]
+    H = q_oi.shape[0] // D
+    h_c = np.empty(C, dtype=np.float32)
+    _rms_norm_into(x_c, ln1_c, eps, h_c)
+    Oq, Ok = q_oi.shape[0], k_oi.shape[0]
+    qkv = np.empty(Oq + 2 * Ok, dtype=np.float32)
+    for r in prange(Oq + 2 * Ok):
+        if r < Oq:
+            qkv[r] = _dot_bf16(h_c, q_oi, r)
+        elif r < Oq + Ok:
+            qkv[r] = _dot_bf16(h_c, k_oi, r - Oq)
+        else:
+            qkv[r] = _dot_bf16(h_c, v_oi, r - Oq - Ok)
+    tmp_d = np.empty(D, dtype=np.float32)
+    for hd in range(H):
+        _norm_rope_head(qkv[hd * D : (hd + 1) * D], qn_d, eps, cos_d, sin_d, tmp_d)
+    for g in range(G):
+        _norm_rope_head(qkv[Oq + g * D : Oq + (g + 1) * D], kn_d, eps, cos_d, sin_d, tmp_d)
+        for d in range(D):
+            k_gsd[g, n, d] = qkv[Oq + g * D + d]
+            v_gsd[g, n, d] = qkv[Oq + Ok + g * D + d]
+    scale = np.float32(D**-0.5)
+    attn_hd = np.empty(H * D, dtype=np.float32)
+    S = n + 1
+    for hd in prange(H):
+        g = hd // (H // G)
+        scores = np.empty(S, dtype=np.float32)
+        m = np.float32(-np.inf)
+        for s_ in range(S):
+            acc = np.float32(0.0)
+            for d in range(D):
+                acc += qkv[hd * D + d] * k_gsd[g, s_, d]
+            scores[s_] = acc * scale
+            if scores[s_] > m:
+                m = scores[s_]
+        total = np.float32(0.0)
+        for s_ in range(S):
+            scores[s_] = np.exp(scores[s_] - m)
+            total += scores[s_]
+        for d in range(D):
+            attn_hd[hd * D + d] = 0.0
+        for s_ in range(S):
+            p = scores[s_] / total
+            for d in range(D):
+                attn_hd[hd * D + d] += p * v_gsd[g, s_, d]
+    x1_c = np.empty(C, dtype=np.float32)
+    for c in prange(C):
+        x1_c[c] = x_c[c] + _dot_bf16(attn_hd, o_oi, c)
+    _rms_norm_into(x1_c, ln2_c, eps, h_c)
+    F = gate_fi.shape[0]
+    act_f = np.empty(F, dtype=np.float32)
+    for f in prange(F):
+        gate = _dot_bf16(h_c, gate_fi, f)
+        up = _dot_bf16(h_c, up_fi, f)
+        act_f[f] = gate * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate))) * up
+    out_c = np.empty(C, dtype=np.float32)
+    for c in prange(C):
+        out_c[c] = x1_c[c] + _dot_bf16(act_f, down_cf, c)
+    return out_c
+
+
+def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
+    """``transformer.decoder_layer_step`` (one Qwen3 layer, one position of one row, bf16 weights, a
+    ``KVCache`` with room for it) in one Numba call."""
+    a, m = lw.sub("self_attn."), lw.sub("mlp.")
+    n = cache.length
+    out_c = _decoder_step_bf16(
+        np.ascontiguousarray(x_btc, dtype=np.float32).reshape(-1),
+        lw["input_layernorm.weight"],
+        a["q_proj.weight"].bits,
+        a["k_proj.weight"].bits,
+        a["v_proj.weight"].bits,
+        a["q_norm.weight"],
+        a["k_norm.weight"],
+        a["o_proj.weight"].bits,
+        lw["post_attention_layernorm.weight"],
+        m["gate_proj.weight"].bits,
+        m["up_proj.weight"].bits,
+        m["down_proj.weight"].bits,
+        np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(-1),
+        np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(-1),
+        cache.k[0],
+        cache.v[0],
+        n,
+        np.float32(eps),
+    )
+    cache.length = n + 1
+    return out_c.reshape(x_btc.shape)
+
+
 @numba.njit(cache=True)
 def _widen_bf16_into(bits_oi, out_oi):
     """out = the float32 values of the bfloat16 words (exact).  One thread: it alternates with BLAS calls,
@@ -247,14 +493,81 @@ def _widen_bf16_into(bits_oi, out_oi):
             out_oi[o, i] = _bf16_to_f32(bits_oi[o, i])
 
 
-MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel; more: widen blocks, then BLAS
+TILE = 4  # the block kernel's register tile: 4 rows of x times 4 weight rows, 16 accumulators
+
+
+@numba.njit(inline="always")
+def _store_4(out_no, n, o0, cols, v0, v1, v2, v3):
+    """out[n, o0 : o0 + cols] = (v0, v1, v2, v3)[:cols]."""
+    out_no[n, o0] = v0
+    if cols > 1:
+        out_no[n, o0 + 1] = v1
+    if cols > 2:
+        out_no[n, o0 + 2] = v2
+    if cols > 3:
+        out_no[n, o0 + 3] = v3
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for a few dozen rows of x (a prompt): each thread takes
+    a contiguous range of weight rows, widens 4 of them at a time into its own small float32 buffer
+    (L1/L2-resident) and multiplies them with every row of x, 4 rows of x at a time, so each loaded
+    value feeds 4 multiply-adds (16 accumulators; the remainders repeat the last row and drop it)."""
+    O, I = bits_oi.shape
+    N = x_ni.shape[0]
+    blocks = (O + TILE - 1) // TILE
+    for t in prange(n_threads):
+        w = np.empty((TILE, I), dtype=np.float32)  # one buffer per thread
+        for ob in range(t * blocks // n_threads, (t + 1) * blocks // n_threads):
+            o0 = ob * TILE
+            for r in range(TILE):
+                o = min(o0 + r, O - 1)
+                for i in range(I):
+                    w[r, i] = _bf16_to_f32(bits_oi[o, i])
+            for n0 in range(0, N, TILE):
+                n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
+                a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+                a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+                for i in range(I):
+                    x0, x1, x2, x3 = x_ni[n0, i], x_ni[n1, i], x_ni[n2, i], x_ni[n3, i]
+                    w0, w1, w2, w3 = w[0, i], w[1, i], w[2, i], w[3, i]
+                    a00 += x0 * w0
+                    a01 += x0 * w1
+                    a02 += x0 * w2
+                    a03 += x0 * w3
+                    a10 += x1 * w0
+                    a11 += x1 * w1
+                    a12 += x1 * w2
+                    a13 += x1 * w3
+                    a20 += x2 * w0
+                    a21 += x2 * w1
+                    a22 += x2 * w2
+                    a23 += x2 * w3
+                    a30 += x3 * w0
+                    a31 += x3 * w1
+                    a32 += x3 * w2
+                    a33 += x3 * w3
+                cols = min(TILE, O - o0)
+                _store_4(out_no, n0, o0, cols, a00, a01, a02, a03)
+                if n0 + 1 < N:
+                    _store_4(out_no, n1, o0, cols, a10, a11, a12, a13)
+                if n0 + 2 < N:
+                    _store_4(out_no, n2, o0, cols, a20, a21, a22, a23)
+                if n0 + 3 < N:
+                    _store_4(out_no, n3, o0, cols, a30, a31, a32, a33)
+
+
+MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
+BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
 WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
 
 
 def linear(x, w_oi, b_o=None):
     """``nn.linear``.  A ``BF16Matrix`` weight is read as stored: for a few rows of x (a generation step)
-    by the Numba kernel, for many (a prompt) by BLAS on blocks of rows widened one block at a time, so
-    no float32 copy of the whole matrix ever exists.  Float32 weights go to BLAS as in the reference."""
+    by the matrix-vector kernel, for a few dozen (a short prompt) by the block kernel, for more by BLAS
+    on blocks of rows widened one block at a time, so no float32 copy of the whole matrix ever exists.
+    Float32 weights go to BLAS as in the reference."""
     if not isinstance(w_oi, BF16Matrix):
         return nn.linear.reference(x, w_oi, b_o)
     O, I = w_oi.shape
@@ -262,6 +575,9 @@ def linear(x, w_oi, b_o=None):
     if x_ni.shape[0] <= MATVEC_MAX_ROWS:
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _bf16_rows_times(x_ni, w_oi.bits, out_no)
+    elif x_ni.shape[0] <= BLOCK_MAX_ROWS:
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _bf16_block_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
     else:  # each block of output channels is a contiguous block of rows of out_on: BLAS writes it in place
         out_on = np.empty((O, x_ni.shape[0]), dtype=np.float32)
         block_oi = np.empty((min(O, WIDEN_BLOCK_ROWS), I), dtype=np.float32)  # reused for every block
@@ -275,4 +591,11 @@ def linear(x, w_oi, b_o=None):
     return out_no.reshape(x.shape[:-1] + (O,))
 
 
-TWINS = {"elu": elu, "snake_beta": snake_beta, "conv1d": conv1d, "linear": linear}
+TWINS = {
+    "elu": elu,
+    "snake_beta": snake_beta,
+    "conv1d": conv1d,
+    "linear": linear,
+    "linears": linears,
+    "decoder_layer_step": decoder_layer_step,
+}

@@ -190,6 +190,7 @@ def _read_wav_chunks(f, path: str) -> tuple[_Format, bytes]:
             )
         if chunk_id == b"fmt ":
             fmt = _parse_fmt_chunk(f.read(chunk_size), path)
+            f.seek(chunk_size & 1, os.SEEK_CUR)  # an odd-sized chunk (a 17-byte fmt) is followed by a pad byte
         else:
             f.seek(chunk_size + (chunk_size & 1), os.SEEK_CUR)
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ..backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
+from .files import MAX_JSON_BYTES, InputError, atomic_output, parse_json, plain_file_name, read_limited
 
 __all__ = [
     "CheckpointError",
@@ -37,13 +40,15 @@ __all__ = [
     "read_checkpoint_weights",
     "tensor_headers",
     "read_json_object",
+    "read_safetensors_header",
+    "STORED_DTYPES",
     "check_weights",
     "check_prefixes",
     "write_safetensors_file",
 ]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint directory or weight file is missing, malformed, or does not fit the model."""
 
 
@@ -53,13 +58,17 @@ COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def compute_dtype(dtype) -> type:
     """The compute dtype of a model as a NumPy scalar type: float32 (like the official model) or float64
     (the higher-precision oracle mode); anything else is a ValueError."""
-    if np.dtype(dtype) not in COMPUTE_DTYPES:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {dtype!r}") from None
+    if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"dtype must be numpy.float32 or numpy.float64, not {np.dtype(dtype)}")
     return np.dtype(dtype).type
 
 
 # safetensors dtype name -> numpy dtype of the stored bytes (bf16 is read as raw uint16 bits)
-_STORED_DTYPES = {
+STORED_DTYPES = {
     "F64": np.dtype("<f8"),
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
@@ -107,17 +116,16 @@ class WeightView:
 
 
 def read_json_object(path: str | os.PathLike, what: str = "") -> dict:
-    """Read a JSON file that must hold an object (a dict); any problem is a CheckpointError naming the file."""
+    """Read a JSON file that must hold an object (a dict); any problem is a CheckpointError naming the file:
+    larger than ``MAX_JSON_BYTES`` (checked before reading; a stream is read up to it), not UTF-8 JSON,
+    nested deeper than ``files.MAX_JSON_DEPTH``."""
     path = Path(path)
+    raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError, regular_only=True)
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path} is not valid UTF-8 text: {e}") from None
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    data = parse_json(text, str(path), CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object{what}, found a JSON {type(data).__name__}")
     return data
@@ -141,32 +149,50 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
 def _read_header(path: Path) -> tuple[dict, int]:
     """The checked header of a safetensors file (``__metadata__`` removed) and where its data starts."""
+    header, _, data_start = read_safetensors_header(path)
+    return header, data_start
+
+
+def read_safetensors_header(path, error=CheckpointError) -> tuple[dict, dict, int]:
+    """(tensor entries, ``__metadata__`` or {}, where the data starts) of a safetensors file, every entry
+    checked (``check_tensor_entry``) and the data section covered exactly (``check_data_covered``); any
+    problem is one ``error`` naming the file.  Only a regular file is read (the tensors are memory-mapped
+    from it): a pipe or a device is refused before it is opened."""
     path = Path(path)
-    file_size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise CheckpointError(f"{path} is too short to be a safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        if n > file_size - 8:
-            raise CheckpointError(f"{path}: header length {n} runs past the end of the file")
-        if n > MAX_HEADER_BYTES:
-            raise CheckpointError(f"{path}: header length {n} is over the format's limit of {MAX_HEADER_BYTES} bytes")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: malformed safetensors header ({e})") from None
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise error(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a pipe or a device?)"
+        raise error(f"cannot read {path} as safetensors: it is {kind}")
+    file_size = info.st_size
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise error(f"{path} is too short to be a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > file_size - 8:
+                raise error(f"{path}: header length {n} runs past the end of the file")
+            if n > MAX_HEADER_BYTES:
+                raise error(f"{path}: header length {n} is over the format's limit of {MAX_HEADER_BYTES} bytes")
+            raw = f.read(n)
+    except OSError as e:
+        raise error(f"cannot read {path}: {e.strerror or e}") from None
+    header = parse_json(raw, f"{path}: malformed safetensors header: the header", error)
     if not isinstance(header, dict):
-        raise CheckpointError(
-            f"{path}: the safetensors header must be a JSON object, found a JSON {type(header).__name__}"
-        )
+        raise error(f"{path}: the safetensors header must be a JSON object, found a JSON {type(header).__name__}")
     metadata = header.pop("__metadata__", None)
     if metadata is not None and not isinstance(metadata, dict):
-        raise CheckpointError(f"{path}: __metadata__ must be a JSON object, found {type(metadata).__name__}")
-    for name, info in header.items():
-        check_tensor_entry(path, name, info)
-    check_data_covered(path, header, file_size - 8 - n)
-    return header, 8 + n
+        raise error(f"{path}: __metadata__ must be a JSON object, found {type(metadata).__name__}")
+    try:
+        for name, entry in header.items():
+            check_tensor_entry(path, name, entry)
+        check_data_covered(path, header, file_size - 8 - n)
+    except CheckpointError as e:
+        raise error(str(e)) from None
+    return header, metadata or {}, 8 + n
 
 
 def _is_count(x) -> bool:
@@ -182,10 +208,10 @@ def check_tensor_entry(path, name: str, info) -> None:
     missing = [key for key in ("dtype", "shape", "data_offsets") if key not in info]
     if missing:
         raise CheckpointError(f"{where}: entry lacks {', '.join(missing)}")
-    stored = _STORED_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+    stored = STORED_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
     if stored is None:
         raise CheckpointError(
-            f"{where} has unsupported dtype {info['dtype']!r} (supported: {', '.join(_STORED_DTYPES)})"
+            f"{where} has unsupported dtype {info['dtype']!r} (supported: {', '.join(STORED_DTYPES)})"
         )
     shape = info["shape"]
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
@@ -236,22 +262,29 @@ def read_safetensors_file(
     keep their type.  The file is memory-mapped, so only the tensors asked for are read from disk, and a
     tensor already stored in ``dtype`` is returned as a read-only view of the map rather than copied
     (copy it before modifying it).  With ``keep_bf16`` (float32 only), a bfloat16 matrix stays as its
-    16-bit words in a ``BF16Matrix`` (a view of the map, widened where it is used).
+    16-bit words in a ``BF16Matrix``, widened where it is used: the words of a matrix the kernels stream
+    (every one but the embedding tables) copied unchanged into anonymous memory backed by 2 MB huge pages
+    (``_read_into_huge_pages``; off with ``REFIMPL_HUGE_PAGES=0``, or where the system has no
+    ``MADV_HUGEPAGE``), the others a view of the map.
     """
     path = Path(path)
     header, data_start = _read_header(path)
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     wanted = header.keys() if names is None else [n for n in names if n in header]
+    kept = [n for n in wanted if keep_bf16 and np.dtype(dtype) == np.float32 and _is_bf16_matrix(header[n])]
+    streamed = [n for n in kept if not is_lookup_table(n)]
+    copies = _read_into_huge_pages(path, data_start, header, streamed) if huge_pages_enabled() else {}
     out = {}
     for name in wanted:
         info = header[name]
-        stored = _STORED_DTYPES[info["dtype"]]
+        stored = STORED_DTYPES[info["dtype"]]
         begin, end = info["data_offsets"]
         shape = tuple(info["shape"])
-        arr = raw[data_start + begin : data_start + end].view(stored).reshape(shape)
-        if info["dtype"] == "BF16" and keep_bf16 and arr.ndim == 2 and np.dtype(dtype) == np.float32:
-            out[name] = BF16Matrix(arr)
+        if name in kept:
+            words = copies[name] if name in copies else raw[data_start + begin : data_start + end]
+            out[name] = BF16Matrix(words.view(stored).reshape(shape))
             continue
+        arr = raw[data_start + begin : data_start + end].view(stored).reshape(shape)
         if info["dtype"] == "BF16":
             arr = bf16_bits_to_float32(arr)
         if arr.dtype.kind == "f":
@@ -261,6 +294,64 @@ def read_safetensors_file(
         else:
             arr = np.array(arr)
         out[name] = arr
+    return out
+
+
+def _is_bf16_matrix(info: dict) -> bool:
+    return info["dtype"] == "BF16" and len(info["shape"]) == 2
+
+
+def is_lookup_table(name: str) -> bool:
+    """An embedding table (``...embedding.weight``, ``embed_tokens``): read by rows, never streamed whole,
+    so it stays memory-mapped (the pages of the looked-up rows are read on use)."""
+    return "embed" in name
+
+
+HUGE_PAGE_BYTES = 2 << 20  # the x86-64 transparent huge page
+_HUGE_PAGES_ENV = "REFIMPL_HUGE_PAGES"
+
+
+def huge_pages_enabled() -> bool:
+    """Whether bfloat16 matrices are read into anonymous memory backed by 2 MB huge pages (Linux, where
+    ``madvise(MADV_HUGEPAGE)`` exists; ``REFIMPL_HUGE_PAGES=0`` keeps them memory-mapped instead)."""
+    return hasattr(mmap, "MADV_HUGEPAGE") and os.environ.get(_HUGE_PAGES_ENV, "1").strip() != "0"
+
+
+def _read_into_huge_pages(path: Path, data_start: int, header: Mapping[str, dict], names: list) -> dict:
+    """The stored bytes of tensors ``names``, unchanged (bfloat16 words stay 16-bit words), copied from the
+    file into one anonymous memory region backed by transparent 2 MB huge pages: name -> read-only uint8
+    array.  Why: the matrix-vector products stream every weight once per step, and in memory-mapped 4 KB
+    pages the hardware prefetcher stops at every page end (docs/performance.md: about 15% of a frame).
+    The file is read with ``readinto``, so its page-cache pages are not mapped into this process: the
+    resident memory is the copy, about the size of the tensors, as it was with the memory map."""
+    if not names:
+        return {}
+    align = 64  # each tensor starts on a cache line
+    slots, total = {}, 0
+    for name in sorted(names, key=lambda n: header[n]["data_offsets"][0]):  # file order: sequential reads
+        begin, end = header[name]["data_offsets"]
+        slots[name] = (total, begin, end)
+        total += -(-(end - begin) // align) * align
+    if total == 0:
+        return {}
+    region = mmap.mmap(-1, total + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    lead = -np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data % HUGE_PAGE_BYTES  # to a 2 MB boundary
+    region.madvise(mmap.MADV_HUGEPAGE, lead, total)
+    arena = np.frombuffer(region, dtype=np.uint8, count=total, offset=lead)
+    out = {}
+    with open(path, "rb", buffering=0) as f:
+        for name, (at, begin, end) in slots.items():
+            target = memoryview(arena[at : at + end - begin])
+            f.seek(data_start + begin)
+            filled = 0
+            while filled < end - begin:
+                n = f.readinto(target[filled:])
+                if not n:
+                    raise CheckpointError(f"{path}: tensor {name!r} ends past the end of the file (truncated?)")
+                filled += n
+            copy = arena[at : at + end - begin]
+            copy.flags.writeable = False
+            out[name] = copy
     return out
 
 
@@ -295,8 +386,7 @@ def check_shard_path(directory: Path, index: Path, name: str) -> None:
     """A shard named by an index must be a plain file name in the checkpoint directory (no folder part,
     no ``..``, not absolute).  The name is checked, not where it resolves to: the Hugging Face cache
     keeps checkpoint files as symbolic links into its blob store."""
-    plain = name not in ("", ".", "..") and "/" not in name and "\\" not in name and not os.path.isabs(name)
-    if not plain:
+    if not plain_file_name(name):
         raise CheckpointError(
             f"{index}: shard path {name!r} is not a file name inside the checkpoint directory {directory}"
         )
@@ -476,7 +566,7 @@ def write_safetensors_file(
         header["__metadata__"] = dict(metadata)
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     head += b" " * (-len(head) % 8)  # the format aligns the data start to 8 bytes
-    with open(path, "wb") as f:
+    with atomic_output(path) as f:  # a failed write leaves the previous file as it was
         f.write(struct.pack("<Q", len(head)))
         f.write(head)
         for blob in blobs:

@@ -144,7 +144,8 @@ def _from_hub_cache(org: str, name: str, revision: str | None, cache_dir) -> Pat
 def _read_ref(ref: Path) -> str:
     """The commit hash a refs/ file holds: exactly 40 lowercase hex digits (an optional final newline)."""
     try:
-        data = ref.read_bytes()[:200]
+        with open(ref, "rb") as f:
+            data = f.read(200)  # a hash is 41 bytes: never more is read (a ref that is /dev/zero ends here)
     except OSError as e:
         raise ModelNotFoundError(f"cannot read {ref}: {e.strerror or e}") from None
     text = data.decode("ascii", errors="replace").strip()

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.files import load_npy_codes
+from ..io.files import (
+    MAX_INPUT_BYTES,
+    InputError,
+    load_npy_codes,
+    parse_json,
+    plain_file_name,
+    read_limited,
+    write_atomically,
+)
 from . import trace_files
 from .compare import PRECISIONS, compare_traces, metadata_mismatches, prefix_hint, report_json
 from .name_maps import load_map
@@ -52,13 +60,9 @@ STAGE_MODELS = {
 
 
 def read_codes(path) -> np.ndarray:
-    """The codes array of a .npy file, checked like ``refimpl codec decode`` input (``files.load_npy_codes``)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read codes from {path}: {e.strerror or e}") from None
-    return load_npy_codes(data, str(path))
+    """The codes array of a .npy file, checked like ``refimpl codec decode`` input (``files.load_npy_codes``),
+    read up to ``files.MAX_INPUT_BYTES`` (a larger file, or an endless stream, is refused)."""
+    return load_npy_codes(read_limited(path, MAX_INPUT_BYTES, f"codes file {path}"), str(path))
 
 
 def read_mono(path) -> tuple:
@@ -199,12 +203,12 @@ def add_trace_parser(sub, common) -> None:
     tsub = t.add_subparsers(dest="stage", metavar="STAGE")
     gen = argparse.ArgumentParser(add_help=False)
     gen.add_argument("--language", metavar="L")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=count(0), default=0, help="random seed for sampling, >= 0 (default 0)")
     gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    gen.add_argument("--max-new-tokens", type=int, metavar="N")
+    gen.add_argument("--max-new-tokens", type=count(1), metavar="N")
     gen.add_argument("--repetition-penalty", type=float, metavar="X")
     gen.add_argument("--temperature", type=float, metavar="T")
-    gen.add_argument("--top-k", type=int, metavar="K")
+    gen.add_argument("--top-k", type=count(0), metavar="K")
     gen.add_argument("--top-p", type=float, metavar="P")
     gen.add_argument(
         "--force-codes",
@@ -261,6 +265,21 @@ def add_trace_parser(sub, common) -> None:
             g.add_argument("--x-vector-only", action="store_true")
         s.set_defaults(func=cmd_trace)
     t.set_defaults(func=lambda args, say: usage(t))
+
+
+def count(minimum: int):
+    """An argparse type: an integer >= minimum, else a usage error naming the option (as ``refimpl say``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def usage(parser) -> int:
@@ -343,38 +362,161 @@ def add_compare_parser(sub) -> None:
 # ----------------------------------------------------------------------------- refimpl golden
 
 
+# the keywords a case's options may hold, per stage (the Python keywords of the stage, as ``refimpl trace``)
+CASE_OPTIONS = {
+    "codec-decode": (),
+    "codec-encode": (),
+    "speaker": (),
+    "say": ("speaker", "language", "instruct") + trace_files.GENERATION_KEYWORDS,
+    "design": ("language", "instruct") + trace_files.GENERATION_KEYWORDS,
+    "clone": ("language", "ref_audio", "ref_text", "x_vector_only_mode") + trace_files.GENERATION_KEYWORDS,
+}
+CASE_KEYS = ("name", "stage", "input", "options")
+TEXT_OPTIONS = ("speaker", "language", "instruct", "ref_text")
+MAX_CODE = 2**63 - 1  # inline codes become int64; the codebook range is checked when the case runs
+
+
 def read_cases(path) -> list:
     """CASES.jsonl: one JSON object per line: name, stage, input, options (optional).  Relative file
-    paths (codes, WAV, ref_audio) are relative to the cases file."""
+    paths (codes, WAV, ref_audio) are relative to the cases file.  Every case is checked here, before any
+    runs (``check_case``); an error names the line and the case.  The file is read up to
+    ``files.MAX_INPUT_BYTES``."""
     path = Path(path)
-    cases = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    data = read_limited(path, MAX_INPUT_BYTES, f"cases file {path}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"cases file {path} is not valid UTF-8 text (byte {e.start})") from None
+    cases, lines = [], {}
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            case = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e})") from None
-        if case.get("stage") not in STAGE_MODELS or "name" not in case or "input" not in case:
-            raise ValueError(f"{path}:{n}: a case needs name, stage (one of {list(STAGE_MODELS)}) and input")
-        case.setdefault("options", {})
-        if case["stage"] in ("codec-decode", "codec-encode", "speaker") and isinstance(case["input"], str):
-            case["input"] = str(path.parent / case["input"])
-        if isinstance(case["options"].get("ref_audio"), str):
-            case["options"]["ref_audio"] = str(path.parent / case["options"]["ref_audio"])
+        case = parse_json(line, f"{path}:{n}: the line", unique_keys=True)
+        case = check_case(case, f"{path}:{n}", path.parent)
+        if case["name"] in lines:
+            raise InputError(
+                f"{path}:{n}: case {case['name']!r} has the name of the case on line {lines[case['name']]}"
+            )
+        lines[case["name"]] = n
         cases.append(case)
-    names = [c["name"] for c in cases]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{path}: case names repeat")
+    if not cases:
+        raise InputError(f"cases file {path} holds no case")
     return cases
 
 
+def check_case(case, where: str, base: Path) -> dict:
+    """One case, checked and normalised: an object with a plain-file-name ``name`` (it becomes
+    OUTDIR/<name>.<format>), a known ``stage``, an ``input`` of the stage's kind (a path, inline codes,
+    a text) and ``options`` among the stage's keywords with values of their types; the returned copy has
+    paths made relative to ``base`` and ``options`` always present."""
+    if not isinstance(case, dict):
+        raise InputError(f"{where}: a case must be a JSON object, found a JSON {type(case).__name__}")
+    name = case.get("name")
+    if not plain_file_name(name):
+        raise InputError(
+            f"{where}: case name {name!r} must be a plain file name (1 to 200 characters, no '/', '\\', "
+            "'..', absolute path or control character): it names the output file"
+        )
+    where = f"{where}: case {name!r}"
+    unknown = [k for k in case if k not in CASE_KEYS]
+    if unknown:
+        raise InputError(f"{where}: unknown key(s) {unknown}; a case has {list(CASE_KEYS)}")
+    stage = case.get("stage")
+    if stage not in STAGE_MODELS:
+        raise InputError(f"{where}: stage must be one of {list(STAGE_MODELS)}, got {stage!r}")
+    if "input" not in case:
+        raise InputError(f"{where}: no input")
+    options = case.get("options", {})
+    if not isinstance(options, dict):
+        raise InputError(f"{where}: options must be a JSON object, found a JSON {type(options).__name__}")
+    bad = [k for k in options if k not in CASE_OPTIONS[stage]]
+    if bad:
+        allowed = list(CASE_OPTIONS[stage]) or "none"
+        raise InputError(f"{where}: option(s) {bad} are not options of stage {stage} (allowed: {allowed})")
+    checked = {"name": name, "stage": stage, "input": check_case_input(stage, case["input"], where, base)}
+    checked["options"] = check_case_options(stage, dict(options), where, base)
+    return checked
+
+
+def check_case_input(stage: str, inp, where: str, base: Path):
+    if stage == "codec-decode" and isinstance(inp, list):
+        return inline_codes(inp, where)
+    if not isinstance(inp, str) or not inp:
+        kind = "a codes .npy path or inline codes [[...], ...]" if stage == "codec-decode" else None
+        kind = kind or ("a WAV path" if stage in ("codec-encode", "speaker") else "the text (a non-empty string)")
+        raise InputError(f"{where}: input must be {kind}, got {inp!r}")
+    if stage == "codec-decode":
+        path = base / inp
+        try:
+            read_codes(path)  # the same checks as 'refimpl trace codec-decode', before any runs
+        except ValueError as e:
+            raise InputError(f"{where}: {e}") from None
+        return str(path)
+    if stage in ("codec-encode", "speaker"):
+        return existing_file(base / inp, where, "input")
+    return inp
+
+
+def inline_codes(rows, where: str) -> np.ndarray:
+    """Codes written in the cases file: a non-empty list of equally long lists of JSON integers in
+    [0, 2^63) (no floats, no booleans), as int64 [T, groups]."""
+    if not rows or not all(isinstance(r, list) and r and len(r) == len(rows[0]) for r in rows):
+        raise InputError(f"{where}: inline codes must be a non-empty list of equally long lists of integers")
+    for t, row in enumerate(rows):
+        for q, code in enumerate(row):
+            if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= MAX_CODE:
+                raise InputError(
+                    f"{where}: inline code {code!r} at frame {t}, group {q} is not an integer in [0, 2^63)"
+                )
+    return np.asarray(rows, dtype=np.int64)
+
+
+def existing_file(path: Path, where: str, what: str) -> str:
+    if not path.is_file():
+        raise InputError(f"{where}: {what} {path} is not a file" + ("" if path.exists() else " (it does not exist)"))
+    return str(path)
+
+
+def check_case_options(stage: str, options: dict, where: str, base: Path) -> dict:
+    """The option values' types and ranges, and what the stage needs (say: a speaker; design: an
+    instruct; clone: a ref_audio and a ref_text or x_vector_only_mode), as ``refimpl trace`` checks them."""
+    from ..sampling import SamplingSettings
+
+    for key in TEXT_OPTIONS:
+        if key in options and not (options[key] is None or isinstance(options[key], str)):
+            raise InputError(f"{where}: options.{key} must be a string, got {options[key]!r}")
+    for key, minimum in (("seed", 0), ("max_new_tokens", 1)):
+        value = options.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            raise InputError(f"{where}: options.{key} must be an integer >= {minimum}, got {value!r}")
+    if "x_vector_only_mode" in options and not isinstance(options["x_vector_only_mode"], bool):
+        raise InputError(f"{where}: options.x_vector_only_mode must be true or false")
+    sampling = {k: v for k, v in options.items() if k in trace_files.GENERATION_KEYWORDS and k != "seed"}
+    try:
+        SamplingSettings(**sampling).validate()
+    except ValueError as e:
+        raise InputError(f"{where}: options: {e}") from None
+    needs = {"say": "speaker", "design": "instruct"}.get(stage)
+    if needs and not options.get(needs):
+        raise InputError(f"{where}: a {stage} case needs options.{needs} (as 'refimpl trace {stage} --{needs}')")
+    if stage == "clone":
+        if not isinstance(options.get("ref_audio"), str):
+            raise InputError(f"{where}: a clone case needs options.ref_audio, a WAV path")
+        options["ref_audio"] = existing_file(base / options["ref_audio"], where, "options.ref_audio")
+        if options.get("ref_text") is None and not options.get("x_vector_only_mode"):
+            raise InputError(f"{where}: a clone case needs options.ref_text or options.x_vector_only_mode")
+    return options
+
+
 def run_case(model, case: dict, out_dir: str, fmt: str, dtype: str) -> dict:
-    """Trace one case into ``out_dir/<name>.<fmt>``; returns its index entry (runs in a worker process)."""
+    """Trace one case into ``out_dir/<name>.<fmt>``; returns its index entry (runs in a worker process).
+    The name must be a plain file name, so the file lands in ``out_dir`` and nowhere else."""
+    if not plain_file_name(case.get("name")):
+        raise InputError(f"case name {case.get('name')!r} is not a plain file name")
     t0 = time.perf_counter()
     inp = case["input"]
     if case["stage"] == "codec-decode" and isinstance(inp, list):
-        inp = np.asarray(inp, dtype=np.int64)
+        inp = inline_codes(inp, f"case {case['name']!r}")
     trace = trace_case(model, case["stage"], inp, case["options"], np.dtype(dtype).type)
     path = trace.save(Path(out_dir) / f"{case['name']}.{fmt}", fmt)
     return {
@@ -385,6 +527,22 @@ def run_case(model, case: dict, out_dir: str, fmt: str, dtype: str) -> dict:
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def run_case_or_fail(model, case: dict, out_dir: str, fmt: str, dtype: str) -> dict:
+    """``run_case``, with a failure returned as an entry ``{name, stage, error, internal}`` (so that one
+    bad case does not lose the others); ``internal`` marks an exception that is a bug, not bad input."""
+    try:
+        return run_case(model, case, out_dir, fmt, dtype)
+    except Exception as e:  # reported by name, with the case; a bug stays marked as one
+        internal = not isinstance(e, (ValueError, OSError, MemoryError))
+        message = " ".join(str(e).split()) or type(e).__name__
+        return {
+            "name": case.get("name"),
+            "stage": case.get("stage"),
+            "error": f"{type(e).__name__}: {message}" if internal else message,
+            "internal": internal,
+        }
 
 
 def run_cases(
@@ -399,7 +557,8 @@ def run_cases(
     progress=None,
 ) -> list:
     """Every case in parallel: ``jobs`` local processes (concurrent.futures), or the workers of the Dask
-    scheduler at ``dask_address`` (dask.distributed).  Returns the index entries in case order.
+    scheduler at ``dask_address`` (dask.distributed).  Returns the index entries in case order; a case
+    that failed has ``error`` (and no file) instead of ``file``.
     ``progress``: None or ``progress(iterable, desc) -> iterable``, wrapped around the finished cases."""
     args = [(str(model) if model else None, case, str(out_dir), fmt, dtype) for case in cases]
     progress = progress or (lambda iterable, desc: iterable)
@@ -409,21 +568,28 @@ def run_cases(
         except ImportError:
             raise ValueError("--dask needs dask.distributed: pip install 'qwen3-tts-refimpl[dask]'") from None
         with Client(dask_address) as client:
-            futures = [client.submit(run_case, *a, pure=False) for a in args]
+            futures = [client.submit(run_case_or_fail, *a, pure=False) for a in args]
             return [f.result() for f in progress(futures, "tracing cases")]  # in case order
     if jobs <= 1:
-        return list(progress((run_case(*a) for a in args), "tracing cases"))
+        return list(progress((run_case_or_fail(*a) for a in args), "tracing cases"))
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     # spawned, not forked: a fork of a process whose Numba kernels already started OpenMP threads is unsafe
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(progress(pool.map(run_case, *zip(*args)), "tracing cases"))
+        return list(progress(pool.map(run_case_or_fail, *zip(*args)), "tracing cases"))
 
 
 def cmd_golden(args, say) -> int:
+    """Check every case first (nothing runs when one is bad), run them, and write OUTDIR/index.json
+    (atomically) listing the cases done (``cases``) and those that failed (``failed``, with the error).
+    Status 0: all done; 1: a case failed on bad input; 3: a case hit a bug."""
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     cases = read_cases(args.cases)
     out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"cannot write the corpus to {out}: it exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     entries = run_cases(
@@ -436,11 +602,22 @@ def cmd_golden(args, say) -> int:
         args.dask,
         progress=functools.partial(say.progress, total=len(cases)),
     )
-    index = {"model": str(args.model) if args.model else "(embedded default)", "dtype": args.dtype, "cases": entries}
-    (out / "index.json").write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
+    done = [e for e in entries if "error" not in e]
+    failed = [e for e in entries if "error" in e]
+    index = {
+        "model": str(args.model) if args.model else "(embedded default)",
+        "dtype": args.dtype,
+        "cases": done,
+        "failed": failed,
+    }
+    write_atomically(out / "index.json", (json.dumps(index, indent=1) + "\n").encode("utf-8"))
     where = f"on the Dask cluster {args.dask}" if args.dask else f"in {args.jobs} process(es)"
-    say(f"traced {len(entries)} cases {where} in {time.perf_counter() - t0:.1f} s -> {out}/index.json")
-    return 0
+    say(f"traced {len(done)} of {len(entries)} cases {where} in {time.perf_counter() - t0:.1f} s -> {out}/index.json")
+    for entry in failed:
+        print(f"refimpl golden: case {entry['name']!r} ({entry['stage']}) failed: {entry['error']}", file=sys.stderr)
+    if any(e["internal"] for e in failed):
+        return 3
+    return 1 if failed else 0
 
 
 def add_golden_parser(sub, common) -> None:

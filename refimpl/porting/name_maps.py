@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io.files import MAX_JSON_BYTES, MAX_JSON_DEPTH, InputError, json_depth_at_most, read_limited
+
 __all__ = ["NameMap", "load_map", "parse_selector"]
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -170,10 +172,11 @@ class NameMap:
 def load_map(path) -> NameMap:
     """Read a name map from JSON, or TOML (``.toml``, Python >= 3.11)."""
     path = Path(path)
+    raw = read_limited(path, MAX_JSON_BYTES, f"the map {path}")  # bounded: a pipe or device is cut off
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the map {path}: {e}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"cannot read the map {path}: {e}") from None
     if path.suffix == ".toml":
         if sys.version_info < (3, 11):
             raise ValueError(f"{path}: TOML maps need Python >= 3.11 (tomllib); write the map as JSON")
@@ -183,9 +186,15 @@ def load_map(path) -> NameMap:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"{path}: not TOML ({e})") from None
+        except RecursionError:
+            raise InputError(f"{path}: nested more than {MAX_JSON_DEPTH} levels deep") from None
     else:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not JSON ({e})") from None
+        except RecursionError:
+            raise InputError(f"{path}: nested more than {MAX_JSON_DEPTH} levels deep") from None
+    if not json_depth_at_most(data, MAX_JSON_DEPTH):
+        raise InputError(f"{path}: nested more than {MAX_JSON_DEPTH} levels deep")
     return NameMap(data, str(path.name))

@@ -39,6 +39,7 @@ import numpy as np
 from ..codec.decoder import DecoderConfig, decoder_weight_spec
 from ..codec.encoder import EncoderConfig, encoder_weight_spec
 from ..io.checkpoint import WeightSpec, write_safetensors_file
+from ..io.files import write_atomically
 from ..tts.speaker_encoder import SpeakerEncoderConfig, speaker_encoder_checkpoint_spec
 from ..tts.talker import TalkerConfig, talker_weight_spec
 from ..tts.text_tokenizer import QWEN2_SPLIT_PATTERN, _byte_level_bpe_json, byte_alphabet_in_vocab_order
@@ -58,6 +59,11 @@ __all__ = [
     "write_tts_model",
     "byte_level_vocab",
 ]
+
+
+def write_json(path, value, newline: str = "\n", **dumps_options) -> None:
+    """One JSON file of a checkpoint, written atomically (a failed write keeps the previous file)."""
+    write_atomically(path, (json.dumps(value, **dumps_options) + newline).encode("utf-8"))
 
 
 def random_tensor(spec: WeightSpec, seed: int) -> np.ndarray:
@@ -111,9 +117,7 @@ def write_checkpoint(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if config is not None:
-        with open(directory / "config.json", "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2, sort_keys=True)
-            f.write("\n")
+        write_json(directory / "config.json", config, indent=2, sort_keys=True)
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
     shards, current, current_bytes = [], {}, 0
     for name in sorted(tensors):
@@ -134,9 +138,8 @@ def write_checkpoint(
         for name, arr in shard.items():
             weight_map[name] = file_name
             total += arr.size * itemsize
-    with open(directory / "model.safetensors.index.json", "w", encoding="utf-8") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
-        f.write("\n")
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    write_json(directory / "model.safetensors.index.json", index, indent=2, sort_keys=True)
     return directory
 
 
@@ -167,9 +170,7 @@ def write_speech_tokenizer(
     directory = write_checkpoint(
         directory, config, random_weights(speech_tokenizer_weight_spec(config), seed), dtype, max_shard_bytes
     )
-    with open(directory / "preprocessor_config.json", "w", encoding="utf-8") as f:
-        json.dump(SPEECH_TOKENIZER_PREPROCESSOR, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_json(directory / "preprocessor_config.json", SPEECH_TOKENIZER_PREPROCESSOR, indent=2, sort_keys=True)
     return directory
 
 
@@ -362,11 +363,9 @@ def write_text_tokenizer(directory: str | os.PathLike, merges, added_tokens, tok
     directory.mkdir(parents=True, exist_ok=True)
     vocab = byte_level_vocab(merges)
     added = {content: len(vocab) + k for k, (content, _) in enumerate(added_tokens)}
-    with open(directory / "vocab.json", "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
-    with open(directory / "merges.txt", "w", encoding="utf-8", newline="\n") as f:
-        f.write("#version: 0.2\n")
-        f.writelines(f"{a} {b}\n" for a, b in merges)
+    write_json(directory / "vocab.json", vocab, newline="", ensure_ascii=False)
+    merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
+    write_atomically(directory / "merges.txt", merges_text.encode("utf-8"))
     entries = {
         str(added[c]): {
             "content": c,
@@ -394,9 +393,7 @@ def write_text_tokenizer(directory: str | os.PathLike, merges, added_tokens, tok
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
-    with open(directory / "tokenizer_config.json", "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+    write_json(directory / "tokenizer_config.json", config, indent=2, ensure_ascii=False)
     if tokenizer_json:
         definition = _byte_level_bpe_json(vocab, merges, QWEN2_SPLIT_PATTERN)
         definition["added_tokens"] = [
@@ -411,8 +408,7 @@ def write_text_tokenizer(directory: str | os.PathLike, merges, added_tokens, tok
             }
             for c, special in added_tokens
         ]
-        with open(directory / "tokenizer.json", "w", encoding="utf-8") as f:
-            json.dump(definition, f, ensure_ascii=False)
+        write_json(directory / "tokenizer.json", definition, newline="", ensure_ascii=False)
     return added
 
 
@@ -496,9 +492,8 @@ def write_tts_model(
             raise ValueError("a base model needs speaker_encoder_config")
         config["speaker_encoder_config"] = dict(speaker_encoder_config)
     write_checkpoint(directory, config, random_weights(tts_model_weight_spec(config), seed), dtype)
-    with open(directory / "generation_config.json", "w", encoding="utf-8") as f:
-        json.dump(dict(generation_config or RELEASED_GENERATION_CONFIG), f, indent=2, sort_keys=True)
-        f.write("\n")
+    generation = dict(generation_config or RELEASED_GENERATION_CONFIG)
+    write_json(directory / "generation_config.json", generation, indent=2, sort_keys=True)
     write_speech_tokenizer(
         directory / "speech_tokenizer",
         preset(speech_tokenizer_config or TINY_SPEECH_TOKENIZER),

@@ -24,7 +24,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import struct
+import os
+import stat
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +34,14 @@ import numpy as np
 from ..backends.bf16 import bf16_bits_to_float32
 from ..codec.decoder import decoder_weight_spec
 from ..codec.encoder import EncoderConfig, encoder_weight_spec
-from ..io.checkpoint import read_config, write_safetensors_file
+from ..io.checkpoint import STORED_DTYPES, read_config, read_safetensors_header, write_safetensors_file
+from ..io.files import InputError, atomic_output, parse_json, read_npy_header
 from ..recorder import EXTRA_PREFIX, CallLog, Recorder, call_names
 from .names import conv_wrappers, official_calls
 
 __all__ = [
     "Trace",
+    "TraceError",
     "load_trace",
     "trace_codec_decode",
     "trace_codec_encode",
@@ -99,7 +103,7 @@ class Trace:
         metadata = dict(self.metadata, order=self.keys)
         tensors = {k: storable(v) for k, v in self.items}
         if fmt == "npz":
-            with open(path, "wb") as f:  # the metadata as UTF-8 JSON bytes (uint8 [n]): any npy reader takes them
+            with atomic_output(path) as f:  # the metadata as UTF-8 JSON bytes (uint8 [n]): any npy reader takes them
                 np.savez(f, __metadata__=np.frombuffer(json.dumps(metadata).encode("utf-8"), np.uint8), **tensors)
         elif fmt == "safetensors":
             write_safetensors_file(
@@ -120,72 +124,147 @@ def storable(value) -> np.ndarray:
     return a
 
 
+class TraceError(InputError):
+    """A trace file cannot be used: not safetensors or npz, malformed, or holding non-numeric tensors."""
+
+
+# deflate cannot expand data by more than about 1032 times: an npz member claiming more is a lie (or a
+# zip bomb), refused before it is decompressed
+MAX_DEFLATE_RATIO = 1100
+NUMERIC_KINDS = "biuf"  # bool, signed and unsigned integers, floats: what a trace compares
+
+
 def load_trace(path) -> Trace:
-    """Read a trace (ours, the official hook dump, or a port's) from .safetensors or .npz.  Keys follow
-    the metadata's ``order`` when it lists them, else the file's order."""
+    """Read a trace (ours, the official hook dump, or a port's) from .safetensors or .npz (told apart by
+    their content, not their name).  Keys follow the metadata's ``order`` when it lists them, else the
+    file's order.  Everything is checked before a tensor is read (``TraceError`` naming the file and the
+    problem): a regular file (not a pipe or a device), the safetensors header as a checkpoint's
+    (``checkpoint.read_safetensors_header``), every npz member's .npy header against the member's size,
+    numeric tensors only, the metadata a JSON object nested at most ``files.MAX_JSON_DEPTH`` deep whose
+    ``order`` is a list of names."""
     path = Path(path)
-    if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        meta_raw = arrays.pop("__metadata__", None)
-        metadata = json.loads(metadata_text(meta_raw)) if meta_raw is not None else {}
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise TraceError(f"cannot read trace {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a pipe or a device?)"
+        raise TraceError(f"cannot read trace {path}: it is {kind}")
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    if magic[:6] == b"\x93NUMPY":
+        raise TraceError(f"{path} is a single .npy array, not a trace (a trace is a .safetensors or an .npz file)")
+    if magic[:4] == b"PK\x03\x04" or (magic[:4] == b"PK\x05\x06"):
+        arrays, metadata = read_npz_trace(path)
     else:
+        if path.suffix == ".npz":
+            raise TraceError(f"{path} is not an npz archive (no zip signature)")
         header, arrays = read_safetensors_trace(path)
-        raw = (header.pop("__metadata__", None) or {}).get(METADATA_KEY)
-        metadata = json.loads(raw) if raw else {}
+        raw = header.pop("__metadata__", {}).get(METADATA_KEY)
+        if raw is not None and not isinstance(raw, str):
+            kind = type(raw).__name__
+            raise TraceError(f"{path}: __metadata__[{METADATA_KEY!r}] must be a JSON string, found {kind}")
+        metadata = trace_metadata(raw, path)
         if not metadata.get("order"):  # the file's own order (offsets)
             metadata["order"] = sorted(header, key=lambda k: header[k]["data_offsets"][0])
-    order = [k for k in metadata.get("order", []) if k in arrays]
-    listed = set(order)
-    order += [k for k in arrays if k not in listed]
+    for name, array in arrays.items():
+        if array.dtype.kind not in NUMERIC_KINDS:
+            raise TraceError(f"{path}: tensor {name!r} has dtype {array.dtype}, not a number (bool, int, float)")
+    order = list(dict.fromkeys(k for k in metadata.get("order", []) if k in arrays))
+    order += [k for k in arrays if k not in set(order)]
     return Trace([(k, arrays[k]) for k in order], metadata)
 
 
-def metadata_text(meta_raw) -> str:
-    """An npz's ``__metadata__``: UTF-8 JSON bytes (uint8 [n], what we write) or, in older traces, a
-    unicode scalar array."""
-    if meta_raw.dtype == np.uint8:
-        return meta_raw.tobytes().decode("utf-8")
-    return str(meta_raw)
+def trace_metadata(raw, path) -> dict:
+    """The metadata JSON of a trace (None: none recorded): an object whose ``order``, if given, lists names."""
+    if raw is None:
+        return {}
+    metadata = parse_json(raw, f"{path}: trace metadata", TraceError)
+    if not isinstance(metadata, dict):
+        raise TraceError(f"{path}: the trace metadata must be a JSON object, found a JSON {type(metadata).__name__}")
+    order = metadata.get("order")
+    if order is not None and not (isinstance(order, list) and all(isinstance(k, str) for k in order)):
+        raise TraceError(f"{path}: the trace metadata's order must be a list of tensor names")
+    return metadata
 
 
-SAFETENSORS_DTYPES = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "I64": "<i8",
-    "I32": "<i4",
-    "I16": "<i2",
-    "I8": "i1",
-    "U8": "u1",
-    "BOOL": "?",
-}
+SAFETENSORS_DTYPES = {code: stored.str for code, stored in STORED_DTYPES.items() if code != "BF16"}
 
 
 def read_safetensors_trace(path) -> tuple:
     """(header with ``__metadata__``, {name: array}) of a safetensors file, every dtype kept as stored
-    (bfloat16 widened to float32).  Raises ValueError for a file that is not safetensors."""
-    data = Path(path).read_bytes()
-    if len(data) < 8:
-        raise ValueError(f"{path} is too short to be a safetensors file")
-    (n,) = struct.unpack("<Q", data[:8])
-    try:
-        header = json.loads(data[8 : 8 + n])
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a safetensors file ({e})") from None
+    (bfloat16 widened to float32), the arrays read-only views of a memory map.  The header is checked
+    as a checkpoint's (``checkpoint.read_safetensors_header``); TraceError for anything wrong."""
+    header, metadata, data_start = read_safetensors_header(path, TraceError)
+    raw = np.memmap(path, dtype=np.uint8, mode="r") if header else np.zeros(0, np.uint8)
     arrays = {}
     for name, h in header.items():
-        if name == "__metadata__":
-            continue
-        start, stop = (8 + n + o for o in h["data_offsets"])
-        if h["dtype"] == "BF16":
-            bits = np.frombuffer(data[start:stop], dtype="<u2")
-            arrays[name] = bf16_bits_to_float32(bits).reshape(h["shape"])
-        elif h["dtype"] in SAFETENSORS_DTYPES:
-            arrays[name] = np.frombuffer(data[start:stop], dtype=SAFETENSORS_DTYPES[h["dtype"]]).reshape(h["shape"])
-        else:
-            raise ValueError(f"{path}: tensor {name} has an unsupported dtype {h['dtype']}")
-    return header, arrays
+        begin, end = (data_start + o for o in h["data_offsets"])
+        arr = raw[begin:end].view(STORED_DTYPES[h["dtype"]]).reshape(h["shape"])
+        arrays[name] = bf16_bits_to_float32(arr) if h["dtype"] == "BF16" else arr
+    return dict(header, __metadata__=metadata), arrays
+
+
+def read_npz_trace(path) -> tuple:
+    """({name: array}, metadata) of an npz archive, each member's .npy header checked against the member's
+    size before its data is read (a header claiming petabytes is refused, not allocated)."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
+        raise TraceError(f"{path} is not a readable npz archive ({e})") from None
+    arrays, raw_metadata = {}, None
+    with archive:
+        for member in archive.infolist():
+            name = member.filename[:-4] if member.filename.endswith(".npy") else member.filename
+            where = f"{path}: member {member.filename!r}"
+            if name in arrays:
+                raise TraceError(f"{where} appears twice")
+            if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise TraceError(f"{where}: compression method {member.compress_type} (npz uses stored or deflate)")
+            ratio = 1 if member.compress_type == zipfile.ZIP_STORED else MAX_DEFLATE_RATIO
+            stored_bound = member.compress_size * ratio
+            if member.file_size > stored_bound + 4096:
+                raise TraceError(
+                    f"{where} claims {member.file_size} bytes from {member.compress_size} compressed (a zip bomb?)"
+                )
+            try:
+                with archive.open(member) as f:
+                    shape, fortran, dtype = read_npy_header(f, where, "a tensor")
+                    header_size = f.tell()
+                    if dtype.hasobject:
+                        raise TraceError(f"{where} holds Python objects, not numbers")
+                    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                    if header_size + need != member.file_size:
+                        raise TraceError(
+                            f"{where}: its header claims shape {tuple(shape)} of {dtype} ({need} bytes) but "
+                            f"the member holds {member.file_size - header_size} (truncated or damaged file?)"
+                        )
+                    data = f.read(need)
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+                if isinstance(e, TraceError):
+                    raise
+                raise TraceError(f"{where} cannot be read ({e})") from None
+            if len(data) != need:
+                raise TraceError(f"{where} is truncated")
+            array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+            if name == "__metadata__":
+                raw_metadata = metadata_text(array, where)
+            else:
+                arrays[name] = array
+    return arrays, trace_metadata(raw_metadata, path)
+
+
+def metadata_text(array, where: str) -> str:
+    """The JSON text of an npz ``__metadata__``: a 0-d unicode array (``np.array(json.dumps(...))``) or
+    UTF-8 bytes as a uint8 vector (easier to write from C++)."""
+    if array.dtype.kind == "U" and array.ndim == 0:
+        return str(array)
+    if array.dtype == np.uint8 and array.ndim == 1:
+        try:
+            return array.tobytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{where}: the metadata is not UTF-8 text ({e})") from None
+    raise TraceError(f"{where}: the metadata must be a JSON string (a 0-d unicode array or UTF-8 bytes as uint8)")
 
 
 # ----------------------------------------------------------------------------- metadata

@@ -29,6 +29,7 @@ the decoder's chunk loop, e.g. ``progress=tqdm.tqdm`` (the command line passes i
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,22 @@ class VoiceClonePromptItem:
     x_vector_only_mode: bool
     icl_mode: bool
     ref_text: str | None = None
+
+
+STREAM_CHUNK_FRAMES = (1, 2, 4)  # the default schedule: the first audio after one frame, then 2, then 4 at a time
+
+
+def chunk_sizes(chunk_frames):
+    """The frames of each streamed chunk, one after another, without end: ``chunk_frames`` an int (every
+    chunk that many frames) or a sequence of ints (the first chunks' sizes; the last size repeats)."""
+    sizes = (chunk_frames,) if isinstance(chunk_frames, (int, np.integer)) else chunk_frames
+    try:
+        sizes = tuple(sizes)
+    except TypeError:
+        sizes = ()
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 for n in sizes):
+        raise ValueError(f"chunk_frames must be a positive integer or a sequence of them, got {chunk_frames!r}")
+    return itertools.chain(sizes[:-1], itertools.repeat(sizes[-1]))
 
 
 def _as_list(x):
@@ -247,7 +264,7 @@ class Qwen3TTS:
             v = kwargs.get(k)
             merged[k] = v if v is not None else self.generate_defaults.get(k, HARD_DEFAULTS[k])
         settings = SamplingSettings(**merged)
-        settings.validate()
+        settings.validate(self.dtype)
         eos_id = self.config.talker_config.codec_eos_token_id if eos is None else int(eos)
         return settings, UniformDraws(np.random.default_rng(seed), random_draws), return_codes, eos_id
 
@@ -332,10 +349,19 @@ class Qwen3TTS:
 
     @on_model_backend
     def stream_custom_voice(
-        self, text, speaker, language=None, instruct=None, non_streaming_mode=True, chunk_frames: int = 4, **kwargs
+        self,
+        text,
+        speaker,
+        language=None,
+        instruct=None,
+        non_streaming_mode=True,
+        chunk_frames=STREAM_CHUNK_FRAMES,
+        **kwargs,
     ):
-        """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks of
-        ``chunk_frames`` frames (chunk_frames * 1920 samples) while the frames are generated."""
+        """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks while the frames
+        are generated: ``chunk_frames`` frames each (n * 1920 samples), or with a sequence the first chunks'
+        sizes, the last one repeated (default (1, 2, 4): the first audio as soon as one frame exists).
+        The concatenated chunks are the same samples whatever the sizes."""
         self._require_type("custom_voice", "stream_custom_voice")
         record = as_recorder(kwargs.pop("trace", None))
         settings, rng, _, eos_id = self._settings(kwargs)
@@ -393,7 +419,7 @@ class Qwen3TTS:
 
     @on_model_backend
     def stream_voice_design(
-        self, text, instruct, language=None, non_streaming_mode=True, chunk_frames: int = 4, **kwargs
+        self, text, instruct, language=None, non_streaming_mode=True, chunk_frames=STREAM_CHUNK_FRAMES, **kwargs
     ):
         """Like ``generate_voice_design`` for ONE text, yielding float32 waveform chunks (see
         ``stream_custom_voice``)."""
@@ -531,7 +557,7 @@ class Qwen3TTS:
         x_vector_only_mode=False,
         voice_clone_prompt=None,
         non_streaming_mode=False,
-        chunk_frames: int = 4,
+        chunk_frames=STREAM_CHUNK_FRAMES,
         **kwargs,
     ):
         """Like ``generate_voice_clone`` for ONE text, yielding float32 waveform chunks (see
@@ -611,8 +637,7 @@ class Qwen3TTS:
         ``record`` receives the generation's trace, as ``generate_codes_from_layouts``."""
         if len(layouts) != 1:
             raise ValueError(f"streaming takes one text at a time, got a batch of {len(layouts)}")
-        if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, (int, np.integer)) or chunk_frames < 1:
-            raise ValueError(f"chunk_frames must be a positive integer, got {chunk_frames!r}")
+        sizes = chunk_sizes(chunk_frames)
         cfg = self.config
         record_layouts(record, layouts)
         prompts = [embed_layout(self.talker, layouts[0], vectors[0])]
@@ -625,12 +650,12 @@ class Qwen3TTS:
             decoder = self.speech_tokenizer.stream()
             if ref_codes[0] is not None:
                 decoder.push(np.asarray(ref_codes[0], dtype=np.int64))  # left context only
-            pending = []
+            pending, target = [], next(sizes)
             for frame in iterate_frames(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record):
                 pending.append(frame[0])
-                if len(pending) == chunk_frames:
+                if len(pending) == target:
                     yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
-                    pending = []
+                    pending, target = [], next(sizes)
             if pending:
                 yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
             if isinstance(rng, UniformDraws):

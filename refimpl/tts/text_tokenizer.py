@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..io.checkpoint import CheckpointError, read_json_object
+from ..io.files import MAX_JSON_BYTES, read_limited
 
 __all__ = [
     "QWEN2_SPLIT_PATTERN",
@@ -219,7 +220,9 @@ def read_vocab_and_merges(model_dir: Path) -> tuple:
         raise CheckpointError(f"{model_dir / 'vocab.json'} must map token strings to integer ids")
     merges = []
     try:
-        lines = (model_dir / "merges.txt").read_text(encoding="utf-8").split("\n")
+        path = model_dir / "merges.txt"
+        raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError, regular_only=True)
+        lines = raw.decode("utf-8").split("\n")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{model_dir / 'merges.txt'} is not valid UTF-8 text: {e}") from None
     for line_no, line in enumerate(lines):

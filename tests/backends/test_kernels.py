@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refimpl import backends as kernels
-from refimpl import nn
+from refimpl import nn, transformer
 from refimpl.backends import numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
 
@@ -30,9 +30,10 @@ DTYPES = (np.float32, np.float64)
 def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     import inspect
 
-    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu", "linear"}
+    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu", "linear", "linears", "decoder_layer_step"}
     for name, twin in numba_cpu.TWINS.items():
-        reference = getattr(nn, name).reference
+        reference = getattr(nn, name, None) or getattr(transformer, name)  # decoder_layer_step: a transformer one
+        reference = reference.reference
         assert inspect.signature(twin) == inspect.signature(reference), name
 
 
@@ -127,7 +128,8 @@ def test_snake_beta_twin_sine_is_accurate_over_many_periods():
 def linear_case(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     O, I = draw(st.integers(1, 70)), draw(st.integers(1, 300))
-    rows = draw(st.sampled_from(((1,), (3,), (2, 8), (17,), (3, 40))))  # <= 16 rows: the kernel; more: BLAS
+    # <= 16 rows: the matrix-vector kernel; <= 64: the block kernel (remainders of its 4 x 4 tile); more: BLAS
+    rows = draw(st.sampled_from(((1,), (3,), (2, 8), (17,), (18,), (19,), (20,), (31,), (64,), (3, 40), (65,))))
     w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
     x = rng.standard_normal(rows + (I,)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32) if draw(st.booleans()) else None
@@ -151,13 +153,171 @@ def test_linear_twin_edge_shapes():
     """No rows (an empty time axis), one weight row, one input channel: the kernel and the BLAS path agree
     with the reference on shapes and values."""
     rng = np.random.default_rng(5)
-    for O, I, rows in ((3, 5, (0,)), (1, 7, (2,)), (4, 1, (20,)), (2, 3, (1, 0, 3))):
+    for O, I, rows in ((3, 5, (0,)), (1, 7, (2,)), (4, 1, (20,)), (1, 1, (17,)), (5, 2, (66,)), (2, 3, (1, 0, 3))):
         w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
         x = rng.standard_normal(rows + (I,)).astype(np.float32)
         got, ref = numba_cpu.linear(x, w), nn.linear.reference(x, np.asarray(w))
         assert got.shape == ref.shape == rows + (O,)
         abs_sum = np.abs(x.astype(np.float64)) @ np.abs(np.asarray(w, dtype=np.float64)).T
         assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    outs=st.lists(st.integers(1, 40), min_size=2, max_size=3),
+    I=st.integers(1, 90),
+    rows=st.sampled_from(((1,), (2,), (1, 16), (3, 1), (17,))),
+    bias=st.booleans(),
+)
+def test_linears_twin_is_linear_twin_per_matrix(seed, outs, I, rows, bias):
+    """The fused q/k/v (gate/up) product: each output bit for bit what the linear twin gives for its matrix
+    (the same inner loop, one parallel loop over all rows; 17 rows: linear one by one), and so within the
+    reduction-length bound of the reference."""
+    rng = np.random.default_rng(seed)
+    ws = [BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))) for O in outs]
+    bs = [rng.standard_normal(O).astype(np.float32) if bias else None for O in outs]
+    x = rng.standard_normal(rows + (I,)).astype(np.float32)
+    got = numba_cpu.linears(x, tuple(ws), tuple(bs))
+    ref = nn.linears.reference(x, tuple(np.asarray(w) for w in ws), tuple(bs))
+    assert len(got) == len(ws)
+    if x.size <= numba_cpu.MATVEC_MAX_ROWS * I:  # the kernel itself (linears uses it on 2+ threads)
+        bits = [w.bits for w in ws] + [np.zeros((0, I), np.uint16)] * (3 - len(ws))
+        kernel_outs = [np.empty((x.size // I, b.shape[0]), np.float32) for b in bits]
+        numba_cpu._bf16_rows_times_3(x.reshape(-1, I), *bits, *kernel_outs)
+        for out, w in zip(kernel_outs, ws):
+            np.testing.assert_array_equal(out.reshape(rows + (w.shape[0],)), numba_cpu.linear(x, w))
+    for g, r, w, b in zip(got, ref, ws, bs):
+        np.testing.assert_array_equal(g, numba_cpu.linear(x, w, b))
+        assert g.shape == r.shape and g.dtype == np.float32
+        abs_sum = np.abs(x.astype(np.float64)) @ np.abs(np.asarray(w, np.float64)).T + (np.abs(b) if bias else 0)
+        assert np.all(np.abs(g.astype(np.float64) - r) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
+def test_linears_twin_falls_back_to_linear():
+    """Float32 weights, one weight, widths that differ, float64 x: linear one by one (the same values)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 6)).astype(np.float32)
+    f32 = (rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal((3, 6)).astype(np.float32))
+    one = (BF16Matrix(float32_to_bf16_bits(f32[0])),)
+    for weights in (f32, one):
+        for got, w in zip(numba_cpu.linears(x, weights), weights):
+            np.testing.assert_array_equal(got, numba_cpu.linear(x, w))
+    with pytest.raises(ValueError):
+        numba_cpu.linears(x, (one[0], BF16Matrix(float32_to_bf16_bits(rng.standard_normal((2, 5)).astype(np.float32)))))
+
+
+def random_qwen3_layer(rng, C, H, G, D, F, dtype):
+    """One Qwen3 layer's weights (bf16-rounded matrices as BF16Matrix for float32, their exact float64
+    values for float64) in a WeightView, and its config."""
+    import types
+
+    from refimpl.io.checkpoint import WeightView
+
+    spec = transformer.qwen3_layer_weight_spec("", C, F, H, G, D, bias=False)
+    weights = {}
+    for ws in spec:
+        w = (rng.standard_normal(ws.shape) * (1.0 if ws.init == "norm" else ws.shape[-1] ** -0.5)).astype(np.float32)
+        if len(ws.shape) == 2:
+            bits = float32_to_bf16_bits(w)
+            weights[ws.name] = BF16Matrix(bits) if dtype == np.float32 else np.asarray(BF16Matrix(bits), np.float64)
+        else:
+            weights[ws.name] = (1 + 0.1 * w if ws.init == "norm" else w).astype(dtype)
+    cfg = types.SimpleNamespace(num_attention_heads=H, num_key_value_heads=G, head_dim=D)
+    return WeightView(weights), cfg
+
+
+@pytest.mark.parametrize("n_cached", [0, 1, 16, 40])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_decoder_layer_step_twin_equals_the_layer(n_cached, seed):
+    """The fused one-position layer (bf16 words) against the composition transformer_layer, both in float32,
+    each measured against the same layer in float64 (the exact values of the same bf16 weights): the twin
+    may be off by no more than twice the float32 composition, plus a floor of the float32 rounding of the
+    longest reduction (the MLP's, F terms) at the output's scale.  The new keys and values land in the
+    cache like cache.append's, and the length grows by one."""
+    C, H, G, D, F = 48, 4, 2, 16, 96
+    eps = 1e-6
+    out = {}
+    for dtype in (np.float32, np.float64):
+        lw, cfg = random_qwen3_layer(np.random.default_rng(seed), C, H, G, D, F, dtype)
+        x = np.random.default_rng(seed + 7).standard_normal((1, 1, C)).astype(dtype)
+        cos, sin = nn.rope_cos_sin(np.array([n_cached]), D, 10000.0, dtype)
+        past = np.random.default_rng(seed + 9).standard_normal((2, 1, G, n_cached, D)).astype(dtype)
+        for kind in ("twin", "reference") if dtype == np.float32 else ("reference",):
+            cache = transformer.KVCache(1, G, D, dtype, capacity=4)
+            cache.append(past[0], past[1])
+            cache.reserve(1)
+            step = numba_cpu.decoder_layer_step if kind == "twin" else transformer.decoder_layer_step.reference
+            with kernels.use_backend("numpy"):
+                y = step(x, lw, cfg, cos[None], sin[None], cache, eps)
+            assert y.shape == (1, 1, C) and y.dtype == dtype and cache.length == n_cached + 1
+            out[kind, np.dtype(dtype).name] = (
+                y,
+                cache.k[:, :, : n_cached + 1].copy(),
+                cache.v[:, :, : n_cached + 1].copy(),
+            )
+    exact = [a.astype(np.float64) for a in out["reference", "float64"]]
+    for i, what in enumerate(("output", "keys", "values")):
+        twin = out["twin", "float32"][i].astype(np.float64)
+        composition = out["reference", "float32"][i].astype(np.float64)
+        floor = 2 * F * np.finfo(np.float32).eps * np.max(np.abs(exact[i]))
+        assert np.max(np.abs(twin - exact[i])) <= 2 * np.max(np.abs(composition - exact[i])) + floor, what
+
+
+def test_the_stack_takes_the_fused_step_only_where_it_fits():
+    """transformer_stack runs decoder_layer_step for one position of one row with bf16 layers and plain
+    caches, nothing recorded; a prompt (2 positions), a recorder or float32 matrices take the layer by
+    layer path.  Over a prompt and three steps the two paths give the same values (float32 bound)."""
+    from refimpl.recorder import Recorder
+
+    rng = np.random.default_rng(3)
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    lw, cfg = random_qwen3_layer(rng, C, H, G, D, F, np.float32)
+    layers = [lw, lw]
+    calls = []
+    fused = numba_cpu.decoder_layer_step
+
+    def counting(*args):
+        calls.append(1)
+        return fused(*args)
+
+    results = {}
+    for path in ("fused", "layer by layer"):
+        caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
+        xs = np.random.default_rng(4).standard_normal((1, 5, C)).astype(np.float32)
+        outs = []
+        for start, stop in ((0, 2), (2, 3), (3, 4), (4, 5)):
+            pos = nn.arange(start, stop)
+            cos, sin = nn.rope_cos_sin(pos, D, 10000.0, np.float32)
+            mask = nn.AttentionMask(pos, nn.arange(stop))
+            record = Recorder({}) if path == "layer by layer" else Recorder(None)
+            numba_cpu.TWINS  # noqa: B018  (the table the registry reads)
+            table = kernels._twin_table("numba")
+            table["decoder_layer_step"] = counting
+            try:
+                with kernels.use_backend("numba"):
+                    outs.append(
+                        transformer.transformer_stack(
+                            layers,
+                            transformer.QWEN3,
+                            cfg,
+                            xs[:, start:stop],
+                            cos[None],
+                            sin[None],
+                            mask,
+                            caches,
+                            1e-6,
+                            record,
+                        )
+                    )
+            finally:
+                table["decoder_layer_step"] = fused
+        results[path] = np.concatenate(outs, axis=1)
+        if path == "fused":
+            assert len(calls) == 3 * len(layers)  # the three one-position steps, not the 2-position prompt
+        else:
+            assert len(calls) == 3 * len(layers)  # unchanged: a recorder was given
+    np.testing.assert_allclose(results["fused"], results["layer by layer"], rtol=1e-4, atol=1e-5)
 
 
 def test_bf16_matrix_widens_exactly_where_used():

@@ -257,3 +257,129 @@ def test_internal_errors_are_status_3_only(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
     assert r.returncode == 3 and "refimpl: internal error: ZeroDivisionError" in r.stderr
+
+
+# ----------------------------------------------------------------------------- closed and unbuffered streams
+
+
+def run_with_closed(fds, *args, stdout=subprocess.PIPE, env=None):
+    """``refimpl ARGS`` with the descriptors ``fds`` closed in the child (as ``>&-`` does)."""
+
+    def close():
+        for fd in fds:
+            os.close(fd)
+
+    return subprocess.run(
+        [sys.executable, "-m", "refimpl", *map(str, args)],
+        stdin=subprocess.DEVNULL if 0 not in fds else None,
+        stdout=stdout if 1 not in fds else None,
+        stderr=subprocess.PIPE if 2 not in fds else None,
+        env=env or ENV,
+        timeout=300,
+        preexec_fn=close,
+    )
+
+
+SAY = ["say", "Hello there.", "--max-new-tokens", "4", "--seed", "2"]
+
+
+def test_closed_stdout_with_an_output_file_succeeds(tmp_path):
+    """stdout closed (``>&-``): the WAV written to a file is whole and the status 0; no file is opened on
+    descriptor 1 by accident (it is held on /dev/null)."""
+    r = run_with_closed([1], *SAY, "-o", tmp_path / "a.wav")
+    assert r.returncode == 0, r.stderr
+    assert run_bytes(*SAY, "-q", "-o", tmp_path / "b.wav").returncode == 0
+    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
+
+
+@pytest.mark.parametrize("command", [[*SAY, "-o", "-"], ["info"]])
+def test_closed_stdout_as_the_output_is_an_error(command):
+    r = run_with_closed([1], *command)
+    assert r.returncode == 1, r.stderr
+    assert b"refimpl: error: cannot write standard output: it is closed" in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_closed_stdin_read_as_text_is_an_error(tmp_path):
+    r = run_with_closed([0], "say", "-", "-o", tmp_path / "a.wav")
+    assert r.returncode == 1 and b"refimpl: error: cannot read standard input: it is closed" in r.stderr, r.stderr
+    assert not (tmp_path / "a.wav").exists()
+
+
+def test_closed_stderr_keeps_notes_out_of_the_wav_on_stdout(tmp_path):
+    """Without stderr the notes and bars are dropped: standard output holds exactly the WAV."""
+    r = run_with_closed([2], *SAY, "-o", "-")
+    assert r.returncode == 0
+    assert run_bytes(*SAY, "-q", "-o", tmp_path / "b.wav").returncode == 0
+    assert r.stdout == (tmp_path / "b.wav").read_bytes()
+
+
+UNBUFFERED = dict(ENV, PYTHONUNBUFFERED="1")
+LONG_SAY = ["say", "A longer sentence, to make a WAV of several hundred kilobytes.", "--max-new-tokens", "40", "-q"]
+
+
+def test_unbuffered_closed_pipe_is_not_a_success():
+    """PYTHONUNBUFFERED=1: a raw write to a pipe whose reader has gone writes part of the WAV; the rest
+    must fail (status 1, quietly, as for a closed pipe), not exit 0."""
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "refimpl", *LONG_SAY, "-o", "-"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        env=UNBUFFERED,
+    )
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        assert len(reader.read(100)) == 100
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=300) == 1, stderr
+    assert stderr == b"", stderr
+
+
+def test_unbuffered_short_write_past_a_file_size_limit_is_an_error(tmp_path):
+    """PYTHONUNBUFFERED=1 and stdout a file under a 64 KiB size limit: the first raw write stops at the
+    limit; the rest raises, so the status is 1 naming the problem (not 0 with a third of a WAV)."""
+    out = tmp_path / "out.wav"
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+
+    with open(out, "wb") as f:
+        r = subprocess.run(
+            [sys.executable, "-m", "refimpl", *LONG_SAY, "-o", "-"],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            env=UNBUFFERED,
+            timeout=300,
+            preexec_fn=limit,
+        )
+    assert out.stat().st_size == 65536
+    assert r.returncode == 1 and b"refimpl: error: cannot write standard output: File too large" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "command, fragment",
+    [
+        (["codec", "decode", "-", "-o", "OUT.wav"], b"not a .npy file"),
+        (["codec", "encode", "-", "-o", "OUT.npy"], b"not a RIFF/WAVE file"),
+        (["say", "-", "-o", "OUT.wav"], b"standard input is over the limit of 16777216 bytes"),
+    ],
+)
+def test_endless_standard_input_is_refused_in_bounded_memory(tmp_path, command, fragment):
+    """/dev/zero on standard input: refused from its first bytes (not .npy, not RIFF) or after the text
+    limit, under a 3 GiB address space."""
+    command = [str(tmp_path / c) if c.startswith("OUT") else c for c in command]
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run(
+            [sys.executable, "-m", "refimpl", *command],
+            stdin=zero,
+            capture_output=True,
+            env=ENV,
+            timeout=300,
+            preexec_fn=limit,
+        )
+    assert r.returncode == 1 and fragment in r.stderr and b"MemoryError" not in r.stderr, r.stderr

@@ -200,3 +200,37 @@ def test_sharded_bf16_full_model_loads_like_the_released_layout(tmp_path):
     _, _, codes_many = Qwen3TTS.from_pretrained(many).generate_voice_clone(**prompt)
     np.testing.assert_array_equal(codes_one[0], codes_many[0])
     assert codes_one[0].shape[1] == 16
+
+
+@pytest.mark.parametrize("huge_pages", ["1", "0"])
+def test_bf16_matrices_kept_as_their_stored_words(tmp_path, monkeypatch, huge_pages):
+    """keep_bf16: every 2-D bfloat16 tensor is a BF16Matrix holding exactly the stored 16-bit words
+    (copied unchanged into huge-page anonymous memory, or a view of the map with REFIMPL_HUGE_PAGES=0 and
+    for the embedding tables),
+    read-only; 1-D bf16 tensors are widened; other dtypes unchanged."""
+    from refimpl.backends.bf16 import BF16Matrix
+    from refimpl.io import checkpoint
+
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", huge_pages)
+    rng = np.random.default_rng(4)
+    tensors = {
+        "a.weight": rng.standard_normal((33, 70)).astype(np.float32),
+        "b.norm": rng.standard_normal(70).astype(np.float32),
+        "c.weight": rng.standard_normal((5, 3)).astype(np.float32),
+        "d.empty": np.zeros((0, 4), np.float32),
+        "e.embedding.weight": rng.standard_normal((9, 4)).astype(np.float32),
+    }
+    write_safetensors_file(tmp_path / "m.safetensors", tensors, "bfloat16")
+    out = read_safetensors_file(tmp_path / "m.safetensors", np.float32, keep_bf16=True)
+    for name in ("a.weight", "c.weight", "d.empty", "e.embedding.weight"):
+        assert isinstance(out[name], BF16Matrix)
+        np.testing.assert_array_equal(out[name].bits, float32_to_bf16_bits(tensors[name]))
+        assert not out[name].bits.flags.writeable
+    for name in ("a.weight", "c.weight"):
+        assert isinstance(out[name].bits, np.memmap) == (huge_pages == "0")
+    assert isinstance(out["e.embedding.weight"].bits, np.memmap)  # a lookup table stays mapped
+    np.testing.assert_array_equal(out["b.norm"], bf16_bits_to_float32(float32_to_bf16_bits(tensors["b.norm"])))
+    assert checkpoint.huge_pages_enabled() == (huge_pages == "1")
+    if huge_pages == "1":  # one region for the file, each matrix on a cache line, the region on a 2 MB boundary
+        first = out["a.weight"].bits.ctypes.data
+        assert first % checkpoint.HUGE_PAGE_BYTES == 0 and out["c.weight"].bits.ctypes.data % 64 == 0

@@ -106,6 +106,17 @@ def test_skips_other_chunks_and_reads_extensible_format(tmp_path):
     np.testing.assert_array_equal(audio, np.frombuffer(data, "<i2") / np.float32(32768))
 
 
+def test_odd_sized_fmt_chunk_and_its_pad_byte(tmp_path):
+    """A 17-byte fmt chunk (16 bytes and one of extension) is legal; RIFF pads it to 18 with one byte
+    that belongs to no chunk, and the next chunk starts after it."""
+    fmt = fmt_chunk(extra=b"\x00")  # chunk() adds the pad byte of an odd payload
+    assert struct.unpack("<I", fmt[4:8])[0] == 17 and len(fmt) == 8 + 18
+    data = pcm16(40)
+    audio, sr = read_wav(write(tmp_path, riff(fmt, chunk(b"data", data))))
+    assert sr == 24000
+    np.testing.assert_array_equal(audio, np.frombuffer(data, "<i2") / np.float32(32768))
+
+
 def test_streamed_data_size_reads_to_the_end(tmp_path):
     """0xFFFFFFFF is what tools that stream a WAV before knowing its length write: "up to the end"."""
     data = pcm16(60)

@@ -324,3 +324,55 @@ def test_read_checkpoint_weights_checks_before_reading(tmp_path):
     edit_header(d / "model.safetensors", lambda h: h["decoder.decoder.0.conv.bias"].update(data_offsets=[0, 8]))
     with pytest.raises(CheckpointError, match="decoder.0.conv.bias"):
         read_checkpoint_weights(d, prefix="encoder.")
+
+
+def test_deeply_nested_header_is_a_named_error(tmp_path):
+    """A header nested past Python's recursion limit: a CheckpointError naming the file, not RecursionError."""
+    d = copy_checkpoint(tmp_path)
+    head = b'{"__metadata__": {"x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}}"
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head)
+    assert_checkpoint_error(d, "model.safetensors", "nested more than 64 levels deep")
+
+
+def test_weight_file_that_is_a_device_is_refused(tmp_path):
+    d = copy_checkpoint(tmp_path)
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").symlink_to("/dev/zero")
+    # /dev/zero is not a regular file: is_file() is False, so the checkpoint has no weight file at all
+    assert_checkpoint_error(d, "no model.safetensors")
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        read_safetensors_file(d / "model.safetensors")
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_file(tmp_path):
+    """write_safetensors_file under a file-size limit: the previous file stays whole, no temporary left."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    target = tmp_path / "w.safetensors"
+    target.write_bytes(b"previous")
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+
+    script = (
+        "import sys, numpy as np\n"
+        "from refimpl.io.checkpoint import write_safetensors_file\n"
+        "write_safetensors_file(sys.argv[1], {'w': np.ones(1 << 16, np.float32)})\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(target)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        preexec_fn=limit,
+    )
+    assert r.returncode == 1 and "File too large" in r.stderr, r.stderr
+    assert target.read_bytes() == b"previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["w.safetensors"]

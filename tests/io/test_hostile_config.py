@@ -330,3 +330,51 @@ def test_any_encoder_or_speaker_config_value_builds_or_is_one_value_error(which,
         weight_spec(from_dict(config))
     except ValueError:
         pass
+
+
+# ----------------------------------------------------------------------------- JSON files: depth and kind
+
+
+@pytest.mark.parametrize("depth", [65, 100_000])
+def test_deeply_nested_config_is_a_named_error(tmp_path, depth):
+    """Nesting past 64 levels (and past Python's recursion limit, where json raises RecursionError) is
+    one CheckpointError naming config.json."""
+    model = copy_model(tmp_path, "tiny-customvoice")
+    (model / "config.json").write_text('{"extra": ' + "[" * depth + "]" * depth + "}")
+    with pytest.raises(CheckpointError, match="config.json: JSON nested more than 64 levels deep"):
+        Qwen3TTS.from_pretrained(model)
+
+
+@pytest.mark.parametrize("name", ["config.json", "vocab.json", "merges.txt", "generation_config.json"])
+def test_model_file_that_is_a_named_pipe_is_refused_without_waiting(tmp_path, name):
+    """A FIFO in place of a model's file (nobody writing it) is refused (or, for the optional generation
+    config, ignored) from stat, never opened: opening it would wait for a writer forever (the alarm turns
+    a regression into a failure)."""
+    import os
+    import signal
+
+    model = copy_model(tmp_path, "tiny-customvoice")
+    (model / name).unlink()
+    os.mkfifo(model / name)
+
+    def hung(signum, frame):
+        raise AssertionError(f"waited on the named pipe {name}")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        if name == "generation_config.json":  # optional: a file that is not regular is no file
+            assert Qwen3TTS.from_pretrained(model).generate_defaults is not None
+        else:
+            with pytest.raises(CheckpointError, match=f"{name}"):
+                Qwen3TTS.from_pretrained(model)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_unknown_compute_dtype_is_a_value_error():
+    """The docstring promises ValueError for any dtype but float32 / float64, even one numpy cannot parse."""
+    for dtype in ("garbage", np.int32, "float16"):
+        with pytest.raises(ValueError, match="dtype must be"):
+            Qwen3TTS.from_pretrained("default", dtype=dtype)

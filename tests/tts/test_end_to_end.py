@@ -58,10 +58,20 @@ MODES = {
 }
 
 
+def expected_chunk_frames(chunk_frames, T: int) -> list:
+    """The frames of each chunk for T frames: an int n gives n, n, ...; a list its sizes, the last one
+    repeated; the last chunk holds what is left."""
+    sizes = [chunk_frames] if isinstance(chunk_frames, int) else list(chunk_frames)
+    out = []
+    while sum(out) < T:
+        out.append(min(sizes[min(len(out), len(sizes) - 1)], T - sum(out)))
+    return out
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     mode=st.sampled_from(sorted(MODES)),
-    chunk_frames=st.integers(1, 9),
+    chunk_frames=st.one_of(st.integers(1, 9), st.lists(st.integers(1, 5), min_size=1, max_size=4)),
     seed=st.integers(0, 10_000),
     do_sample=st.booleans(),
     max_new_tokens=st.integers(1, 14),
@@ -80,9 +90,7 @@ def test_streamed_chunks_equal_decode_full_of_the_generated_codes(mode, chunk_fr
     streamed_codes = np.stack(m.last_trace.frames)[:, 0] if m.last_trace.frames else np.zeros((0, 16), np.int64)
     np.testing.assert_array_equal(streamed_codes, codes[0])  # same seed -> same codes
     T = codes[0].shape[0]
-    assert [len(c) for c in chunks] == [chunk_frames * 1920] * (T // chunk_frames) + (
-        [(T % chunk_frames) * 1920] if T % chunk_frames else []
-    )
+    assert [len(c) for c in chunks] == [n * 1920 for n in expected_chunk_frames(chunk_frames, T)]
     assert all(c.dtype == np.float32 for c in chunks)
     streamed = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     tok = m.speech_tokenizer
@@ -108,6 +116,34 @@ def test_stream_argument_errors():
         m.stream_custom_voice("", speaker="vivian")
     with pytest.raises(ValueError, match="base"):
         m.stream_voice_clone("hi", ref_audio=reference_audio(), x_vector_only_mode=True)
+
+
+def test_default_stream_yields_audio_after_one_frame_then_growing_chunks():
+    """The default schedule (1, 2, 4): the first chunk as soon as ONE frame exists, then 2 frames, then 4 at
+    a time; the concatenation is the one-pass decode of the same codes."""
+    m = model("customvoice")
+    gen = m.stream_custom_voice(
+        "A longer sentence so that there are many frames.",
+        speaker="serena",
+        do_sample=False,
+        subtalker_dosample=False,
+        max_new_tokens=20,
+    )
+    first = next(gen)
+    assert first.shape == (1920,) and len(m.last_trace.frames) == 1
+    second = next(gen)
+    assert second.shape == (2 * 1920,) and len(m.last_trace.frames) == 3
+    chunks = [first, second, *gen]
+    T = len(m.last_trace.frames)
+    assert [len(c) // 1920 for c in chunks] == expected_chunk_frames([1, 2, 4], T) and T == 19
+    expected = m.speech_tokenizer.decode_full(np.stack(m.last_trace.frames)[:, 0])
+    assert np.max(np.abs(np.concatenate(chunks) - expected)) <= 1e-9 + np.finfo(np.float32).eps
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0, "4", (), (2, 0), [1, None]])
+def test_chunk_frames_must_be_positive_integers(bad):
+    with pytest.raises(ValueError, match="chunk_frames"):
+        model("customvoice").stream_custom_voice("hi", speaker="vivian", chunk_frames=bad)
 
 
 def test_first_chunk_arrives_before_generation_ends():

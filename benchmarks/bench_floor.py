@@ -1,0 +1,123 @@
+"""The memory-bandwidth floor of one generated frame, measured on the model's own weights.
+
+    python benchmarks/bench_floor.py [--frames 10] [--repeats 5]
+
+A frame reads the Talker's layers and codec head once and, for each of the 15 code-predictor steps,
+the code predictor's 5 layers and one of its heads: about 3.3 GB of bfloat16 words at the released
+0.6B sizes.  ``frame_words`` lists those arrays in the order a frame reads them (the loaded model's
+own ``BF16Matrix`` words: memory-mapped, or the huge-page copy of ``refimpl/io/checkpoint.py``), and
+``read_kernel`` is a Numba reduction that streams them on the same threads as the matrix-vector
+kernel, doing nothing else: its time is the least a frame can take on this machine at this moment.
+``main`` prints the floor, our time per frame (Talker step + code predictor, from a greedy run) and
+their ratio (the first row of ``bench_table.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from common import released_custom_voice_0_6b  # (first: it puts the repository on sys.path)
+
+from refimpl.backends.numba_cpu import numba, prange  # Numba under refimpl's settings (512-bit vectors, cache)
+
+CHUNK_WORDS = 1 << 17  # 256 KB of words per parallel work item
+
+
+@numba.njit(parallel=True, cache=True)
+def _sum_words(arrays, chunks_n3):
+    """Sum of every 16-bit word of ``arrays[k][start:stop]`` for each chunk (k, start, stop): a pure read
+    (the sum only keeps the compiler from dropping the loads), parallel over chunks."""
+    total = np.uint64(0)
+    for c in prange(chunks_n3.shape[0]):
+        words = arrays[chunks_n3[c, 0]][chunks_n3[c, 1] : chunks_n3[c, 2]]
+        s = np.uint32(0)
+        for i in range(words.size):  # indices from 0: no wrap-around check, so the loop is vectorised
+            s += np.uint32(words[i])
+        total += np.uint64(s)
+    return total
+
+
+def frame_words(tts) -> list:
+    """The bfloat16 word arrays (flat, uint16) one generation frame reads, in its order: the Talker's
+    28 layers and codec_head, then for each code-predictor step g its 5 layers and lm_head[g]."""
+    from refimpl.backends.bf16 import BF16Matrix
+
+    talker = tts.talker
+    predictor = talker.code_predictor
+
+    def matrices(weights, prefix):
+        return [w.bits.reshape(-1) for n, w in weights.items() if n.startswith(prefix) and isinstance(w, BF16Matrix)]
+
+    arrays = matrices(talker.weights, "model.layers.") + matrices(talker.weights, "codec_head.")
+    layers = matrices(predictor.weights, "model.layers.") + matrices(predictor.weights, "small_to_mtp_projection.")
+    for g in range(predictor.n_groups):
+        arrays += layers + matrices(predictor.weights, f"lm_head.{g}.")
+    return [np.asarray(a).view(np.ndarray) for a in arrays]
+
+
+class ReadKernel:
+    """The floor: ``seconds()`` is the best time of ``repeats`` passes over ``frame_words(tts)``."""
+
+    def __init__(self, tts):
+        arrays = frame_words(tts)
+        self.nbytes = sum(a.nbytes for a in arrays)
+        self.arrays = numba.typed.List(arrays)
+        self.chunks = np.array(
+            [(k, s, min(s + CHUNK_WORDS, a.size)) for k, a in enumerate(arrays) for s in range(0, a.size, CHUNK_WORDS)],
+            dtype=np.int64,
+        )
+        _sum_words(self.arrays, self.chunks[:1])  # compiled (or loaded from the cache) before timing
+
+    def seconds(self, repeats: int = 5) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            _sum_words(self.arrays, self.chunks)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+
+def per_frame_seconds(tts, frames: int) -> tuple:
+    """Our greedy time per frame (Talker step + the 15 code-predictor steps, prompt and sampling left
+    out) over ``frames`` frames, from ``bench_talker.StageTimer``; and the frames made."""
+    from bench_talker import GREEDY, LANGUAGE, SPEAKER, TEXT, StageTimer
+
+    timer = StageTimer(tts)
+    try:
+        codes = tts.generate_custom_voice(
+            TEXT, speaker=SPEAKER, language=LANGUAGE, return_codes=True, max_new_tokens=frames + 1, **GREEDY
+        )[2][0]
+    finally:
+        for obj in (tts.talker, tts.talker.code_predictor):
+            for name in ("forward", "logits", "predict_frame"):
+                obj.__dict__.pop(name, None)  # unwrap
+    s, c = timer.seconds, timer.calls
+    n = max(c["code predictor"], 1)
+    return (s["talker step"] + s["code predictor"]) / n, len(codes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--frames", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    from refimpl import Qwen3TTS
+
+    tts = Qwen3TTS.from_pretrained(released_custom_voice_0_6b())
+    tts.speech_tokenizer.decode = lambda codes, **_: np.zeros(len(codes) * 1920, dtype=np.float32)
+    kernel = ReadKernel(tts)
+    per_frame_seconds(tts, 1)  # warm-up: the kernels compiled or loaded from the cache
+    floor_before = kernel.seconds(args.repeats)
+    frame, n = per_frame_seconds(tts, args.frames)
+    floor = min(floor_before, kernel.seconds(args.repeats))
+    print(
+        f"floor: {kernel.nbytes / 1e9:.2f} GB of bf16 words per frame, read at {kernel.nbytes / floor / 1e9:.1f} GB/s "
+        f"({numba.get_num_threads()} threads) = {1000 * floor:.0f} ms; ours {1000 * frame:.0f} ms per frame "
+        f"({n} frames): {frame / floor:.2f} x the floor"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""The whole target table of the performance work, from one command, ours and the official side by side.
+
+    .oracle-venv/bin/python benchmarks/bench_table.py [--repeats 3] [--frames 20] [--quick]
+
+Every row is a ratio taken in this one process, in the same minutes, each side keeping the best of
+``--repeats`` runs and the two sides alternating run by run (ours, official, ours, ...), so that the
+machine's changing speed falls on both alike:
+
+    per frame / floor          our time per frame (Talker step + 15 code-predictor steps, greedy) against
+                               the read kernel over the same weights (bench_floor.py), measured around it
+    end to end / official      generate_custom_voice, greedy, --frames frames, with the codec decode
+    first frame / official     the same with max_new_tokens=2: prompt, prefill, one frame, its decode
+    codec decoder / official   125 frames (10 s) of random codes
+    codec encoder / official   10 s of audio (bench_codec_encoder.test_audio)
+    speaker encoder / official 10 s of audio, the 0.6B-Base speaker encoder
+    streaming                  time to the first chunk of stream_custom_voice (default schedule: the first
+                               chunk after one frame) / our time of the 1-frame generation above
+    peak RSS / files read      a fresh process: load, 10 frames, decode (its VmHWM), against the bytes of
+                               model.safetensors + speech_tokenizer/model.safetensors
+
+Threads: 2 on each side unless set before the start (``NUMBA_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``,
+torch's ``set_num_threads``); the load average is printed before each row (measure at load below 1: a
+shared VM's other work slows the two sides unevenly).  Without the official package (not the oracle
+environment) the official column stays empty.  ``--quick`` (a check that the script runs): 3 frames, one
+repeat, a 2 s codec decode and 2 s encodes.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, "2")  # before NumPy, Numba or torch start their thread pools
+
+import argparse  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from bench_codec_encoder import test_audio  # noqa: E402
+from bench_floor import ReadKernel, per_frame_seconds  # noqa: E402
+from bench_talker import GREEDY, LANGUAGE, SPEAKER, TEXT  # noqa: E402
+from common import (  # noqa: E402
+    REPO,
+    official_available,
+    released_custom_voice_0_6b,
+    released_speaker_encoder,
+)
+
+TARGETS = {
+    "per frame / floor": 1.12,
+    "end to end / official": 0.36,
+    "first frame / official": 0.5,
+    "codec decoder / official": 0.5,
+    "codec encoder / official": 0.75,
+    "speaker encoder / official": 0.7,
+    "streaming: first audio / 1-frame generation": 1.15,
+    "peak RSS / files read": 1.05,
+}
+
+RSS_PROBE = r"""
+import sys
+import numpy as np
+from refimpl import Qwen3TTS
+tts = Qwen3TTS.from_pretrained(sys.argv[1])
+tts.generate_custom_voice(sys.argv[2], speaker=sys.argv[3], language=sys.argv[4], max_new_tokens=11,
+                          do_sample=False, subtalker_dosample=False)
+# VmHWM, not ru_maxrss: after fork + exec Linux keeps the parent's peak in ru_maxrss (the benchmark's own
+# process, with both models loaded), while VmHWM belongs to this program's memory alone
+print(int(next(line for line in open("/proc/self/status") if line.startswith("VmHWM:")).split()[1]) * 1024)
+"""
+
+
+def load_average() -> str:
+    return "load %.2f %.2f %.2f" % os.getloadavg()
+
+
+def alternate(ours, official, repeats: int):
+    """Best time of each side over ``repeats`` alternating runs (official None: ours only), and the last
+    results."""
+    best = {"ours": float("inf"), "official": float("inf")}
+    results = {}
+    for _ in range(repeats):
+        for side, fn in (("ours", ours), ("official", official)):
+            if fn is None:
+                continue
+            t0 = time.perf_counter()
+            results[side] = fn()
+            best[side] = min(best[side], time.perf_counter() - t0)
+    return best["ours"], (best["official"] if official is not None else None), results
+
+
+class Table:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, what: str, ours: float, other: float | None, unit: str, note: str = "") -> None:
+        ratio = None if other is None else ours / other
+        self.rows.append((what, ours, other, ratio, unit, note))
+        other_s = "-" if other is None else f"{other:.3g} {unit}"
+        ratio_s = "-" if ratio is None else f"{ratio:.2f}"
+        print(f"  {what}: {ours:.3g} {unit} / {other_s} = {ratio_s}  {note}  ({load_average()})", flush=True)
+
+    def markdown(self) -> str:
+        lines = ["| what | ours | against | ratio | target | met? |", "|---|---|---|---|---|---|"]
+        for what, ours, other, ratio, unit, note in self.rows:
+            target = TARGETS.get(what)
+            met = "-" if ratio is None or target is None else ("yes" if ratio <= target else "no")
+            lines.append(
+                f"| {what} | {ours:.3g} {unit} | {'-' if other is None else f'{other:.3g} {unit}'} | "
+                f"{'-' if ratio is None else f'{ratio:.2f}'} | {'' if target is None else f'<= {target}'} | {met} |"
+                + (f" {note}" if note else "")
+            )
+        return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--frames", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="3 frames, one repeat, 2 s of audio: does it run?")
+    args = ap.parse_args()
+    frames, repeats = (3, 1) if args.quick else (args.frames, args.repeats)
+    decode_frames, seconds = (25, 2.0) if args.quick else (125, 10.0)
+
+    import numba
+
+    from refimpl import Qwen3TTS, SpeechTokenizer
+    from refimpl.io.checkpoint import huge_pages_enabled
+    from refimpl.tts.speaker_encoder import SpeakerEncoder
+
+    path = released_custom_voice_0_6b()
+    speaker_path = released_speaker_encoder()
+    official = official_available()
+    torch = None
+    if official:
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    print(
+        f"{os.cpu_count()} cpus, {load_average()}; threads: numba {numba.get_num_threads()}, OpenBLAS "
+        f"{os.environ['OPENBLAS_NUM_THREADS']}, torch {torch.get_num_threads() if torch else '-'}; bf16 words in "
+        f"{'2 MB huge pages' if huge_pages_enabled() else 'the memory map'}; official: "
+        f"{'qwen-tts, torch ' + torch.__version__ if official else 'not importable (ours only)'}",
+        flush=True,
+    )
+    table = Table()
+    t0 = time.perf_counter()
+    tts = Qwen3TTS.from_pretrained(path)
+    print(f"  loading ours: {time.perf_counter() - t0:.2f} s", flush=True)
+    off = off_tok = None
+    if official:
+        from qwen_tts import Qwen3TTSModel, Qwen3TTSTokenizer
+
+        t0 = time.perf_counter()
+        off = Qwen3TTSModel.from_pretrained(str(path), dtype=torch.float32)
+        off_tok = Qwen3TTSTokenizer.from_pretrained(str(path / "speech_tokenizer"), dtype=torch.float32)
+        print(f"  loading the official: {time.perf_counter() - t0:.2f} s", flush=True)
+
+    # per frame / floor
+    kernel = ReadKernel(tts)
+    per_frame_seconds(tts, 1)  # the kernels compiled or loaded from the cache, the pages touched
+    floor = kernel.seconds()
+    frame, n = per_frame_seconds(tts, frames)
+    floor = min(floor, kernel.seconds())
+    table.add(
+        "per frame / floor",
+        1000 * frame,
+        1000 * floor,
+        "ms",
+        f"({kernel.nbytes / 1e9:.2f} GB per frame read at {kernel.nbytes / floor / 1e9:.1f} GB/s; {n} frames)",
+    )
+
+    # end to end and first frame, with the codec decode; the official's decoded codes are kept
+    captured = []
+    if official:
+        decode = off.model.speech_tokenizer.decode
+
+        def recording_decode(items):
+            captured[:] = [item["audio_codes"].numpy() for item in items]
+            return decode(items)
+
+        off.model.speech_tokenizer.decode = recording_decode
+
+    def generation(max_new_tokens):
+        gen = dict(GREEDY, max_new_tokens=max_new_tokens)
+
+        def ours():
+            wavs, _, codes = tts.generate_custom_voice(
+                TEXT, speaker=SPEAKER, language=LANGUAGE, return_codes=True, **gen
+            )
+            return wavs[0], codes[0]
+
+        def theirs():
+            with torch.inference_mode():
+                return off.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, **gen)[0][0]
+
+        return ours, theirs if official else None
+
+    def codes_note(results):
+        if "official" not in results:
+            return ""
+        codes, theirs = results["ours"][1], captured[0]
+        same = codes.shape == theirs.shape and np.array_equal(codes, theirs)
+        wav_diff = np.max(np.abs(results["ours"][0] - results["official"])) if same else float("nan")
+        return f"(greedy codes equal: {same}, {codes.shape[0]} frames; waveform max diff {wav_diff:.1e})"
+
+    ours_e2e, off_e2e, res = alternate(*generation(frames + 1), repeats)
+    table.add("end to end / official", ours_e2e, off_e2e, "s", codes_note(res))
+    ours_first, off_first, res = alternate(*generation(2), repeats)
+    table.add("first frame / official", ours_first, off_first, "s", codes_note(res))
+
+    # streaming: the time to the first chunk of the default schedule against the 1-frame generation
+    def first_audio():
+        t0 = time.perf_counter()
+        stream = tts.stream_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, max_new_tokens=frames + 1, **GREEDY)
+        first = next(stream)
+        elapsed = time.perf_counter() - t0
+        rest = list(stream)
+        return elapsed, len(first), np.concatenate([first, *rest])
+
+    best_first = float("inf")
+    first_audio()  # warm-up: the streaming decoder's first use
+    for _ in range(repeats):
+        elapsed, first_n, streamed = first_audio()
+        best_first = min(best_first, elapsed)
+    table.add(
+        "streaming: first audio / 1-frame generation",
+        best_first,
+        ours_first,
+        "s",
+        f"(first chunk {first_n / tts.sample_rate * 1000:.0f} ms of audio)",
+    )
+
+    # codec decoder, encoder, speaker encoder
+    tok: SpeechTokenizer = tts.speech_tokenizer
+    codes = np.random.default_rng(0).integers(0, tok.codebook_size, size=(decode_frames, tok.num_quantizers))
+    codes_t = torch.from_numpy(codes) if official else None
+
+    def off_decode():
+        with torch.inference_mode():
+            return off_tok.decode([{"audio_codes": codes_t}])[0][0]
+
+    ours_t, off_t, res = alternate(lambda: tok.decode(codes), off_decode if official else None, repeats)
+    note = f"(max diff {np.max(np.abs(res['ours'] - res['official'])):.1e})" if official else ""
+    table.add("codec decoder / official", ours_t, off_t, "s", f"({decode_frames} frames) {note}")
+
+    audio = test_audio(seconds)
+    tok.encode(audio[:1920], sr=24000)  # loads the encoder weights
+
+    def off_encode():
+        with torch.inference_mode():
+            return off_tok.encode(audio, sr=24000).audio_codes[0].numpy()
+
+    if official:
+        off_encode()  # warm-up
+    ours_t, off_t, res = alternate(
+        lambda: tok.encode_detailed(audio, sr=24000).codes, off_encode if official else None, repeats
+    )
+    note = f"(codes equal: {int((res['ours'] == res['official']).sum())} / {res['official'].size})" if official else ""
+    table.add("codec encoder / official", ours_t, off_t, "s", f"({seconds:g} s) {note}")
+
+    enc = SpeakerEncoder.from_pretrained(speaker_path)
+    off_speaker = None
+    if official:
+        import types
+
+        from bench_speaker_encoder import official_encoder
+        from qwen_tts.core.models import modeling_qwen3_tts as mq
+
+        owner = types.SimpleNamespace(
+            speaker_encoder=official_encoder(speaker_path), device=torch.device("cpu"), dtype=torch.float32
+        )
+
+        def off_speaker():
+            with torch.inference_mode():
+                return mq.Qwen3TTSForConditionalGeneration.extract_speaker_embedding(owner, audio=audio, sr=24000)
+
+        off_speaker()  # warm-up
+    enc.embed(audio)  # warm-up
+    ours_t, off_t, res = alternate(lambda: enc.embed(audio), off_speaker, max(repeats, 3))
+    note = f"(max diff {np.max(np.abs(res['ours'] - res['official'].numpy())):.1e})" if official else ""
+    table.add("speaker encoder / official", ours_t, off_t, "s", note)
+
+    # peak RSS in a fresh process (ours only: nothing of the official is loaded there)
+    r = subprocess.run(
+        [sys.executable, "-c", RSS_PROBE, str(path), TEXT, SPEAKER, LANGUAGE],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"the peak-memory probe failed:\n{r.stderr[-2000:]}")
+    files = os.path.getsize(path / "model.safetensors") + os.path.getsize(
+        path / "speech_tokenizer" / "model.safetensors"
+    )
+    table.add("peak RSS / files read", int(r.stdout.split()[-1]) / 1e9, files / 1e9, "GB", "(load, 10 frames, decode)")
+
+    print()
+    print(table.markdown())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""A damaged Numba on-disk cache (an emptied index, a truncated data file: a full disk, a killed writer)
+is found when the twins are imported, discarded with one warning line, and the kernels compiled again;
+the run succeeds and the next one finds a good cache and says nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+pytest.importorskip("numba")
+
+# one small call of the two cached kernels the snake activation and the bf16 widening use
+SCRIPT = """
+import warnings
+warnings.simplefilter("always")
+import numpy as np
+from refimpl.backends import numba_cpu
+x = np.ones((1, 2, 8), np.float32)
+numba_cpu.snake_beta(x, np.zeros(2, np.float32), np.zeros(2, np.float32))
+numba_cpu._widen_bf16_into(np.zeros((2, 3), np.uint16), np.empty((2, 3), np.float32))
+print("ran")
+"""
+
+
+def run(cache_dir):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_damaged_cache_is_discarded_and_recompiled(tmp_path):
+    first = run(tmp_path)
+    assert first.returncode == 0 and "Numba cache" not in first.stderr, first.stderr
+    snake_index = next(tmp_path.rglob("numba_cpu._snake_beta_f32-*.nbi"))
+    widen_data = next(tmp_path.rglob("numba_cpu._widen_bf16_into-*.nbc"))
+    snake_index.write_bytes(b"")  # an emptied index: EOFError in Numba's pickle.load
+    widen_data.write_bytes(widen_data.read_bytes()[:100])  # a truncated data file: UnpicklingError
+    second = run(tmp_path)
+    assert second.returncode == 0 and second.stdout == "ran\n", second.stderr
+    notes = [line for line in second.stderr.splitlines() if "discarded damaged Numba cache entries" in line]
+    assert len(notes) == 1, second.stderr
+    assert "_snake_beta_f32" in notes[0] and "EOFError" in notes[0] and "_widen_bf16_into" in notes[0]
+    assert "Traceback" not in second.stderr
+    assert snake_index.stat().st_size > 0  # written again by the recompilation
+    third = run(tmp_path)
+    assert third.returncode == 0 and "Numba cache" not in third.stderr, third.stderr

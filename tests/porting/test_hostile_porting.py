@@ -1,0 +1,401 @@
+"""The port author's tools under hostile input: traces, case files and codes files that lie about their
+structure or never end, case names that point outside the output directory, writes cut short by a
+file-size limit or a signal.  Every bad input is one named error with the documented exit status
+(``refimpl compare``: 2, unusable input, never 1, "the traces diverge"; the other commands: 1), memory
+stays bounded by the input, and nothing is written outside ``-o``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from refimpl.cli import main
+from refimpl.porting.commands import read_cases
+from refimpl.porting.trace_files import Trace, TraceError, load_trace
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+MEMORY_LIMIT = 3 << 30  # address space of a child: Python, NumPy and Numba fit; the claimed 8 PiB do not
+CODES_16 = [list(range(16))]  # one frame of codes for the tiny codec (codebook 64)
+
+
+def run(*args, memory: int | None = MEMORY_LIMIT, file_size: int | None = None, env=None, stdin=None):
+    """``refimpl ARGS`` in a fresh process under an address-space (and optionally a file-size) limit."""
+
+    def limit():
+        if memory is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        if file_size is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+
+    return subprocess.run(
+        [sys.executable, "-m", "refimpl", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env or ENV,
+        timeout=300,
+        preexec_fn=limit,
+        stdin=stdin,
+    )
+
+
+def small_trace(path, fmt=None):
+    trace = Trace([("a", np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3)), ("ids", np.arange(4))], {"x": 1})
+    return trace.save(path, fmt)
+
+
+def safetensors_bytes(header, data: bytes = b"") -> bytes:
+    head = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    return struct.pack("<Q", len(head)) + head + data
+
+
+def assert_unusable(capsys, reference, candidate, *fragments):
+    """``refimpl compare`` on an unusable file: status 2 and one line naming the problem, never 1."""
+    status = main(["compare", str(reference), str(candidate)])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "refimpl compare: unusable input:" in err and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+# ----------------------------------------------------------------------------- traces
+
+
+@pytest.mark.parametrize(
+    "name, content, fragments",
+    [
+        ("list.safetensors", safetensors_bytes([1, 2]), ["must be a JSON object, found a JSON list"]),
+        (
+            "strings.safetensors",
+            safetensors_bytes({"a": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}}, bytes(8)),
+            ["data_offsets must be two non-negative integers"],
+        ),
+        (
+            "negative.safetensors",
+            safetensors_bytes({"a": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}}, bytes(8)),
+            ["data_offsets must be two non-negative integers"],
+        ),
+        (
+            "string-dtype.safetensors",
+            safetensors_bytes({"a": {"dtype": "STR", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
+            ["unsupported dtype 'STR'"],
+        ),
+        (
+            "gap.safetensors",
+            safetensors_bytes({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, bytes(8)),
+            ["belong to no tensor"],
+        ),
+        (
+            "deep.safetensors",
+            safetensors_bytes(b'{"__metadata__": {"refimpl.trace": "' + b"[" * 5000 + b'"}}'),
+            ["nested more than 64 levels"],
+        ),
+        ("deep-header.safetensors", safetensors_bytes(b"[" * 100_000), ["nested more than 64 levels"]),
+        ("metadata-list.safetensors", safetensors_bytes({"__metadata__": {"refimpl.trace": "[1]"}}), ["JSON object"]),
+        ("empty.safetensors", b"", ["too short"]),
+    ],
+)
+def test_malformed_safetensors_traces_are_unusable_input(tmp_path, capsys, name, content, fragments):
+    reference = small_trace(tmp_path / "ref.safetensors")
+    (tmp_path / name).write_bytes(content)
+    assert_unusable(capsys, reference, tmp_path / name, name, *fragments)
+    assert_unusable(capsys, tmp_path / name, reference, name, *fragments)
+
+
+def npz_with(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def test_npz_traces_checked_before_use(tmp_path, capsys):
+    reference = small_trace(tmp_path / "ref.npz")
+    cases = {
+        "strings.npz": (npz_with(a=np.array(["x", "y"])), "has dtype <U1, not a number"),
+        "complex.npz": (npz_with(a=np.ones(2, np.complex64)), "not a number"),
+        "metadata.npz": (npz_with(a=np.ones(2), __metadata__=np.array("[1, 2]")), "must be a JSON object"),
+        "order.npz": (npz_with(a=np.ones(2), __metadata__=np.array('{"order": [[1]]}')), "list of tensor names"),
+    }
+    with open(tmp_path / "single.npz", "wb") as f:  # a .npy called .npz
+        np.save(f, np.ones(3))
+    for name, (content, fragment) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        assert_unusable(capsys, reference, tmp_path / name, name, fragment)
+    assert_unusable(capsys, reference, tmp_path / "single.npz", "single .npy array, not a trace")
+    (tmp_path / "not-zip.npz").write_bytes(b"hello")
+    assert_unusable(capsys, reference, tmp_path / "not-zip.npz", "not an npz archive")
+
+
+def lying_npz(path, shape) -> None:
+    """An npz whose member's .npy header claims ``shape`` of float64 in front of 8 bytes of data."""
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    member.write(bytes(8))
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("a.npy", member.getvalue())
+
+
+def test_npz_header_claiming_petabytes_is_refused_in_bounded_memory(tmp_path):
+    """A 300-byte file whose member claims 8 PiB: refused from the header, under a 3 GiB address space."""
+    small_trace(tmp_path / "ref.npz")
+    lying_npz(tmp_path / "huge.npz", (2**50,))
+    assert (tmp_path / "huge.npz").stat().st_size < 400
+    r = run("compare", tmp_path / "ref.npz", tmp_path / "huge.npz")
+    assert r.returncode == 2, r.stderr
+    assert "claims shape (1125899906842624,) of float64" in r.stderr and "MemoryError" not in r.stderr, r.stderr
+
+
+def test_zip_bomb_member_is_refused_before_decompression(tmp_path, capsys):
+    reference = small_trace(tmp_path / "ref.npz")
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("a.npy", bytes(1000))
+    raw = bytearray((tmp_path / "bomb.npz").read_bytes())
+    for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):  # local and central headers
+        at = raw.index(signature)
+        raw[at + offset : at + offset + 4] = struct.pack("<I", 2**32 - 1)  # "uncompressed size 4 GiB"
+    (tmp_path / "bomb.npz").write_bytes(bytes(raw))
+    assert_unusable(capsys, reference, tmp_path / "bomb.npz", "a zip bomb?")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "fifo", "directory"])
+def test_streams_devices_and_directories_are_not_traces(tmp_path, device):
+    """Refused from ``stat`` before anything is read: a pipe with no writer is never opened."""
+    small_trace(tmp_path / "ref.safetensors")
+    if device == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        device = tmp_path / "fifo"
+    elif device == "directory":
+        device = tmp_path
+    r = run("compare", tmp_path / "ref.safetensors", device)
+    assert r.returncode == 2, r.stderr
+    assert "unusable input" in r.stderr and ("regular file" in r.stderr or "directory" in r.stderr), r.stderr
+
+
+def test_load_trace_reads_both_metadata_encodings(tmp_path):
+    """npz metadata as a 0-d unicode array (ours) or as UTF-8 bytes in a uint8 vector (easy from C++)."""
+    text = json.dumps({"order": ["b", "a"], "stage": "say"})
+    (tmp_path / "u.npz").write_bytes(npz_with(a=np.ones(2), b=np.zeros(1), __metadata__=np.array(text)))
+    utf8 = np.frombuffer(text.encode(), np.uint8)
+    (tmp_path / "b.npz").write_bytes(npz_with(a=np.ones(2), b=np.zeros(1), __metadata__=utf8))
+    for name in ("u.npz", "b.npz"):
+        trace = load_trace(tmp_path / name)
+        assert trace.keys == ["b", "a"] and trace.metadata["stage"] == "say"
+    (tmp_path / "x.npz").write_bytes(npz_with(a=np.ones(2), __metadata__=np.ones(2)))
+    with pytest.raises(TraceError, match="the metadata must be a JSON string"):
+        load_trace(tmp_path / "x.npz")
+
+
+def test_a_failed_trace_write_keeps_the_previous_trace(tmp_path):
+    """A file-size limit stops the write of a new trace: the previous one stays whole, no temporary file."""
+    previous = small_trace(tmp_path / "t.safetensors")
+    good = previous.read_bytes()
+    script = textwrap.dedent(
+        f"""
+        import numpy as np
+        from refimpl.porting.trace_files import Trace
+        Trace([("big", np.ones(1 << 20, np.float32))], {{}}).save({str(previous)!r})
+        """
+    )
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    for fmt in ("safetensors", "npz"):
+        target = previous if fmt == "safetensors" else small_trace(tmp_path / "t.npz")
+        before = target.read_bytes()
+        r = subprocess.run(
+            [sys.executable, "-c", script.replace(str(previous), str(target))],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+            preexec_fn=limit,
+        )
+        assert r.returncode != 0 and "File too large" in r.stderr, r.stderr
+        assert target.read_bytes() == before
+    assert previous.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.npz", "t.safetensors"]
+
+
+# ----------------------------------------------------------------------------- signals during a write
+
+SLOW_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from refimpl.io.files import write_atomically
+
+    def pieces():
+        yield b"new data "
+        print("writing", flush=True)
+        while True:
+            time.sleep(0.05)
+            yield b"more "
+
+    write_atomically(sys.argv[1], pieces())
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_during_an_atomic_write_leave_no_temporary_file(tmp_path, signum):
+    """The child is killed by the signal as it asked (status -signum), the old file is untouched and the
+    temporary file beside it is gone."""
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"previous")
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRITER, str(target)], stdout=subprocess.PIPE, env=ENV, text=True
+    )
+    assert child.stdout.readline() == "writing\n"
+    assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # the write is under way
+    child.send_signal(signum)
+    assert child.wait(timeout=60) == -signum
+    assert target.read_bytes() == b"previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
+def test_an_ignored_sighup_stays_ignored_during_a_write(tmp_path):
+    """Under ``nohup`` (SIGHUP ignored) a hang-up does not stop the write."""
+    target = tmp_path / "out.bin"
+    script = SLOW_WRITER.replace("while True:", "for _ in range(10):")
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(target)],
+        stdout=subprocess.PIPE,
+        env=ENV,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    assert child.stdout.readline() == "writing\n"
+    child.send_signal(signal.SIGHUP)
+    assert child.wait(timeout=60) == 0
+    assert target.read_bytes() == b"new data " + b"more " * 10
+
+
+# ----------------------------------------------------------------------------- refimpl golden
+
+
+def write_lines(path, *lines) -> str:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "name", ["../escaped", "/tmp/absolute", "sub/dir", "..", ".", "", "a\\b", "nul\x00", "x" * 201, 7]
+)
+def test_golden_case_names_stay_inside_the_output_directory(tmp_path, name):
+    """A name becomes OUTDIR/<name>.safetensors: a folder part, '..', an absolute path (or no name) is
+    refused before anything runs; nothing is written anywhere."""
+    (tmp_path / "in").mkdir()
+    cases = write_lines(tmp_path / "in" / "cases.jsonl", {"name": name, "stage": "codec-decode", "input": CODES_16})
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main(["golden", "--cases", cases, "-o", str(tmp_path / "in" / "out"), "-q"]) == 1
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert not os.path.exists("/tmp/absolute.safetensors")
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ('["name", "stage"]', "a case must be a JSON object, found a JSON list"),
+        ('{"name": "a", "stage": "say", "input": "Hi.", "options": ["speaker"]}', "options must be a JSON object"),
+        ('{"name": "a", "stage": "say", "input": "Hi.", "options": {"speaker": "vivian", "text": "again"}}', "text"),
+        ('{"name": "a", "name": "b", "stage": "say", "input": "Hi."}', "the key 'name' appears twice"),
+        ('{"name": "a", "stage": "say", "input": "Hi.", "options": {}}', "a say case needs options.speaker"),
+        ('{"name": "a", "stage": "say", "input": ["Hi."], "options": {"speaker": "vivian"}}', "input must be"),
+        ('{"name": "a", "stage": "say", "input": "Hi.", "options": {"speaker": ["vivian"]}}', "must be a string"),
+        ('{"name": "a", "stage": "say", "input": "Hi.", "options": {"speaker": "v", "seed": -1}}', "seed"),
+        ('{"name": "a", "stage": "say", "input": "Hi.", "options": {"speaker": "v", "top_p": 2}}', "top_p"),
+        ('{"name": "a", "stage": "sing", "input": "Hi."}', "stage must be one of"),
+        ('{"name": "a", "stage": "codec-decode", "input": [[1180591620717411303424]]}', "not an integer in [0, 2^63)"),
+        ('{"name": "a", "stage": "codec-decode", "input": [[1.5]]}', "inline code 1.5 at frame 0, group 0"),
+        ('{"name": "a", "stage": "codec-decode", "input": [[true]]}', "inline code True"),
+        ('{"name": "a", "stage": "codec-decode", "input": [[1, 2], [3]]}', "equally long lists"),
+        ('{"name": "a", "stage": "codec-decode", "input": "missing.npy"}', "does not exist"),
+        ('{"name": "a", "stage": "clone", "input": "Hi.", "options": {"ref_audio": "no.wav"}}', "no.wav"),
+        ('{"name": "a", "stage": "speaker", "input": "Hi.", "comment": 1}', "unknown key(s) ['comment']"),
+        ("[" * 100_000, "nested more than 64 levels"),
+        ('{"name": "a"', "not valid JSON"),
+    ],
+)
+def test_every_case_is_checked_before_any_runs(tmp_path, capsys, line, fragment):
+    """A bad case on the last line: one error naming the line (and the case), and no case has run."""
+    cases = write_lines(tmp_path / "cases.jsonl", {"name": "good", "stage": "codec-decode", "input": CODES_16}, line)
+    assert main(["golden", "--cases", cases, "-o", str(tmp_path / "out"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "refimpl: error: " + cases + ":2:" in err and fragment in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_repeated_case_names_are_refused(tmp_path):
+    case = {"name": "same", "stage": "codec-decode", "input": CODES_16}
+    with pytest.raises(ValueError, match="case 'same' has the name of the case on line 1"):
+        read_cases(write_lines(tmp_path / "cases.jsonl", case, case))
+
+
+def test_golden_index_lists_the_cases_done_and_failed(tmp_path, capsys):
+    """A case that fails when it runs (a speaker the model lacks, a code outside the codebook) is named
+    with its error; the others are traced; index.json (written atomically) lists both; status 1."""
+    cases = write_lines(
+        tmp_path / "cases.jsonl",
+        {"name": "ok", "stage": "codec-decode", "input": CODES_16},
+        {"name": "outside", "stage": "codec-decode", "input": [list(range(15)) + [64]]},
+        {"name": "nobody", "stage": "say", "input": "Hi.", "options": {"speaker": "nobody", "max_new_tokens": 3}},
+    )
+    assert main(["golden", "--cases", cases, "-o", str(tmp_path / "out"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "case 'outside' (codec-decode) failed: codes: code 64 at frame 0, group 15 is outside [0, 64)" in err
+    assert "case 'nobody' (say) failed: Unsupported speakers: ['nobody']" in err
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert [c["name"] for c in index["cases"]] == ["ok"]
+    assert [(c["name"], c["internal"]) for c in index["failed"]] == [("outside", False), ("nobody", False)]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["index.json", "ok.safetensors"]
+    assert load_trace(tmp_path / "out" / "ok.safetensors").keys[-1] == "decoder"
+
+
+@pytest.mark.parametrize("what", ["cases", "codes"])
+def test_endless_cases_and_codes_files_are_refused_in_bounded_memory(tmp_path, what):
+    """/dev/zero as a cases file or a codes file: read up to the 256 MiB limit, then refused (status 1),
+    within a 3 GiB address space."""
+    if what == "cases":
+        r = run("golden", "--cases", "/dev/zero", "-o", tmp_path / "out", "-q")
+    else:
+        r = run("trace", "codec-decode", "/dev/zero", "-o", tmp_path / "t.safetensors", "-q")
+    assert r.returncode == 1, r.stderr
+    assert "over the limit of 268435456 bytes" in r.stderr and "MemoryError" not in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------- refimpl trace arguments
+
+
+@pytest.mark.parametrize("option, value", [("--seed", "-1"), ("--max-new-tokens", "0"), ("--seed", "x")])
+def test_trace_say_numbers_are_usage_errors(tmp_path, option, value):
+    r = run("trace", "say", "Hi.", "--speaker", "vivian", option, value, "-o", tmp_path / "t.safetensors")
+    assert r.returncode == 2 and f"argument {option}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_replayed_draws_must_be_uniforms(tmp_path):
+    """--replay of a trace whose recorded uniforms are NaN: an error naming random_draws, not all-zero codes."""
+    args = ["trace", "say", "Hi.", "--speaker", "vivian", "--max-new-tokens", "3", "-q"]
+    assert main([*args, "-o", str(tmp_path / "good.safetensors")]) == 0
+    good = load_trace(tmp_path / "good.safetensors")  # the same run, its uniforms replaced by NaN
+    items = [(k, np.full_like(v, np.nan) if k == "refimpl.random_draws" else v) for k, v in good.items]
+    Trace(items, good.metadata).save(tmp_path / "nan.safetensors")
+    r = run(
+        "trace", "say", "Hi.", "--speaker", "vivian", "--replay", tmp_path / "nan.safetensors",
+        "-o", tmp_path / "t.safetensors", "--max-new-tokens", "3",
+    )  # fmt: skip
+    assert r.returncode == 1 and "random_draws[0] is nan, not a uniform in [0, 1)" in r.stderr, r.stderr
+    assert not (tmp_path / "t.safetensors").exists()
