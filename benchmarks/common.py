@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -14,15 +15,35 @@ sys.path.insert(0, str(REPO / "golden" / "oracle" / "stubs"))  # for the officia
 CACHE = Path(os.environ.get("REFIMPL_BENCH_DIR", REPO / "bench-checkpoints"))
 
 
+def written_once(path: Path, write, what: str) -> Path:
+    """The checkpoint directory ``path``, written by ``write(directory)`` when it is not there yet.
+
+    It is written into ``<path>.partial`` and renamed to ``path`` only when complete, so that a write stopped
+    half way (a time limit, a full disk) never leaves a directory under the final name: a directory there is
+    a whole checkpoint, and the next run writes a stopped one again from the start."""
+    if (path / "model.safetensors").is_file():
+        return path
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():  # a directory without its weights: not ours to trust
+        shutil.rmtree(path)
+    print(f"writing {what} to {path} ...", flush=True)
+    write(partial)
+    os.replace(partial, path)
+    return path
+
+
 def released_speech_tokenizer(seed: int = 0) -> Path:
     """The released speech-tokenizer config with seeded random weights (written once, ~680 MB)."""
     from refimpl.porting import presets, synthetic
 
-    path = CACHE / "released-speech-tokenizer"
-    if not (path / "model.safetensors").is_file():
-        print(f"writing a full-size synthetic speech tokenizer to {path} ...", flush=True)
-        synthetic.write_speech_tokenizer(path, presets.preset(presets.RELEASED_SPEECH_TOKENIZER), seed=seed)
-    return path
+    return written_once(
+        CACHE / "released-speech-tokenizer",
+        lambda d: synthetic.write_speech_tokenizer(d, presets.preset(presets.RELEASED_SPEECH_TOKENIZER), seed=seed),
+        "a full-size synthetic speech tokenizer",
+    )
 
 
 def _in_child(fn, *args) -> None:
@@ -67,11 +88,12 @@ def _write_released_custom_voice(path: Path, seed: int) -> None:
 def released_custom_voice_0_6b(seed: int = 0) -> Path:
     """A full-size Qwen3-TTS-12Hz-0.6B-CustomVoice directory with seeded random weights (bf16, 1.8 GB,
     written once) whose speech_tokenizer/ is ``released_speech_tokenizer()``."""
-    path = CACHE / "released-0.6b-customvoice"
     tokenizer = released_speech_tokenizer()
-    if not (path / "model.safetensors").is_file():
-        print(f"writing a full-size synthetic 0.6B CustomVoice model to {path} ...", flush=True)
-        _in_child(_write_released_custom_voice, path, seed)
+    path = written_once(
+        CACHE / "released-0.6b-customvoice",
+        lambda d: _in_child(_write_released_custom_voice, d, seed),
+        "a full-size synthetic 0.6B CustomVoice model",
+    )
     link = path / "speech_tokenizer"
     if not link.exists():
         link.symlink_to(os.path.relpath(tokenizer, path), target_is_directory=True)
@@ -82,11 +104,12 @@ def released_speaker_encoder(seed: int = 0) -> Path:
     """The 0.6B-Base speaker encoder (enc_dim 1024) alone, seeded random weights, bf16 (written once)."""
     from refimpl.porting import presets, synthetic
 
-    path = CACHE / "released-speaker-encoder"
-    if not (path / "model.safetensors").is_file():
-        print(f"writing a full-size synthetic speaker encoder to {path} ...", flush=True)
-        synthetic.write_speaker_encoder(path, presets.preset(presets.RELEASED_SPEAKER_ENCODER), seed, "bfloat16")
-    return path
+    preset = presets.preset(presets.RELEASED_SPEAKER_ENCODER)
+    return written_once(
+        CACHE / "released-speaker-encoder",
+        lambda d: synthetic.write_speaker_encoder(d, preset, seed, "bfloat16"),
+        "a full-size synthetic speaker encoder",
+    )
 
 
 def peak_rss_gb() -> float:

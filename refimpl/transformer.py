@@ -352,7 +352,7 @@ def _fused_step_fits(layers: list, kind: LayerKind, x_btc, allowed, caches, reco
         return False
     fits = all(type(c) is KVCache for c in caches) and all(
         isinstance(lw[n], BF16Matrix) and f"{n[:-6]}bias" not in lw for lw in layers for n in _STEP_MATRICES
-    )  # (bf16 matrices are host arrays: a device model never reaches the padding check below)
+    )  # (on a device backend a single row has no key mask: the Talker leaves it out when nothing is padding)
     return fits and (allowed.key_valid_bs is None or bool(np.all(nn.to_host(allowed.key_valid_bs))))
 
 

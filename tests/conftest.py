@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
+# soxr (the resampler refimpl.io.audio shares with the official) is a declared dependency that a machine may
+# lack (the GPU image has none): REFIMPL_HIDE_SOXR=1 runs the suite as there (tests/io/test_soxr_optional.py).
+if os.environ.get("REFIMPL_HIDE_SOXR") == "1":
+    sys.modules["soxr"] = None  # "import soxr" now fails, before refimpl.io.audio tries it
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "golden"
@@ -39,6 +45,56 @@ def pytest_addoption(parser):
         default=None,
         help="run the parity suite on this backend only (repeatable; default: every backend)",
     )
+
+
+SOXR_MARKERS = ("needs_soxr", "soxr_optional")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_soxr: needs soxr's exact samples (skips, saying so, without soxr)")
+    config.addinivalue_line("markers", "soxr_optional: reaches soxr where it is installed, passes without it too")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("needs_soxr"):
+        from refimpl.io import audio
+
+        if audio.soxr is None:
+            pytest.skip("soxr is not installed here: the official resampling (soxr HQ) cannot be compared")
+
+
+def undeclared_soxr_use(used: list, markers) -> str | None:
+    """The failure message for a test that reached soxr (``used``: the soxr functions it called) without
+    declaring it (neither marker of SOXR_MARKERS among ``markers``), else None."""
+    if not used or any(m in SOXR_MARKERS for m in markers):
+        return None
+    return (
+        f"this test called soxr.{used[0]} but is not marked needs_soxr (it would fail where soxr is not "
+        "installed: mark it to skip there) or soxr_optional (it passes with the polyphase fallback too)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def soxr_use_is_declared(request, monkeypatch):
+    """Fail a test that reaches soxr without one of SOXR_MARKERS: no test needs soxr silently."""
+    from refimpl.io import audio
+
+    real = audio.soxr
+    if real is None:
+        yield
+        return
+    used = []
+
+    class Recording:
+        def __getattr__(self, name):
+            used.append(name)
+            return getattr(real, name)
+
+    monkeypatch.setattr(audio, "soxr", Recording())
+    yield
+    failure = undeclared_soxr_use(used, [m.name for m in request.node.iter_markers()])
+    if failure:
+        pytest.fail(failure)
 
 
 def pytest_generate_tests(metafunc):

@@ -9,23 +9,24 @@
                                                   else the reference formulas, run by CuPy on device arrays
 
 A primitive of ``refimpl.nn`` is marked ``@primitive``; at every call it looks up the twin of the
-active backend and runs it instead of its own body.  The stage modules only ever call ``nn.<name>``,
-and create arrays through ``nn.zeros`` / ``nn.arange`` / ``nn.to_device`` ..., so that the backend
-decides where they live (docs/backends.md).
+backend chosen for the call (``backend_for_call``) and runs it instead of its own body.  The stage modules
+only ever call ``nn.<name>``, and create arrays through ``nn.zeros`` / ``nn.arange`` / ``nn.to_device`` ...,
+so that the backend decides where they live (docs/backends.md).
 
-A device backend is a module named in ``_ARRAY_MODULES`` with: ``xp`` (its NumPy-like namespace),
-``to_device(host) -> device array``, ``to_host(device array) -> numpy.ndarray``, ``available()``
-(raises ``BackendUnavailable`` naming what is missing), ``TWINS`` (name -> twin) and optionally
-``special`` (its ``scipy.special``).  Besides "cupy" there is the test backend "strict"
-(``refimpl/backends/strict_device.py``): NumPy underneath, as strict as CuPy about host round trips,
-so CI proves the device data flow without a GPU.  It is accepted everywhere a backend name is, but not
-listed in ``BACKENDS`` (no user should pick it).
+Each backend is one ``Backend`` object of ``REGISTRY``: its name, the module that provides it, its array
+module ``xp``, ``to_device`` / ``to_host``, its special functions, its twins and its availability.  A
+backend module provides ``TWINS`` (primitive name -> twin: a module-level table, the one place a twin is
+registered); a device backend's module also ``xp`` (its NumPy-like namespace), ``to_device(host)``,
+``to_host(device array)``, ``special`` (its ``scipy.special``) and ``available()`` (raises
+``BackendUnavailable`` naming what is missing).  Besides "cupy" there is the test backend "strict"
+(``refimpl/backends/strict_device.py``): NumPy underneath, as strict as CuPy about host round trips and
+results, so CI proves the device data flow without a GPU.  It is accepted everywhere a backend name is,
+but not listed in ``BACKENDS`` (no user should pick it).
 
 Which backend is active:
     1. ``with refimpl.use_backend("numba"): ...``      (innermost wins)
     2. the environment variable ``REFIMPL_BACKEND=numpy|numba|cupy``
-    3. otherwise "auto": the twins run on float32 arrays (the fast everyday mode) and the reference on
-       float64 arrays (the oracle mode stays the plain formulas unless a backend is asked for).
+    3. otherwise "auto" (``AUTO_RULE``, implemented by ``backend_for_call`` alone).
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ from scipy import special as host_special
 
 __all__ = [
     "BACKENDS",
+    "AUTO_RULE",
+    "Backend",
+    "REGISTRY",
     "BackendUnavailable",
+    "backend",
+    "backend_for_call",
     "primitive",
     "use_backend",
     "active_backend",
@@ -50,6 +56,7 @@ __all__ = [
     "installed_backends",
     "array_module",
     "device_module",
+    "special_module",
     "to_device",
     "to_host",
     "model_scope",
@@ -57,15 +64,10 @@ __all__ = [
     "iterate_on_model_backend",
 ]
 
-BACKENDS = ("numpy", "numba", "cupy")
-TEST_BACKENDS = ("strict",)  # accepted by name, never offered (see the module docstring)
-_TWIN_MODULES = {"numba": "refimpl.backends.numba_cpu"}
-_ARRAY_MODULES = {"cupy": "refimpl.backends.cupy_cuda", "strict": "refimpl.backends.strict_device"}
 _ENV = "REFIMPL_BACKEND"
 
-_requested: contextvars.ContextVar = contextvars.ContextVar("refimpl_backend", default=None)
-_twins: dict = {}  # backend -> {primitive name: twin}, filled on first use
-_modules: dict = {}  # device backend -> its module, once ``available()`` passed
+# The rule of "auto" (no backend asked for), in words; ``backend_for_call`` is its one implementation.
+AUTO_RULE = "default: numba twins for float32, the numpy reference for float64"
 
 
 class BackendUnavailable(RuntimeError, ValueError):
@@ -73,11 +75,107 @@ class BackendUnavailable(RuntimeError, ValueError):
     ValueError too: the argument names a backend this machine cannot run (the CLI reports it in one line)."""
 
 
+class Backend:
+    """One backend: its ``name``, the module that provides it (``module_name``; None for "numpy", whose
+    primitives are the references themselves), whether its arrays live on a device (``on_device``) and
+    whether users are offered it (``offered``; the test stand-in is not).
+
+    The module is imported on first use (``load``), a device backend's only after its ``available()``
+    passed, so that importing refimpl never imports CuPy or Numba."""
+
+    def __init__(self, name: str, module_name: str | None = None, *, on_device: bool = False, offered: bool = True):
+        self.name = name
+        self.module_name = module_name
+        self.on_device = on_device
+        self.offered = offered
+        self._module = None
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r}, {self.module_name!r}, on_device={self.on_device})"
+
+    def load(self):
+        """The backend's module, imported (and for a device backend, its ``available()`` passed): one
+        ``BackendUnavailable`` naming what is missing otherwise.  None for "numpy"."""
+        if self._module is None and self.module_name is not None:
+            try:
+                module = importlib.import_module(self.module_name)
+            except ImportError as e:
+                raise BackendUnavailable(f"backend {self.name!r}: its module could not be imported ({e})") from None
+            if self.on_device:
+                module.available()
+            self._module = module
+        return self._module
+
+    def check(self) -> None:
+        """``BackendUnavailable`` unless this backend can run here.  A device backend is loaded (its library
+        and a device are needed); a host backend's module is a declared dependency, imported when a twin first
+        runs."""
+        if self.on_device:
+            self.load()
+
+    @property
+    def loaded(self) -> bool:
+        return self._module is not None
+
+    @property
+    def xp(self):
+        """The NumPy-like namespace this backend's arrays are created with (numpy on the host)."""
+        return self.load().xp if self.on_device else np
+
+    @property
+    def special(self):
+        """This backend's ``scipy.special`` (the device's own special functions on a device backend)."""
+        return self.load().special if self.on_device else host_special
+
+    def owns(self, x) -> bool:
+        """True when ``x`` is an array of this (loaded) device backend."""
+        return self.on_device and self._module is not None and isinstance(x, self._module.xp.ndarray)
+
+    def to_device(self, x):
+        """``x`` as an array of this backend: a host array (list, scalar) uploaded to a device backend (the one
+        explicit host -> device copy), a device array of its own as it is; ``np.asarray`` on the host."""
+        if not self.on_device:
+            return np.asarray(x)
+        module = self.load()
+        return x if isinstance(x, module.xp.ndarray) else module.to_device(np.asarray(x))
+
+    def to_host(self, x) -> np.ndarray:
+        """``x`` (an array of this backend) as a host ``numpy.ndarray`` (the one explicit device -> host copy)."""
+        return self.load().to_host(x) if self.on_device else np.asarray(x)
+
+    @functools.cached_property
+    def twins(self) -> dict:
+        """{primitive name: twin}: the module's ``TWINS`` table (empty for "numpy")."""
+        module = self.load()
+        return {} if module is None else dict(module.TWINS)
+
+
+REGISTRY = {
+    b.name: b
+    for b in (
+        Backend("numpy"),
+        Backend("numba", "refimpl.backends.numba_cpu"),
+        Backend("cupy", "refimpl.backends.cupy_cuda", on_device=True),
+        Backend("strict", "refimpl.backends.strict_device", on_device=True, offered=False),
+    )
+}
+BACKENDS = tuple(name for name, b in REGISTRY.items() if b.offered)  # what users may choose
+TEST_BACKENDS = tuple(name for name, b in REGISTRY.items() if not b.offered)  # accepted by name, never offered
+
+_requested: contextvars.ContextVar = contextvars.ContextVar("refimpl_backend", default=None)
+
+
+def backend(name: str) -> Backend:
+    """The ``Backend`` named ``name``, checked: ValueError for an unknown name, ``BackendUnavailable`` for
+    one that cannot run here."""
+    return REGISTRY[_check_name(name, "backend")]
+
+
 def _check_name(name: str, where: str) -> str:
-    if name not in BACKENDS and name not in TEST_BACKENDS:
+    found = REGISTRY.get(name)
+    if found is None:
         raise ValueError(f"{where}: unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    if name in _ARRAY_MODULES:
-        device_module(name)  # BackendUnavailable now, with one message naming what is missing
+    found.check()  # BackendUnavailable now, with one message naming what is missing
     return name
 
 
@@ -95,16 +193,8 @@ def installed_backends() -> tuple:
 
 
 def device_module(name: str):
-    """The module of device backend ``name`` (``_ARRAY_MODULES``), after its ``available()`` check passed."""
-    module = _modules.get(name)
-    if module is None:
-        try:
-            module = importlib.import_module(_ARRAY_MODULES[name])
-        except ImportError as e:
-            raise BackendUnavailable(f"backend {name!r}: its module could not be imported ({e})") from None
-        module.available()
-        _modules[name] = module
-    return module
+    """The module of device backend ``name``, after its ``available()`` check passed."""
+    return REGISTRY[name].load()
 
 
 def active_backend() -> tuple:
@@ -115,13 +205,13 @@ def active_backend() -> tuple:
     env = os.environ.get(_ENV, "").strip()
     if env:
         return _check_name(env, f"environment variable {_ENV}"), f"environment variable {_ENV}"
-    return "auto", "default: numba twins for float32, the numpy reference for float64"
+    return "auto", AUTO_RULE
 
 
 def device_backend() -> str | None:
     """The active backend's name when it keeps arrays on a device ("cupy", "strict"), else None."""
     name = active_backend()[0]
-    return name if name in _ARRAY_MODULES else None
+    return name if name != "auto" and REGISTRY[name].on_device else None
 
 
 @contextlib.contextmanager
@@ -139,22 +229,31 @@ def use_backend(name: str, reason: str = "refimpl.use_backend()"):
 # ----------------------------------------------------------------------------- arrays of the active backend
 
 
+def _active() -> Backend:
+    """The backend whose arrays are created now: the active device backend, else "numpy" (host arrays)."""
+    name = device_backend()
+    return REGISTRY["numpy" if name is None else name]
+
+
 def array_module():
     """The NumPy-like namespace arrays are created with now: ``numpy`` on the host backends, the
-    device module's ``xp`` (``cupy``) on a device backend."""
-    name = device_backend()
-    return np if name is None else device_module(name).xp
+    device backend's ``xp`` (``cupy``) on a device backend."""
+    return _active().xp
 
 
 def to_device(x):
     """``x`` as an array of the active backend: a host array (or list, scalar) is uploaded to a device
     backend (the one explicit host -> device copy); a device array is returned as it is.  On the host
     backends this is ``np.asarray``."""
-    name = device_backend()
-    if name is None:
-        return np.asarray(x)
-    module = device_module(name)
-    return x if isinstance(x, module.xp.ndarray) else module.to_device(np.asarray(x))
+    return _active().to_device(x)
+
+
+def _owner(x) -> Backend | None:
+    """The loaded device backend whose array ``x`` is, or None."""
+    for b in REGISTRY.values():
+        if b.owns(x):
+            return b
+    return None
 
 
 def to_host(x) -> np.ndarray:
@@ -162,23 +261,17 @@ def to_host(x) -> np.ndarray:
     one explicit device -> host copy); anything else goes through ``np.asarray``."""
     if isinstance(x, np.ndarray):
         return x
-    for module in _modules.values():
-        if isinstance(x, module.xp.ndarray):
-            return module.to_host(x)
-    return np.asarray(x)
+    owner = _owner(x)
+    return np.asarray(x) if owner is None else owner.to_host(x)
 
 
 def special_module(x):
-    """``scipy.special`` for host arrays, the device's equivalent (``cupyx.scipy.special``) otherwise."""
+    """``scipy.special`` for host arrays, the special functions of the device backend that owns ``x``
+    (``cupyx.scipy.special``) otherwise."""
     if isinstance(x, (np.ndarray, np.generic)):
         return host_special
-    for module in _modules.values():
-        if isinstance(x, module.xp.ndarray):
-            special = getattr(module, "special", None)
-            if special is None:  # the CuPy module may leave it out: CuPy keeps it in cupyx
-                special = module.special = importlib.import_module("cupyx.scipy.special")
-            return special
-    return host_special
+    owner = _owner(x)
+    return host_special if owner is None else owner.special
 
 
 def model_scope(loaded_on: str | None, what: str):
@@ -230,37 +323,38 @@ def iterate_on_model_backend(model, items):
 # ----------------------------------------------------------------------------- primitives and their twins
 
 
-def _twin_table(backend: str) -> dict:
-    table = _twins.get(backend)
-    if table is None:
-        if backend in _ARRAY_MODULES:
-            table = _twins[backend] = dict(device_module(backend).TWINS)
-        else:
-            table = _twins[backend] = dict(importlib.import_module(_TWIN_MODULES[backend]).TWINS)
-    return table
+def backend_for_call(requested: str, first) -> str:
+    """The backend whose twin runs one primitive call, from the requested backend (``active_backend``) and
+    the call's first argument.  The one place that decides it:
+
+    - "auto" (``AUTO_RULE``): a float32 first argument runs the numba twins (the fast everyday mode);
+      anything else (float64: the oracle mode) the numpy reference, so that the oracle mode stays the
+      plain formulas unless a backend is asked for;
+    - a device backend given a host ``numpy.ndarray`` (the sampling arithmetic on a downloaded row) runs
+      the numpy reference on the host;
+    - otherwise the requested backend."""
+    if requested == "auto":
+        return "numba" if getattr(first, "dtype", None) == np.float32 else "numpy"
+    if isinstance(first, np.ndarray) and REGISTRY[requested].on_device:
+        return "numpy"
+    return requested
 
 
-def twin_of(name: str, backend: str):
-    """The twin of primitive ``name`` in ``backend``, or None where the backend has none (or is numpy)."""
-    if backend == "numpy":
-        return None
-    return _twin_table(backend).get(name)
+def twin_of(name: str, backend_name: str):
+    """The twin of primitive ``name`` in backend ``backend_name``, or None where it has none (or is numpy)."""
+    return REGISTRY[backend_name].twins.get(name)
 
 
 def primitive(reference):
-    """Mark a plain NumPy primitive: calls go to the active backend's twin of the same name, if any.
-    On a device backend a call with a host array (the sampling arithmetic) runs the reference on the host."""
+    """Mark a plain NumPy primitive: a call runs the twin of the same name of the backend
+    ``backend_for_call`` chooses, or the reference where that backend has no twin of it.  The plain
+    function stays reachable as ``.reference``."""
     name = reference.__name__
 
     @functools.wraps(reference)
     def dispatch(*args, **kwargs):
-        backend, _ = active_backend()
-        first = args[0] if args else None
-        if backend == "auto":
-            backend = "numba" if getattr(first, "dtype", None) == np.float32 else "numpy"
-        elif backend in _ARRAY_MODULES and isinstance(first, np.ndarray):
-            backend = "numpy"
-        twin = twin_of(name, backend)
+        chosen = backend_for_call(active_backend()[0], args[0] if args else None)
+        twin = REGISTRY[chosen].twins.get(name)
         return (twin or reference)(*args, **kwargs)
 
     dispatch.reference = reference

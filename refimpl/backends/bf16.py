@@ -30,18 +30,20 @@ def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 class BF16Matrix:
     """A bfloat16 matrix kept as it is stored: its 16-bit words [O, I] (a read-only view of the memory
-    map, nothing copied), widened to float32 only where it is used.
+    map, nothing copied; on a device backend, the words uploaded once), widened to float32 only where it
+    is used.
 
     Widening is exact (a bfloat16 is the upper half of a float32), so every use computes the official
     float32 math from half the bytes.  The fast backend's ``linear`` reads the words directly
-    (``refimpl/backends/numba_cpu.py``); everything else sees float32: ``np.asarray(m)`` widens the whole
-    matrix, ``m[ids]`` only the rows asked for (an embedding lookup), ``m.T`` the transpose."""
+    (``refimpl/backends/numba_cpu.py``, ``refimpl/backends/cupy_cuda.py``); everything else sees float32:
+    ``np.asarray(m)`` widens the whole matrix (host words), ``m[ids]`` only the rows asked for (an embedding
+    lookup), ``m.T`` the transpose (host or device words)."""
 
     __slots__ = ("bits",)
     dtype = np.dtype(np.float32)
     ndim = 2
 
-    def __init__(self, bits_oi: np.ndarray):
+    def __init__(self, bits_oi):  # numpy.ndarray on the host, a device array after upload_weights
         if bits_oi.dtype != np.uint16 or bits_oi.ndim != 2 or not bits_oi.flags.c_contiguous:
             raise ValueError(f"BF16Matrix holds C-contiguous uint16 words [O, I], got {bits_oi.dtype} {bits_oi.shape}")
         self.bits = bits_oi
@@ -65,14 +67,18 @@ class BF16Matrix:
     def __getitem__(self, index):
         return bf16_bits_to_float32(self.bits[index])
 
+    def widened(self):
+        """The whole matrix in float32, where its words are (host or device)."""
+        return bf16_bits_to_float32(self.bits)
+
     @property
-    def T(self) -> np.ndarray:
-        return np.asarray(self).T
+    def T(self):
+        return self.widened().T
 
     def astype(self, dtype, copy: bool = True):
         if np.dtype(dtype) == self.dtype and not copy:
             return self
-        return np.asarray(self).astype(dtype)
+        return self.widened().astype(dtype)
 
     def __repr__(self) -> str:
         return f"BF16Matrix(shape={self.shape})"
@@ -80,13 +86,18 @@ class BF16Matrix:
 
 def upload_weights(weights: Mapping[str, np.ndarray]) -> dict:
     """The weights of a model on the active backend, moved once at load: on a device backend every
-    tensor is uploaded (a ``BF16Matrix`` widened to float32 first: exact, and what every use computes
-    with); on the host backends the dict is returned as it is."""
+    tensor is uploaded, a ``BF16Matrix`` as its 16-bit words (half the bytes; the device's ``linear``
+    reads them, every other use widens what it takes, exactly); on the host backends the dict is returned
+    as it is."""
     from ..backends import device_backend, to_device
 
     if device_backend() is None:
         return weights
     return {
-        name: to_device(np.asarray(arr)) if isinstance(arr, (np.ndarray, BF16Matrix)) else arr
+        name: BF16Matrix(to_device(arr.bits))
+        if isinstance(arr, BF16Matrix)
+        else to_device(arr)
+        if isinstance(arr, np.ndarray)
+        else arr
         for name, arr in weights.items()
     }

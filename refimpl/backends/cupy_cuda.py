@@ -17,8 +17,14 @@ index arithmetic in NumPy, and runs these twins through the whole pipeline on th
                   DECODE_MAX_QUERIES queries (decoding  heads, sliding window, key_valid padding
                   against a KV cache), else cuBLAS
     linear        RawModule BF16_SOURCE for a few rows  x @ W^T + b, W a BF16Matrix whose words are on
-                  of x, else widen + cuBLAS             the device (float32 weights: cuBLAS)
-    the others    the reference's formula with ``cupy`` in place of ``numpy`` (cuBLAS matrix products)
+                  of x, else widen + cuBLAS             the device (float32 weights: the reference)
+    conv1d        a multiply-add per tap when depthwise,  the reference's formula
+                  else the reference (cuBLAS per tap)
+
+A twin exists only where it is faster than the reference or must differ from it.  Every other primitive
+(``softmax``, ``rms_norm``, ``layer_norm``, ``conv_transpose1d``, ``apply_rope``, ...) is the reference itself,
+whose NumPy calls CuPy runs on device arrays through NumPy's dispatch (``__array_ufunc__``,
+``__array_function__``): the formula is written once, in ``refimpl/nn.py``.
 
 CuPy is imported only when a twin first runs or ``available()`` / ``array_module()`` is called: importing
 ``refimpl`` never needs it.  ``available()`` says in one error what is missing: CuPy itself (which extra
@@ -33,15 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import nn
+from . import BackendUnavailable
 from .bf16 import BF16Matrix
-
-try:
-    from . import BackendUnavailable
-except ImportError:  # the backend layer does not define it (yet): the same-named RuntimeError, here
-
-    class BackendUnavailable(RuntimeError):
-        """A backend was asked for that cannot run here (its package or its device is missing)."""
-
 
 __all__ = ["BackendUnavailable", "available", "array_module", "to_device", "to_host", "TWINS"]  # and xp, special
 
@@ -219,18 +218,7 @@ def gelu_erf(x):
     return _elementwise(GELU_ERF)(x)
 
 
-# ----------------------------------------------------------------------------- the reference formulas on the device
-
-
-def softmax(x, axis: int = -1):
-    """``nn.softmax``: exp(x - max) / sum(exp(x - max)); rows that are entirely -inf give zeros."""
-    xp = array_module()
-    (x,) = _on_device(x)
-    m = xp.max(x, axis=axis, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
-    e = xp.exp(x - m)
-    s = xp.sum(e, axis=axis, keepdims=True)
-    return e / xp.where(s == 0, 1, s)
+# ----------------------------------------------------------------------------- matrix products
 
 
 def linear(x, w_oi, b_o=None):
@@ -254,8 +242,7 @@ def linear(x, w_oi, b_o=None):
     elif not hasattr(w_oi, "ndim"):
         raise TypeError(f"cupy backend: linear needs the weight as an array on the device, got {type(w_oi).__name__}")
     else:
-        x, w_oi, b_o = _on_device(x, w_oi, b_o)
-        y = x @ w_oi.T
+        return nn.linear.reference(*_on_device(x, w_oi, b_o))  # float32 or float64 weights: the formula
     if b_o is not None:
         y = y + b_o
     return y
@@ -318,74 +305,24 @@ def bf16_rows_times(x_ni, bits_oi):
     return out_no
 
 
-def rms_norm(x, w, eps: float):
-    """``nn.rms_norm``: w * x / sqrt(mean(x^2) + eps), over the last axis."""
-    xp = array_module()
-    x, w = _on_device(x, w)
-    variance = xp.mean(x * x, axis=-1, keepdims=True)
-    return w * (x / xp.sqrt(variance + x.dtype.type(eps)))
-
-
-def layer_norm(x, w, b, eps: float):
-    """``nn.layer_norm``: w * (x - mean) / sqrt(var + eps) + b, over the last axis (biased variance)."""
-    xp = array_module()
-    x, w, b = _on_device(x, w, b)
-    mean = xp.mean(x, axis=-1, keepdims=True)
-    centred = x - mean
-    variance = xp.mean(centred * centred, axis=-1, keepdims=True)
-    y = centred / xp.sqrt(variance + x.dtype.type(eps))
-    return y * w + b if b is not None else y * w
-
-
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
-    """``nn.conv1d``: out[b, o, t] = b[o] + sum_{i,k} W[o, i, k] x[b, g(o) I + i, stride t + dilation k],
-    one batched cuBLAS product per tap k, as in the reference; a depthwise conv (groups = channels, one
-    input channel each) is a multiply-add per tap instead."""
+    """``nn.conv1d``: out[b, o, t] = b[o] + sum_{i,k} W[o, i, k] x[b, g(o) I + i, stride t + dilation k].
+    A depthwise conv (groups = channels, one input channel each) is a multiply-add per tap k (the reference
+    would run a batch of 1 x 1 matrix products per tap); every other conv is the reference's formula, one
+    batched cuBLAS product per tap."""
     xp = array_module()
     x_bct, w_oik, b_o = _on_device(x_bct, w_oik, b_o)
     nn.check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
+    if not (groups == C and I == 1 and O == C):
+        return nn.conv1d.reference(x_bct, w_oik, b_o, stride, dilation, groups)
     T_out = (T - dilation * (K - 1) - 1) // stride + 1
     last = stride * (T_out - 1) + 1  # tap k reads x[..., k * dilation : k * dilation + last : stride]
-    if groups == C and I == 1 and O == C:
-        out = xp.zeros((B, O, T_out), dtype=x_bct.dtype)
-        for k in range(K):
-            out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation : k * dilation + last : stride]
-    else:
-        x_bgit = x_bct.reshape(B, groups, I, T)
-        w_goik = w_oik.reshape(groups, O // groups, I, K)
-        out_bgot = 0
-        for k in range(K):
-            out_bgot = out_bgot + xp.matmul(
-                w_goik[:, :, :, k], x_bgit[..., k * dilation : k * dilation + last : stride]
-            )
-        out = out_bgot.reshape(B, O, T_out)
-    return out + b_o[None, :, None] if b_o is not None else out
-
-
-def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
-    """``nn.conv_transpose1d``: input frame t adds W[:, :, k]^T x[:, t] to output position stride t + k;
-    (T - 1) stride + K samples out."""
-    xp = array_module()
-    x_bct, w_iok, b_o = _on_device(x_bct, w_iok, b_o)
-    B, C, T = x_bct.shape
-    I, O, K = w_iok.shape
-    out = xp.zeros((B, O, (T - 1) * stride + K), dtype=x_bct.dtype)
+    out = xp.zeros((B, O, T_out), dtype=x_bct.dtype)
     for k in range(K):
-        out[:, :, k : k + stride * (T - 1) + 1 : stride] += xp.matmul(w_iok[:, :, k].T, x_bct)
-    if b_o is not None:
-        out += b_o[None, :, None]
-    return out
-
-
-def apply_rope(x_bhtd, cos_td, sin_td):
-    """``nn.apply_rope``: x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1]."""
-    xp = array_module()
-    x_bhtd, cos_td, sin_td = _on_device(x_bhtd, cos_td, sin_td)
-    half = x_bhtd.shape[-1] // 2
-    rotated = xp.concatenate([-x_bhtd[..., half:], x_bhtd[..., :half]], axis=-1)
-    return x_bhtd * cos_td + rotated * sin_td
+        out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation : k * dilation + last : stride]
+    return out + b_o[None, :, None] if b_o is not None else out
 
 
 # ----------------------------------------------------------------------------- attention
@@ -490,21 +427,128 @@ __global__ void attention_rows(const T* q,                    // [B, H, Tq, D]
         out[row * Dv + d] = acc;
     }
 }
+
+// The keys of a row split over gridDim.y blocks: block (row, j) takes keys s0 = j * chunk <= s < s1 and
+// writes its part of the softmax: m_j (the max of its visible scores, 0 when none), l_j = sum exp(score - m_j)
+// and acc_j[d] = sum exp(score - m_j) v[s, d] (unnormalised).  attention_split_combine then forms the row.
+template <typename T>
+__global__ void attention_split_partials(const T* q, const T* k, const T* v, const long long* query_pos,
+                                         const long long* key_pos, const unsigned char* key_valid,
+                                         T* scores,                    // [B, H, Tq, S] scratch
+                                         T* part_max, T* part_sum,     // [B, H, Tq, n_splits]
+                                         T* part_out,                  // [B, H, Tq, n_splits, Dv]
+                                         int H, int G, int Tq, int S, int D, int Dv,
+                                         long long k_stride_b, long long k_stride_g,
+                                         long long v_stride_b, long long v_stride_g,
+                                         long long window, int has_key_valid, T scale, int chunk) {
+    const long long row = blockIdx.x;                         // (b * H + h) * Tq + t
+    const int split = blockIdx.y, n_splits = gridDim.y;
+    const int s0 = split * chunk, s1 = min(S, s0 + chunk);
+    const int t = (int)(row % Tq);
+    const int h = (int)((row / Tq) % H);
+    const int b = (int)(row / ((long long)Tq * H));
+    const int g = h / (H / G);
+    const T* q_row = q + row * D;
+    const T* k_bg = k + b * k_stride_b + g * k_stride_g;
+    const T* v_bg = v + b * v_stride_b + g * v_stride_g;
+    T* score_row = scores + row * S;
+    const long long p = query_pos[t];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+
+    for (int s = s0 + warp; s < s1; s += n_warps) {
+        T dot = 0;
+        for (int d = lane; d < D; d += 32) dot += q_row[d] * k_bg[(long long)s * D + d];
+        dot = warp_sum(dot);
+        const long long ks = key_pos[s];
+        const bool visible = ks <= p && (window < 0 || ks > p - window)
+                             && (!has_key_valid || key_valid[(long long)b * S + s] != 0);
+        if (lane == 0) score_row[s] = visible ? dot * scale : negative_infinity<T>();
+    }
+    __syncthreads();
+
+    T m = negative_infinity<T>();
+    for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) m = score_row[s] > m ? score_row[s] : m;
+    m = block_reduce(m, true);
+    if (!(m - m == (T)0)) m = 0;                              // no visible key in this part: l_j = 0
+    T sum = 0;
+    for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+        const T e = exp(score_row[s] - m);
+        score_row[s] = e;
+        sum += e;
+    }
+    sum = block_reduce(sum, false);
+    __syncthreads();
+
+    const long long part = row * n_splits + split;
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+        T acc = 0;
+        for (int s = s0; s < s1; ++s) acc += score_row[s] * v_bg[(long long)s * Dv + d];
+        part_out[part * Dv + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+        part_max[part] = m;
+        part_sum[part] = sum;
+    }
+}
+
+// One block per row: M = the largest m_j of the parts with a visible key (0 when none), w_j = exp(m_j - M),
+// out[d] = sum_j w_j acc_j[d] / sum_j w_j l_j (a sum of 0 taken as 1: a row that sees no key gives zeros).
+template <typename T>
+__global__ void attention_split_combine(const T* part_max, const T* part_sum, const T* part_out, T* out,
+                                        int n_splits, int Dv) {
+    const long long row = blockIdx.x;
+    const T* m_row = part_max + row * n_splits;
+    const T* l_row = part_sum + row * n_splits;
+    T M = negative_infinity<T>();
+    for (int j = 0; j < n_splits; ++j) M = (l_row[j] > (T)0 && m_row[j] > M) ? m_row[j] : M;
+    if (!(M - M == (T)0)) M = 0;
+    T total = 0;
+    for (int j = 0; j < n_splits; ++j) total += l_row[j] > (T)0 ? exp(m_row[j] - M) * l_row[j] : (T)0;
+    if (total == (T)0) total = 1;
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+        T acc = 0;
+        for (int j = 0; j < n_splits; ++j) {
+            if (l_row[j] > (T)0) acc += exp(m_row[j] - M) * part_out[(row * n_splits + j) * Dv + d];
+        }
+        out[row * Dv + d] = acc / total;
+    }
+}
 """
 ATTENTION_KERNELS = {np.dtype(np.float32): "attention_rows<float>", np.dtype(np.float64): "attention_rows<double>"}
+ATTENTION_SPLIT_KERNELS = {  # (the parts, their combination)
+    np.dtype(np.float32): ("attention_split_partials<float>", "attention_split_combine<float>"),
+    np.dtype(np.float64): ("attention_split_partials<double>", "attention_split_combine<double>"),
+}
 ATTENTION_THREADS = 128  # 4 warps per query row
 DECODE_MAX_QUERIES = 16  # up to this many queries: the row kernel; more: the cuBLAS formula
+# A decoding step has few rows (B * H * Tq: 16 for the released Talker), far fewer than the GPU's
+# multiprocessors (132 on an H100/H200): a long row's keys are split over several blocks, at least
+# ATTENTION_SPLIT_KEYS keys each, until about ATTENTION_TARGET_BLOCKS blocks run.
+ATTENTION_SPLIT_KEYS = 64
+ATTENTION_TARGET_BLOCKS = 264
+
+
+def attention_splits(rows: int, S: int) -> tuple:
+    """(blocks per row, keys per block) for ``rows`` query rows of ``S`` keys: (1, S) for short rows; else
+    enough blocks per row for about ATTENTION_TARGET_BLOCKS in all, each with at least ATTENTION_SPLIT_KEYS
+    keys and none empty."""
+    n = min(-(-S // ATTENTION_SPLIT_KEYS), max(1, -(-ATTENTION_TARGET_BLOCKS // max(rows, 1))))
+    if n <= 1:
+        return 1, S
+    chunk = -(-S // n)
+    return -(-S // chunk), chunk
 
 
 @functools.lru_cache(maxsize=1)
 def _attention_module():
-    return array_module().RawModule(code=ATTENTION_SOURCE, name_expressions=tuple(ATTENTION_KERNELS.values()))
+    names = tuple(ATTENTION_KERNELS.values()) + tuple(n for pair in ATTENTION_SPLIT_KERNELS.values() for n in pair)
+    return array_module().RawModule(code=ATTENTION_SOURCE, name_expressions=names)
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_function(dtype):
-    """The compiled ``attention_rows`` instance for ``dtype`` (compiled once, on first use)."""
-    return _attention_module().get_function(ATTENTION_KERNELS[dtype])
+def _attention_named(name: str):
+    """The compiled kernel ``name`` of ATTENTION_SOURCE (the module compiled once, on first use)."""
+    return _attention_module().get_function(name)
 
 
 def _mask_arrays(allowed: nn.AttentionMask):
@@ -519,7 +563,9 @@ def _mask_arrays(allowed: nn.AttentionMask):
 
 def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, scale: float):
     """``nn.attention`` for an ``AttentionMask``, one thread block per query row (RawModule ATTENTION_SOURCE;
-    the comment above it gives the steps).  What ``attention`` runs for a few queries against a KV cache."""
+    the comment above it gives the steps), or for long rows (``attention_splits``) several blocks per row,
+    each over a part of the keys, and a second kernel that combines their softmax parts.  What ``attention``
+    runs for a few queries against a KV cache."""
     xp = array_module()
     q_bhtd, k_bgsd, v_bgsd = _on_device(q_bhtd, k_bgsd, v_bgsd)
     dtype = q_bhtd.dtype
@@ -532,31 +578,26 @@ def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, sca
     if out_bhtd.size == 0:
         return out_bhtd
     scores = xp.empty((B, H, Tq, S), dtype=dtype)
-    kernel = _attention_function(dtype)
-    kernel(
-        (B * H * Tq,),
+    inputs = (q_bhtd, k_bgsd, v_bgsd, query_pos, key_pos, valid if valid is not None else xp.zeros(1, xp.uint8))
+    sizes = tuple(np.int32(n) for n in (H, G, Tq, S, D, Dv))
+    strides = tuple(np.int64(a.strides[axis] // a.itemsize) for a in (k_bgsd, v_bgsd) for axis in (0, 1))
+    mask = (np.int64(window), np.int32(valid is not None), dtype.type(scale))
+    rows = B * H * Tq
+    n_splits, chunk = attention_splits(rows, S)
+    if n_splits == 1:
+        _attention_named(ATTENTION_KERNELS[dtype])(
+            (rows,), (ATTENTION_THREADS,), (*inputs, scores, out_bhtd, *sizes, *strides, *mask)
+        )
+        return out_bhtd
+    partials, combine = (_attention_named(name) for name in ATTENTION_SPLIT_KERNELS[dtype])
+    part_max, part_sum = xp.empty((rows, n_splits), dtype=dtype), xp.empty((rows, n_splits), dtype=dtype)
+    part_out = xp.empty((rows, n_splits, Dv), dtype=dtype)
+    partials(
+        (rows, n_splits),
         (ATTENTION_THREADS,),
-        (
-            q_bhtd,
-            k_bgsd,
-            v_bgsd,
-            query_pos,
-            key_pos,
-            valid if valid is not None else xp.zeros(1, xp.uint8),
-            scores,
-            out_bhtd,
-            np.int32(H),
-            np.int32(G),
-            np.int32(Tq),
-            np.int32(S),
-            np.int32(D),
-            np.int32(Dv),
-            *(np.int64(a.strides[axis] // a.itemsize) for a in (k_bgsd, v_bgsd) for axis in (0, 1)),
-            np.int64(window),
-            np.int32(valid is not None),
-            dtype.type(scale),
-        ),
+        (*inputs, scores, part_max, part_sum, part_out, *sizes, *strides, *mask, np.int32(chunk)),
     )
+    combine((rows,), (ATTENTION_THREADS,), (part_max, part_sum, part_out, out_bhtd, np.int32(n_splits), np.int32(Dv)))
     return out_bhtd
 
 
@@ -588,7 +629,7 @@ def attention_formula(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
             allowed_ts = allowed if allowed.shape[-2] == 1 else allowed[..., start:stop, :]
         scores_bhts = xp.matmul(q_bhtd[:, :, start:stop], xp.swapaxes(k_bgsd, -1, -2)) * q_bhtd.dtype.type(scale)
         scores_bhts = xp.where(allowed_ts, scores_bhts, -xp.inf)
-        out_bhtd[:, :, start:stop] = xp.matmul(softmax(scores_bhts, axis=-1), v_bgsd)
+        out_bhtd[:, :, start:stop] = xp.matmul(nn.softmax.reference(scores_bhts, axis=-1), v_bgsd)
     return out_bhtd
 
 
@@ -610,12 +651,7 @@ TWINS = {
     "elu": elu,
     "silu": silu,
     "gelu_erf": gelu_erf,
-    "softmax": softmax,
     "linear": linear,
-    "rms_norm": rms_norm,
-    "layer_norm": layer_norm,
     "conv1d": conv1d,
-    "conv_transpose1d": conv_transpose1d,
-    "apply_rope": apply_rope,
     "attention": attention,
 }

@@ -21,8 +21,13 @@ Everything else (ufuncs, ``np.concatenate``, ``np.matmul``, indexing with ints, 
 other StrictArrays, views, in-place updates) runs NumPy on the wrapped arrays, so a pipeline run on this
 backend gives results EQUAL to the numpy backend, bit for bit; any implicit host round trip fails.
 
-Python and NumPy scalars mix freely with StrictArrays (CuPy accepts them).  Reductions return 0-d
-StrictArrays, as CuPy does (NumPy would return a host scalar): ``if a.all():`` is a counted sync.
+Python and NumPy scalars mix freely with StrictArrays (CuPy accepts them).  Where CuPy's results differ from
+NumPy's, the stand-in returns CuPy's:
+    reductions, ``array_equal``, ``allclose``, ``count_nonzero``   0-d StrictArrays (NumPy: host scalars), so
+                                                                 ``if np.allclose(a, b):`` is a counted sync
+    a[device_int_index] with an index out of range                wraps around (NumPy raises IndexError)
+and a keyword argument CuPy's function lacks (``np.sum(a, where=...)``, ``np.max(a, initial=...)``, a ufunc's
+``where=``) is refused (``CUPY_KEYWORDS``), as CuPy refuses it.
 """
 
 from __future__ import annotations
@@ -91,6 +96,112 @@ CUPY_FUNCTIONS = frozenset(
     may_share_memory shares_memory array_equiv searchsorted unique sliding_window_view
 """.split()
 )
+
+
+# The keyword arguments CuPy's functions take (docs.cupy.dev, each function's signature), where NumPy's take
+# more (NumPy's ``where=``, ``initial=``, ``subok=``, ``order=`` of many, ``device=`` of NumPy 2 ...).  A keyword
+# not listed for its function is refused; a function of CUPY_FUNCTIONS without an entry takes none.
+_REDUCE = "axis dtype out keepdims"
+CUPY_KEYWORDS = {
+    name: frozenset(keywords.split())
+    for name, keywords in {
+        "all": "axis out keepdims",
+        "any": "axis out keepdims",
+        "allclose": "rtol atol equal_nan",
+        "isclose": "rtol atol equal_nan",
+        "amax": "axis out keepdims",
+        "amin": "axis out keepdims",
+        "max": "axis out keepdims",
+        "min": "axis out keepdims",
+        "ptp": "axis out keepdims",
+        "sum": _REDUCE,
+        "prod": _REDUCE,
+        "mean": _REDUCE,
+        "std": _REDUCE + " ddof",
+        "var": _REDUCE + " ddof",
+        "argmax": _REDUCE,
+        "argmin": _REDUCE,
+        "cumsum": "axis dtype out",
+        "cumprod": "axis dtype out",
+        "count_nonzero": "axis",
+        "append": "axis",
+        "argpartition": "kth axis",
+        "partition": "kth axis",
+        "argsort": "axis kind",
+        "sort": "axis kind",
+        "around": "decimals out",
+        "round": "decimals out",
+        "array_equal": "equal_nan",
+        "array_split": "indices_or_sections axis",
+        "split": "indices_or_sections axis",
+        "broadcast_to": "shape",
+        "clip": "a_min a_max out",
+        "concatenate": "axis out dtype casting",
+        "stack": "axis out dtype casting",
+        "vstack": "dtype casting",
+        "hstack": "dtype casting",
+        "copy": "order",
+        "diff": "n axis prepend append",
+        "dot": "out",
+        "outer": "out",
+        "einsum": "dtype optimize casting",
+        "empty_like": "dtype order shape",
+        "zeros_like": "dtype order shape",
+        "ones_like": "dtype order shape",
+        "full_like": "fill_value dtype order shape",
+        "expand_dims": "axis",
+        "squeeze": "axis",
+        "flip": "axis",
+        "linspace": "num endpoint retstep dtype axis",
+        "moveaxis": "source destination",
+        "rollaxis": "axis start",
+        "roll": "shift axis",
+        "nan_to_num": "copy nan posinf neginf",
+        "pad": "pad_width mode constant_values",
+        "ravel": "order",
+        "repeat": "repeats axis",
+        "reshape": "order",
+        "size": "axis",
+        "swapaxes": "axis1 axis2",
+        "take": "indices axis out",
+        "take_along_axis": "indices axis",
+        "tensordot": "axes",
+        "tile": "reps",
+        "transpose": "axes",
+        "tril": "k",
+        "triu": "k",
+        "may_share_memory": "max_work",
+        "shares_memory": "max_work",
+        "searchsorted": "side sorter",
+        "unique": "return_index return_inverse return_counts axis equal_nan",
+        "sliding_window_view": "window_shape axis writeable",
+        # creation functions of the namespace
+        "zeros": "dtype order",
+        "ones": "dtype order",
+        "empty": "dtype order",
+        "full": "fill_value dtype order",
+        "arange": "start stop step dtype",
+    }.items()
+}
+CUPY_UFUNC_KEYWORDS = {  # a CuPy ufunc's keywords, per method
+    "__call__": frozenset({"out", "dtype", "casting"}),
+    "reduce": frozenset({"axis", "dtype", "out", "keepdims"}),
+    "accumulate": frozenset({"axis", "dtype", "out"}),
+    "outer": frozenset({"out", "dtype", "casting"}),
+}
+# The functions whose result CuPy returns as a 0-d device array where NumPy returns a Python scalar.
+ZERO_D_RESULTS = frozenset({"array_equal", "allclose", "count_nonzero"})
+
+
+def _check_keywords(name: str, kwargs: dict, allowed: frozenset | None = None) -> None:
+    """TypeError naming the keyword arguments of ``kwargs`` that CuPy's ``name`` does not take."""
+    allowed = CUPY_KEYWORDS.get(name, frozenset()) if allowed is None else allowed
+    refused = sorted(set(kwargs) - allowed)
+    if refused:
+        raise TypeError(
+            f"numpy.{name}: CuPy's {name} takes no keyword argument {', '.join(map(repr, refused))} "
+            "(refimpl.backends.strict_device.CUPY_KEYWORDS)"
+        )
 
 
 class StrictArray:
@@ -166,10 +277,10 @@ class StrictArray:
     # -- indexing: ints, slices, None, Ellipsis, booleans and StrictArrays; never host arrays or lists
 
     def __getitem__(self, key):
-        return _wrap(self._data[_unwrap_index(key)])
+        return _wrap(self._data[_wrapped_index(_unwrap_index(key), self.shape)])
 
     def __setitem__(self, key, value):
-        self._data[_unwrap_index(key)] = _unwrap(value, "assign")
+        self._data[_wrapped_index(_unwrap_index(key), self.shape)] = _unwrap(value, "assign")
 
     def __iter__(self):
         for i in range(len(self._data)):
@@ -180,15 +291,13 @@ class StrictArray:
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if ufunc.__name__ not in CUPY_UFUNCS:
             raise TypeError(f"numpy.{ufunc.__name__} is not a ufunc CuPy implements")
-        if method not in ("__call__", "reduce", "accumulate", "outer"):
+        if method not in CUPY_UFUNC_KEYWORDS:
             raise TypeError(f"ufunc method {method!r} is not supported on device arrays")
+        _check_keywords(f"{ufunc.__name__}.{method}", kwargs, CUPY_UFUNC_KEYWORDS[method])
         args = [_unwrap(x, f"numpy.{ufunc.__name__}") for x in inputs]
         out = kwargs.get("out")
         if out is not None:
             kwargs["out"] = tuple(_unwrap(o, f"numpy.{ufunc.__name__}(out=)") for o in out)
-        for k in ("where",):
-            if k in kwargs:
-                kwargs[k] = _unwrap(kwargs[k], f"numpy.{ufunc.__name__}({k}=)")
         result = getattr(ufunc, method)(*args, **kwargs)
         if out is not None:
             return out[0] if len(out) == 1 else out
@@ -203,7 +312,11 @@ class StrictArray:
             )
         if any(issubclass(t, np.ndarray) for t in types):
             raise TypeError(f"numpy.{name}: a device array cannot be mixed with a host numpy.ndarray")
-        return _wrap(func(*_unwrap_tree(args, f"numpy.{name}"), **_unwrap_tree(kwargs, f"numpy.{name}")))
+        _check_keywords(name, kwargs)
+        result = func(*_unwrap_tree(args, f"numpy.{name}"), **_unwrap_tree(kwargs, f"numpy.{name}"))
+        if name in ZERO_D_RESULTS and isinstance(result, _SCALARS):
+            return StrictArray(np.asarray(result))  # CuPy: a 0-d device array, not a host scalar
+        return _wrap(result)
 
     # -- methods (each one CuPy's ndarray has)
 
@@ -232,8 +345,14 @@ class StrictArray:
         self._data.fill(_unwrap(value, "fill"))
 
 
+_METHOD_KEYWORDS = {"clip": frozenset({"min", "max", "out"}), "flatten": frozenset({"order"})}  # else the function's
+
+
 def _reduction(name):
+    allowed = _METHOD_KEYWORDS.get(name, CUPY_KEYWORDS.get(name, frozenset()))
+
     def method(self, *args, **kwargs):
+        _check_keywords(f"ndarray.{name}", kwargs, allowed)
         return _wrap(getattr(self._data, name)(*_unwrap_tree(args, name), **_unwrap_tree(kwargs, name)))
 
     method.__name__ = name
@@ -291,6 +410,8 @@ for _op, _uf in (
     ("and", np.bitwise_and),
     ("or", np.bitwise_or),
     ("xor", np.bitwise_xor),
+    ("lshift", np.left_shift),
+    ("rshift", np.right_shift),
 ):
     setattr(StrictArray, f"__{_op}__", _binary(_uf))
     setattr(StrictArray, f"__r{_op}__", _binary(_uf, reflected=True))
@@ -366,6 +487,33 @@ def _unwrap_index(key):
     )
 
 
+def _wrapped_index(key, shape):
+    """``key`` (unwrapped) with every integer index array taken modulo the length of the axis it indexes:
+    CuPy wraps out-of-range integer array indices around where NumPy raises IndexError.  Python ints, slices,
+    None, Ellipsis and boolean masks are left as they are (CuPy checks scalar indices as NumPy does)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    if not any(isinstance(k, np.ndarray) and k.dtype.kind in "iu" for k in parts):
+        return key
+
+    def width(k):  # the axes of the array an index component consumes
+        if k is None:
+            return 0
+        if isinstance(k, np.ndarray) and k.dtype == bool:
+            return k.ndim
+        return 1
+
+    n_ellipsis = len(shape) - sum(width(k) for k in parts if k is not Ellipsis)
+    axis, wrapped = 0, []
+    for k in parts:
+        if k is Ellipsis:
+            axis += n_ellipsis
+        elif isinstance(k, np.ndarray) and k.dtype.kind in "iu" and shape[axis] > 0:
+            k = np.mod(k, shape[axis])
+        wrapped.append(k)
+        axis += 0 if k is Ellipsis else width(k)
+    return tuple(wrapped) if isinstance(key, tuple) else wrapped[0]
+
+
 # ----------------------------------------------------------------------------- transfers
 
 
@@ -389,6 +537,7 @@ def to_host(device_array) -> np.ndarray:
 
 def _creation(func):
     def create(*args, **kwargs):
+        _check_keywords(func.__name__, kwargs)
         return StrictArray(func(*_unwrap_tree(args, func.__name__), **_unwrap_tree(kwargs, func.__name__)))
 
     create.__name__ = func.__name__

@@ -300,10 +300,20 @@ class Talker:
         key_valid_bs = np.asarray(key_valid_bs, dtype=bool)
         if key_valid_bs.shape != (B, S):
             raise ValueError(f"key_valid must be [B, cache length + T] = {(B, S)}, got {key_valid_bs.shape}")
-        # causal over cache indices (not rotary positions, which restart after left padding); padding unseen
-        mask = nn.AttentionMask(nn.arange(start, S), nn.arange(S), key_valid_bs=nn.to_device(key_valid_bs))
+        # causal over cache indices (not rotary positions, which restart after left padding); padding unseen.
+        # Without padding (every key valid: one prompt, or prompts of one length) there is no key_valid to
+        # upload per step nor to test per key: the same visible keys.
+        unpadded = bool(key_valid_bs.all())
+        key_valid = None if unpadded else nn.to_device(key_valid_bs)
+        mask = nn.AttentionMask(nn.arange(start, S), nn.arange(S), key_valid_bs=key_valid)
         record = as_recorder(trace)
-        record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope=True)
+        if record.enabled and unpadded:  # the trace's dense mask keeps its [B, 1, T, S] form
+            traced = nn.AttentionMask(
+                mask.query_positions_t, mask.key_positions_s, key_valid_bs=nn.to_device(key_valid_bs)
+            )
+            record_rope_and_mask(record, cos_btd, sin_btd, traced, mrope=True)
+        else:
+            record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope=True)
         h = transformer_stack(self.layers, QWEN3, c, x, cos_btd, sin_btd, mask, caches, c.rms_norm_eps, record)
         h = nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
         record("norm", h)

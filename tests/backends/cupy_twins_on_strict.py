@@ -21,9 +21,7 @@ def pytest_configure(config):
 
     from refimpl.backends import strict_device
 
-    CALLS["calls"] = put_these_twins_on_the_strict_stand_in(
-        setattr, lambda mapping, key, value: mapping.__setitem__(key, value), strict_device
-    )
+    CALLS["calls"] = put_these_twins_on_the_strict_stand_in(setattr, strict_device)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -95,7 +95,10 @@ def test_bf16_module_compiles(tmp_path):
 @needs_nvcc
 def test_attention_module_compiles_for_both_dtypes(tmp_path):
     # taking the address of each instance makes nvcc compile it, as CuPy's name_expressions make NVRTC do
-    keep = ", ".join(f"(void*)&{name}" for name in cupy_cuda.ATTENTION_KERNELS.values())
+    names = list(cupy_cuda.ATTENTION_KERNELS.values()) + [
+        n for pair in cupy_cuda.ATTENTION_SPLIT_KERNELS.values() for n in pair
+    ]
+    keep = ", ".join(f"(void*)&{name}" for name in names)
     nvcc_compile(tmp_path, "attention", cupy_cuda.ATTENTION_SOURCE + f"\nvoid* kernels_to_compile[] = {{{keep}}};\n")
 
 
@@ -193,24 +196,98 @@ def emulate_attention_rows(grid, block, args):
             out[row * Dv + d] = acc
 
 
+def emulate_attention_split_partials(grid, block, args):
+    """ATTENTION_SOURCE's ``attention_split_partials`` replayed in NumPy: block (row, j) over keys
+    j * chunk <= s < min(S, (j + 1) * chunk), the same index arithmetic and warp order as the row kernel."""
+    (q, k, v, query_pos, key_pos, key_valid, scores, part_max, part_sum, part_out) = args[:10]
+    H, G, Tq, S, D, Dv, ksb, ksg, vsb, vsg, window, has_key_valid = map(int, args[10:22])
+    scale, chunk = args[22], int(args[23])
+    q, key_valid, scores = (a.reshape(-1) for a in (q, key_valid, scores))
+    part_max, part_sum, part_out = (a.reshape(-1) for a in (part_max, part_sum, part_out))
+    k, v = device_memory_from(k), device_memory_from(v)
+    T = q.dtype.type
+    n_warps, n_splits = block[0] // 32, grid[1]
+    for row in range(grid[0]):
+        t, h, b = row % Tq, (row // Tq) % H, row // (Tq * H)
+        g = h // (H // G)
+        q_row, k_bg, v_bg, score_row = row * D, b * ksb + g * ksg, b * vsb + g * vsg, row * S
+        p = query_pos[t]
+        for split in range(n_splits):
+            s0, s1 = split * chunk, min(S, split * chunk + chunk)
+            for warp in range(n_warps):
+                for s in range(s0 + warp, s1, n_warps):
+                    lanes = np.zeros(32, dtype=q.dtype)
+                    for lane in range(32):
+                        for d in range(lane, D, 32):
+                            lanes[lane] += q[q_row + d] * k[k_bg + s * D + d]
+                    ks = key_pos[s]
+                    visible = (
+                        ks <= p and (window < 0 or ks > p - window) and (not has_key_valid or key_valid[b * S + s] != 0)
+                    )
+                    scores[score_row + s] = warp_sum(lanes)[0] * scale if visible else T(-np.inf)
+            m = max((scores[score_row + s] for s in range(s0, s1)), default=T(-np.inf))
+            with np.errstate(invalid="ignore"):
+                m = m if m - m == 0 else T(0)
+            total = T(0)
+            for s in range(s0, s1):
+                scores[score_row + s] = np.exp(scores[score_row + s] - m)
+                total += scores[score_row + s]
+            part = row * n_splits + split
+            for d in range(Dv):
+                acc = T(0)
+                for s in range(s0, s1):
+                    acc += scores[score_row + s] * v[v_bg + s * Dv + d]
+                part_out[part * Dv + d] = acc
+            part_max[part], part_sum[part] = m, total
+
+
+def emulate_attention_split_combine(grid, block, args):
+    """ATTENTION_SOURCE's ``attention_split_combine`` replayed in NumPy, one row after another."""
+    part_max, part_sum, part_out, out = (a.reshape(-1) for a in args[:4])
+    n_splits, Dv = int(args[4]), int(args[5])
+    T = out.dtype.type
+    for row in range(grid[0]):
+        m_row, l_row = part_max[row * n_splits : (row + 1) * n_splits], part_sum[row * n_splits : (row + 1) * n_splits]
+        M = max((m for m, l in zip(m_row, l_row) if l > 0), default=T(-np.inf))
+        with np.errstate(invalid="ignore"):
+            M = M if M - M == 0 else T(0)
+        total = T(0)
+        for j in range(n_splits):
+            total += np.exp(m_row[j] - M) * l_row[j] if l_row[j] > 0 else T(0)
+        total = total if total != 0 else T(1)
+        for d in range(Dv):
+            acc = T(0)
+            for j in range(n_splits):
+                if l_row[j] > 0:
+                    acc += np.exp(m_row[j] - M) * part_out[(row * n_splits + j) * Dv + d]
+            out[row * Dv + d] = acc / total
+
+
+def kernel_emulations(unwrap=lambda emulation: emulation) -> dict:
+    """{kernel name of ATTENTION_SOURCE / BF16_SOURCE: its NumPy replay} (``unwrap`` adapts the launch)."""
+    emulations = {name: emulate_attention_rows for name in cupy_cuda.ATTENTION_KERNELS.values()}
+    for partials, combine in cupy_cuda.ATTENTION_SPLIT_KERNELS.values():
+        emulations[partials], emulations[combine] = emulate_attention_split_partials, emulate_attention_split_combine
+    emulations["bf16_rows_times"] = emulate_bf16_rows_times
+    return {name: unwrap(emulation) for name, emulation in emulations.items()}
+
+
 def emulate_bf16_rows_times(grid, block, args):
-    """BF16_SOURCE's ``bf16_rows_times`` replayed in NumPy: warp = output channel, lanes over the inputs."""
+    """BF16_SOURCE's ``bf16_rows_times`` replayed in NumPy: warp = output channel o (the grid's warps cover
+    o < grid * warps per block), lane l sums x[n, i] * widen(bits[o, i]) over i = l, l + 32, ... in that order
+    (float32), then the shuffle butterfly; every warp at once, as arrays [N, O, 32 lanes]."""
     x, bits, out, N, O, I = args
-    x, bits, out = x.reshape(-1), bits.reshape(-1), out.reshape(-1)
     N, O, I = int(N), int(O), int(I)
-    warps_per_block = block[0] // 32
-    for block_id in range(grid[0]):
-        for warp in range(warps_per_block):
-            o = block_id * warps_per_block + warp
-            if o >= O:
-                continue
-            for n in range(N):
-                lanes = np.zeros(32, dtype=np.float32)
-                for lane in range(32):
-                    for i in range(lane, I, 32):
-                        word = np.uint32(bits[o * I + i]) << np.uint32(16)
-                        lanes[lane] += x[n * I + i] * np.array(word, dtype=np.uint32).view(np.float32)
-                out[n * O + o] = warp_sum(lanes)[0]
+    x_ni = x.reshape(-1)[: N * I].reshape(N, I)
+    w_oi = (bits.reshape(-1)[: O * I].astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(O, I)
+    covered = min(O, grid[0] * (block[0] // 32))  # the warps launched
+    lanes_no32 = np.zeros((N, covered, 32), dtype=np.float32)
+    for start in range(0, I, 32):  # the loop "for (i = lane; i < I; i += 32)", all lanes side by side
+        stop = min(I, start + 32)
+        lanes_no32[:, :, : stop - start] += x_ni[:, None, start:stop] * w_oi[None, :covered, start:stop]
+    for offset in (16, 8, 4, 2, 1):  # warp_sum's butterfly: every lane ends with the sum
+        lanes_no32 = lanes_no32 + lanes_no32[..., np.arange(32) ^ offset]
+    out.reshape(N, O)[:, :covered] = lanes_no32[..., 0]
 
 
 @pytest.fixture
@@ -219,12 +296,8 @@ def numpy_as_xp(monkeypatch):
     kernels replaced by their emulations."""
     monkeypatch.setattr(cupy_cuda, "array_module", lambda: np)
     monkeypatch.setattr(cupy_cuda, "_is_host", lambda array: False)
-    emulations = {
-        "attention_rows<float>": emulate_attention_rows,
-        "attention_rows<double>": emulate_attention_rows,
-        "bf16_rows_times": emulate_bf16_rows_times,
-    }
-    monkeypatch.setattr(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    emulations = kernel_emulations()
+    monkeypatch.setattr(cupy_cuda, "_attention_named", emulations.__getitem__)
     monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
     return cupy_cuda
 
@@ -260,10 +333,15 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("split_keys", [None, 3], ids=["one block per row", "keys split over blocks"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", CASES)
-def test_attention_kernel_equals_the_reference(numpy_as_xp, case, dtype):
+def test_attention_kernel_equals_the_reference(numpy_as_xp, monkeypatch, case, dtype, split_keys):
+    if split_keys:  # parts of 3 keys: several blocks per row, parts with no visible key among them
+        monkeypatch.setattr(cupy_cuda, "ATTENTION_SPLIT_KEYS", split_keys)
     q, k, v, mask = attention_case(len(case), dtype, **CASES[case])
+    S = k.shape[2]
+    assert (cupy_cuda.attention_splits(q.shape[0] * q.shape[1] * q.shape[2], S)[0] > 1) == bool(split_keys)
     ref = nn.attention.reference(q, k, v, mask, scale=0.125)
     got = numpy_as_xp.attention_rows_kernel(q, k, v, mask, 0.125)
     assert got.shape == ref.shape and got.dtype == ref.dtype
@@ -294,20 +372,8 @@ def test_attention_refuses_heads_that_do_not_share(numpy_as_xp):
 def test_formula_twins_equal_the_reference_with_numpy_as_xp(numpy_as_xp, dtype):
     rng = np.random.default_rng(3)
     r = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
-    x_btc, w, b = r(2, 5, 8), r(8), r(8)
-    cases = {
-        "softmax": (np.where(r(3, 6) > 1, -np.inf, r(3, 6)).astype(dtype),),
-        "linear": (x_btc, r(6, 8), r(6)),
-        "rms_norm": (x_btc, w, 1e-6),
-        "layer_norm": (x_btc, w, b, 1e-5),
-        "apply_rope": (r(2, 3, 5, 8),) + nn.rope_cos_sin(np.arange(5), 8, 10000.0, dtype),
-        "conv_transpose1d": (r(2, 4, 7), r(4, 3, 5), r(3), 2),
-    }
-    for name, args in cases.items():
-        np.testing.assert_array_equal(
-            getattr(numpy_as_xp, name)(*args), getattr(nn, name).reference(*args), err_msg=name
-        )
-    assert np.all(numpy_as_xp.softmax(np.full((2, 3), -np.inf, dtype))[:] == 0)
+    x_btc, w_oi, b_o = r(2, 5, 8), r(6, 8), r(6)
+    np.testing.assert_array_equal(numpy_as_xp.linear(x_btc, w_oi, b_o), nn.linear.reference(x_btc, w_oi, b_o))
     for groups, (C, O, I) in {1: (4, 6, 4), 2: (4, 6, 2), 4: (4, 4, 1)}.items():  # dense, grouped, depthwise
         x, wk, bias = r(2, C, 12), r(O, I, 3), r(O)
         got = numpy_as_xp.conv1d(x, wk, bias, 2, 2, groups)
@@ -415,11 +481,11 @@ def test_importing_refimpl_and_the_backend_module_does_not_import_cupy():
 # ----------------------------------------------------------------------------- the twins inside the whole pipeline
 
 
-def put_these_twins_on_the_strict_stand_in(setattr_, setitem, strict) -> dict:
+def put_these_twins_on_the_strict_stand_in(setattr_, strict) -> dict:
     """Make the backend "strict" (``strict``: NumPy underneath, as strict as CuPy about host round trips) run
     THESE twins: CuPy replaced by the stand-in's namespace, the CUDA kernels by their NumPy replays (given the
     stand-in's underlying buffers, which they fill in place), the elementwise kernels by their formulas.
-    ``setattr_`` / ``setitem`` do the patching (monkeypatch's, or the builtins for a whole session: see
+    ``setattr_`` does the patching (monkeypatch's, or the builtin for a whole session: see
     tests/backends/cupy_twins_on_strict.py).  Returns {twin: calls}."""
     from refimpl import backends as kernels
 
@@ -428,12 +494,8 @@ def put_these_twins_on_the_strict_stand_in(setattr_, setitem, strict) -> dict:
     def launch(emulation):
         return lambda grid, block, args: emulation(grid, block, tuple(getattr(a, "_data", a) for a in args))
 
-    emulations = {
-        "attention_rows<float>": launch(emulate_attention_rows),
-        "attention_rows<double>": launch(emulate_attention_rows),
-        "bf16_rows_times": launch(emulate_bf16_rows_times),
-    }
-    setattr_(cupy_cuda, "_attention_function", lambda dtype: emulations[cupy_cuda.ATTENTION_KERNELS[dtype]])
+    emulations = kernel_emulations(launch)
+    setattr_(cupy_cuda, "_attention_named", emulations.__getitem__)
     setattr_(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
     formulas = {
         cupy_cuda.SNAKE_BETA: lambda x, alpha, inv_beta: x + inv_beta * np.sin(alpha * x) ** 2,
@@ -451,7 +513,7 @@ def put_these_twins_on_the_strict_stand_in(setattr_, setitem, strict) -> dict:
 
         return call
 
-    setitem(kernels._twins, "strict", {n: counted(n, t) for n, t in cupy_cuda.TWINS.items()})
+    setattr_(kernels.REGISTRY["strict"], "twins", {n: counted(n, t) for n, t in cupy_cuda.TWINS.items()})
     return calls
 
 
@@ -460,7 +522,7 @@ def cupy_twins_on_the_strict_stand_in(monkeypatch):
     strict = pytest.importorskip(
         "refimpl.backends.strict_device", reason="the strict stand-in of the backend layer is not in this tree"
     )
-    return put_these_twins_on_the_strict_stand_in(monkeypatch.setattr, monkeypatch.setitem, strict)
+    return put_these_twins_on_the_strict_stand_in(monkeypatch.setattr, strict)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -505,16 +567,58 @@ def test_the_pipeline_with_these_twins_on_device_arrays_equals_numpy(cupy_twins_
     np.testing.assert_array_equal(dev_codes[0], cpu_codes[0])
     np.testing.assert_allclose(dev_wavs[0], cpu_wavs[0], rtol=0, atol=tol)
     ran = {name for name, n in calls.items() if n}
-    assert ran >= {
-        "snake_beta",
-        "elu",
-        "silu",
-        "gelu_erf",
-        "linear",
-        "rms_norm",
-        "layer_norm",
-        "conv1d",
-        "conv_transpose1d",
-        "apply_rope",
-        "attention",
-    }, sorted(set(calls) - ran)
+    assert ran == set(cupy_cuda.TWINS), sorted(set(calls) - ran)  # every twin ran
+
+
+@pytest.fixture(scope="module")
+def bf16_custom_voice(tmp_path_factory):
+    """The tiny CustomVoice model with its weights stored in bfloat16, as the released checkpoints store them
+    (the talker's and code predictor's matrices then load as BF16Matrix)."""
+    import shutil
+
+    from conftest import CHECKPOINTS
+
+    from refimpl.io.checkpoint import read_safetensors_file, write_safetensors_file
+
+    source, path = CHECKPOINTS / "tiny-customvoice", tmp_path_factory.mktemp("bf16") / "tiny-customvoice-bf16"
+    shutil.copytree(source, path, ignore=lambda folder, names: ["model.safetensors"] if folder == str(source) else [])
+    weights = read_safetensors_file(source / "model.safetensors", np.float32)
+    write_safetensors_file(path / "model.safetensors", weights, "bfloat16")
+    return path
+
+
+def generate_greedy(model, frames: int = 4):
+    wavs, _, codes = model.generate_custom_voice(
+        "Half the bytes.", speaker="vivian", language="english", do_sample=False, subtalker_dosample=False,
+        max_new_tokens=frames, return_codes=True,
+    )  # fmt: skip
+    return wavs[0], codes[0]
+
+
+@pytest.mark.parametrize("twins", ["cupy twins", "reference formulas"])
+def test_bf16_words_stay_bf16_on_the_device(bf16_custom_voice, monkeypatch, twins):
+    """A bf16 checkpoint on a device backend keeps its matrices as 16-bit words on the device (half the bytes of
+    float32): with the cupy twins the bf16 kernel reads them in every generation step (replayed here), with the
+    reference formulas every use widens what it takes; greedy generation equals the host's either way."""
+    from refimpl import Qwen3TTS
+    from refimpl.backends import strict_device, use_backend
+    from refimpl.backends.bf16 import BF16Matrix
+
+    launches = []
+    if twins == "cupy twins":
+        put_these_twins_on_the_strict_stand_in(monkeypatch.setattr, strict_device)
+        replay = cupy_cuda._bf16_function()
+        monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: lambda *a: launches.append(1) or replay(*a))
+    with use_backend("numpy"):
+        cpu = Qwen3TTS.from_pretrained(bf16_custom_voice, dtype=np.float32)
+    with use_backend("strict"):
+        dev = Qwen3TTS.from_pretrained(bf16_custom_voice, dtype=np.float32)
+    for weights in (dev.talker.weights, dev.talker.code_predictor.weights):
+        kept = [w for w in weights.values() if isinstance(w, BF16Matrix)]
+        assert kept and all(isinstance(w.bits, strict_device.StrictArray) for w in kept)
+    assert isinstance(dev.talker.weights["codec_head.weight"], BF16Matrix)
+    dev_wav, dev_codes = generate_greedy(dev)
+    cpu_wav, cpu_codes = generate_greedy(cpu)
+    np.testing.assert_array_equal(dev_codes, cpu_codes)
+    np.testing.assert_allclose(dev_wav, cpu_wav, rtol=0, atol=2e-5)
+    assert bool(launches) == (twins == "cupy twins")

@@ -291,8 +291,7 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
             cos, sin = nn.rope_cos_sin(pos, D, 10000.0, np.float32)
             mask = nn.AttentionMask(pos, nn.arange(stop))
             record = Recorder({}) if path == "layer by layer" else Recorder(None)
-            numba_cpu.TWINS  # noqa: B018  (the table the registry reads)
-            table = kernels._twin_table("numba")
+            table = kernels.REGISTRY["numba"].twins  # the table the registry reads (numba_cpu.TWINS)
             table["decoder_layer_step"] = counting
             try:
                 with kernels.use_backend("numba"):
@@ -347,7 +346,7 @@ def _calls(monkeypatch):
     """Record which implementation of conv1d runs."""
     seen = []
     monkeypatch.setitem(
-        kernels._twin_table("numba"), "conv1d", lambda *a, **k: seen.append("twin") or numba_cpu.conv1d(*a, **k)
+        kernels.REGISTRY["numba"].twins, "conv1d", lambda *a, **k: seen.append("twin") or numba_cpu.conv1d(*a, **k)
     )
     return seen
 
