@@ -133,6 +133,11 @@ def record_layouts(record: Recorder, layouts: list) -> None:
         record.extra(f"talker.prompt.trailing_ids.{i}", np.asarray(lay.trailing_ids, dtype=np.int64))
 
 
+def _no_vectors(layouts: list) -> tuple:
+    """(layouts, no speaker vectors, no reference codes): the prompts of a mode without a reference voice."""
+    return layouts, [None] * len(layouts), None
+
+
 class Qwen3TTS:
     """A Qwen3-TTS model (CustomVoice, VoiceDesign or Base) in NumPy."""
 
@@ -307,6 +312,21 @@ class Qwen3TTS:
             record.extra("random_draws", rng.recorded())
         return codes
 
+    def _generate(self, kwargs: dict, make_prompts) -> tuple:
+        """The body of every ``generate_*``: the call's options out of ``kwargs`` (trace, progress, forced
+        codes, sampling), the prompts from ``make_prompts(record) -> (layouts, speaker vectors, reference
+        codes)``, the codes, then the audio (``_finish``)."""
+        record = as_recorder(kwargs.pop("trace", None))
+        progress = kwargs.pop("progress", None)
+        forced = kwargs.pop("forced_codes", None)
+        settings, rng, return_codes, eos_id = self._settings(kwargs)
+        layouts, vectors, ref_codes = make_prompts(record)
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
+        codes = self.generate_codes_from_layouts(
+            layouts, vectors, settings, rng, eos_id, self.last_trace, record, progress=progress, forced_codes=forced
+        )
+        return self._finish(codes, return_codes, ref_codes, progress)
+
     def _finish(self, codes: list, return_codes: bool, ref_codes: list | None = None, progress=None):
         wavs = []
         for i, c in enumerate(codes):
@@ -328,24 +348,12 @@ class Qwen3TTS:
     def generate_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True, **kwargs):
         """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
         self._require_type("custom_voice", "generate_custom_voice")
-        record = as_recorder(kwargs.pop("trace", None))
-        progress = kwargs.pop("progress", None)
-        forced = kwargs.pop("forced_codes", None)
-        settings, rng, return_codes, eos_id = self._settings(kwargs)
-        layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
-        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
-        codes = self.generate_codes_from_layouts(
-            layouts,
-            [None] * len(layouts),
-            settings,
-            rng,
-            eos_id,
-            self.last_trace,
-            record,
-            progress=progress,
-            forced_codes=forced,
+        return self._generate(
+            kwargs,
+            lambda record: _no_vectors(
+                self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
+            ),
         )
-        return self._finish(codes, return_codes, progress=progress)
 
     @on_model_backend
     def stream_custom_voice(
@@ -398,24 +406,9 @@ class Qwen3TTS:
     def generate_voice_design(self, text, instruct, language=None, non_streaming_mode=True, **kwargs):
         """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
         self._require_type("voice_design", "generate_voice_design")
-        record = as_recorder(kwargs.pop("trace", None))
-        progress = kwargs.pop("progress", None)
-        forced = kwargs.pop("forced_codes", None)
-        settings, rng, return_codes, eos_id = self._settings(kwargs)
-        layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
-        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
-        codes = self.generate_codes_from_layouts(
-            layouts,
-            [None] * len(layouts),
-            settings,
-            rng,
-            eos_id,
-            self.last_trace,
-            record,
-            progress=progress,
-            forced_codes=forced,
+        return self._generate(
+            kwargs, lambda record: _no_vectors(self._voice_design_layouts(text, instruct, language, non_streaming_mode))
         )
-        return self._finish(codes, return_codes, progress=progress)
 
     @on_model_backend
     def stream_voice_design(
@@ -534,18 +527,12 @@ class Qwen3TTS:
         """Speech in the voice of reference audio (Base models): x-vector only, or ICL (reference text +
         reference codes continue into the new text)."""
         self._require_type("base", "generate_voice_clone")
-        record = as_recorder(kwargs.pop("trace", None))
-        progress = kwargs.pop("progress", None)
-        forced = kwargs.pop("forced_codes", None)
-        settings, rng, return_codes, eos_id = self._settings(kwargs)
-        layouts, vectors, ref_codes = self._voice_clone_layouts(
-            text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, non_streaming_mode, record
+        return self._generate(
+            kwargs,
+            lambda record: self._voice_clone_layouts(
+                text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, non_streaming_mode, record
+            ),
         )
-        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
-        codes = self.generate_codes_from_layouts(
-            layouts, vectors, settings, rng, eos_id, self.last_trace, record, progress=progress, forced_codes=forced
-        )
-        return self._finish(codes, return_codes, ref_codes, progress)
 
     @on_model_backend
     def stream_voice_clone(

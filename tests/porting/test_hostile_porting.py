@@ -292,9 +292,7 @@ def write_lines(path, *lines) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(
-    "name", ["../escaped", "/tmp/absolute", "sub/dir", "..", ".", "", "a\\b", "nul\x00", "x" * 201, 7]
-)
+@pytest.mark.parametrize("name", ["../escaped", "/absolute", "sub/dir", "..", ".", "", "a\\b", "nul\x00", "x" * 201, 7])
 def test_golden_case_names_stay_inside_the_output_directory(tmp_path, name):
     """A name becomes OUTDIR/<name>.safetensors: a folder part, '..', an absolute path (or no name) is
     refused before anything runs; nothing is written anywhere."""
@@ -303,7 +301,7 @@ def test_golden_case_names_stay_inside_the_output_directory(tmp_path, name):
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     assert main(["golden", "--cases", cases, "-o", str(tmp_path / "in" / "out"), "-q"]) == 1
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
-    assert not os.path.exists("/tmp/absolute.safetensors")
+    assert not os.path.exists("/absolute.safetensors")
 
 
 @pytest.mark.parametrize(
