@@ -370,6 +370,24 @@ template <typename T> __device__ T block_reduce(T value, bool is_max) {
     return is_max ? warp_max(value) : warp_sum(value);
 }
 
+// score_row[s] = q . k[s] * scale for the keys s0 <= s < s1 that position p sees (causal, in the window, valid),
+// -infinity for the others: one warp per key, its lanes splitting the dot product.
+template <typename T>
+__device__ void masked_scores(const T* q_row, const T* k_bg, const long long* key_pos, const unsigned char* key_valid,
+                              T* score_row, int b, int S, int D, long long p, long long window, int has_key_valid,
+                              T scale, int s0, int s1) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    for (int s = s0 + warp; s < s1; s += n_warps) {
+        T dot = 0;
+        for (int d = lane; d < D; d += 32) dot += q_row[d] * k_bg[(long long)s * D + d];
+        dot = warp_sum(dot);
+        const long long ks = key_pos[s];
+        const bool visible = ks <= p && (window < 0 || ks > p - window)
+                             && (!has_key_valid || key_valid[(long long)b * S + s] != 0);
+        if (lane == 0) score_row[s] = visible ? dot * scale : negative_infinity<T>();
+    }
+}
+
 template <typename T>
 __global__ void attention_rows(const T* q,                    // [B, H, Tq, D]
                                const T* k,                    // [B, G, S, D], rows of a (b, g) contiguous
@@ -393,17 +411,7 @@ __global__ void attention_rows(const T* q,                    // [B, H, Tq, D]
     const T* v_bg = v + b * v_stride_b + g * v_stride_g;
     T* score_row = scores + row * S;
     const long long p = query_pos[t];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-
-    for (int s = warp; s < S; s += n_warps) {
-        T dot = 0;
-        for (int d = lane; d < D; d += 32) dot += q_row[d] * k_bg[(long long)s * D + d];
-        dot = warp_sum(dot);
-        const long long ks = key_pos[s];
-        const bool visible = ks <= p && (window < 0 || ks > p - window)
-                             && (!has_key_valid || key_valid[(long long)b * S + s] != 0);
-        if (lane == 0) score_row[s] = visible ? dot * scale : negative_infinity<T>();
-    }
+    masked_scores(q_row, k_bg, key_pos, key_valid, score_row, b, S, D, p, window, has_key_valid, scale, 0, S);
     __syncthreads();
 
     T m = negative_infinity<T>();
@@ -453,17 +461,7 @@ __global__ void attention_split_partials(const T* q, const T* k, const T* v, con
     const T* v_bg = v + b * v_stride_b + g * v_stride_g;
     T* score_row = scores + row * S;
     const long long p = query_pos[t];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-
-    for (int s = s0 + warp; s < s1; s += n_warps) {
-        T dot = 0;
-        for (int d = lane; d < D; d += 32) dot += q_row[d] * k_bg[(long long)s * D + d];
-        dot = warp_sum(dot);
-        const long long ks = key_pos[s];
-        const bool visible = ks <= p && (window < 0 || ks > p - window)
-                             && (!has_key_valid || key_valid[(long long)b * S + s] != 0);
-        if (lane == 0) score_row[s] = visible ? dot * scale : negative_infinity<T>();
-    }
+    masked_scores(q_row, k_bg, key_pos, key_valid, score_row, b, S, D, p, window, has_key_valid, scale, s0, s1);
     __syncthreads();
 
     T m = negative_infinity<T>();
