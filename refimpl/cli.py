@@ -23,6 +23,7 @@ from . import __version__
 from .backends import BACKENDS, active_backend, use_backend
 from .io.files import MAX_INPUT_BYTES, load_npy_codes, read_limited, user_cache_dir, write_atomically
 from .io.hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
+from .io.validate import count
 
 # model kind a command needs -> the embedded tiny checkpoint of that kind (refimpl/data/)
 DEFAULT_MODELS = {kind: embedded_model(kind) for kind in KIND_TO_EMBEDDED}
@@ -466,21 +467,6 @@ def cmd_info(args, say: Reporter) -> int:
 
 
 # ----------------------------------------------------------------------------- argument parsing
-
-
-def count(minimum: int):
-    """An argparse type: an integer >= minimum, else a usage error naming the rule."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

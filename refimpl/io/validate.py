@@ -11,6 +11,7 @@ trace that went non-finite (``NonFiniteError``, a ``ValueError``).
 
 from __future__ import annotations
 
+import argparse
 import math
 from typing import Mapping
 
@@ -302,3 +303,19 @@ def raise_non_finite_stage(network: str, run_traced, hint: str = "") -> None:
         f"{network}: stage {stage!r} produced non-finite values (NaN or infinity): damaged "
         f"weights or extreme input{'; ' + hint if hint else ''}"
     )
+
+
+def count(minimum: int):
+    """An argparse type: an integer >= minimum, else a usage error naming the option
+    (every integer option of the command line: ``refimpl say``, ``trace``, ``golden``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse

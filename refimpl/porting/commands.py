@@ -22,6 +22,7 @@ from ..io.files import (
     read_limited,
     write_atomically,
 )
+from ..io.validate import count
 from . import trace_files
 from .compare import PRECISIONS, compare_traces, metadata_mismatches, prefix_hint, report_json
 from .name_maps import load_map
@@ -265,21 +266,6 @@ def add_trace_parser(sub, common) -> None:
             g.add_argument("--x-vector-only", action="store_true")
         s.set_defaults(func=cmd_trace)
     t.set_defaults(func=lambda args, say: usage(t))
-
-
-def count(minimum: int):
-    """An argparse type: an integer >= minimum, else a usage error naming the option (as ``refimpl say``)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def usage(parser) -> int:

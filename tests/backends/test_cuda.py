@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 from conftest import CHECKPOINTS, REPO
+from conftest import PARITY_MODULES as conftest_parity_modules
 
 from refimpl import backends as kernels
 from refimpl import nn
@@ -29,14 +30,7 @@ from refimpl.backends import cupy_cuda
 pytestmark = pytest.mark.cuda
 
 DTYPES = (np.float32, np.float64)
-PARITY_MODULES = (
-    "test_codec_decoder",
-    "test_codec_encoder",
-    "test_codec_streaming",
-    "test_speaker_encoder",
-    "test_talker",
-    "test_end_to_end",
-)
+PARITY_MODULES = tuple(sorted(conftest_parity_modules))  # the parity suite of tests/conftest.py
 PARITY_TIMEOUT_S = int(os.environ.get("REFIMPL_CUDA_PARITY_TIMEOUT", "180"))  # per module
 
 
