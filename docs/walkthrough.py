@@ -172,7 +172,10 @@ print(f"  {len(stages)} of the {stages.recorded} arrays the decoder recorded:")
 for name, value in stages.items():
     show(name, value)
 show("waveform", wav)
-assert np.array_equal(wav, tok.decode_full(codes_t16))
+untraced = tok.decode_full(codes_t16)  # nothing recorded: the numba backend runs each residual unit in one call
+err = np.max(np.abs(untraced - wav))
+print(f"    max |untraced - traced| {'<' if err < 2e-6 else '>='} 2e-6 (float32 summation order only)")
+assert err < 2e-6
 stream = tok.stream()
 streamed = np.concatenate([stream.push(codes_t16[i : i + 1]) for i in range(len(codes_t16))])
 show("streamed, one frame per push", streamed)
@@ -201,5 +204,5 @@ wavs, sr, api_codes = tts.generate_custom_voice(
 show("generate_custom_voice codes", api_codes[0])
 show("waveform", wavs[0])
 assert np.array_equal(api_codes[0], codes_t16), "codes differ from the public API"
-assert sr == 24000 and np.array_equal(wavs[0], wav), "waveform differs from the public API"
+assert sr == 24000 and np.array_equal(wavs[0], untraced), "waveform differs from the public API"
 print("    the same codes and the same samples")

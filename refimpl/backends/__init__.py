@@ -347,15 +347,20 @@ def twin_of(name: str, backend_name: str):
 
 def primitive(reference):
     """Mark a plain NumPy primitive: a call runs the twin of the same name of the backend
-    ``backend_for_call`` chooses, or the reference where that backend has no twin of it.  The plain
-    function stays reachable as ``.reference``."""
+    ``backend_for_call`` chooses, or the reference where that backend has no twin of it, or where the
+    twin returns ``NotImplemented`` (a dtype or shape it has no kernel for).  The plain function stays
+    reachable as ``.reference``."""
     name = reference.__name__
 
     @functools.wraps(reference)
     def dispatch(*args, **kwargs):
         chosen = backend_for_call(active_backend()[0], args[0] if args else None)
         twin = REGISTRY[chosen].twins.get(name)
-        return (twin or reference)(*args, **kwargs)
+        if twin is not None:
+            result = twin(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return reference(*args, **kwargs)
 
     dispatch.reference = reference
     return dispatch

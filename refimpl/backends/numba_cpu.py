@@ -21,11 +21,15 @@ here (its wake-up costs more than the 736 small products of a frame can hide; do
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import threadpoolctl
 
 from ..io.files import user_cache_dir
 
@@ -210,6 +214,178 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
     if b_o is not None:
         out += b_o[None, :, None]
     return out
+
+
+# ----------------------------------------------------------------------------- the codec decoder's residual unit
+
+UNIT_TILE = 1024  # time steps per piece of the fused residual unit: its stacked taps ([C * 7, 1024]) stay in cache
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _snake_row_into(x_t, start, bias, alpha, inv_beta, out_n):
+    """out[j] = SnakeBeta(x[start + j] + bias) where 0 <= start + j < len(x), else 0 (the causal conv's zero
+    padding, which the reference applies to SnakeBeta's output).  Whole unit-stride rows and an offset,
+    not views: Numba vectorises only loops over unit-stride rows."""
+    T, N = x_t.shape[0], out_n.shape[0]
+    j0, j1 = min(max(-start, 0), N), max(min(T - start, N), 0)  # x exists for j0 <= j < j1
+    out_n[:j0] = 0.0
+    for j in range(j0, j1):  # (no branch inside: the loop vectorises)
+        y = x_t[start + j] + bias
+        s = _sin_up_to_sign(alpha * y)
+        out_n[j] = y + inv_beta * (s * s)
+    out_n[max(j1, j0) :] = 0.0
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _snake_rows_into(x_ct, bias_c, alpha_c, inv_beta_c, out_ct):
+    """out[c] = SnakeBeta(x[c] + bias[c]) (``_snake_row_into`` of every row)."""
+    for c in range(x_ct.shape[0]):
+        _snake_row_into(x_ct[c], 0, bias_c[c], alpha_c[c], inv_beta_c[c], out_ct[c])
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _snake_taps_into(x_ct, start, alpha_c, inv_beta_c, dilation, row_s, cols_ckn):
+    """cols[c, k, j] = SnakeBeta(x[c, start + k * dilation + j]) (0 outside x): one row of SnakeBeta at a
+    time into ``row_s`` (N + (K - 1) * dilation samples, in the first-level cache), then its K taps copied
+    from it ("im2col" with the activation on the way)."""
+    C, K, N = cols_ckn.shape
+    for c in range(C):
+        _snake_row_into(x_ct[c], start, np.float32(0.0), alpha_c[c], inv_beta_c[c], row_s)
+        for k in range(K):
+            cols_ckn[c, k, :] = row_s[k * dilation : k * dilation + N]
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _add_bias_and_residual(h_cn, bias_c, x_ct, start, out_ct):
+    """out[c, start + j] = (h[c, j] + bias[c]) + x[c, start + j] (the reference's order: bias, then residual)."""
+    C, N = h_cn.shape
+    for c in range(C):
+        bias = bias_c[c]
+        for j in range(N):
+            out_ct[c, start + j] = (h_cn[c, j] + bias) + x_ct[c, start + j]
+
+
+def _snake_params(log_alpha_c, log_beta_c):
+    """(alpha, 1 / (beta + 1e-9)) in float32, as ``snake_beta`` computes them."""
+    alpha_c = np.exp(log_alpha_c).astype(np.float32)
+    return alpha_c, (1.0 / (np.exp(log_beta_c) + np.float32(1e-9))).astype(np.float32)
+
+
+def residual_unit_offline(
+    x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation
+):
+    """``codec.decoder.residual_unit_offline`` (float32, C -> C channels) over pieces of ``UNIT_TILE`` time
+    steps, each carried through the whole unit by one thread while it is in that core's cache: SnakeBeta of
+    the piece and its 6 * dilation samples of left context (zeros before the start), its 7 taps stacked, one
+    matrix product for the k7 conv, bias + SnakeBeta, one for the k1 conv, bias + residual into the output.
+    Nothing of the signal's length is allocated but the output (the reference makes five such arrays)."""
+    if x_bct.dtype != np.float32 or w1_oik.shape[0] != w1_oik.shape[1] or w2_oi1.shape[-1] != 1:
+        return NotImplemented  # (float64: the reference runs)
+    x_bct = np.ascontiguousarray(x_bct)
+    B, C, T = x_bct.shape
+    K = w1_oik.shape[-1]
+    left = (K - 1) * dilation
+    alpha1, inv_beta1 = _snake_params(log_alpha1_c, log_beta1_c)
+    alpha2, inv_beta2 = _snake_params(log_alpha2_c, log_beta2_c)
+    w1_m = np.ascontiguousarray(w1_oik.reshape(C, C * K))  # column i * K + k: the order of the stacked taps
+    w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
+    out_bct = np.empty_like(x_bct)
+
+    def piece(b, t0):
+        n = min(UNIT_TILE, T - t0)
+        cols_ckn = np.empty((C, K, n), np.float32)  # SnakeBeta_1 of the K taps side by side ("im2col")
+        _snake_taps_into(x_bct[b], t0 - left, alpha1, inv_beta1, dilation, np.empty(left + n, np.float32), cols_ckn)
+        h_cn = w1_m @ cols_ckn.reshape(C * K, n)
+        g_cn = np.empty_like(h_cn)
+        _snake_rows_into(h_cn, b1_o, alpha2, inv_beta2, g_cn)
+        _add_bias_and_residual(w2_m @ g_cn, b2_o, x_bct[b], t0, out_bct[b])
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_TILE)])
+    return out_bct
+
+
+# ----------------------------------------------------------------------------- transposed convolution by phases
+
+TRANSPOSED_PIECE_BYTES = 4 << 20  # the products of one piece of ``conv_transpose1d`` ([O * K, frames] float32)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_ot):
+    """out[o, stride * t + p] = bias[o] + sum_j z[o, p + j * stride, t - j - first] for output frames
+    t0 <= t < t0 + n, phases p < stride and j < K / stride, over the input frames z holds (frames
+    first .. first + F - 1; the others are zeros): the taps' products added where they land."""
+    O, K, F = z_okf.shape
+    J = K // stride
+    for o in range(O):
+        bias = bias_o[o]
+        for t in range(t0, t0 + n):
+            for p in range(stride):
+                acc = np.float32(0.0)
+                for j in range(J):
+                    f = t - j - first
+                    if 0 <= f < F:
+                        acc += z_okf[o, p + j * stride, f]
+                out_ot[o, stride * t + p] = acc + bias
+
+
+def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
+    """``nn.conv_transpose1d`` for K = J * stride taps (the codec's K = 2 * stride): a piece of output
+    frames t0 .. t0 + n - 1 (stride samples each) takes the products of every tap with input frames
+    t0 - J + 1 .. t0 + n - 1 in ONE matrix product, the weight as stored read transposed, W^T [O * K, I],
+    times x [I, frames], and adds each where it lands (``_overlap_add_into``).  The pieces' outputs are disjoint
+    (the J - 1 frames before a piece are multiplied again), so they run side by side (``run_pieces``)."""
+    B, C, T = x_bct.shape
+    I, O, K = w_iok.shape
+    if x_bct.dtype != np.float32 or K % stride or C != I:
+        return NotImplemented
+    J = K // stride
+    x_bct = np.ascontiguousarray(x_bct)
+    w_t = np.ascontiguousarray(w_iok).reshape(I, O * K).T  # a view: BLAS reads it transposed
+    bias_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o, dtype=np.float32)
+    frames = T + J - 1  # output frames: (T - 1) * stride + K samples
+    n_piece = max(16, TRANSPOSED_PIECE_BYTES // (4 * O * K))
+    out_bot = np.empty((B, O, frames * stride), np.float32)
+
+    def piece(b, t0):
+        n = min(n_piece, frames - t0)
+        first, last = max(t0 - J + 1, 0), min(t0 + n, T)  # the input frames this piece reads
+        z_okf = (w_t @ x_bct[b, :, first:last]).reshape(O, K, last - first)
+        _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_bot[b])
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, frames, n_piece)])
+    return out_bot
+
+
+# ----------------------------------------------------------------------------- pieces on the BLAS threads
+
+
+@functools.cache
+def _blas_controller():
+    """threadpoolctl's handle on the BLAS libraries loaded in this process (NumPy's and SciPy's)."""
+    return threadpoolctl.ThreadpoolController().select(user_api="blas")
+
+
+@functools.cache
+def _piece_workers(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(n, thread_name_prefix="refimpl-piece")
+
+
+def run_pieces(piece, pieces: list) -> None:
+    """``piece(*p)`` for every ``p`` in ``pieces`` (independent pieces of work writing disjoint outputs), on
+    as many Python threads as BLAS has, BLAS running one thread per call meanwhile: its threads are lent to
+    the pieces, so that each piece is one core's from its input to its output (the Numba kernels release the
+    GIL), the elementwise work between the matrix products runs on every core too, and no thread spins
+    waiting for another (Numba's parallel loops between BLAS calls did: see ``_snake_beta_f32``).  Each
+    piece computes the same bits whichever thread runs it."""
+    controllers = _blas_controller()
+    n_threads = min([lib.num_threads for lib in controllers.lib_controllers] or [1])
+    if n_threads <= 1 or len(pieces) < 2 or threading.current_thread().name.startswith("refimpl-piece"):
+        for p in pieces:
+            piece(*p)
+        return
+    with controllers.limit(limits=1):
+        for f in [_piece_workers(n_threads).submit(piece, *p) for p in pieces]:
+            f.result()
 
 
 # ----------------------------------------------------------------------------- bfloat16 weights
@@ -598,4 +774,6 @@ TWINS = {
     "linear": linear,
     "linears": linears,
     "decoder_layer_step": decoder_layer_step,
+    "residual_unit_offline": residual_unit_offline,
+    "conv_transpose1d": conv_transpose1d,
 }

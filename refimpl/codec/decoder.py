@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import nn
+from ..backends import primitive
 from ..io.checkpoint import WeightSpec, WeightView
 from ..io.config import config_from_dict
 from ..io.validate import check_decoder_config
@@ -340,8 +341,30 @@ def upsample_stage(u: WeightView, ratio: int, x_bct, state: ConvStates, record: 
     return x_bct
 
 
+@primitive
+def residual_unit_offline(
+    x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation
+):
+    """x + conv_k1(SnakeBeta_2(causal_conv_k7_dilated(SnakeBeta_1(x)))), offline (the causal conv's left
+    padding is zeros) and nothing recorded: ``residual_unit``'s formula on plain arrays, the reference of
+    the fused twin in ``refimpl/backends/numba_cpu.py`` (which runs it over cache-sized pieces of time)."""
+    h_bct = nn.snake_beta(x_bct, log_alpha1_c, log_beta1_c)
+    h_bct = nn.causal_conv1d(h_bct, w1_oik, b1_o, dilation=dilation)
+    h_bct = nn.snake_beta(h_bct, log_alpha2_c, log_beta2_c)
+    h_bct = nn.causal_conv1d(h_bct, w2_oi1, b2_o)
+    return x_bct + h_bct
+
+
 def residual_unit(u: WeightView, dilation: int, x_bct, state: ConvStates, record: Recorder = NULL_RECORDER):
-    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))); all views scoped to the unit."""
+    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))); all views scoped to the unit.  Offline with
+    nothing recorded it is one call (``residual_unit_offline``)."""
+    if state.convs is None and not record.enabled:
+        return residual_unit_offline(
+            x_bct,
+            *(u["act1.alpha"], u["act1.beta"], u["conv1.conv.weight"], u["conv1.conv.bias"]),
+            *(u["act2.alpha"], u["act2.beta"], u["conv2.conv.weight"], u["conv2.conv.bias"]),
+            dilation,
+        )
     h = snake(u, "act1", x_bct, record)
     h = causal_conv(u.sub("conv1."), h, state.sub("conv1."), record.scope("conv1."), dilation=dilation)
     h = snake(u, "act2", h, record)

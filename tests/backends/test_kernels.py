@@ -23,6 +23,7 @@ from refimpl import backends as kernels
 from refimpl import nn, transformer
 from refimpl.backends import numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
+from refimpl.codec import decoder as codec_decoder
 
 DTYPES = (np.float32, np.float64)
 
@@ -30,9 +31,13 @@ DTYPES = (np.float32, np.float64)
 def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     import inspect
 
-    assert set(numba_cpu.TWINS) == {"conv1d", "snake_beta", "elu", "linear", "linears", "decoder_layer_step"}
+    assert set(numba_cpu.TWINS) == {
+        *("conv1d", "conv_transpose1d", "snake_beta", "elu", "linear", "linears"),
+        *("decoder_layer_step", "residual_unit_offline"),
+    }
     for name, twin in numba_cpu.TWINS.items():
-        reference = getattr(nn, name, None) or getattr(transformer, name)  # decoder_layer_step: a transformer one
+        # decoder_layer_step is a transformer primitive, residual_unit_offline the codec decoder's
+        reference = getattr(nn, name, None) or getattr(transformer, name, None) or getattr(codec_decoder, name)
         reference = reference.reference
         assert inspect.signature(twin) == inspect.signature(reference), name
 
@@ -79,6 +84,98 @@ def test_conv1d_twin_equals_reference(case):
     )
     tol = 2 * n * np.finfo(x.dtype).eps * (abs_sum + (np.abs(b)[None, :, None] if b is not None else 0))
     assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from(DTYPES),
+    st.integers(1, 2),  # batch
+    st.integers(1, 9),  # in channels
+    st.integers(1, 6),  # out channels
+    st.integers(1, 5),  # stride
+    st.integers(1, 3),  # taps per phase (K = J * stride; K = 2 * stride in the codec)
+    st.integers(1, 40),  # input frames
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_conv_transpose1d_twin_equals_reference(dtype, B, I, O, stride, J, T, with_bias, seed):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "TRANSPOSED_PIECE_BYTES", 4 * O * stride * J * 16)  # pieces of 16 frames
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((B, I, T)).astype(dtype)
+        w = rng.standard_normal((I, O, J * stride)).astype(dtype)
+        b = rng.standard_normal(O).astype(dtype) if with_bias else None
+        ref = nn.conv_transpose1d.reference(x, w, b, stride)
+        got = numba_cpu.conv_transpose1d(x, w, b, stride)
+        if dtype != np.float32:
+            assert got is NotImplemented  # the reference runs (below, through the explicit backend)
+            with kernels.use_backend("numba"):
+                assert np.array_equal(nn.conv_transpose1d(x, w, b, stride), ref)
+            return
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        abs_sum = nn.conv_transpose1d.reference(
+            np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), None, stride
+        )
+        tol = 2 * I * J * np.finfo(dtype).eps * (abs_sum + (np.abs(b)[None, :, None] if b is not None else 0))
+        assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
+
+
+def test_conv_transpose1d_twin_leaves_other_tap_counts_to_the_reference():
+    x, w = np.ones((1, 2, 5), np.float32), np.ones((2, 3, 5), np.float32)  # K = 5 with stride 2
+    assert numba_cpu.conv_transpose1d(x, w, None, 2) is NotImplemented
+    assert np.array_equal(nn.conv_transpose1d(x, w, None, 2), nn.conv_transpose1d.reference(x, w, None, 2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 12),
+    st.integers(1, 60),
+    st.sampled_from((1, 3, 9)),
+    st.integers(1, 25),
+    st.integers(0, 2**31),
+)
+def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, seed):
+    """The fused unit against its reference (run on the plain formulas), pieces of ``tile`` steps so that
+    the left context crosses piece boundaries: within 4 times the float32 reference's own distance from
+    the float64 result, and equal in what it refuses."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "UNIT_TILE", tile)
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((B, C, T)).astype(np.float32)
+        args = (
+            *(
+                rng.standard_normal(C) * 0.5,
+                rng.standard_normal(C) * 0.5,
+                rng.standard_normal((C, C, 7)) / np.sqrt(7 * C),
+            ),
+            *(rng.standard_normal(C) * 0.1, rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5),
+            *(rng.standard_normal((C, C, 1)) / np.sqrt(C), rng.standard_normal(C) * 0.1),
+        )
+        args32 = [a.astype(np.float32) for a in args]
+        with kernels.use_backend("numpy"):
+            ref = codec_decoder.residual_unit_offline(x, *args32, dilation)
+            exact = codec_decoder.residual_unit_offline(x.astype(np.float64), *args, dilation)
+        got = numba_cpu.residual_unit_offline(x, *args32, dilation)
+        assert got.shape == ref.shape and got.dtype == np.float32
+        assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+        assert numba_cpu.residual_unit_offline(x.astype(np.float64), *args, dilation) is NotImplemented
+
+
+def test_pieces_run_side_by_side_and_their_errors_reach_the_caller():
+    seen = set()
+
+    def piece(i):
+        seen.add(i)
+        if i == 7:
+            raise ValueError("piece 7")
+
+    with pytest.raises(ValueError, match="piece 7"):
+        numba_cpu.run_pieces(piece, [(i,) for i in range(10)])
+    assert 7 in seen
+    seen.clear()
+    numba_cpu.run_pieces(lambda i: seen.add(i), [(i,) for i in range(10)])
+    assert seen == set(range(10))
 
 
 def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
