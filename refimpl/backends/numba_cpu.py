@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import tempfile
 import threading
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import scipy.special
 import threadpoolctl
 
 from ..io.files import user_cache_dir
@@ -124,18 +126,51 @@ _discard_damaged_cache()
 # fused; nothing else (no "fast" NaN/inf assumptions)
 FASTMATH = {"reassoc", "contract"}
 
-IM2COL_MAX_ROWS = 64  # conv1d stacks its taps when in_channels * kernel_size is at most this
+
+ELU_PIECE = 1 << 18  # samples per piece of ``elu`` (a megabyte of float32)
 
 
 def elu(x, alpha: float = 1.0):
-    """``nn.elu`` with one temporary: max(x, 0) + alpha * expm1(min(x, 0)) (one term is always 0)."""
+    """``nn.elu`` as max(x, 0) + alpha * expm1(min(x, 0)) (one term is always 0: the same bits), in pieces
+    of ``ELU_PIECE`` samples side by side (``run_pieces``; NumPy's ufuncs release the GIL), each piece's
+    four passes in the cache."""
+    x = np.ascontiguousarray(x)
+    flat, out = x.reshape(-1), np.empty(x.shape, x.dtype)
+    out_flat, a = out.reshape(-1), x.dtype.type(alpha)
+
+    def piece(i0):
+        _elu_into(flat[i0 : i0 + ELU_PIECE], a, out_flat[i0 : i0 + ELU_PIECE])
+
+    run_pieces(piece, [(i0,) for i0 in range(0, flat.size, ELU_PIECE)])
+    return out
+
+
+def _elu_into(x, alpha, out) -> None:
+    """out = max(x, 0) + alpha * expm1(min(x, 0)) (``out`` may be ``x``)."""
     negative = np.minimum(x, 0)
     np.expm1(negative, out=negative)
     if alpha != 1.0:
-        negative *= x.dtype.type(alpha)
-    positive = np.maximum(x, 0)
-    positive += negative
-    return positive
+        negative *= alpha
+    np.maximum(x, 0, out=out)
+    out += negative
+
+
+def gelu_erf(x):
+    """``nn.gelu_erf``, 0.5 * x * (1 + erf(x / sqrt(2))), in pieces of ``ELU_PIECE`` samples side by side
+    (``run_pieces``; SciPy's erf, one value at a time, is most of the time of the codec's GELU MLPs), each
+    piece the reference's operations in its order (the same bits)."""
+    x = np.ascontiguousarray(x)
+    flat, out = x.reshape(-1), np.empty(x.shape, x.dtype)
+    out_flat, scale = out.reshape(-1), x.dtype.type(1.0 / math.sqrt(2.0))
+
+    def piece(i0):
+        xs, ys = flat[i0 : i0 + ELU_PIECE], out_flat[i0 : i0 + ELU_PIECE]
+        scipy.special.erf(xs * scale, out=ys)
+        ys += 1.0
+        ys *= 0.5 * xs
+
+    run_pieces(piece, [(i0,) for i0 in range(0, flat.size, ELU_PIECE)])
+    return out
 
 
 # The Taylor coefficients of sin(r) = r - r^3/3! + r^5/5! - ... up to r^13: on |r| <= pi/2 the first
@@ -183,13 +218,33 @@ def snake_beta(x_bct, log_alpha_c, log_beta_c):
     return out_bct
 
 
+CONV_PIECE_BYTES = 2 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32)
+CONV_PIECE_MAX_ROWS = 2048  # above this many stacked taps (I * K) a piece's weight re-reads cost more than they save
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
+    """cols[i, k, j] = x[i, (t0 + j) * stride + k * dilation]: the K taps of output columns t0 .. t0 + N - 1
+    side by side ("im2col"), so that the conv of the piece is one matrix product."""
+    I, K, N = cols_ikn.shape
+    for i in range(I):
+        for k in range(K):
+            first = t0 * stride + k * dilation
+            if stride == 1:
+                cols_ikn[i, k, :] = x_ct[i, first : first + N]
+            else:
+                for j in range(N):
+                    cols_ikn[i, k, j] = x_ct[i, first + j * stride]
+
+
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
     """``nn.conv1d`` by one of three arrangements chosen by shape:
 
-    - in_channels x k small (the codec encoder's first convs, at the audio rate): the taps are stacked
-      ("im2col", [I * K, T_out]) and multiplied at once, since a product with an inner dimension of a few
-      channels is mostly memory traffic;
-    - dense: one matrix product per tap, accumulated through one reused buffer;
+    - dense, long (the codec's convs at the audio rate and the frame rates, I * K up to
+      ``CONV_PIECE_MAX_ROWS``): pieces of output columns whose taps, stacked ("im2col", [I * K, columns],
+      about ``CONV_PIECE_BYTES``), are ONE matrix product each, written into the output in place; the
+      pieces run side by side (``run_pieces``);
+    - dense otherwise: one matrix product per tap, accumulated through one reused buffer;
     - depthwise (groups = channels): a multiply-add per tap, no matrix product at all.
     Other group counts go to the reference."""
     B, C, T = x_bct.shape
@@ -197,10 +252,23 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
     nn.check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
     T_out = (T - dilation * (K - 1) - 1) // stride + 1
     end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
-    if groups == 1 and I * K <= IM2COL_MAX_ROWS:
-        taps_bikt = np.stack([x_bct[:, :, k * dilation : end(k) : stride] for k in range(K)], axis=2)
-        out = np.matmul(w_oik.reshape(O, I * K), taps_bikt.reshape(B, I * K, T_out))
-    elif groups == 1:
+    n_piece = max(64, CONV_PIECE_BYTES // (4 * I * K))
+    if groups == 1 and I * K <= CONV_PIECE_MAX_ROWS and T_out >= 2 * n_piece:
+        x_bct = np.ascontiguousarray(x_bct)
+        w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
+        out = np.empty((B, O, T_out), x_bct.dtype)
+
+        def piece(b, t0):
+            cols_ikn = np.empty((I, K, min(n_piece, T_out - t0)), x_bct.dtype)
+            _stack_taps_into(x_bct[b], t0, stride, dilation, cols_ikn)
+            out_on = out[b, :, t0 : t0 + cols_ikn.shape[-1]]
+            np.matmul(w_m, cols_ikn.reshape(I * K, -1), out=out_on)
+            if b_o is not None:
+                out_on += b_o[:, None]
+
+        run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)])
+        return out
+    if groups == 1:
         out = np.matmul(w_oik[:, :, 0], x_bct[:, :, 0 : end(0) : stride])
         product = np.empty_like(out)  # reused for every further tap
         for k in range(1, K):
@@ -301,6 +369,47 @@ def residual_unit_offline(
         _add_bias_and_residual(w2_m @ g_cn, b2_o, x_bct[b], t0, out_bct[b])
 
     run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_TILE)])
+    return out_bct
+
+
+# ----------------------------------------------------------------------------- the codec encoder's residual block
+
+BLOCK_PIECE_BYTES = 2 << 20  # the stacked taps of one piece of ``resnet_block_offline``
+
+
+def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
+    """``codec.encoder.resnet_block_offline`` (float32, zero padding) over pieces of time, each carried
+    through the whole block by one thread while it is in that core's cache: ELU of the piece and its
+    (K - 1) * dilation samples of left context (zeros before the start), its K taps stacked, one matrix
+    product for the k3 conv (C -> H), bias + ELU, one for the k1 conv (H -> C), bias + residual into the
+    output.  The ELUs are ``elu``'s own operations (the same bits as the reference's)."""
+    B, C, T = x_bct.shape
+    H, _, K = w1_oik.shape
+    if x_bct.dtype != np.float32 or pad_mode != "constant" or w2_oi1.shape != (C, H, 1) or b1_o is None or b2_o is None:
+        return NotImplemented
+    left = (K - 1) * dilation
+    w1_m = np.ascontiguousarray(w1_oik.reshape(H, C * K))  # column c * K + k: the order of the stacked taps
+    w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
+    n_piece = max(256, BLOCK_PIECE_BYTES // (4 * C * K))
+    one = np.float32(1.0)
+    out_bct = np.empty((B, C, T), np.float32)
+
+    def piece(b, t0):
+        n = min(n_piece, T - t0)
+        slab_cs = np.empty((C, left + n), np.float32)  # ELU of x[t0 - left : t0 + n], zeros before 0
+        zeros = max(left - t0, 0)
+        slab_cs[:, :zeros] = 0.0
+        _elu_into(x_bct[b, :, t0 - left + zeros : t0 + n], one, slab_cs[:, zeros:])
+        cols_ckn = np.empty((C, K, n), np.float32)
+        _stack_taps_into(slab_cs, 0, 1, dilation, cols_ckn)
+        h_hn = w1_m @ cols_ckn.reshape(C * K, n)
+        h_hn += b1_o[:, None]
+        _elu_into(h_hn, one, h_hn)
+        g_cn = w2_m @ h_hn
+        g_cn += b2_o[:, None]
+        np.add(x_bct[b, :, t0 : t0 + n], g_cn, out=out_bct[b, :, t0 : t0 + n])
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)])
     return out_bct
 
 
@@ -769,11 +878,13 @@ def linear(x, w_oi, b_o=None):
 
 TWINS = {
     "elu": elu,
+    "gelu_erf": gelu_erf,
     "snake_beta": snake_beta,
     "conv1d": conv1d,
     "linear": linear,
     "linears": linears,
     "decoder_layer_step": decoder_layer_step,
     "residual_unit_offline": residual_unit_offline,
+    "resnet_block_offline": resnet_block_offline,
     "conv_transpose1d": conv_transpose1d,
 }

@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import nn
+from ..backends import primitive
 from ..io.checkpoint import WeightSpec
 from ..io.config import config_from_dict
 from ..io.validate import check_encoder_config
@@ -280,8 +281,26 @@ def elu(name: str, x_bct, record: Recorder):
     return y_bct
 
 
+@primitive
+def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
+    """x + conv_k1(ELU(causal_conv_k3(ELU(x)))) with an identity shortcut, nothing recorded:
+    ``resnet_block``'s formula on plain arrays, the reference of the fused twin in
+    ``refimpl/backends/numba_cpu.py`` (which runs it over cache-sized pieces of time)."""
+    h_bct = nn.elu(x_bct)
+    h_bct = mimi_causal_conv1d(h_bct, w1_oik, b1_o, dilation=dilation, pad_mode=pad_mode)
+    h_bct = nn.elu(h_bct)
+    h_bct = mimi_causal_conv1d(h_bct, w2_oi1, b2_o, pad_mode=pad_mode)
+    return x_bct + h_bct
+
+
 def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Recorder = NULL_RECORDER):
-    """x + conv_k1(ELU(conv_k3(ELU(x)))): C -> C / compress -> C (the shortcut is a 1x1 conv if configured)."""
+    """x + conv_k1(ELU(conv_k3(ELU(x)))): C -> C / compress -> C (the shortcut is a 1x1 conv if configured).
+    With an identity shortcut and nothing recorded it is one call (``resnet_block_offline``)."""
+    b1, b3 = f"{p}.block.1.conv.", f"{p}.block.3.conv."
+    if not cfg.use_conv_shortcut and not record.enabled:
+        return resnet_block_offline(
+            x_bct, w[f"{b1}weight"], w.get(f"{b1}bias"), w[f"{b3}weight"], w.get(f"{b3}bias"), dilation, cfg.pad_mode
+        )
     h = elu(f"{p}.block.0", x_bct, record)
     h = named_causal_conv(w, f"{p}.block.1", h, record, dilation=dilation, pad_mode=cfg.pad_mode)
     h = elu(f"{p}.block.2", h, record)

@@ -24,6 +24,7 @@ from refimpl import nn, transformer
 from refimpl.backends import numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
 from refimpl.codec import decoder as codec_decoder
+from refimpl.codec import encoder as codec_encoder
 
 DTYPES = (np.float32, np.float64)
 
@@ -32,12 +33,13 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     import inspect
 
     assert set(numba_cpu.TWINS) == {
-        *("conv1d", "conv_transpose1d", "snake_beta", "elu", "linear", "linears"),
-        *("decoder_layer_step", "residual_unit_offline"),
+        *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear", "linears"),
+        *("decoder_layer_step", "residual_unit_offline", "resnet_block_offline"),
     }
     for name, twin in numba_cpu.TWINS.items():
-        # decoder_layer_step is a transformer primitive, residual_unit_offline the codec decoder's
-        reference = getattr(nn, name, None) or getattr(transformer, name, None) or getattr(codec_decoder, name)
+        # decoder_layer_step is a transformer primitive, residual_unit_offline the codec decoder's,
+        # resnet_block_offline the codec encoder's
+        reference = next(getattr(m, name) for m in (nn, transformer, codec_decoder, codec_encoder) if hasattr(m, name))
         reference = reference.reference
         assert inspect.signature(twin) == inspect.signature(reference), name
 
@@ -162,6 +164,36 @@ def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, seed):
         assert numba_cpu.residual_unit_offline(x.astype(np.float64), *args, dilation) is NotImplemented
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 10),  # channels
+    st.integers(1, 6),  # hidden channels
+    st.integers(1, 900),
+    st.sampled_from((1, 2, 3)),
+    st.integers(0, 2**31),
+)
+def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
+    """The fused encoder block against its reference (the plain formulas), in pieces of 256 steps (the
+    smallest) so that the left context crosses piece boundaries: within 4 times the float32 reference's
+    own distance from the float64 result; other pad modes and missing biases go to the reference."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    args = (rng.standard_normal((H, C, 3)) / np.sqrt(3 * C), rng.standard_normal(H) * 0.1)
+    args += (rng.standard_normal((C, H, 1)) / np.sqrt(H), rng.standard_normal(C) * 0.1)
+    args32 = [a.astype(np.float32) for a in args]
+    with kernels.use_backend("numpy"):
+        ref = codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
+        exact = codec_encoder.resnet_block_offline(x.astype(np.float64), *args, dilation, "constant")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "BLOCK_PIECE_BYTES", 1)
+        got = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+    assert numba_cpu.resnet_block_offline(x, *args32, dilation, "replicate") is NotImplemented
+    assert numba_cpu.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant") is NotImplemented
+
+
 def test_pieces_run_side_by_side_and_their_errors_reach_the_caller():
     seen = set()
 
@@ -176,6 +208,34 @@ def test_pieces_run_side_by_side_and_their_errors_reach_the_caller():
     seen.clear()
     numba_cpu.run_pieces(lambda i: seen.add(i), [(i,) for i in range(10)])
     assert seen == set(range(10))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(DTYPES),
+    st.integers(1, 2),  # batch
+    st.integers(1, 6),  # in channels
+    st.integers(1, 5),  # out channels
+    st.integers(1, 7),  # taps
+    st.integers(1, 4),  # stride
+    st.integers(1, 3),  # dilation
+    st.integers(128, 400),  # output columns: two pieces of 64 at least
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_conv1d_twin_in_pieces_equals_reference(dtype, B, I, O, K, stride, dilation, T_out, with_bias, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, I, (T_out - 1) * stride + dilation * (K - 1) + 1)).astype(dtype)
+    w = rng.standard_normal((O, I, K)).astype(dtype)
+    b = rng.standard_normal(O).astype(dtype) if with_bias else None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)  # pieces of 64 columns, the last one short
+        got = numba_cpu.conv1d(x, w, b, stride, dilation)
+    ref = nn.conv1d.reference(x, w, b, stride, dilation)
+    assert got.shape == ref.shape == (B, O, T_out) and got.dtype == ref.dtype
+    abs_sum = nn.conv1d.reference(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), None, stride, dilation)
+    tol = 2 * I * K * np.finfo(dtype).eps * (abs_sum + (np.abs(b)[None, :, None] if b is not None else 0))
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
 
 
 def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
@@ -434,6 +494,19 @@ def test_elu_twin_is_bit_identical(dtype, alpha, seed):
     x = (10 * np.random.default_rng(seed).standard_normal((3, 50))).astype(dtype)
     x[0, :3] = (0.0, -0.0, 100.0)
     np.testing.assert_array_equal(numba_cpu.elu(x, alpha), nn.elu.reference(x, alpha))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "ELU_PIECE", 7)  # 22 pieces, the last one short
+        np.testing.assert_array_equal(numba_cpu.elu(x, alpha), nn.elu.reference(x, alpha))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_erf_twin_is_bit_identical(dtype):
+    x = (4 * np.random.default_rng(0).standard_normal((3, 50))).astype(dtype)
+    x[0, :4] = (0.0, -0.0, 30.0, -30.0)
+    np.testing.assert_array_equal(numba_cpu.gelu_erf(x), nn.gelu_erf.reference(x))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "ELU_PIECE", 7)  # 22 pieces, the last one short
+        np.testing.assert_array_equal(numba_cpu.gelu_erf(x), nn.gelu_erf.reference(x))
 
 
 # ----------------------------------------------------------------------------- the switch

@@ -192,7 +192,11 @@ def test_round_trip_length(tokenizers):
 def test_encode_latent_and_list_input(tokenizers):
     tok = tokenizers["f32"]
     x = GOLDEN["short/audio"]
-    assert np.array_equal(tok.encode_latent(x, sr=24000), encoded(tokenizers, "short", "f32", "full")[0].latent)
+    traced = encoded(tokenizers, "short", "f32", "full")[0].latent
+    # untraced, the numba backend runs each residual block in one call (other summation order)
+    fused = active_backend()[0] != "numpy"
+    tol = 16 * np.finfo(np.float32).eps * np.max(np.abs(traced)) if fused else 0
+    assert np.max(np.abs(tok.encode_latent(x, sr=24000) - traced)) <= tol
     assert np.array_equal(tok.encode([float(v) for v in x], sr=24000), GOLDEN["short/f32/full/codes"])
     assert tok.encode_latent(x, sr=24000).shape == (1, 32)
 
