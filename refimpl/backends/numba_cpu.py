@@ -219,7 +219,7 @@ def snake_beta(x_bct, log_alpha_c, log_beta_c):
 
 
 CONV_PIECE_BYTES = 2 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32)
-CONV_PIECE_MAX_ROWS = 2048  # above this many stacked taps (I * K) a piece's weight re-reads cost more than they save
+CONV_PIECE_MIN_COLUMNS = 256  # with many stacked taps, pieces this wide still (each piece reads the weight once)
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
@@ -238,24 +238,22 @@ def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
 
 
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
-    """``nn.conv1d`` by one of three arrangements chosen by shape:
+    """``nn.conv1d`` by one of two arrangements chosen by shape:
 
-    - dense, long (the codec's convs at the audio rate and the frame rates, I * K up to
-      ``CONV_PIECE_MAX_ROWS``): pieces of output columns whose taps, stacked ("im2col", [I * K, columns],
-      about ``CONV_PIECE_BYTES``), are ONE matrix product each, written into the output in place; the
-      pieces run side by side (``run_pieces``);
-    - dense otherwise: one matrix product per tap, accumulated through one reused buffer;
+    - dense (groups = 1): pieces of output columns whose taps, stacked ("im2col", [I * K, columns], about
+      ``CONV_PIECE_BYTES``, at least ``CONV_PIECE_MIN_COLUMNS`` columns), are ONE matrix product each with
+      the weight as stored ([O, I * K], no copy), written into the output in place; the pieces run side by
+      side (``run_pieces``);
     - depthwise (groups = channels): a multiply-add per tap, no matrix product at all.
     Other group counts go to the reference."""
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
     nn.check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
     T_out = (T - dilation * (K - 1) - 1) // stride + 1
-    end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
-    n_piece = max(64, CONV_PIECE_BYTES // (4 * I * K))
-    if groups == 1 and I * K <= CONV_PIECE_MAX_ROWS and T_out >= 2 * n_piece:
+    if groups == 1:
         x_bct = np.ascontiguousarray(x_bct)
-        w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
+        w_m = np.ascontiguousarray(w_oik).reshape(O, I * K)  # column i * K + k: the order of the stacked taps
+        n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * I * K))
         out = np.empty((B, O, T_out), x_bct.dtype)
 
         def piece(b, t0):
@@ -268,12 +266,8 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
 
         run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)])
         return out
-    if groups == 1:
-        out = np.matmul(w_oik[:, :, 0], x_bct[:, :, 0 : end(0) : stride])
-        product = np.empty_like(out)  # reused for every further tap
-        for k in range(1, K):
-            out += np.matmul(w_oik[:, :, k], x_bct[:, :, k * dilation : end(k) : stride], out=product)
-    elif groups == C and I == 1 and O == C:
+    if groups == C and I == 1 and O == C:
+        end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
         out = np.zeros((B, O, T_out), dtype=x_bct.dtype)
         for k in range(K):
             out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation : end(k) : stride]

@@ -51,10 +51,10 @@ def conv_case(draw):
     K = draw(st.integers(1, 7))
     stride, dilation = draw(st.integers(1, 4)), draw(st.integers(1, 3))
     B = draw(st.integers(1, 2))
-    if kind == "dense_small":  # I * K <= 64: the stacked-taps arrangement
+    if kind == "dense_small":  # I * K <= 64 (the stacked taps of a piece: a few rows)
         groups, I = 1, draw(st.integers(1, 64 // K))
         O = draw(st.integers(1, 8))
-    elif kind == "dense":  # I * K > 64: one product per tap
+    elif kind == "dense":  # I * K > 64
         groups, I = 1, draw(st.integers(64 // K + 1, 80))
         O = draw(st.integers(1, 8))
     elif kind == "depthwise":
@@ -229,7 +229,8 @@ def test_conv1d_twin_in_pieces_equals_reference(dtype, B, I, O, K, stride, dilat
     w = rng.standard_normal((O, I, K)).astype(dtype)
     b = rng.standard_normal(O).astype(dtype) if with_bias else None
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)  # pieces of 64 columns, the last one short
+        mp.setattr(numba_cpu, "CONV_PIECE_MIN_COLUMNS", 64)  # pieces of 64 columns, the last one short
+        mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
         got = numba_cpu.conv1d(x, w, b, stride, dilation)
     ref = nn.conv1d.reference(x, w, b, stride, dilation)
     assert got.shape == ref.shape == (B, O, T_out) and got.dtype == ref.dtype
