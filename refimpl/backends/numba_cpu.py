@@ -192,34 +192,30 @@ def _sin_up_to_sign(z):
     return np.float32(r * p)
 
 
-@numba.njit(fastmath=FASTMATH, cache=True)
-def _snake_beta_f32(x_bct, alpha_c, inv_beta_c, out_bct):
-    """One thread: SnakeBeta sits between the codec decoder's BLAS convolutions, and Numba's parallel
-    threads would still be spinning while BLAS's run (measured: the whole decode 15% slower)."""
-    B, C, T = x_bct.shape
-    for bc in range(B * C):
-        b, c = bc // C, bc % C
-        alpha, inv_beta = alpha_c[c], inv_beta_c[c]
-        for t in range(T):
-            x = x_bct[b, c, t]
-            s = _sin_up_to_sign(alpha * x)
-            out_bct[b, c, t] = x + inv_beta * (s * s)
-
-
 def snake_beta(x_bct, log_alpha_c, log_beta_c):
-    """``nn.snake_beta``: x + 1 / (beta + 1e-9) * sin(alpha * x)^2.  Float32: one Numba pass (the sine by
-    range reduction and a polynomial, vectorised); float64 (explicit backend): the reference."""
+    """``nn.snake_beta``: x + 1 / (beta + 1e-9) * sin(alpha * x)^2.  Float32: a Numba pass over each row
+    (``_snake_rows_into``: the sine by range reduction and a polynomial, vectorised), in pieces of about
+    ``ELU_PIECE`` samples side by side (``run_pieces``); float64 (explicit backend): the reference."""
     if x_bct.dtype != np.float32:
         return nn.snake_beta.reference(x_bct, log_alpha_c, log_beta_c)
-    alpha_c = np.exp(log_alpha_c).astype(np.float32)
-    inv_beta_c = (1.0 / (np.exp(log_beta_c) + np.float32(1e-9))).astype(np.float32)
+    x_bct = np.ascontiguousarray(x_bct)
+    B, C, T = x_bct.shape
+    alpha_c, inv_beta_c = _snake_params(log_alpha_c, log_beta_c)
+    no_bias = np.zeros(C, np.float32)
     out_bct = np.empty(x_bct.shape, dtype=np.float32)
-    _snake_beta_f32(x_bct, alpha_c, inv_beta_c, out_bct)
+    rows = max(1, ELU_PIECE // max(T, 1))  # channels per piece
+
+    def piece(b, c0):
+        c1 = min(C, c0 + rows)
+        _snake_rows_into(x_bct[b, c0:c1], no_bias[c0:c1], alpha_c[c0:c1], inv_beta_c[c0:c1], out_bct[b, c0:c1])
+
+    run_pieces(piece, [(b, c0) for b in range(B) for c0 in range(0, C, rows)])
     return out_bct
 
 
 CONV_PIECE_BYTES = 2 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32)
 CONV_PIECE_MIN_COLUMNS = 256  # with many stacked taps, pieces this wide still (each piece reads the weight once)
+PER_TAP_MAX_OUT = 8  # up to this many output channels (the decoder's last conv, 96 -> 1): a product per tap
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
@@ -238,9 +234,11 @@ def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
 
 
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
-    """``nn.conv1d`` by one of two arrangements chosen by shape:
+    """``nn.conv1d`` by one of three arrangements chosen by shape:
 
-    - dense (groups = 1): pieces of output columns whose taps, stacked ("im2col", [I * K, columns], about
+    - dense with at most ``PER_TAP_MAX_OUT`` output channels: one product per tap, accumulated through one
+      reused buffer (stacking K copies of the input would cost more than a product with so few rows);
+    - dense otherwise: pieces of output columns whose taps, stacked ("im2col", [I * K, columns], about
       ``CONV_PIECE_BYTES``, at least ``CONV_PIECE_MIN_COLUMNS`` columns), are ONE matrix product each with
       the weight as stored ([O, I * K], no copy), written into the output in place; the pieces run side by
       side (``run_pieces``);
@@ -250,7 +248,13 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
     O, I, K = w_oik.shape
     nn.check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
     T_out = (T - dilation * (K - 1) - 1) // stride + 1
-    if groups == 1:
+    end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
+    if groups == 1 and O <= PER_TAP_MAX_OUT:
+        out = np.matmul(w_oik[:, :, 0], x_bct[:, :, 0 : end(0) : stride])
+        product = np.empty_like(out)  # reused for every further tap
+        for k in range(1, K):
+            out += np.matmul(w_oik[:, :, k], x_bct[:, :, k * dilation : end(k) : stride], out=product)
+    elif groups == 1:
         x_bct = np.ascontiguousarray(x_bct)
         w_m = np.ascontiguousarray(w_oik).reshape(O, I * K)  # column i * K + k: the order of the stacked taps
         n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * I * K))
@@ -266,8 +270,7 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
 
         run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)])
         return out
-    if groups == C and I == 1 and O == C:
-        end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
+    elif groups == C and I == 1 and O == C:
         out = np.zeros((B, O, T_out), dtype=x_bct.dtype)
         for k in range(K):
             out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation : end(k) : stride]
@@ -478,7 +481,7 @@ def run_pieces(piece, pieces: list) -> None:
     as many Python threads as BLAS has, BLAS running one thread per call meanwhile: its threads are lent to
     the pieces, so that each piece is one core's from its input to its output (the Numba kernels release the
     GIL), the elementwise work between the matrix products runs on every core too, and no thread spins
-    waiting for another (Numba's parallel loops between BLAS calls did: see ``_snake_beta_f32``).  Each
+    waiting for another (Numba's parallel loops between BLAS calls did: the whole decode 15% slower).  Each
     piece computes the same bits whichever thread runs it."""
     controllers = _blas_controller()
     n_threads = min([lib.num_threads for lib in controllers.lib_controllers] or [1])

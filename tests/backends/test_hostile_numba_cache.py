@@ -34,7 +34,7 @@ def run(cache_dir):
 def test_damaged_cache_is_discarded_and_recompiled(tmp_path):
     first = run(tmp_path)
     assert first.returncode == 0 and "Numba cache" not in first.stderr, first.stderr
-    snake_index = next(tmp_path.rglob("numba_cpu._snake_beta_f32-*.nbi"))
+    snake_index = next(tmp_path.rglob("numba_cpu._snake_rows_into-*.nbi"))
     widen_data = next(tmp_path.rglob("numba_cpu._widen_bf16_into-*.nbc"))
     snake_index.write_bytes(b"")  # an emptied index: EOFError in Numba's pickle.load
     widen_data.write_bytes(widen_data.read_bytes()[:100])  # a truncated data file: UnpicklingError
@@ -42,7 +42,7 @@ def test_damaged_cache_is_discarded_and_recompiled(tmp_path):
     assert second.returncode == 0 and second.stdout == "ran\n", second.stderr
     notes = [line for line in second.stderr.splitlines() if "discarded damaged Numba cache entries" in line]
     assert len(notes) == 1, second.stderr
-    assert "_snake_beta_f32" in notes[0] and "EOFError" in notes[0] and "_widen_bf16_into" in notes[0]
+    assert "_snake_rows_into" in notes[0] and "EOFError" in notes[0] and "_widen_bf16_into" in notes[0]
     assert "Traceback" not in second.stderr
     assert snake_index.stat().st_size > 0  # written again by the recompilation
     third = run(tmp_path)

@@ -53,10 +53,10 @@ def conv_case(draw):
     B = draw(st.integers(1, 2))
     if kind == "dense_small":  # I * K <= 64 (the stacked taps of a piece: a few rows)
         groups, I = 1, draw(st.integers(1, 64 // K))
-        O = draw(st.integers(1, 8))
+        O = draw(st.integers(1, 12))  # up to PER_TAP_MAX_OUT = 8 a product per tap, more in pieces
     elif kind == "dense":  # I * K > 64
         groups, I = 1, draw(st.integers(64 // K + 1, 80))
-        O = draw(st.integers(1, 8))
+        O = draw(st.integers(1, 12))
     elif kind == "depthwise":
         groups = I_total = draw(st.integers(1, 12))
         I, O = 1, I_total
@@ -229,6 +229,7 @@ def test_conv1d_twin_in_pieces_equals_reference(dtype, B, I, O, K, stride, dilat
     w = rng.standard_normal((O, I, K)).astype(dtype)
     b = rng.standard_normal(O).astype(dtype) if with_bias else None
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "PER_TAP_MAX_OUT", 0)  # even one output channel in pieces
         mp.setattr(numba_cpu, "CONV_PIECE_MIN_COLUMNS", 64)  # pieces of 64 columns, the last one short
         mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
         got = numba_cpu.conv1d(x, w, b, stride, dilation)
