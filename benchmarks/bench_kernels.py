@@ -6,7 +6,7 @@ For the memory-bound kernels the useful unit is bytes of weights read per second
 machine's own streaming bandwidth (measured here with a large array copy, reads + writes); for SnakeBeta,
 samples per second; for the convolutions, GFLOP/s.  Shapes: one generation step of the 0.6B Talker (q/k/v/o,
 gate/up/down of 4 layers), the largest SnakeBeta of the codec decoder (96 channels at 24 kHz, 10 s) and its
-largest convolutions.  Threads: NUMBA_NUM_THREADS and
+largest convolutions, its fused residual units and transposed convolutions, and sgemm.  Threads: NUMBA_NUM_THREADS and
 OPENBLAS_NUM_THREADS as set in the environment (printed).
 """
 
@@ -80,6 +80,53 @@ def main() -> None:
         f"bytes moved by numba {8 * n / t_nb / 1e9:.1f} GB/s"
     )
     conv_gflops(args.repeats)
+    sgemm_gflops(rng)
+    decoder_pieces_gflops(max(3, args.repeats // 6))
+
+
+def sgemm_gflops(rng) -> None:
+    """The machine's matrix-product limit: OpenBLAS sgemm 2048^3 with its threads and with one (the rate of
+    one piece of ``run_pieces``)."""
+    import threadpoolctl
+
+    a, b = (rng.standard_normal((2, 2048, 2048))).astype(np.float32)
+    out = np.empty_like(a)
+    flops = 2 * 2048**3
+    t_all = best(lambda: np.matmul(a, b, out=out), 5)
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        t_one = best(lambda: np.matmul(a, b, out=out), 3)
+    print(f"machine: sgemm 2048^3 {flops / t_all / 1e9:.0f} GFLOP/s (BLAS threads), {flops / t_one / 1e9:.0f} (one)")
+
+
+def decoder_pieces_gflops(repeats: int) -> None:
+    """The codec decoder's fused residual units (each block's channels at its rate, 10 s of audio) against
+    the same unit primitive by primitive, and its transposed convolutions, in GFLOP/s of their products."""
+    from refimpl.codec import decoder
+
+    rng = np.random.default_rng(2)
+    for C, T in ((768, 4000), (384, 20000), (192, 80000), (96, 240000)):
+        x = rng.standard_normal((1, C, T)).astype(np.float32)
+        args = [(0.3 * rng.standard_normal(C)).astype(np.float32) for _ in range(2)]
+        args += [(rng.standard_normal((C, C, 7)) / np.sqrt(7 * C)).astype(np.float32), np.zeros(C, np.float32)]
+        args += [(0.3 * rng.standard_normal(C)).astype(np.float32) for _ in range(2)]
+        args += [(rng.standard_normal((C, C, 1)) / np.sqrt(C)).astype(np.float32), np.zeros(C, np.float32)]
+        flops = 2 * C * C * 8 * T
+        t_parts = best(lambda: decoder.residual_unit_offline.reference(x, *args, 3), repeats)
+        t_fused = best(lambda: numba_cpu.residual_unit_offline(x, *args, 3), repeats)
+        print(
+            f"residual unit C={C} T={T}: primitive by primitive {flops / t_parts / 1e9:.0f} GFLOP/s "
+            f"({1e3 * t_parts:.0f} ms), fused {flops / t_fused / 1e9:.0f} GFLOP/s ({1e3 * t_fused:.0f} ms)"
+        )
+    for I, rate, T in ((1536, 8, 500), (768, 5, 4000), (384, 4, 20000), (192, 3, 80000)):
+        x = rng.standard_normal((1, I, T)).astype(np.float32)
+        w = (rng.standard_normal((I, I // 2, 2 * rate)) / np.sqrt(I)).astype(np.float32)
+        flops = 2 * I * (I // 2) * 2 * rate * T
+        t_ref = best(lambda: nn.conv_transpose1d.reference(x, w, None, rate), repeats)
+        t_twin = best(lambda: numba_cpu.conv_transpose1d(x, w, None, rate), repeats)
+        print(
+            f"conv_transpose1d {I}->{I // 2} k{2 * rate} s{rate} T={T}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
+            f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)"
+        )
 
 
 def conv_gflops(repeats: int) -> None:

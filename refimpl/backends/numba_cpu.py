@@ -287,11 +287,11 @@ UNIT_TILE = 1024  # time steps per piece of the fused residual unit: its stacked
 
 
 @numba.njit(fastmath=FASTMATH, inline="always")
-def _snake_row_into(x_t, start, bias, alpha, inv_beta, out_n):
-    """out[j] = SnakeBeta(x[start + j] + bias) where 0 <= start + j < len(x), else 0 (the causal conv's zero
+def _snake_row_into(x_t, T, start, bias, alpha, inv_beta, out_n):
+    """out[j] = SnakeBeta(x[start + j] + bias) where 0 <= start + j < T, else 0 (the causal conv's zero
     padding, which the reference applies to SnakeBeta's output).  Whole unit-stride rows and an offset,
     not views: Numba vectorises only loops over unit-stride rows."""
-    T, N = x_t.shape[0], out_n.shape[0]
+    N = out_n.shape[0]
     j0, j1 = min(max(-start, 0), N), max(min(T - start, N), 0)  # x exists for j0 <= j < j1
     out_n[:j0] = 0.0
     for j in range(j0, j1):  # (no branch inside: the loop vectorises)
@@ -305,17 +305,17 @@ def _snake_row_into(x_t, start, bias, alpha, inv_beta, out_n):
 def _snake_rows_into(x_ct, bias_c, alpha_c, inv_beta_c, out_ct):
     """out[c] = SnakeBeta(x[c] + bias[c]) (``_snake_row_into`` of every row)."""
     for c in range(x_ct.shape[0]):
-        _snake_row_into(x_ct[c], 0, bias_c[c], alpha_c[c], inv_beta_c[c], out_ct[c])
+        _snake_row_into(x_ct[c], x_ct.shape[1], 0, bias_c[c], alpha_c[c], inv_beta_c[c], out_ct[c])
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
-def _snake_taps_into(x_ct, start, alpha_c, inv_beta_c, dilation, row_s, cols_ckn):
-    """cols[c, k, j] = SnakeBeta(x[c, start + k * dilation + j]) (0 outside x): one row of SnakeBeta at a
+def _snake_taps_into(x_ct, T, start, alpha_c, inv_beta_c, dilation, row_s, cols_ckn):
+    """cols[c, k, j] = SnakeBeta(x[c, start + k * dilation + j]) (0 outside x[:, :T]): one row of SnakeBeta at a
     time into ``row_s`` (N + (K - 1) * dilation samples, in the first-level cache), then its K taps copied
     from it ("im2col" with the activation on the way)."""
     C, K, N = cols_ckn.shape
     for c in range(C):
-        _snake_row_into(x_ct[c], start, np.float32(0.0), alpha_c[c], inv_beta_c[c], row_s)
+        _snake_row_into(x_ct[c], T, start, np.float32(0.0), alpha_c[c], inv_beta_c[c], row_s)
         for k in range(K):
             cols_ckn[c, k, :] = row_s[k * dilation : k * dilation + N]
 
@@ -328,6 +328,25 @@ def _add_bias_and_residual(h_cn, bias_c, x_ct, start, out_ct):
         bias = bias_c[c]
         for j in range(N):
             out_ct[c, start + j] = (h_cn[c, j] + bias) + x_ct[c, start + j]
+
+
+def _whole_rows(x_bct):
+    """(rows, T): a C-contiguous array whose rows begin with x's rows [B, C, >= T], and x's length T: x
+    itself; for the first samples of longer rows (the trimmed output of a transposed conv) the array x was
+    cut from, without a copy; otherwise a contiguous copy."""
+    T, base = x_bct.shape[-1], x_bct.base
+    if x_bct.flags.c_contiguous:
+        return x_bct, T
+    if (
+        isinstance(base, np.ndarray)
+        and base.flags.c_contiguous
+        and base.dtype == x_bct.dtype
+        and base.shape[:-1] == x_bct.shape[:-1]
+        and base.strides == x_bct.strides
+        and base.ctypes.data == x_bct.ctypes.data
+    ):
+        return base, T
+    return np.ascontiguousarray(x_bct), T
 
 
 def _snake_params(log_alpha_c, log_beta_c):
@@ -346,24 +365,25 @@ def residual_unit_offline(
     Nothing of the signal's length is allocated but the output (the reference makes five such arrays)."""
     if x_bct.dtype != np.float32 or w1_oik.shape[0] != w1_oik.shape[1] or w2_oi1.shape[-1] != 1:
         return NotImplemented  # (float64: the reference runs)
-    x_bct = np.ascontiguousarray(x_bct)
-    B, C, T = x_bct.shape
+    rows_bcs, T = _whole_rows(x_bct)  # no copy of a trimmed transposed-conv output
+    B, C = x_bct.shape[:2]
     K = w1_oik.shape[-1]
     left = (K - 1) * dilation
     alpha1, inv_beta1 = _snake_params(log_alpha1_c, log_beta1_c)
     alpha2, inv_beta2 = _snake_params(log_alpha2_c, log_beta2_c)
     w1_m = np.ascontiguousarray(w1_oik.reshape(C, C * K))  # column i * K + k: the order of the stacked taps
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
-    out_bct = np.empty_like(x_bct)
+    out_bct = np.empty((B, C, T), np.float32)
 
     def piece(b, t0):
         n = min(UNIT_TILE, T - t0)
         cols_ckn = np.empty((C, K, n), np.float32)  # SnakeBeta_1 of the K taps side by side ("im2col")
-        _snake_taps_into(x_bct[b], t0 - left, alpha1, inv_beta1, dilation, np.empty(left + n, np.float32), cols_ckn)
+        row_s = np.empty(left + n, np.float32)
+        _snake_taps_into(rows_bcs[b], T, t0 - left, alpha1, inv_beta1, dilation, row_s, cols_ckn)
         h_cn = w1_m @ cols_ckn.reshape(C * K, n)
         g_cn = np.empty_like(h_cn)
         _snake_rows_into(h_cn, b1_o, alpha2, inv_beta2, g_cn)
-        _add_bias_and_residual(w2_m @ g_cn, b2_o, x_bct[b], t0, out_bct[b])
+        _add_bias_and_residual(w2_m @ g_cn, b2_o, rows_bcs[b], t0, out_bct[b])
 
     run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_TILE)])
     return out_bct
