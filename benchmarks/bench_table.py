@@ -31,6 +31,7 @@ import os
 
 for _var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "2")  # before NumPy, Numba or torch start their thread pools
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle OpenBLAS threads sleep at once (refimpl/__init__.py)
 
 import argparse  # noqa: E402
 import subprocess  # noqa: E402

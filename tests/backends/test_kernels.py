@@ -197,6 +197,15 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
     assert numba_cpu.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant") is NotImplemented
 
 
+def test_importing_refimpl_first_lets_idle_openblas_threads_sleep_unless_the_user_says_otherwise():
+    code = "import os, refimpl, numpy; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    for preset, expected in ((None, "4"), ("12", "12")):
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+        env.update({"PYTHONPATH": str(REPO)} | ({"OPENBLAS_THREAD_TIMEOUT": preset} if preset else {}))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout.split() == [expected], r.stderr
+
+
 def test_pieces_run_side_by_side_and_their_errors_reach_the_caller():
     seen = set()
 
