@@ -216,6 +216,7 @@ def snake_beta(x_bct, log_alpha_c, log_beta_c):
 CONV_PIECE_BYTES = 2 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32)
 CONV_PIECE_MIN_COLUMNS = 256  # with many stacked taps, pieces this wide still (each piece reads the weight once)
 PER_TAP_MAX_OUT = 8  # up to this many output channels (the decoder's last conv, 96 -> 1): a product per tap
+MIN_PIECES = 8  # fewer pieces than this share out unevenly over the threads: then one piece on BLAS's threads
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
@@ -234,14 +235,15 @@ def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
 
 
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
-    """``nn.conv1d`` by one of three arrangements chosen by shape:
+    """``nn.conv1d`` by one of four arrangements chosen by shape:
 
     - dense with at most ``PER_TAP_MAX_OUT`` output channels: one product per tap, accumulated through one
       reused buffer (stacking K copies of the input would cost more than a product with so few rows);
+    - 1x1, stride 1: one matrix product;
     - dense otherwise: pieces of output columns whose taps, stacked ("im2col", [I * K, columns], about
       ``CONV_PIECE_BYTES``, at least ``CONV_PIECE_MIN_COLUMNS`` columns), are ONE matrix product each with
       the weight as stored ([O, I * K], no copy), written into the output in place; the pieces run side by
-      side (``run_pieces``);
+      side (``run_pieces``), or, fewer than ``MIN_PIECES``, as one piece on BLAS's threads;
     - depthwise (groups = channels): a multiply-add per tap, no matrix product at all.
     Other group counts go to the reference."""
     B, C, T = x_bct.shape
@@ -254,10 +256,14 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
         product = np.empty_like(out)  # reused for every further tap
         for k in range(1, K):
             out += np.matmul(w_oik[:, :, k], x_bct[:, :, k * dilation : end(k) : stride], out=product)
+    elif groups == 1 and K == 1 and stride == 1:  # a plain product (the speaker encoder's 1x1 convs)
+        out = np.matmul(np.ascontiguousarray(w_oik[:, :, 0]), x_bct)
     elif groups == 1:
         x_bct = np.ascontiguousarray(x_bct)
         w_m = np.ascontiguousarray(w_oik).reshape(O, I * K)  # column i * K + k: the order of the stacked taps
         n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * I * K))
+        if B * -(-T_out // n_piece) < MIN_PIECES:  # too few to share out evenly: one piece, on BLAS's threads
+            n_piece = T_out
         out = np.empty((B, O, T_out), x_bct.dtype)
 
         def piece(b, t0):

@@ -242,6 +242,7 @@ def test_conv1d_twin_in_pieces_equals_reference(dtype, B, I, O, K, stride, dilat
     b = rng.standard_normal(O).astype(dtype) if with_bias else None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu, "PER_TAP_MAX_OUT", 0)  # even one output channel in pieces
+        mp.setattr(numba_cpu, "MIN_PIECES", 1)  # even two pieces side by side
         mp.setattr(numba_cpu, "CONV_PIECE_MIN_COLUMNS", 64)  # pieces of 64 columns, the last one short
         mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
         got = numba_cpu.conv1d(x, w, b, stride, dilation)
