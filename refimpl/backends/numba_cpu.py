@@ -127,22 +127,28 @@ _discard_damaged_cache()
 FASTMATH = {"reassoc", "contract"}
 
 
-ELU_PIECE = 1 << 18  # samples per piece of ``elu`` (a megabyte of float32)
+ELEMENTWISE_PIECE = 1 << 18  # samples per piece of an elementwise twin (a megabyte of float32)
+
+
+def _elementwise_in_pieces(x, into):
+    """A new array y with ``into(x_piece, y_piece)`` for pieces of ``ELEMENTWISE_PIECE`` samples of x
+    (flattened), side by side (``run_pieces``: NumPy's and SciPy's ufuncs release the GIL), each piece's
+    passes in the cache."""
+    x = np.ascontiguousarray(x)
+    flat, out = x.reshape(-1), np.empty(x.shape, x.dtype)
+    out_flat, n = out.reshape(-1), ELEMENTWISE_PIECE
+
+    def piece(i0):
+        into(flat[i0 : i0 + n], out_flat[i0 : i0 + n])
+
+    run_pieces(piece, [(i0,) for i0 in range(0, flat.size, n)])
+    return out
 
 
 def elu(x, alpha: float = 1.0):
-    """``nn.elu`` as max(x, 0) + alpha * expm1(min(x, 0)) (one term is always 0: the same bits), in pieces
-    of ``ELU_PIECE`` samples side by side (``run_pieces``; NumPy's ufuncs release the GIL), each piece's
-    four passes in the cache."""
-    x = np.ascontiguousarray(x)
-    flat, out = x.reshape(-1), np.empty(x.shape, x.dtype)
-    out_flat, a = out.reshape(-1), x.dtype.type(alpha)
-
-    def piece(i0):
-        _elu_into(flat[i0 : i0 + ELU_PIECE], a, out_flat[i0 : i0 + ELU_PIECE])
-
-    run_pieces(piece, [(i0,) for i0 in range(0, flat.size, ELU_PIECE)])
-    return out
+    """``nn.elu`` as max(x, 0) + alpha * expm1(min(x, 0)) (one term is always 0: the same bits), in pieces."""
+    a = x.dtype.type(alpha)
+    return _elementwise_in_pieces(x, lambda xs, ys: _elu_into(xs, a, ys))
 
 
 def _elu_into(x, alpha, out) -> None:
@@ -156,21 +162,16 @@ def _elu_into(x, alpha, out) -> None:
 
 
 def gelu_erf(x):
-    """``nn.gelu_erf``, 0.5 * x * (1 + erf(x / sqrt(2))), in pieces of ``ELU_PIECE`` samples side by side
-    (``run_pieces``; SciPy's erf, one value at a time, is most of the time of the codec's GELU MLPs), each
-    piece the reference's operations in its order (the same bits)."""
-    x = np.ascontiguousarray(x)
-    flat, out = x.reshape(-1), np.empty(x.shape, x.dtype)
-    out_flat, scale = out.reshape(-1), x.dtype.type(1.0 / math.sqrt(2.0))
+    """``nn.gelu_erf``, 0.5 * x * (1 + erf(x / sqrt(2))), in pieces (SciPy's erf, one value at a time, is
+    most of the time of the codecs' GELU MLPs), each the reference's operations in its order (the same bits)."""
+    scale = x.dtype.type(1.0 / math.sqrt(2.0))
 
-    def piece(i0):
-        xs, ys = flat[i0 : i0 + ELU_PIECE], out_flat[i0 : i0 + ELU_PIECE]
+    def into(xs, ys):
         scipy.special.erf(xs * scale, out=ys)
         ys += 1.0
         ys *= 0.5 * xs
 
-    run_pieces(piece, [(i0,) for i0 in range(0, flat.size, ELU_PIECE)])
-    return out
+    return _elementwise_in_pieces(x, into)
 
 
 # The Taylor coefficients of sin(r) = r - r^3/3! + r^5/5! - ... up to r^13: on |r| <= pi/2 the first
@@ -195,7 +196,7 @@ def _sin_up_to_sign(z):
 def snake_beta(x_bct, log_alpha_c, log_beta_c):
     """``nn.snake_beta``: x + 1 / (beta + 1e-9) * sin(alpha * x)^2.  Float32: a Numba pass over each row
     (``_snake_rows_into``: the sine by range reduction and a polynomial, vectorised), in pieces of about
-    ``ELU_PIECE`` samples side by side (``run_pieces``); float64 (explicit backend): the reference."""
+    ``ELEMENTWISE_PIECE`` samples side by side (``run_pieces``); float64 (explicit backend): the reference."""
     if x_bct.dtype != np.float32:
         return nn.snake_beta.reference(x_bct, log_alpha_c, log_beta_c)
     x_bct = np.ascontiguousarray(x_bct)
@@ -203,7 +204,7 @@ def snake_beta(x_bct, log_alpha_c, log_beta_c):
     alpha_c, inv_beta_c = _snake_params(log_alpha_c, log_beta_c)
     no_bias = np.zeros(C, np.float32)
     out_bct = np.empty(x_bct.shape, dtype=np.float32)
-    rows = max(1, ELU_PIECE // max(T, 1))  # channels per piece
+    rows = max(1, ELEMENTWISE_PIECE // max(T, 1))  # channels per piece
 
     def piece(b, c0):
         c1 = min(C, c0 + rows)

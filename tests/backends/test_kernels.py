@@ -510,7 +510,7 @@ def test_elu_twin_is_bit_identical(dtype, alpha, seed):
     x[0, :3] = (0.0, -0.0, 100.0)
     np.testing.assert_array_equal(numba_cpu.elu(x, alpha), nn.elu.reference(x, alpha))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "ELU_PIECE", 7)  # 22 pieces, the last one short
+        mp.setattr(numba_cpu, "ELEMENTWISE_PIECE", 7)  # 22 pieces, the last one short
         np.testing.assert_array_equal(numba_cpu.elu(x, alpha), nn.elu.reference(x, alpha))
 
 
@@ -520,7 +520,7 @@ def test_gelu_erf_twin_is_bit_identical(dtype):
     x[0, :4] = (0.0, -0.0, 30.0, -30.0)
     np.testing.assert_array_equal(numba_cpu.gelu_erf(x), nn.gelu_erf.reference(x))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "ELU_PIECE", 7)  # 22 pieces, the last one short
+        mp.setattr(numba_cpu, "ELEMENTWISE_PIECE", 7)  # 22 pieces, the last one short
         np.testing.assert_array_equal(numba_cpu.gelu_erf(x), nn.gelu_erf.reference(x))
 
 
