@@ -4,10 +4,15 @@ Every twin computes what its reference computes (the same formula); only the ord
 may differ, and ``tests/backends/test_kernels.py`` bounds that difference from the reduction length.
 
 Two kinds of twin live here:
-- Numba kernels, where a loop the compiler vectorises beats NumPy: ``linear`` on bfloat16 weights kept
-  as stored (the Talker's matrix-vector products read half the bytes), ``snake_beta`` (NumPy's float32
-  sine is scalar code; ours reduces the angle and evaluates a polynomial, in SIMD);
-- NumPy rearrangements that save allocations and small matrix products (``conv1d``, ``elu``).
+- for generation, Numba kernels on bfloat16 weights kept as stored (the Talker's and the code predictor's
+  matrix-vector products read half the bytes): ``linear``, ``linears``, ``decoder_layer_step``, on Numba's
+  parallel loops;
+- for the codecs, pieces of time that run side by side on Python threads, BLAS held to one thread per call
+  meanwhile (``run_pieces``): ``conv1d`` and ``conv_transpose1d`` as one matrix product per piece, the
+  decoder's residual unit and the encoder's residual block each in one call, SnakeBeta (NumPy's float32
+  sine is scalar code; ours reduces the angle and evaluates a polynomial, in SIMD), ELU and the erf GELU.
+A twin returns ``NotImplemented`` for a call it has no kernel for (float64, another pad mode): the reference
+runs then.
 
 Compiled kernels are cached on disk (``cache=True``): next to this file when that is writable, else
 in the user's cache directory (``$XDG_CACHE_HOME/refimpl/numba`` or ``~/.cache/refimpl/numba``), else a
