@@ -111,8 +111,8 @@ def decoder_pieces_gflops(repeats: int) -> None:
         args += [(0.3 * rng.standard_normal(C)).astype(np.float32) for _ in range(2)]
         args += [(rng.standard_normal((C, C, 1)) / np.sqrt(C)).astype(np.float32), np.zeros(C, np.float32)]
         flops = 2 * C * C * 8 * T
-        t_parts = best(lambda: decoder.residual_unit_offline.reference(x, *args, 3), repeats)
-        t_fused = best(lambda: numba_cpu.residual_unit_offline(x, *args, 3), repeats)
+        t_parts = best(lambda: decoder.residual_unit_push.reference(x, *args, 3), repeats)
+        t_fused = best(lambda: numba_cpu.residual_unit_push(x, *args, 3), repeats)
         print(
             f"residual unit C={C} T={T}: primitive by primitive {flops / t_parts / 1e9:.0f} GFLOP/s "
             f"({1e3 * t_parts:.0f} ms), fused {flops / t_fused / 1e9:.0f} GFLOP/s ({1e3 * t_fused:.0f} ms)"

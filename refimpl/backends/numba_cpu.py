@@ -367,14 +367,16 @@ def _snake_params(log_alpha_c, log_beta_c):
     return alpha_c, (1.0 / (np.exp(log_beta_c) + np.float32(1e-9))).astype(np.float32)
 
 
-def residual_unit_offline(
-    x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation
+def residual_unit_push(
+    x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation, context_bcs=None
 ):
-    """``codec.decoder.residual_unit_offline`` (float32, C -> C channels) over pieces of ``UNIT_TILE`` time
+    """``codec.decoder.residual_unit_push`` (float32, C -> C channels) over pieces of ``UNIT_TILE`` time
     steps, each carried through the whole unit by one thread while it is in that core's cache: SnakeBeta of
-    the piece and its 6 * dilation samples of left context (zeros before the start), its 7 taps stacked, one
-    matrix product for the k7 conv, bias + SnakeBeta, one for the k1 conv, bias + residual into the output.
-    Nothing of the signal's length is allocated but the output (the reference makes five such arrays)."""
+    the piece and its 6 * dilation samples of left context (before the push: ``context_bcs``, or zeros)
+    straight into the 7 stacked taps, one matrix product for the k7 conv, bias + SnakeBeta, one for the k1
+    conv, bias + residual into the output.  Nothing of the signal's length is allocated but the output (the
+    reference makes five such arrays); the next push's context is SnakeBeta of the last samples, computed by
+    the same row kernel (the bits the reference path keeps)."""
     if x_bct.dtype != np.float32 or w1_oik.shape[0] != w1_oik.shape[1] or w2_oi1.shape[-1] != 1:
         return NotImplemented  # (float64: the reference runs)
     rows_bcs, T = _whole_rows(x_bct)  # no copy of a trimmed transposed-conv output
@@ -392,13 +394,31 @@ def residual_unit_offline(
         cols_ckn = np.empty((C, K, n), np.float32)  # SnakeBeta_1 of the K taps side by side ("im2col")
         row_s = np.empty(left + n, np.float32)
         _snake_taps_into(rows_bcs[b], T, t0 - left, alpha1, inv_beta1, dilation, row_s, cols_ckn)
+        for k in range(K if context_bcs is not None else 0):  # taps before the push: the context
+            first = t0 - left + k * dilation
+            if first < 0:
+                m = min(-first, n)
+                cols_ckn[:, k, :m] = context_bcs[b, :, left + first : left + first + m]
         h_cn = w1_m @ cols_ckn.reshape(C * K, n)
         g_cn = np.empty_like(h_cn)
         _snake_rows_into(h_cn, b1_o, alpha2, inv_beta2, g_cn)
         _add_bias_and_residual(w2_m @ g_cn, b2_o, rows_bcs[b], t0, out_bct[b])
 
     run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_TILE)])
-    return out_bct
+    return out_bct, _next_context(x_bct, alpha1, inv_beta1, left, context_bcs)
+
+
+def _next_context(x_bct, alpha_c, inv_beta_c, left, context_bcs):
+    """The last ``left`` samples of SnakeBeta(x) after the context before: [B, C, left]."""
+    B, C, T = x_bct.shape
+    tail_bct = np.ascontiguousarray(x_bct[:, :, max(T - left, 0) :])
+    snaked_bct = np.empty_like(tail_bct)
+    for b in range(B):
+        _snake_rows_into(tail_bct[b], np.zeros(C, np.float32), alpha_c, inv_beta_c, snaked_bct[b])
+    if T >= left:
+        return snaked_bct
+    before = context_bcs if context_bcs is not None else np.zeros((B, C, left), np.float32)
+    return np.concatenate([before[:, :, T:], snaked_bct], axis=-1)
 
 
 # ----------------------------------------------------------------------------- the codec encoder's residual block
@@ -918,7 +938,7 @@ TWINS = {
     "linear": linear,
     "linears": linears,
     "decoder_layer_step": decoder_layer_step,
-    "residual_unit_offline": residual_unit_offline,
+    "residual_unit_push": residual_unit_push,
     "resnet_block_offline": resnet_block_offline,
     "conv_transpose1d": conv_transpose1d,
 }

@@ -342,29 +342,39 @@ def upsample_stage(u: WeightView, ratio: int, x_bct, state: ConvStates, record: 
 
 
 @primitive
-def residual_unit_offline(
-    x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation
+def residual_unit_push(
+    x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation, context_bcs=None
 ):
-    """x + conv_k1(SnakeBeta_2(causal_conv_k7_dilated(SnakeBeta_1(x)))), offline (the causal conv's left
-    padding is zeros) and nothing recorded: ``residual_unit``'s formula on plain arrays, the reference of
-    the fused twin in ``refimpl/backends/numba_cpu.py`` (which runs it over cache-sized pieces of time)."""
+    """x + conv_k1(SnakeBeta_2(causal_conv_k7_dilated(SnakeBeta_1(x)))) for one push of a signal, nothing
+    recorded: ``residual_unit``'s formula on plain arrays.  ``context_bcs`` is the k7 conv's left context,
+    the last 6 * dilation outputs of SnakeBeta_1 of the pushes before ([B, C, 6 * dilation]; None at the
+    signal's start: zeros); returns (y, the context for the next push).  Offline the whole signal is one
+    push.  The reference of the fused twin in ``refimpl/backends/numba_cpu.py`` (which runs it over
+    cache-sized pieces of time)."""
+    conv1 = nn.CausalConvState(context_bcs)
     h_bct = nn.snake_beta(x_bct, log_alpha1_c, log_beta1_c)
-    h_bct = nn.causal_conv1d(h_bct, w1_oik, b1_o, dilation=dilation)
+    h_bct = nn.causal_conv1d(h_bct, w1_oik, b1_o, dilation=dilation, state=conv1)
     h_bct = nn.snake_beta(h_bct, log_alpha2_c, log_beta2_c)
-    h_bct = nn.causal_conv1d(h_bct, w2_oi1, b2_o)
-    return x_bct + h_bct
+    h_bct = nn.causal_conv1d(h_bct, w2_oi1, b2_o)  # k1: no context
+    return x_bct + h_bct, conv1.context_bct
 
 
 def residual_unit(u: WeightView, dilation: int, x_bct, state: ConvStates, record: Recorder = NULL_RECORDER):
-    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))); all views scoped to the unit.  Offline with
-    nothing recorded it is one call (``residual_unit_offline``)."""
-    if state.convs is None and not record.enabled:
-        return residual_unit_offline(
+    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))); all views scoped to the unit.  With nothing
+    recorded it is one call (``residual_unit_push``), offline or streaming (conv1's state carries the
+    context; conv2, a 1x1 conv, has none to carry)."""
+    if not record.enabled:
+        conv1, conv2 = state.sub("conv1.").conv(nn.CausalConvState), state.sub("conv2.").conv(nn.CausalConvState)
+        y_bct, context_bcs = residual_unit_push(
             x_bct,
             *(u["act1.alpha"], u["act1.beta"], u["conv1.conv.weight"], u["conv1.conv.bias"]),
             *(u["act2.alpha"], u["act2.beta"], u["conv2.conv.weight"], u["conv2.conv.bias"]),
             dilation,
+            None if conv1 is None else conv1.context_bct,
         )
+        if conv1 is not None:
+            conv1.context_bct, conv2.context_bct = context_bcs, y_bct[:, :, :0]  # a 1x1 conv keeps no samples
+        return y_bct
     h = snake(u, "act1", x_bct, record)
     h = causal_conv(u.sub("conv1."), h, state.sub("conv1."), record.scope("conv1."), dilation=dilation)
     h = snake(u, "act2", h, record)

@@ -34,10 +34,10 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
 
     assert set(numba_cpu.TWINS) == {
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear", "linears"),
-        *("decoder_layer_step", "residual_unit_offline", "resnet_block_offline"),
+        *("decoder_layer_step", "residual_unit_push", "resnet_block_offline"),
     }
     for name, twin in numba_cpu.TWINS.items():
-        # decoder_layer_step is a transformer primitive, residual_unit_offline the codec decoder's,
+        # decoder_layer_step is a transformer primitive, residual_unit_push the codec decoder's,
         # resnet_block_offline the codec encoder's
         reference = next(getattr(m, name) for m in (nn, transformer, codec_decoder, codec_encoder) if hasattr(m, name))
         reference = reference.reference
@@ -135,36 +135,39 @@ def test_conv_transpose1d_twin_leaves_other_tap_counts_to_the_reference():
     st.integers(1, 60),
     st.sampled_from((1, 3, 9)),
     st.integers(1, 25),
+    st.booleans(),
     st.integers(0, 2**31),
 )
-def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, seed):
+def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_context, seed):
     """The fused unit against its reference (run on the plain formulas), pieces of ``tile`` steps so that
-    the left context crosses piece boundaries: within 4 times the float32 reference's own distance from
-    the float64 result, and equal in what it refuses."""
+    the left context crosses piece boundaries, at the signal's start or after a push (a context): within 4
+    times the float32 reference's own distance from the float64 result; the next context is what the
+    numba path primitive by primitive keeps, to the bit."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    args = (
+        *(rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5, rng.standard_normal((C, C, 7)) / np.sqrt(7 * C)),
+        *(rng.standard_normal(C) * 0.1, rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5),
+        *(rng.standard_normal((C, C, 1)) / np.sqrt(C), rng.standard_normal(C) * 0.1),
+    )
+    args32 = [a.astype(np.float32) for a in args]
+    context = rng.standard_normal((B, C, 6 * dilation)) if with_context else None
+    context32 = None if context is None else context.astype(np.float32)
+    with kernels.use_backend("numpy"):
+        ref, _ = codec_decoder.residual_unit_push(x, *args32, dilation, context32)
+        exact, _ = codec_decoder.residual_unit_push(x.astype(np.float64), *args, dilation, context)
+    with kernels.use_backend("numba"):
+        _, kept = codec_decoder.residual_unit_push.reference(x, *args32, dilation, context32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu, "UNIT_TILE", tile)
-        rng = np.random.default_rng(seed)
-        x = rng.standard_normal((B, C, T)).astype(np.float32)
-        args = (
-            *(
-                rng.standard_normal(C) * 0.5,
-                rng.standard_normal(C) * 0.5,
-                rng.standard_normal((C, C, 7)) / np.sqrt(7 * C),
-            ),
-            *(rng.standard_normal(C) * 0.1, rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5),
-            *(rng.standard_normal((C, C, 1)) / np.sqrt(C), rng.standard_normal(C) * 0.1),
-        )
-        args32 = [a.astype(np.float32) for a in args]
-        with kernels.use_backend("numpy"):
-            ref = codec_decoder.residual_unit_offline(x, *args32, dilation)
-            exact = codec_decoder.residual_unit_offline(x.astype(np.float64), *args, dilation)
-        got = numba_cpu.residual_unit_offline(x, *args32, dilation)
+        got, got_context = numba_cpu.residual_unit_push(x, *args32, dilation, context32)
         # a trimmed view (as the transposed conv's output is) is read in place: its NaN tail is never read
         trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
-        assert np.array_equal(numba_cpu.residual_unit_offline(trimmed, *args32, dilation), got)
-        assert got.shape == ref.shape and got.dtype == np.float32
-        assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
-        assert numba_cpu.residual_unit_offline(x.astype(np.float64), *args, dilation) is NotImplemented
+        assert np.array_equal(numba_cpu.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+    assert got_context.shape == (B, C, 6 * dilation) and np.array_equal(got_context, kept)
+    assert numba_cpu.residual_unit_push(x.astype(np.float64), *args, dilation, context) is NotImplemented
 
 
 @settings(max_examples=60, deadline=None)
