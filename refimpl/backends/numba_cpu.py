@@ -524,7 +524,9 @@ def _blas_controller():
 
 
 @functools.cache
-def _piece_workers(n: int) -> ThreadPoolExecutor:
+def _piece_workers(n: int, pid: int) -> ThreadPoolExecutor:
+    """The pool of ``n`` piece threads of process ``pid``: a process forked from this one has none of its
+    threads, so it makes its own pool (the parent's would take work and never run it)."""
     return ThreadPoolExecutor(n, thread_name_prefix="refimpl-piece")
 
 
@@ -542,7 +544,7 @@ def run_pieces(piece, pieces: list) -> None:
             piece(*p)
         return
     with controllers.limit(limits=1):
-        for f in [_piece_workers(n_threads).submit(piece, *p) for p in pieces]:
+        for f in [_piece_workers(n_threads, os.getpid()).submit(piece, *p) for p in pieces]:
             f.result()
 
 

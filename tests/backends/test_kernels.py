@@ -200,6 +200,24 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
     assert numba_cpu.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant") is NotImplemented
 
 
+def test_pieces_run_in_a_forked_child_after_the_parent_used_its_pool():
+    """A forked process has none of the parent's threads: its pieces get a pool of their own (the parent's
+    would accept them and never run them: a hang)."""
+    import multiprocessing
+
+    numba_cpu.run_pieces(lambda i: None, [(i,) for i in range(4)])  # the parent's pool exists now
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        result = pool.apply_async(_sum_in_pieces, (10,))
+        assert result.get(timeout=60) == sum(range(10))
+
+
+def _sum_in_pieces(n):
+    seen = []
+    numba_cpu.run_pieces(lambda i: seen.append(i), [(i,) for i in range(n)])
+    return sum(seen)
+
+
 def test_importing_refimpl_first_lets_idle_openblas_threads_sleep_unless_the_user_says_otherwise():
     code = "import os, refimpl, numpy; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
     for preset, expected in ((None, "4"), ("12", "12")):
