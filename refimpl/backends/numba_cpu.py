@@ -543,9 +543,31 @@ def run_pieces(piece, pieces: list) -> None:
         for p in pieces:
             piece(*p)
         return
-    with controllers.limit(limits=1):
+    with _blas_lent(controllers):
         for f in [_piece_workers(n_threads, os.getpid()).submit(piece, *p) for p in pieces]:
             f.result()
+
+
+_LENDING = threading.Lock()
+_lending = {"runs": 0, "limiter": None}  # how many run_pieces hold BLAS at one thread now, and the limit's handle
+
+
+@contextlib.contextmanager
+def _blas_lent(controllers):
+    """BLAS at one thread per call while any caller's pieces run: the first caller in sets the limit, the
+    last one out restores the thread count from before (two threads decoding at once must not leave BLAS
+    on one thread, as nested set-and-restore in the wrong order would)."""
+    with _LENDING:
+        if _lending["runs"] == 0:
+            _lending["limiter"] = controllers.limit(limits=1)
+        _lending["runs"] += 1
+    try:
+        yield
+    finally:
+        with _LENDING:
+            _lending["runs"] -= 1
+            if _lending["runs"] == 0:
+                _lending["limiter"].restore_original_limits()
 
 
 # ----------------------------------------------------------------------------- bfloat16 weights

@@ -200,6 +200,28 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
     assert numba_cpu.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant") is NotImplemented
 
 
+def test_two_callers_lending_blas_at_once_leave_it_its_threads():
+    """Two threads decoding at once: the first in sets BLAS to one thread, the one that leaves first must
+    not restore it while the other's pieces still run, and the last out restores the count from before."""
+    import threadpoolctl
+
+    def threads():
+        return [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+
+    before = threads()
+    if min(before, default=1) < 2:
+        pytest.skip("BLAS runs one thread here: nothing is lent")
+    controllers = numba_cpu._blas_controller()
+    first, second = numba_cpu._blas_lent(controllers), numba_cpu._blas_lent(controllers)
+    first.__enter__()
+    second.__enter__()
+    assert max(threads()) == 1
+    first.__exit__(None, None, None)  # the first out, while the other's pieces still run
+    assert max(threads()) == 1
+    second.__exit__(None, None, None)
+    assert threads() == before
+
+
 def test_pieces_run_in_a_forked_child_after_the_parent_used_its_pool():
     """A forked process has none of the parent's threads: its pieces get a pool of their own (the parent's
     would accept them and never run them: a hang)."""
