@@ -405,16 +405,14 @@ def residual_unit_push(
         _add_bias_and_residual(w2_m @ g_cn, b2_o, rows_bcs[b], t0, out_bct[b])
 
     run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_TILE)])
-    return out_bct, _next_context(x_bct, alpha1, inv_beta1, left, context_bcs)
+    return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
 
 
-def _next_context(x_bct, alpha_c, inv_beta_c, left, context_bcs):
-    """The last ``left`` samples of SnakeBeta(x) after the context before: [B, C, left]."""
+def _next_context(x_bct, log_alpha_c, log_beta_c, left, context_bcs):
+    """The last ``left`` samples of SnakeBeta(x) after the context before: [B, C, left] (``snake_beta``'s
+    twin: the bits the step path keeps)."""
     B, C, T = x_bct.shape
-    tail_bct = np.ascontiguousarray(x_bct[:, :, max(T - left, 0) :])
-    snaked_bct = np.empty_like(tail_bct)
-    for b in range(B):
-        _snake_rows_into(tail_bct[b], np.zeros(C, np.float32), alpha_c, inv_beta_c, snaked_bct[b])
+    snaked_bct = snake_beta(x_bct[:, :, max(T - left, 0) :], log_alpha_c, log_beta_c)
     if T >= left:
         return snaked_bct
     before = context_bcs if context_bcs is not None else np.zeros((B, C, left), np.float32)
@@ -422,8 +420,6 @@ def _next_context(x_bct, alpha_c, inv_beta_c, left, context_bcs):
 
 
 # ----------------------------------------------------------------------------- the codec encoder's residual block
-
-BLOCK_PIECE_BYTES = 2 << 20  # the stacked taps of one piece of ``resnet_block_offline``
 
 
 def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
@@ -439,7 +435,7 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     left = (K - 1) * dilation
     w1_m = np.ascontiguousarray(w1_oik.reshape(H, C * K))  # column c * K + k: the order of the stacked taps
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
-    n_piece = max(256, BLOCK_PIECE_BYTES // (4 * C * K))
+    n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
     one = np.float32(1.0)
     out_bct = np.empty((B, C, T), np.float32)
 
@@ -462,7 +458,7 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     return out_bct
 
 
-# ----------------------------------------------------------------------------- transposed convolution by phases
+# ----------------------------------------------------------------------------- transposed convolution
 
 TRANSPOSED_PIECE_BYTES = 4 << 20  # the products of one piece of ``conv_transpose1d`` ([O * K, frames] float32)
 

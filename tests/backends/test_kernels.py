@@ -192,7 +192,7 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
         ref = codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
         exact = codec_encoder.resnet_block_offline(x.astype(np.float64), *args, dilation, "constant")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "BLOCK_PIECE_BYTES", 1)
+        mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
         got = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
     assert got.shape == ref.shape and got.dtype == np.float32
     assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
