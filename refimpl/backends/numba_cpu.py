@@ -5,7 +5,7 @@ may differ, and ``tests/backends/test_kernels.py`` bounds that difference from t
 
 Two kinds of twin live here:
 - for generation, Numba kernels on bfloat16 weights kept as stored (the Talker's and the code predictor's
-  matrix-vector products read half the bytes): ``linear``, ``linears``, ``decoder_layer_step``, on Numba's
+  matrix-vector products read half the bytes): ``linear`` and ``decoder_layer_step``, on Numba's
   parallel loops;
 - for the codecs, pieces of time that run side by side on Python threads, BLAS held to one thread per call
   meanwhile (``run_pieces``): ``conv1d`` and ``conv_transpose1d`` as one matrix product per piece, the
@@ -634,75 +634,11 @@ def _bf16_rows_times(x_ni, bits_oi, out_no):
             out_no[n, o] = acc
 
 
-@numba.njit(fastmath=FASTMATH, inline="always")
-def _row_times(x_ni, bits_oi, o, out_no):
-    """out[:, o] = x @ widen(bits[o]) (the inner loops of ``_bf16_rows_times``)."""
-    I = bits_oi.shape[1]
-    for n in range(x_ni.shape[0]):
-        acc = np.float32(0.0)
-        for i in range(I):
-            acc += x_ni[n, i] * _bf16_to_f32(bits_oi[o, i])
-        out_no[n, o] = acc
-
-
 @numba.njit(inline="always")
 def _prefetch_row(words, I, o):
     """Ask for the 64-byte lines of weight row o of the flat words of a matrix with I columns."""
     for j in range(o * I, (o + 1) * I, 32):
         _prefetch(words, j)
-
-
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _bf16_rows_times_3(x_ni, a_oi, b_oi, c_oi, out_a, out_b, out_c):
-    """``_bf16_rows_times`` of one x by three matrices (rows stacked a, b, c) in ONE parallel loop: the
-    q/k/v or gate/up products of a layer end at one barrier instead of three (an empty c for two)."""
-    Oa, Ob, Oc = a_oi.shape[0], b_oi.shape[0], c_oi.shape[0]
-    I = a_oi.shape[1]
-    wa, wb, wc = a_oi.reshape(-1), b_oi.reshape(-1), c_oi.reshape(-1)
-    for r in prange(Oa + Ob + Oc):
-        ahead = r + PREFETCH_ROWS_AHEAD
-        if ahead < Oa:
-            _prefetch_row(wa, I, ahead)
-        elif ahead < Oa + Ob:
-            _prefetch_row(wb, I, ahead - Oa)
-        elif ahead < Oa + Ob + Oc:
-            _prefetch_row(wc, I, ahead - Oa - Ob)
-        if r < Oa:
-            _row_times(x_ni, a_oi, r, out_a)
-        elif r < Oa + Ob:
-            _row_times(x_ni, b_oi, r - Oa, out_b)
-        else:
-            _row_times(x_ni, c_oi, r - Oa - Ob, out_c)
-
-
-def linears(x, weights, biases=None):
-    """``nn.linears``.  Two or three ``BF16Matrix`` weights of the same input width and a few rows of x (a
-    generation step's q/k/v or gate/up), on more than one thread: one kernel call, one parallel loop over
-    all their rows, so one barrier instead of three (each output computed as ``linear``'s kernel computes
-    it, the same bits); anything else: ``linear`` one by one."""
-    biases = (None,) * len(weights) if biases is None else biases
-    I = x.shape[-1]
-    fused = (
-        x.dtype == np.float32
-        and len(weights) in (2, 3)
-        and all(isinstance(w, BF16Matrix) and w.shape[1] == I for w in weights)
-        and x.size <= MATVEC_MAX_ROWS * I
-        and numba.get_num_threads() > 1  # on one thread there is no barrier to save (measured: 5-10% slower)
-    )
-    if not fused:
-        return tuple(linear(x, w, b) for w, b in zip(weights, biases))
-    x_ni = np.ascontiguousarray(x).reshape(-1, I)
-    bits = [w.bits for w in weights]
-    if len(bits) == 2:
-        bits.append(np.zeros((0, I), dtype=np.uint16))
-    outs = [np.empty((x_ni.shape[0], b.shape[0]), dtype=np.float32) for b in bits]
-    _bf16_rows_times_3(x_ni, *bits, *outs)
-    result = []
-    for out_no, b_o in zip(outs[: len(weights)], biases):
-        if b_o is not None:
-            out_no += b_o
-        result.append(out_no.reshape(x.shape[:-1] + (out_no.shape[1],)))
-    return tuple(result)
 
 
 # ----------------------------------------------------------------------------- one decoder layer, one position
@@ -739,38 +675,26 @@ def _norm_rope_head(v_d, w_d, eps, cos_d, sin_d, tmp_d):
 
 
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _decoder_step_bf16(
-    x_c, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_d, sin_d, k_gsd, v_gsd, n, eps
-):
-    """One Qwen3 decoder layer for ONE position of ONE row, on bf16 words, with its KV cache (written at
-    index n, attended over 0..n): returns the layer's output [C].  Five parallel loops (q/k/v; the heads'
-    attention; o_proj; gate/up; down_proj), the norms and RoPE in between on one thread; the formulas of
-    ``transformer.transformer_layer`` in the same order."""
-    C = x_c.shape[0]
+def _matvec_bf16_into(x_i, bits_oi, out_o):
+    """out[o] = sum_i x[i] * widen(bits[o, i]) for ONE row of x, parallel over the weight rows, row o + 8
+    asked for while row o is multiplied.  One matrix per parallel loop: a loop whose body chooses between
+    two or three matrices (the q/k/v rows stacked) streamed them at 20 GB/s where one loop per matrix
+    reads 28 (the same weights, 2 threads; the branch is in the compiled loop, not in the data)."""
+    O, I = bits_oi.shape
+    words = bits_oi.reshape(-1)
+    for o in prange(O):
+        if o + PREFETCH_ROWS_AHEAD < O:
+            _prefetch_row(words, I, o + PREFETCH_ROWS_AHEAD)
+        out_o[o] = _dot_bf16(x_i, bits_oi, o)
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _attend_one_position(q_hd, k_gsd, v_gsd, S, out_hd):
+    """out[h] = softmax(q[h] . k[g, :S] / sqrt(D)) @ v[g, :S] for each head h of group g (GQA), parallel
+    over the heads: the attention of one new position over the S cached ones (``nn.attention``)."""
     G, D = k_gsd.shape[0], k_gsd.shape[2]
-    H = q_oi.shape[0] // D
-    h_c = np.empty(C, dtype=np.float32)
-    _rms_norm_into(x_c, ln1_c, eps, h_c)
-    Oq, Ok = q_oi.shape[0], k_oi.shape[0]
-    qkv = np.empty(Oq + 2 * Ok, dtype=np.float32)
-    for r in prange(Oq + 2 * Ok):
-        if r < Oq:
-            qkv[r] = _dot_bf16(h_c, q_oi, r)
-        elif r < Oq + Ok:
-            qkv[r] = _dot_bf16(h_c, k_oi, r - Oq)
-        else:
-            qkv[r] = _dot_bf16(h_c, v_oi, r - Oq - Ok)
-    tmp_d = np.empty(D, dtype=np.float32)
-    for hd in range(H):
-        _norm_rope_head(qkv[hd * D : (hd + 1) * D], qn_d, eps, cos_d, sin_d, tmp_d)
-    for g in range(G):
-        _norm_rope_head(qkv[Oq + g * D : Oq + (g + 1) * D], kn_d, eps, cos_d, sin_d, tmp_d)
-        for d in range(D):
-            k_gsd[g, n, d] = qkv[Oq + g * D + d]
-            v_gsd[g, n, d] = qkv[Oq + Ok + g * D + d]
+    H = q_hd.shape[0] // D
     scale = np.float32(D**-0.5)
-    attn_hd = np.empty(H * D, dtype=np.float32)
-    S = n + 1
     for hd in prange(H):
         g = hd // (H // G)
         scores = np.empty(S, dtype=np.float32)
@@ -778,7 +702,7 @@ def _decoder_step_bf16(
         for s_ in range(S):
             acc = np.float32(0.0)
             for d in range(D):
-                acc += qkv[hd * D + d] * k_gsd[g, s_, d]
+                acc += q_hd[hd * D + d] * k_gsd[g, s_, d]
             scores[s_] = acc * scale
             if scores[s_] > m:
                 m = scores[s_]
@@ -787,24 +711,59 @@ def _decoder_step_bf16(
             scores[s_] = np.exp(scores[s_] - m)
             total += scores[s_]
         for d in range(D):
-            attn_hd[hd * D + d] = 0.0
+            out_hd[hd * D + d] = 0.0
         for s_ in range(S):
             p = scores[s_] / total
             for d in range(D):
-                attn_hd[hd * D + d] += p * v_gsd[g, s_, d]
+                out_hd[hd * D + d] += p * v_gsd[g, s_, d]
+
+
+@numba.njit(fastmath=FASTMATH, cache=True)
+def _decoder_step_bf16(
+    x_c, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_d, sin_d, k_gsd, v_gsd, n, eps
+):
+    """One Qwen3 decoder layer for ONE position of ONE row, on bf16 words, with its KV cache (written at
+    index n, attended over 0..n): returns the layer's output [C].  Eight parallel loops, one per matrix
+    (q, k, v, o, gate, up, down: ``_matvec_bf16_into``) and one over the heads' attention; the norms, RoPE,
+    the residual sums and SiLU between them on one thread; the formulas of ``transformer.transformer_layer``
+    in the same order."""
+    C = x_c.shape[0]
+    G, D = k_gsd.shape[0], k_gsd.shape[2]
+    H = q_oi.shape[0] // D
+    h_c = np.empty(C, dtype=np.float32)
+    _rms_norm_into(x_c, ln1_c, eps, h_c)
+    Oq, Ok = q_oi.shape[0], k_oi.shape[0]
+    qkv = np.empty(Oq + 2 * Ok, dtype=np.float32)
+    _matvec_bf16_into(h_c, q_oi, qkv[:Oq])
+    _matvec_bf16_into(h_c, k_oi, qkv[Oq : Oq + Ok])
+    _matvec_bf16_into(h_c, v_oi, qkv[Oq + Ok :])
+    tmp_d = np.empty(D, dtype=np.float32)
+    for hd in range(H):
+        _norm_rope_head(qkv[hd * D : (hd + 1) * D], qn_d, eps, cos_d, sin_d, tmp_d)
+    for g in range(G):
+        _norm_rope_head(qkv[Oq + g * D : Oq + (g + 1) * D], kn_d, eps, cos_d, sin_d, tmp_d)
+        for d in range(D):
+            k_gsd[g, n, d] = qkv[Oq + g * D + d]
+            v_gsd[g, n, d] = qkv[Oq + Ok + g * D + d]
+    attn_hd = np.empty(H * D, dtype=np.float32)
+    _attend_one_position(qkv[:Oq], k_gsd, v_gsd, n + 1, attn_hd)
     x1_c = np.empty(C, dtype=np.float32)
-    for c in prange(C):
-        x1_c[c] = x_c[c] + _dot_bf16(attn_hd, o_oi, c)
+    _matvec_bf16_into(attn_hd, o_oi, x1_c)
+    for c in range(C):
+        x1_c[c] = x_c[c] + x1_c[c]
     _rms_norm_into(x1_c, ln2_c, eps, h_c)
     F = gate_fi.shape[0]
+    gate_f = np.empty(F, dtype=np.float32)
     act_f = np.empty(F, dtype=np.float32)
-    for f in prange(F):
-        gate = _dot_bf16(h_c, gate_fi, f)
-        up = _dot_bf16(h_c, up_fi, f)
-        act_f[f] = gate * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate))) * up
+    _matvec_bf16_into(h_c, gate_fi, gate_f)
+    _matvec_bf16_into(h_c, up_fi, act_f)
+    for f in range(F):
+        gate = gate_f[f]
+        act_f[f] = gate * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate))) * act_f[f]
     out_c = np.empty(C, dtype=np.float32)
-    for c in prange(C):
-        out_c[c] = x1_c[c] + _dot_bf16(act_f, down_cf, c)
+    _matvec_bf16_into(act_f, down_cf, out_c)
+    for c in range(C):
+        out_c[c] = x1_c[c] + out_c[c]
     return out_c
 
 
@@ -956,7 +915,6 @@ TWINS = {
     "snake_beta": snake_beta,
     "conv1d": conv1d,
     "linear": linear,
-    "linears": linears,
     "decoder_layer_step": decoder_layer_step,
     "residual_unit_push": residual_unit_push,
     "resnet_block_offline": resnet_block_offline,

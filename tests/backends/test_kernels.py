@@ -33,7 +33,7 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     import inspect
 
     assert set(numba_cpu.TWINS) == {
-        *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear", "linears"),
+        *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline"),
     }
     for name, twin in numba_cpu.TWINS.items():
@@ -378,48 +378,20 @@ def test_linear_twin_edge_shapes():
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**31),
-    outs=st.lists(st.integers(1, 40), min_size=2, max_size=3),
-    I=st.integers(1, 90),
-    rows=st.sampled_from(((1,), (2,), (1, 16), (3, 1), (17,))),
-    bias=st.booleans(),
-)
-def test_linears_twin_is_linear_twin_per_matrix(seed, outs, I, rows, bias):
-    """The fused q/k/v (gate/up) product: each output bit for bit what the linear twin gives for its matrix
-    (the same inner loop, one parallel loop over all rows; 17 rows: linear one by one), and so within the
-    reduction-length bound of the reference."""
+@given(seed=st.integers(0, 2**31), O=st.integers(1, 70), I=st.integers(1, 300))
+def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I):
+    """The one-row matrix-vector kernel of decoder_layer_step (one parallel loop per matrix, rows prefetched
+    ahead, widths that are and are not a multiple of the vector length) gives linear's kernel's bits, and
+    so stays within the reduction-length bound of the float64 product of the same bf16 weights."""
     rng = np.random.default_rng(seed)
-    ws = [BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))) for O in outs]
-    bs = [rng.standard_normal(O).astype(np.float32) if bias else None for O in outs]
-    x = rng.standard_normal(rows + (I,)).astype(np.float32)
-    got = numba_cpu.linears(x, tuple(ws), tuple(bs))
-    ref = nn.linears.reference(x, tuple(np.asarray(w) for w in ws), tuple(bs))
-    assert len(got) == len(ws)
-    if x.size <= numba_cpu.MATVEC_MAX_ROWS * I:  # the kernel itself (linears uses it on 2+ threads)
-        bits = [w.bits for w in ws] + [np.zeros((0, I), np.uint16)] * (3 - len(ws))
-        kernel_outs = [np.empty((x.size // I, b.shape[0]), np.float32) for b in bits]
-        numba_cpu._bf16_rows_times_3(x.reshape(-1, I), *bits, *kernel_outs)
-        for out, w in zip(kernel_outs, ws):
-            np.testing.assert_array_equal(out.reshape(rows + (w.shape[0],)), numba_cpu.linear(x, w))
-    for g, r, w, b in zip(got, ref, ws, bs):
-        np.testing.assert_array_equal(g, numba_cpu.linear(x, w, b))
-        assert g.shape == r.shape and g.dtype == np.float32
-        abs_sum = np.abs(x.astype(np.float64)) @ np.abs(np.asarray(w, np.float64)).T + (np.abs(b) if bias else 0)
-        assert np.all(np.abs(g.astype(np.float64) - r) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
-
-
-def test_linears_twin_falls_back_to_linear():
-    """Float32 weights, one weight, widths that differ, float64 x: linear one by one (the same values)."""
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((1, 6)).astype(np.float32)
-    f32 = (rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal((3, 6)).astype(np.float32))
-    one = (BF16Matrix(float32_to_bf16_bits(f32[0])),)
-    for weights in (f32, one):
-        for got, w in zip(numba_cpu.linears(x, weights), weights):
-            np.testing.assert_array_equal(got, numba_cpu.linear(x, w))
-    with pytest.raises(ValueError):
-        numba_cpu.linears(x, (one[0], BF16Matrix(float32_to_bf16_bits(rng.standard_normal((2, 5)).astype(np.float32)))))
+    bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
+    x = rng.standard_normal(I).astype(np.float32)
+    out = np.full(O, np.nan, np.float32)
+    numba_cpu._matvec_bf16_into(x, bits, out)
+    np.testing.assert_array_equal(out, numba_cpu.linear(x[None], BF16Matrix(bits))[0])
+    w = np.asarray(BF16Matrix(bits), np.float64)
+    x64 = x.astype(np.float64)
+    assert np.all(np.abs(out - w @ x64) <= (I + 1) * np.finfo(np.float32).eps * (np.abs(w) @ np.abs(x64)))
 
 
 def random_qwen3_layer(rng, C, H, G, D, F, dtype):
