@@ -581,9 +581,14 @@ def _bf16_to_f32(typingctx, bits):
     return sig, codegen
 
 
+PREFETCH_LOCALITY = 2  # LLVM's locality 2: prefetcht1, into level 2 (3 would be prefetcht0, into level 1)
+
+
 @intrinsic
 def _prefetch(typingctx, array, index):
-    """Ask the processor to start loading array[index] into the cache (no effect on the result)."""
+    """Ask the processor to start loading array[index] into its level-2 cache (``prefetcht1``; no effect
+    on the result).  Into level 1 instead (``prefetcht0``), a generation frame measured 5-6% slower
+    (149-153 ms against 139-144 ms, alternating): level 1 holds fewer lines in flight."""
     sig = types.void(array, index)
 
     def codegen(context, builder, signature, args):
@@ -602,9 +607,9 @@ def _prefetch(typingctx, array, index):
             fn,
             [
                 builder.bitcast(ptr, ir.IntType(8).as_pointer()),
-                ir.Constant(i32, 0),
-                ir.Constant(i32, 3),
-                ir.Constant(i32, 1),
+                ir.Constant(i32, 0),  # a read
+                ir.Constant(i32, PREFETCH_LOCALITY),
+                ir.Constant(i32, 1),  # of data
             ],
         )
         return context.get_dummy_value()
