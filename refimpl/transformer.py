@@ -333,27 +333,44 @@ def transformer_layer(
 
 @primitive
 def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
-    """One Qwen3 layer (``QWEN3``) for ONE new position of ONE row, nothing recorded, the query seeing every
-    cached key: ``transformer_layer`` itself (the reference of the fused twin in
+    """One Qwen3 layer (``QWEN3``) for a few new positions of ONE row (a generation step: one; the code
+    predictor's first pass: two), nothing recorded, new position t seeing every cached key and the new
+    ones up to itself: ``transformer_layer`` itself (the reference of the fused twin in
     ``refimpl/backends/numba_cpu.py``, which runs the layer in one call).  ``cache`` (a ``KVCache``) must
-    have room for the position."""
-    n = cache.length
-    mask = nn.AttentionMask(nn.arange(n, n + 1), nn.arange(n + 1))
+    have room for the positions."""
+    n, T = cache.length, x_btc.shape[1]
+    mask = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
     return transformer_layer(lw, QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, cache, eps)
 
 
+STEP_MAX_POSITIONS = 16  # new positions a fused step takes at most (more: a prompt, layer by layer)
+
+
 def _fused_step_fits(layers: list, kind: LayerKind, x_btc, allowed, caches, record: Recorder) -> bool:
-    """Whether ``transformer_stack`` may run its layers through ``decoder_layer_step``: one row, one new
-    position, Qwen3 layers with bf16 matrices and no biases, plain caches, no window, no padding, nothing
-    recorded (the fused twin's conditions; elsewhere it is ``transformer_layer`` all the same)."""
-    if kind != QWEN3 or caches is None or record.enabled or x_btc.shape[:2] != (1, 1) or not layers:
+    """Whether ``transformer_stack`` may run its layers through ``decoder_layer_step``: one row, at most
+    ``STEP_MAX_POSITIONS`` new positions that are the cache's next ones and see the keys causally (one
+    position sees them all), Qwen3 layers with bf16 matrices and no biases, plain caches, no window, no
+    padding, nothing recorded (the fused twin's conditions; elsewhere it is ``transformer_layer`` all the
+    same)."""
+    B, T = x_btc.shape[:2]
+    if kind != QWEN3 or caches is None or record.enabled or B != 1 or not 1 <= T <= STEP_MAX_POSITIONS or not layers:
         return False
     if not isinstance(allowed, nn.AttentionMask) or allowed.window is not None:
         return False
     fits = all(type(c) is KVCache for c in caches) and all(
         isinstance(lw[n], BF16Matrix) and f"{n[:-6]}bias" not in lw for lw in layers for n in _STEP_MATRICES
     )  # (on a device backend a single row has no key mask: the Talker leaves it out when nothing is padding)
+    if fits and T > 1:  # several new positions: the causal order must be the cache's
+        n = caches[0].length
+        fits = all(c.length == n for c in caches) and _is_range(allowed.query_positions_t, n, n + T)
+        fits = fits and _is_range(allowed.key_positions_s, 0, n + T)
     return fits and (allowed.key_valid_bs is None or bool(np.all(nn.to_host(allowed.key_valid_bs))))
+
+
+def _is_range(positions, start: int, stop: int) -> bool:
+    """Whether ``positions`` is exactly start, start + 1, ..., stop - 1."""
+    positions = np.asarray(nn.to_host(positions))
+    return positions.shape == (stop - start,) and bool(np.all(positions == np.arange(start, stop)))
 
 
 _STEP_MATRICES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
@@ -377,7 +394,7 @@ def transformer_stack(
     cache per layer.  Each layer's output is recorded as ``layers.{i}``, its parts as ``layers.{i}.mlp``..."""
     if _fused_step_fits(layers, kind, x_btc, allowed, caches, record):  # a generation step: one call a layer
         for lw, cache in zip(layers, caches):
-            cache.reserve(1)
+            cache.reserve(x_btc.shape[1])
             x_btc = decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps)
         return x_btc
     for i, lw in enumerate(layers):

@@ -724,61 +724,80 @@ def _attend_one_position(q_hd, k_gsd, v_gsd, S, out_hd):
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
+def _products_into(x_ni, bits_oi, out_no):
+    """out = x @ widen(bits)^T for the few rows of x of a generation step: one row by ``_matvec_bf16_into``,
+    more by ``_bf16_rows_times`` (each weight row read once for all of them)."""
+    if x_ni.shape[0] == 1:
+        _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
+    else:
+        _bf16_rows_times(x_ni, bits_oi, out_no)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True)
 def _decoder_step_bf16(
-    x_c, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_d, sin_d, k_gsd, v_gsd, n, eps
-):
-    """One Qwen3 decoder layer for ONE position of ONE row, on bf16 words, with its KV cache (written at
-    index n, attended over 0..n): returns the layer's output [C].  Eight parallel loops, one per matrix
-    (q, k, v, o, gate, up, down: ``_matvec_bf16_into``) and one over the heads' attention; the norms, RoPE,
-    the residual sums and SiLU between them on one thread; the formulas of ``transformer.transformer_layer``
-    in the same order."""
-    C = x_c.shape[0]
+    x_tc, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_td, sin_td,
+    k_gsd, v_gsd, n, eps
+):  # fmt: skip
+    """One Qwen3 decoder layer for T new positions (a few) of ONE row, on bf16 words, with its KV cache
+    (written at indices n..n+T-1; position t attends over 0..n+t): returns the layer's output [T, C].  One
+    parallel loop per matrix (q, k, v, o, gate, up, down: ``_products_into``) and one over the heads'
+    attention for each position; the norms, RoPE, the residual sums and SiLU between them on one thread;
+    the formulas of ``transformer.transformer_layer`` in the same order."""
+    T, C = x_tc.shape
     G, D = k_gsd.shape[0], k_gsd.shape[2]
     H = q_oi.shape[0] // D
-    h_c = np.empty(C, dtype=np.float32)
-    _rms_norm_into(x_c, ln1_c, eps, h_c)
-    Oq, Ok = q_oi.shape[0], k_oi.shape[0]
-    qkv = np.empty(Oq + 2 * Ok, dtype=np.float32)
-    _matvec_bf16_into(h_c, q_oi, qkv[:Oq])
-    _matvec_bf16_into(h_c, k_oi, qkv[Oq : Oq + Ok])
-    _matvec_bf16_into(h_c, v_oi, qkv[Oq + Ok :])
+    Oq, Ok, F = q_oi.shape[0], k_oi.shape[0], gate_fi.shape[0]
+    h_tc = np.empty((T, C), dtype=np.float32)
+    for t in range(T):
+        _rms_norm_into(x_tc[t], ln1_c, eps, h_tc[t])
+    q_tq = np.empty((T, Oq), dtype=np.float32)
+    k_tk = np.empty((T, Ok), dtype=np.float32)
+    v_tk = np.empty((T, Ok), dtype=np.float32)
+    _products_into(h_tc, q_oi, q_tq)
+    _products_into(h_tc, k_oi, k_tk)
+    _products_into(h_tc, v_oi, v_tk)
     tmp_d = np.empty(D, dtype=np.float32)
-    for hd in range(H):
-        _norm_rope_head(qkv[hd * D : (hd + 1) * D], qn_d, eps, cos_d, sin_d, tmp_d)
-    for g in range(G):
-        _norm_rope_head(qkv[Oq + g * D : Oq + (g + 1) * D], kn_d, eps, cos_d, sin_d, tmp_d)
-        for d in range(D):
-            k_gsd[g, n, d] = qkv[Oq + g * D + d]
-            v_gsd[g, n, d] = qkv[Oq + Ok + g * D + d]
-    attn_hd = np.empty(H * D, dtype=np.float32)
-    _attend_one_position(qkv[:Oq], k_gsd, v_gsd, n + 1, attn_hd)
-    x1_c = np.empty(C, dtype=np.float32)
-    _matvec_bf16_into(attn_hd, o_oi, x1_c)
-    for c in range(C):
-        x1_c[c] = x_c[c] + x1_c[c]
-    _rms_norm_into(x1_c, ln2_c, eps, h_c)
-    F = gate_fi.shape[0]
-    gate_f = np.empty(F, dtype=np.float32)
-    act_f = np.empty(F, dtype=np.float32)
-    _matvec_bf16_into(h_c, gate_fi, gate_f)
-    _matvec_bf16_into(h_c, up_fi, act_f)
-    for f in range(F):
-        gate = gate_f[f]
-        act_f[f] = gate * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate))) * act_f[f]
-    out_c = np.empty(C, dtype=np.float32)
-    _matvec_bf16_into(act_f, down_cf, out_c)
-    for c in range(C):
-        out_c[c] = x1_c[c] + out_c[c]
-    return out_c
+    attn_tq = np.empty((T, H * D), dtype=np.float32)
+    for t in range(T):
+        for hd in range(H):
+            _norm_rope_head(q_tq[t, hd * D : (hd + 1) * D], qn_d, eps, cos_td[t], sin_td[t], tmp_d)
+        for g in range(G):
+            _norm_rope_head(k_tk[t, g * D : (g + 1) * D], kn_d, eps, cos_td[t], sin_td[t], tmp_d)
+            for d in range(D):
+                k_gsd[g, n + t, d] = k_tk[t, g * D + d]
+                v_gsd[g, n + t, d] = v_tk[t, g * D + d]
+    for t in range(T):  # after every new key is in the cache: position t sees 0..n+t
+        _attend_one_position(q_tq[t], k_gsd, v_gsd, n + t + 1, attn_tq[t])
+    x1_tc = np.empty((T, C), dtype=np.float32)
+    _products_into(attn_tq, o_oi, x1_tc)
+    for t in range(T):
+        for c in range(C):
+            x1_tc[t, c] = x_tc[t, c] + x1_tc[t, c]
+        _rms_norm_into(x1_tc[t], ln2_c, eps, h_tc[t])
+    gate_tf = np.empty((T, F), dtype=np.float32)
+    act_tf = np.empty((T, F), dtype=np.float32)
+    _products_into(h_tc, gate_fi, gate_tf)
+    _products_into(h_tc, up_fi, act_tf)
+    for t in range(T):
+        for f in range(F):
+            gate = gate_tf[t, f]
+            act_tf[t, f] = gate * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate))) * act_tf[t, f]
+    out_tc = np.empty((T, C), dtype=np.float32)
+    _products_into(act_tf, down_cf, out_tc)
+    for t in range(T):
+        for c in range(C):
+            out_tc[t, c] = x1_tc[t, c] + out_tc[t, c]
+    return out_tc
 
 
 def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
-    """``transformer.decoder_layer_step`` (one Qwen3 layer, one position of one row, bf16 weights, a
-    ``KVCache`` with room for it) in one Numba call."""
+    """``transformer.decoder_layer_step`` (one Qwen3 layer, a few new positions of one row, bf16 weights, a
+    ``KVCache`` with room for them) in one Numba call."""
     a, m = lw.sub("self_attn."), lw.sub("mlp.")
     n = cache.length
-    out_c = _decoder_step_bf16(
-        np.ascontiguousarray(x_btc, dtype=np.float32).reshape(-1),
+    T, C = x_btc.shape[1], x_btc.shape[2]
+    out_tc = _decoder_step_bf16(
+        np.ascontiguousarray(x_btc, dtype=np.float32).reshape(T, C),
         lw["input_layernorm.weight"],
         a["q_proj.weight"].bits,
         a["k_proj.weight"].bits,
@@ -790,15 +809,15 @@ def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
         m["gate_proj.weight"].bits,
         m["up_proj.weight"].bits,
         m["down_proj.weight"].bits,
-        np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(-1),
-        np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(-1),
+        np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(T, -1),
+        np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(T, -1),
         cache.k[0],
         cache.v[0],
         n,
         np.float32(eps),
     )
-    cache.length = n + 1
-    return out_c.reshape(x_btc.shape)
+    cache.length = n + T
+    return out_tc.reshape(x_btc.shape)
 
 
 @numba.njit(cache=True)

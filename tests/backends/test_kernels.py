@@ -415,33 +415,34 @@ def random_qwen3_layer(rng, C, H, G, D, F, dtype):
 
 
 @pytest.mark.parametrize("n_cached", [0, 1, 16, 40])
+@pytest.mark.parametrize("T", [1, 2, 5])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_decoder_layer_step_twin_equals_the_layer(n_cached, seed):
-    """The fused one-position layer (bf16 words) against the composition transformer_layer, both in float32,
+def test_decoder_layer_step_twin_equals_the_layer(n_cached, T, seed):
+    """The fused layer for T new positions (bf16 words) against the composition transformer_layer, both in float32,
     each measured against the same layer in float64 (the exact values of the same bf16 weights): the twin
     may be off by no more than twice the float32 composition, plus a floor of the float32 rounding of the
     longest reduction (the MLP's, F terms) at the output's scale.  The new keys and values land in the
-    cache like cache.append's, and the length grows by one."""
+    cache like cache.append's, and the length grows by T."""
     C, H, G, D, F = 48, 4, 2, 16, 96
     eps = 1e-6
     out = {}
     for dtype in (np.float32, np.float64):
         lw, cfg = random_qwen3_layer(np.random.default_rng(seed), C, H, G, D, F, dtype)
-        x = np.random.default_rng(seed + 7).standard_normal((1, 1, C)).astype(dtype)
-        cos, sin = nn.rope_cos_sin(np.array([n_cached]), D, 10000.0, dtype)
+        x = np.random.default_rng(seed + 7).standard_normal((1, T, C)).astype(dtype)
+        cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, dtype)
         past = np.random.default_rng(seed + 9).standard_normal((2, 1, G, n_cached, D)).astype(dtype)
         for kind in ("twin", "reference") if dtype == np.float32 else ("reference",):
             cache = transformer.KVCache(1, G, D, dtype, capacity=4)
             cache.append(past[0], past[1])
-            cache.reserve(1)
+            cache.reserve(T)
             step = numba_cpu.decoder_layer_step if kind == "twin" else transformer.decoder_layer_step.reference
             with kernels.use_backend("numpy"):
                 y = step(x, lw, cfg, cos[None], sin[None], cache, eps)
-            assert y.shape == (1, 1, C) and y.dtype == dtype and cache.length == n_cached + 1
+            assert y.shape == (1, T, C) and y.dtype == dtype and cache.length == n_cached + T
             out[kind, np.dtype(dtype).name] = (
                 y,
-                cache.k[:, :, : n_cached + 1].copy(),
-                cache.v[:, :, : n_cached + 1].copy(),
+                cache.k[:, :, : n_cached + T].copy(),
+                cache.v[:, :, : n_cached + T].copy(),
             )
     exact = [a.astype(np.float64) for a in out["reference", "float64"]]
     for i, what in enumerate(("output", "keys", "values")):
@@ -452,9 +453,10 @@ def test_decoder_layer_step_twin_equals_the_layer(n_cached, seed):
 
 
 def test_the_stack_takes_the_fused_step_only_where_it_fits():
-    """transformer_stack runs decoder_layer_step for one position of one row with bf16 layers and plain
-    caches, nothing recorded; a prompt (2 positions), a recorder or float32 matrices take the layer by
-    layer path.  Over a prompt and three steps the two paths give the same values (float32 bound)."""
+    """transformer_stack runs decoder_layer_step for up to 16 new positions of one row with bf16 layers and
+    plain caches, nothing recorded; a prompt (17 positions), a recorder or float32 matrices take the layer
+    by layer path.  Over a prompt, a 2-position step and two 1-position steps the two paths give the same
+    values (float32 bound)."""
     from refimpl.recorder import Recorder
 
     rng = np.random.default_rng(3)
@@ -471,9 +473,9 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
     results = {}
     for path in ("fused", "layer by layer"):
         caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
-        xs = np.random.default_rng(4).standard_normal((1, 5, C)).astype(np.float32)
+        xs = np.random.default_rng(4).standard_normal((1, 21, C)).astype(np.float32)
         outs = []
-        for start, stop in ((0, 2), (2, 3), (3, 4), (4, 5)):
+        for start, stop in ((0, 17), (17, 19), (19, 20), (20, 21)):
             pos = nn.arange(start, stop)
             cos, sin = nn.rope_cos_sin(pos, D, 10000.0, np.float32)
             mask = nn.AttentionMask(pos, nn.arange(stop))
@@ -500,10 +502,34 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
                 table["decoder_layer_step"] = fused
         results[path] = np.concatenate(outs, axis=1)
         if path == "fused":
-            assert len(calls) == 3 * len(layers)  # the three one-position steps, not the 2-position prompt
+            assert len(calls) == 3 * len(layers)  # the three steps, not the 17-position prompt
         else:
             assert len(calls) == 3 * len(layers)  # unchanged: a recorder was given
     np.testing.assert_allclose(results["fused"], results["layer by layer"], rtol=1e-4, atol=1e-5)
+
+
+def test_several_new_positions_take_the_fused_step_only_in_the_cache_order():
+    """Two new positions are fused where they are the cache's next two and see the keys causally; queries at
+    other positions (a mask not the cache's order), caches of different lengths, two rows or more than
+    STEP_MAX_POSITIONS positions take the layer by layer path."""
+    from refimpl.recorder import Recorder
+
+    lw, _ = random_qwen3_layer(np.random.default_rng(0), 16, 2, 1, 8, 32, np.float32)
+    caches = [transformer.KVCache(1, 1, 8, np.float32, capacity=8) for _ in range(2)]
+    for c in caches:
+        c.append(*np.zeros((2, 1, 1, 3, 8), np.float32))
+    fits = lambda x, mask, cs=caches: transformer._fused_step_fits(  # noqa: E731
+        [lw, lw], transformer.QWEN3, x, mask, cs, Recorder(None)
+    )
+    two = np.zeros((1, 2, 16), np.float32)
+    assert fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(5)))
+    assert not fits(two, nn.AttentionMask(nn.arange(4, 6), nn.arange(6)))  # not the cache's next positions
+    assert not fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(1, 6)))  # keys not the cache's
+    uneven = [caches[0], transformer.KVCache(1, 1, 8, np.float32, capacity=8)]
+    assert not fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(5)), uneven)
+    assert not fits(np.zeros((2, 2, 16), np.float32), nn.AttentionMask(nn.arange(3, 5), nn.arange(5)))
+    many = transformer.STEP_MAX_POSITIONS + 1
+    assert not fits(np.zeros((1, many, 16), np.float32), nn.AttentionMask(nn.arange(3, 3 + many), nn.arange(3 + many)))
 
 
 def test_bf16_matrix_widens_exactly_where_used():
