@@ -9,7 +9,9 @@ own ``BF16Matrix`` words: memory-mapped, or the huge-page copy of ``refimpl/io/c
 ``read_kernel`` is a Numba reduction that streams them on the same threads as the matrix-vector
 kernel, doing nothing else: its time is the least a frame can take on this machine at this moment.
 ``main`` prints the floor, our time per frame (Talker step + code predictor, from a greedy run) and
-their ratio (the first row of ``bench_table.py``).
+their ratio (the first row of ``bench_table.py``), and the rates of the generation kernels on the
+Talker's 28 layers of real (cold) weights: the matrix-vector kernel one matrix per call (GB/s, against
+the read kernel over the same matrices) and the prompt's block kernel with 28 rows (GFLOP/s).
 """
 
 from __future__ import annotations
@@ -98,6 +100,54 @@ def per_frame_seconds(tts, frames: int) -> tuple:
     return (s["talker step"] + s["code predictor"]) / n, len(codes)
 
 
+def talker_matrices(tts) -> list:
+    """The bf16 word matrices ([O, I] uint16) of the Talker's layers, in the order a step reads them."""
+    from refimpl.backends.bf16 import BF16Matrix
+
+    w = tts.talker.weights
+    return [
+        np.asarray(m.bits).view(np.ndarray)
+        for n, m in w.items()
+        if n.startswith("model.layers.") and isinstance(m, BF16Matrix)
+    ]
+
+
+def kernel_rates(tts, repeats: int = 5) -> str:
+    """The matrix-vector kernel (one row of x, one matrix per call) and the block kernel (28 rows) over the
+    Talker's layers, best of ``repeats`` passes, with the read kernel over the same words for comparison."""
+    from refimpl.backends import numba_cpu
+
+    mats = talker_matrices(tts)
+    nbytes = sum(m.nbytes for m in mats)
+    xs = {I: np.random.default_rng(0).standard_normal((28, I)).astype(np.float32) for I in {m.shape[1] for m in mats}}
+    outs = [np.empty((28, m.shape[0]), np.float32) for m in mats]
+    flat = numba.typed.List([m.reshape(-1) for m in mats])
+    chunks = np.array(
+        [(k, s, min(s + CHUNK_WORDS, a.size)) for k, a in enumerate(flat) for s in range(0, a.size, CHUNK_WORDS)],
+        dtype=np.int64,
+    )
+    threads = numba.get_num_threads()
+
+    def best(fn):
+        fn()  # compiled or loaded before timing
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    read = best(lambda: _sum_words(flat, chunks))
+    matvec = best(lambda: [numba_cpu._matvec_bf16_into(xs[m.shape[1]][0], m, o[0]) for m, o in zip(mats, outs)])
+    block = best(lambda: [numba_cpu._bf16_block_times(xs[m.shape[1]], m, o, threads) for m, o in zip(mats, outs)])
+    flops = sum(2 * 28 * m.size for m in mats)
+    return (
+        f"Talker's {len(mats)} matrices ({nbytes / 1e9:.2f} GB): read kernel {nbytes / read / 1e9:.1f} GB/s, "
+        f"matrix-vector kernel {nbytes / matvec / 1e9:.1f} GB/s, "
+        f"block kernel (28 rows) {flops / block / 1e9:.0f} GFLOP/s"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=10)
@@ -117,6 +167,7 @@ def main() -> None:
         f"({numba.get_num_threads()} threads) = {1000 * floor:.0f} ms; ours {1000 * frame:.0f} ms per frame "
         f"({n} frames): {frame / floor:.2f} x the floor"
     )
+    print(kernel_rates(tts, args.repeats))
 
 
 if __name__ == "__main__":
