@@ -20,7 +20,7 @@ temporary directory; ``NUMBA_CACHE_DIR`` set by the user wins.  Loops use 512-bi
 processor has them (LLVM prefers 256-bit ones by default, which halves the speed of these loops).
 Parallel loops run on Numba's default (OpenMP) threads; ``NUMBA_NUM_THREADS`` sets their number (default:
 the cores).  The "workqueue" pool, whose threads sleep between loops, made a generation frame 1.5x slower
-here (its wake-up costs more than the 736 small products of a frame can hide; docs/performance.md).
+here (its wake-up costs more than the 850 small parallel loops of a frame can hide; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -646,7 +646,7 @@ def _prefetch_row(words, I, o):
         _prefetch(words, j)
 
 
-# ----------------------------------------------------------------------------- one decoder layer, one position
+# ----------------------------------------------------------------------------- one decoder layer, a few new positions
 
 
 @numba.njit(fastmath=FASTMATH, inline="always")
