@@ -369,8 +369,10 @@ def _fused_step_fits(layers: list, kind: LayerKind, x_btc, allowed, caches, reco
 
 def _is_range(positions, start: int, stop: int) -> bool:
     """Whether ``positions`` is exactly start, start + 1, ..., stop - 1."""
-    positions = np.asarray(nn.to_host(positions))
-    return positions.shape == (stop - start,) and bool(np.all(positions == np.arange(start, stop)))
+    positions = np.asarray(nn.to_host(positions))  # (host-side: a decision, not stage arithmetic)
+    if positions.shape != (stop - start,):
+        return False
+    return positions.size == 0 or (int(positions[0]) == start and bool(np.all(np.diff(positions) == 1)))
 
 
 _STEP_MATRICES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
