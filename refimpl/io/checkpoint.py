@@ -498,13 +498,24 @@ def check_weights(
 
 
 def non_finite_tensors(weights: Mapping[str, np.ndarray], names, chunk: int = 1 << 22) -> list:
-    """Names of floating tensors that hold NaN or infinity, read in chunks (no full-size temporary)."""
+    """Names of floating tensors that hold NaN or infinity, read in chunks (no full-size temporary).  The
+    pages of a memory-mapped lookup table are given back as soon as they are checked (``release_pages``):
+    generation reads a few of its rows, so the check must not leave the whole table in this process's
+    memory (the Talker's text embedding alone is 622 MB of the 0.6B model's 1.81 GB)."""
     bad = []
     for name in names:
         arr = weights[name]
         if isinstance(arr, BF16Matrix):  # NaN or infinity: all 8 exponent bits set
             flat = arr.bits.reshape(-1)
-            if any(np.any(flat[i : i + chunk] & 0x7F80 == 0x7F80) for i in range(0, flat.size, chunk)):
+            release = is_lookup_table(name)
+            finite = True
+            for i in range(0, flat.size, chunk):
+                finite = finite and not np.any(flat[i : i + chunk] & 0x7F80 == 0x7F80)
+                if release:
+                    release_pages(flat[i : i + chunk])
+                elif not finite:
+                    break
+            if not finite:
                 bad.append(name)
             continue
         if arr.dtype.kind != "f":
@@ -513,6 +524,23 @@ def non_finite_tensors(weights: Mapping[str, np.ndarray], names, chunk: int = 1 
         if any(not np.isfinite(flat[i : i + chunk]).all() for i in range(0, flat.size, chunk)):
             bad.append(name)
     return bad
+
+
+def release_pages(arr) -> bool:
+    """Give back this process's mapping of the whole pages under ``arr`` when it is a view of a read-only
+    memory map of a file (``madvise(MADV_DONTNEED)``): the values are unchanged, and a later read maps the
+    pages again from the file (from the system's page cache while it holds them).  Returns whether it did
+    (False for arrays in memory, or where the system has no ``MADV_DONTNEED``)."""
+    mapping = getattr(arr, "_mmap", None)
+    if mapping is None or not hasattr(mmap, "MADV_DONTNEED") or arr.size == 0:
+        return False
+    start = np.frombuffer(mapping, dtype=np.uint8, count=0).ctypes.data  # where the map begins
+    first = arr.ctypes.data - start
+    begin = -(-first // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages only: neighbours keep theirs
+    end = (first + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > begin:
+        mapping.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+    return True
 
 
 def check_prefixes(directory: str | os.PathLike, prefixes: Iterable[str], where: str) -> None:

@@ -234,3 +234,30 @@ def test_bf16_matrices_kept_as_their_stored_words(tmp_path, monkeypatch, huge_pa
     if huge_pages == "1":  # one region for the file, each matrix on a cache line, the region on a 2 MB boundary
         first = out["a.weight"].bits.ctypes.data
         assert first % checkpoint.HUGE_PAGE_BYTES == 0 and out["c.weight"].bits.ctypes.data % 64 == 0
+
+
+def _rss_file_bytes() -> int:
+    """This process's resident pages of mapped files (Linux ``/proc/self/status``)."""
+    return 1024 * int(next(line for line in open("/proc/self/status") if line.startswith("RssFile:")).split()[1])
+
+
+def test_the_finiteness_check_gives_back_a_lookup_tables_pages(tmp_path):
+    """A memory-mapped embedding table is read whole by the load's finiteness check, then its pages are given
+    back (the process's mapped-file memory does not grow by the table), its values unchanged and read
+    again on use; a table holding a NaN is still named."""
+    from refimpl.io import checkpoint
+
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((4096, 1024)).astype(np.float32)  # 8 MB of bf16 words
+    write_safetensors_file(tmp_path / "m.safetensors", {"x.embedding.weight": table}, "bfloat16")
+    out = read_safetensors_file(tmp_path / "m.safetensors", np.float32, keep_bf16=True)
+    words = out["x.embedding.weight"].bits
+    before = _rss_file_bytes()
+    assert checkpoint.non_finite_tensors(out, ["x.embedding.weight"], chunk=1 << 20) == []
+    assert _rss_file_bytes() - before < words.nbytes // 4
+    np.testing.assert_array_equal(words, float32_to_bf16_bits(table))  # read again from the file
+    assert checkpoint.release_pages(words) and not checkpoint.release_pages(np.asarray(table))
+    table[4000, 7] = np.nan
+    write_safetensors_file(tmp_path / "n.safetensors", {"x.embedding.weight": table}, "bfloat16")
+    bad = read_safetensors_file(tmp_path / "n.safetensors", np.float32, keep_bf16=True)
+    assert checkpoint.non_finite_tensors(bad, ["x.embedding.weight"], chunk=1 << 20) == ["x.embedding.weight"]
