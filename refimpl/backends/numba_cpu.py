@@ -458,6 +458,41 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     return out_bct
 
 
+def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
+    """``codec.encoder.elu_causal_conv_offline`` (float32, zero padding) over pieces of output columns, each
+    one thread's: the ELU of the input span the piece reads (zeros in the causal padding, where the
+    reference pads the ELU's output with zeros), its K taps stacked with the stride, one matrix product,
+    + bias.  The ELU is ``elu``'s own operations (the same bits as the reference's)."""
+    B, C, T = x_bct.shape
+    O, I, K = w_oik.shape
+    if x_bct.dtype != np.float32 or pad_mode != "constant" or I != C:
+        return NotImplemented
+    left = nn.causal_padding(K, stride)
+    padded = left + T + nn.extra_right_padding(T, K, stride)
+    T_out = (padded - K) // stride + 1
+    w_m = np.ascontiguousarray(w_oik.reshape(O, C * K))  # column c * K + k: the order of the stacked taps
+    n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
+    one = np.float32(1.0)
+    out_bot = np.empty((B, O, T_out), np.float32)
+
+    def piece(b, t0):
+        n = min(n_piece, T_out - t0)
+        first, stop = t0 * stride - left, (t0 + n - 1) * stride + K - left  # the span read, in x's samples
+        slab_cs = np.zeros((C, stop - first), np.float32)  # ELU(x[first:stop]), zeros outside x
+        a, z = max(first, 0), min(stop, T)
+        if z > a:
+            _elu_into(x_bct[b, :, a:z], one, slab_cs[:, a - first : z - first])
+        cols_ckn = np.empty((C, K, n), np.float32)
+        _stack_taps_into(slab_cs, 0, stride, 1, cols_ckn)
+        out_on = out_bot[b, :, t0 : t0 + n]
+        np.matmul(w_m, cols_ckn.reshape(C * K, n), out=out_on)
+        if b_o is not None:
+            out_on += b_o[:, None]
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)])
+    return out_bot
+
+
 # ----------------------------------------------------------------------------- transposed convolution
 
 TRANSPOSED_PIECE_BYTES = 4 << 20  # the products of one piece of ``conv_transpose1d`` ([O * K, frames] float32)
@@ -963,5 +998,6 @@ TWINS = {
     "decoder_layer_step": decoder_layer_step,
     "residual_unit_push": residual_unit_push,
     "resnet_block_offline": resnet_block_offline,
+    "elu_causal_conv_offline": elu_causal_conv_offline,
     "conv_transpose1d": conv_transpose1d,
 }

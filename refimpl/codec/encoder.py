@@ -293,6 +293,14 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     return x_bct + h_bct
 
 
+@primitive
+def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
+    """causal_conv(ELU(x)), nothing recorded: the SEANet's ELU and the (strided) conv after it on plain
+    arrays, the reference of the fused twin in ``refimpl/backends/numba_cpu.py`` (which takes the ELU of
+    each piece of time as it stacks the conv's taps, so the ELU's full-length output never exists)."""
+    return mimi_causal_conv1d(nn.elu(x_bct), w_oik, b_o, stride=stride, pad_mode=pad_mode)
+
+
 def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Recorder = NULL_RECORDER):
     """x + conv_k1(ELU(conv_k3(ELU(x)))): C -> C / compress -> C (the shortcut is a 1x1 conv if configured).
     With an identity shortcut and nothing recorded it is one call (``resnet_block_offline``)."""
@@ -312,16 +320,25 @@ def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Re
 
 def seanet_encoder(w, cfg: EncoderConfig, x_bct, record: Recorder = NULL_RECORDER):
     """[B, 1, N] audio -> [B, hidden, ceil(N / hop)] at 25 Hz.  Each layer's output is recorded as
-    ``encoder.layers.{i}``."""
+    ``encoder.layers.{i}``.  Nothing recorded, each ELU and the conv after it are one call
+    (``elu_causal_conv_offline``)."""
+    pending_elu = False  # an ELU the next conv takes in (nothing recorded)
     for kind, idx, details in seanet_layout(cfg):
         p = f"encoder.layers.{idx}"
-        if kind == "conv":
+        if kind == "conv" and pending_elu:
+            w_oik, b_o = w[f"{p}.conv.weight"], w.get(f"{p}.conv.bias")
+            x_bct = elu_causal_conv_offline(x_bct, w_oik, b_o, details[3], cfg.pad_mode)
+            pending_elu = False
+        elif kind == "conv":
             x_bct = named_causal_conv(w, p, x_bct, record, stride=details[3], pad_mode=cfg.pad_mode)
         elif kind == "resblock":
             x_bct = resnet_block(w, cfg, p, details[1], x_bct, record)
             record(p, x_bct)
+        elif not record.enabled:
+            pending_elu = True
         else:
             x_bct = elu(p, x_bct, record)
+    assert not pending_elu, "the SEANet layout ends with an ELU"
     return x_bct
 
 

@@ -34,11 +34,11 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
 
     assert set(numba_cpu.TWINS) == {
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
-        *("decoder_layer_step", "residual_unit_push", "resnet_block_offline"),
+        *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push the codec decoder's,
-        # resnet_block_offline the codec encoder's
+        # resnet_block_offline and elu_causal_conv_offline the codec encoder's
         reference = next(getattr(m, name) for m in (nn, transformer, codec_decoder, codec_encoder) if hasattr(m, name))
         reference = reference.reference
         assert inspect.signature(twin) == inspect.signature(reference), name
@@ -198,6 +198,39 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
     assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
     assert numba_cpu.resnet_block_offline(x, *args32, dilation, "replicate") is NotImplemented
     assert numba_cpu.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant") is NotImplemented
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 8),  # channels in
+    st.integers(1, 9),  # channels out
+    st.sampled_from(((2, 1), (4, 2), (8, 4), (3, 1), (1, 1))),  # (kernel, stride)
+    st.integers(1, 700),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_elu_causal_conv_twin_equals_reference(B, C, O, kernel_stride, T, with_bias, seed):
+    """The encoder's ELU + causal (strided) conv in one call against its reference (ELU, zero padding, conv),
+    in pieces of 256 output columns (the smallest) so that the taps cross piece boundaries and the padding
+    sits in the first and last pieces: within 4 times the float32 reference's own distance from the float64
+    result; other pad modes and float64 go to the reference."""
+    K, stride = kernel_stride
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    w = rng.standard_normal((O, C, K)) / np.sqrt(C * K)
+    b = rng.standard_normal(O) * 0.1 if with_bias else None
+    w32, b32 = w.astype(np.float32), None if b is None else b.astype(np.float32)
+    with kernels.use_backend("numpy"):
+        ref = codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
+        exact = codec_encoder.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
+        got = numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "constant")
+    assert got.shape == ref.shape == (B, O, -(-T // stride)) and got.dtype == np.float32
+    assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+    assert numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "replicate") is NotImplemented
+    assert numba_cpu.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant") is NotImplemented
 
 
 def test_two_callers_lending_blas_at_once_leave_it_its_threads():
