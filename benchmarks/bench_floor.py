@@ -20,7 +20,7 @@ import argparse
 import time
 
 import numpy as np
-from common import released_custom_voice_0_6b  # (first: it puts the repository on sys.path)
+from common import best_time, released_custom_voice_0_6b  # (first: it puts the repository on sys.path)
 
 from refimpl.backends.numba_cpu import numba, prange  # Numba under refimpl's settings (512-bit vectors, cache)
 
@@ -60,10 +60,10 @@ def frame_words(tts) -> list:
 
 
 class ReadKernel:
-    """The floor: ``seconds()`` is the best time of ``repeats`` passes over ``frame_words(tts)``."""
+    """The floor: ``seconds()`` is the best time of ``repeats`` passes over ``arrays`` (flat uint16 words;
+    ``frame_words(tts)``: a frame's)."""
 
-    def __init__(self, tts):
-        arrays = frame_words(tts)
+    def __init__(self, arrays: list):
         self.nbytes = sum(a.nbytes for a in arrays)
         self.arrays = numba.typed.List(arrays)
         self.chunks = np.array(
@@ -121,23 +121,13 @@ def kernel_rates(tts, repeats: int = 5) -> str:
     nbytes = sum(m.nbytes for m in mats)
     xs = {I: np.random.default_rng(0).standard_normal((28, I)).astype(np.float32) for I in {m.shape[1] for m in mats}}
     outs = [np.empty((28, m.shape[0]), np.float32) for m in mats]
-    flat = numba.typed.List([m.reshape(-1) for m in mats])
-    chunks = np.array(
-        [(k, s, min(s + CHUNK_WORDS, a.size)) for k, a in enumerate(flat) for s in range(0, a.size, CHUNK_WORDS)],
-        dtype=np.int64,
-    )
     threads = numba.get_num_threads()
 
     def best(fn):
         fn()  # compiled or loaded before timing
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+        return best_time(fn, repeats)[0]
 
-    read = best(lambda: _sum_words(flat, chunks))
+    read = ReadKernel([m.reshape(-1) for m in mats]).seconds(repeats)
     matvec = best(lambda: [numba_cpu._matvec_bf16_into(xs[m.shape[1]][0], m, o[0]) for m, o in zip(mats, outs)])
     block = best(lambda: [numba_cpu._bf16_block_times(xs[m.shape[1]], m, o, threads) for m, o in zip(mats, outs)])
     flops = sum(2 * 28 * m.size for m in mats)
@@ -157,7 +147,7 @@ def main() -> None:
 
     tts = Qwen3TTS.from_pretrained(released_custom_voice_0_6b())
     tts.speech_tokenizer.decode = lambda codes, **_: np.zeros(len(codes) * 1920, dtype=np.float32)
-    kernel = ReadKernel(tts)
+    kernel = ReadKernel(frame_words(tts))
     per_frame_seconds(tts, 1)  # warm-up: the kernels compiled or loaded from the cache
     floor_before = kernel.seconds(args.repeats)
     frame, n = per_frame_seconds(tts, args.frames)

@@ -40,7 +40,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from bench_codec_encoder import test_audio  # noqa: E402
-from bench_floor import ReadKernel, per_frame_seconds  # noqa: E402
+from bench_floor import ReadKernel, frame_words, per_frame_seconds  # noqa: E402
 from bench_talker import GREEDY, LANGUAGE, SPEAKER, TEXT  # noqa: E402
 from common import (  # noqa: E402
     REPO,
@@ -160,7 +160,7 @@ def main() -> None:
         print(f"  loading the official: {time.perf_counter() - t0:.2f} s", flush=True)
 
     # per frame / floor
-    kernel = ReadKernel(tts)
+    kernel = ReadKernel(frame_words(tts))
     per_frame_seconds(tts, 1)  # the kernels compiled or loaded from the cache, the pages touched
     floor = kernel.seconds()
     frame, n = per_frame_seconds(tts, frames)
