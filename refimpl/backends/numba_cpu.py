@@ -623,7 +623,7 @@ PREFETCH_LOCALITY = 2  # LLVM's locality 2: prefetcht1, into level 2 (3 would be
 def _prefetch(typingctx, array, index):
     """Ask the processor to start loading array[index] into its level-2 cache (``prefetcht1``; no effect
     on the result).  Into level 1 instead (``prefetcht0``), a generation frame measured 5-6% slower
-    (149-153 ms against 139-144 ms, alternating): level 1 holds fewer lines in flight."""
+    (149-153 ms against 139-144 ms, alternating)."""
     sig = types.void(array, index)
 
     def codegen(context, builder, signature, args):
@@ -719,7 +719,7 @@ def _matvec_bf16_into(x_i, bits_oi, out_o):
     """out[o] = sum_i x[i] * widen(bits[o, i]) for ONE row of x, parallel over the weight rows, row o + 8
     asked for while row o is multiplied.  One matrix per parallel loop: a loop whose body chooses between
     two or three matrices (the q/k/v rows stacked) streamed them at 20 GB/s where one loop per matrix
-    reads 28 (the same weights, 2 threads; the branch is in the compiled loop, not in the data)."""
+    reads 28 (the same weights, 2 threads: docs/performance.md)."""
     O, I = bits_oi.shape
     words = bits_oi.reshape(-1)
     for o in prange(O):
