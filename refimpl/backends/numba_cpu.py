@@ -422,6 +422,17 @@ def _next_context(x_bct, log_alpha_c, log_beta_c, left, context_bcs):
 # ----------------------------------------------------------------------------- the codec encoder's residual block
 
 
+def _elu_of_span(x_ct, first: int, stop: int):
+    """ELU(x[:, first:stop]) as a new [C, stop - first] array, zeros where the span runs outside x (a
+    causal conv's zero padding: ELU(0) = 0); ``elu``'s own operations, the same bits."""
+    C, T = x_ct.shape
+    slab_cs = np.zeros((C, stop - first), x_ct.dtype)
+    a, z = max(first, 0), min(stop, T)
+    if z > a:
+        _elu_into(x_ct[:, a:z], x_ct.dtype.type(1.0), slab_cs[:, a - first : z - first])
+    return slab_cs
+
+
 def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     """``codec.encoder.resnet_block_offline`` (float32, zero padding) over pieces of time, each carried
     through the whole block by one thread while it is in that core's cache: ELU of the piece and its
@@ -441,10 +452,7 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
 
     def piece(b, t0):
         n = min(n_piece, T - t0)
-        slab_cs = np.empty((C, left + n), np.float32)  # ELU of x[t0 - left : t0 + n], zeros before 0
-        zeros = max(left - t0, 0)
-        slab_cs[:, :zeros] = 0.0
-        _elu_into(x_bct[b, :, t0 - left + zeros : t0 + n], one, slab_cs[:, zeros:])
+        slab_cs = _elu_of_span(x_bct[b], t0 - left, t0 + n)
         cols_ckn = np.empty((C, K, n), np.float32)
         _stack_taps_into(slab_cs, 0, 1, dilation, cols_ckn)
         h_hn = w1_m @ cols_ckn.reshape(C * K, n)
@@ -472,16 +480,12 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     T_out = (padded - K) // stride + 1
     w_m = np.ascontiguousarray(w_oik.reshape(O, C * K))  # column c * K + k: the order of the stacked taps
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
-    one = np.float32(1.0)
     out_bot = np.empty((B, O, T_out), np.float32)
 
     def piece(b, t0):
         n = min(n_piece, T_out - t0)
         first, stop = t0 * stride - left, (t0 + n - 1) * stride + K - left  # the span read, in x's samples
-        slab_cs = np.zeros((C, stop - first), np.float32)  # ELU(x[first:stop]), zeros outside x
-        a, z = max(first, 0), min(stop, T)
-        if z > a:
-            _elu_into(x_bct[b, :, a:z], one, slab_cs[:, a - first : z - first])
+        slab_cs = _elu_of_span(x_bct[b], first, stop)
         cols_ckn = np.empty((C, K, n), np.float32)
         _stack_taps_into(slab_cs, 0, stride, 1, cols_ckn)
         out_on = out_bot[b, :, t0 : t0 + n]
