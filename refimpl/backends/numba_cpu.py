@@ -190,7 +190,7 @@ def _sin_up_to_sign(z):
     z / pi, sin(z) = (-1)^k sin(z - k pi) and |z - k pi| <= pi / 2, where a 7-term polynomial is exact
     to float32 precision."""
     zd = np.float64(z)
-    r = zd - np.round(zd * (1.0 / np.pi)) * np.pi
+    r = zd - np.rint(zd * (1.0 / np.pi)) * np.pi  # (np.rint: the same integers, 38 against 43 us a 96 x 1024 row block)
     r2 = r * r
     p = _SIN_TAYLOR[6]
     for j in range(5, -1, -1):
@@ -301,15 +301,20 @@ UNIT_TILE = 1024  # time steps per piece of the fused residual unit: its stacked
 @numba.njit(fastmath=FASTMATH, inline="always")
 def _snake_row_into(x_t, T, start, bias, alpha, inv_beta, out_n):
     """out[j] = SnakeBeta(x[start + j] + bias) where 0 <= start + j < T, else 0 (the causal conv's zero
-    padding, which the reference applies to SnakeBeta's output).  Whole unit-stride rows and an offset,
-    not views: Numba vectorises only loops over unit-stride rows."""
+    padding, which the reference applies to SnakeBeta's output).  The loop runs over two 1-D views from
+    index 0: written with an offset (``x[start + j]``), LLVM's run-time overlap test of the two rows
+    failed whenever the output began within a row after the input's end (two arrays allocated one after
+    the other: h and SnakeBeta(h) in the residual unit) and the scalar loop ran, 2.7 ns a value against
+    0.43 (0.8 with the offset and no overlap; 96 rows of 1024, one thread)."""
     N = out_n.shape[0]
     j0, j1 = min(max(-start, 0), N), max(min(T - start, N), 0)  # x exists for j0 <= j < j1
     out_n[:j0] = 0.0
-    for j in range(j0, j1):  # (no branch inside: the loop vectorises)
-        y = x_t[start + j] + bias
-        s = _sin_up_to_sign(alpha * y)
-        out_n[j] = y + inv_beta * (s * s)
+    if j1 > j0:
+        x_m, out_m = x_t[start + j0 : start + j1], out_n[j0:j1]
+        for j in range(x_m.shape[0]):  # (no branch inside: the loop vectorises)
+            y = x_m[j] + bias
+            s = _sin_up_to_sign(alpha * y)
+            out_m[j] = y + inv_beta * (s * s)
     out_n[max(j1, j0) :] = 0.0
 
 
@@ -338,8 +343,9 @@ def _add_bias_and_residual(h_cn, bias_c, x_ct, start, out_ct):
     C, N = h_cn.shape
     for c in range(C):
         bias = bias_c[c]
-        for j in range(N):
-            out_ct[c, start + j] = (h_cn[c, j] + bias) + x_ct[c, start + j]
+        h_n, x_n, out_n = h_cn[c], x_ct[c, start : start + N], out_ct[c, start : start + N]  # (views from 0:
+        for j in range(N):  # written x[c, start + j], the loop ran scalar: see ``_snake_row_into``)
+            out_n[j] = (h_n[j] + bias) + x_n[j]
 
 
 def _whole_rows(x_bct):
@@ -523,10 +529,13 @@ def _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_ot):
 
 def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     """``nn.conv_transpose1d`` for K = J * stride taps (the codec's K = 2 * stride): a piece of output
-    frames t0 .. t0 + n - 1 (stride samples each) takes the products of every tap with input frames
-    t0 - J + 1 .. t0 + n - 1 in ONE matrix product, the weight as stored read transposed, W^T [O * K, I],
-    times x [I, frames], and adds each where it lands (``_overlap_add_into``).  The pieces' outputs are disjoint
-    (the J - 1 frames before a piece are multiplied again), so they run side by side (``run_pieces``)."""
+    frames t0 .. t0 + n - 1 (stride samples each) and output channels o0 .. o1 - 1 takes the products of
+    their taps with input frames t0 - J + 1 .. t0 + n - 1 in ONE matrix product, the weight as stored read
+    transposed, W^T [O * K, I], times x [I, frames], and adds each where it lands (``_overlap_add_into``).
+    The pieces' outputs are disjoint (the J - 1 frames before a piece are multiplied again), so they run
+    side by side (``run_pieces``).  Pieces span every channel and ``TRANSPOSED_PIECE_BYTES`` of products
+    (few channels, long signals), or, where that would read the weight more often than it saves
+    (``_transposed_pieces``), a thread's share of the channels and ``TRANSPOSED_CHANNEL_PIECE_BYTES``."""
     B, C, T = x_bct.shape
     I, O, K = w_iok.shape
     if x_bct.dtype != np.float32 or K % stride or C != I:
@@ -536,17 +545,40 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     w_t = np.ascontiguousarray(w_iok).reshape(I, O * K).T  # a view: BLAS reads it transposed
     bias_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o, dtype=np.float32)
     frames = T + J - 1  # output frames: (T - 1) * stride + K samples
-    n_piece = max(16, TRANSPOSED_PIECE_BYTES // (4 * O * K))
+    step, n_piece = _transposed_pieces(O, K, frames, w_t.nbytes)
     out_bot = np.empty((B, O, frames * stride), np.float32)
 
-    def piece(b, t0):
-        n = min(n_piece, frames - t0)
+    def piece(b, o0, t0):
+        o1, n = min(O, o0 + step), min(n_piece, frames - t0)
         first, last = max(t0 - J + 1, 0), min(t0 + n, T)  # the input frames this piece reads
-        z_okf = (w_t @ x_bct[b, :, first:last]).reshape(O, K, last - first)
-        _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_bot[b])
+        z_okf = (w_t[o0 * K : o1 * K] @ x_bct[b, :, first:last]).reshape(o1 - o0, K, last - first)
+        _overlap_add_into(z_okf, first, t0, n, stride, bias_o[o0:o1], out_bot[b, o0:o1])
 
-    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, frames, n_piece)])
+    run_pieces(piece, [(b, o0, t0) for b in range(B) for o0 in range(0, O, step) for t0 in range(0, frames, n_piece)])
     return out_bot
+
+
+TRANSPOSED_CHANNEL_PIECE_BYTES = 32 << 20  # the products of a piece of some of the channels (bounds its memory)
+
+
+def _transposed_pieces(O: int, K: int, frames: int, weight_bytes: int) -> tuple:
+    """(channels, frames) of a piece of ``conv_transpose1d``: every channel and ``TRANSPOSED_PIECE_BYTES``
+    of products (each piece reads the whole weight), unless a thread's share of the channels, with pieces
+    of ``TRANSPOSED_CHANNEL_PIECE_BYTES`` (each piece reads its share of the weight), moves fewer bytes,
+    counting the weight's reads and the products written and read again out of the cache: 1536 -> 768
+    channels over 500 frames 103 -> 65 ms, 768 -> 384 over 4000 frames 85 -> 73 ms (cold weights, 2
+    threads); 384 -> 192 over 20000 frames keeps all channels (its products would be 123 MB).  Too few
+    frames for a piece per thread: shares too (1536 -> 768 over 4 frames, one frame piece on BLAS's
+    two threads, 9.3 -> 7.8 ms)."""
+    row_bytes = 4 * O * K  # the products of one frame
+    n_all = max(16, TRANSPOSED_PIECE_BYTES // row_bytes)
+    n_share = max(16, TRANSPOSED_CHANNEL_PIECE_BYTES // row_bytes)
+    threads = _piece_threads()
+    all_channels = -(-frames // n_all) * weight_bytes
+    shares = -(-frames // n_share) * weight_bytes + 2 * frames * row_bytes
+    if shares < all_channels or -(-frames // n_all) < threads:  # (fewer pieces than threads: shares, too)
+        return -(-O // max(2, threads)), n_share
+    return O, n_all
 
 
 # ----------------------------------------------------------------------------- pieces on the BLAS threads
@@ -565,6 +597,11 @@ def _piece_workers(n: int, pid: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(n, thread_name_prefix="refimpl-piece")
 
 
+def _piece_threads() -> int:
+    """How many threads ``run_pieces`` runs pieces on: as many as BLAS has."""
+    return min([lib.num_threads for lib in _blas_controller().lib_controllers] or [1])
+
+
 def run_pieces(piece, pieces: list) -> None:
     """``piece(*p)`` for every ``p`` in ``pieces`` (independent pieces of work writing disjoint outputs), on
     as many Python threads as BLAS has, BLAS running one thread per call meanwhile: its threads are lent to
@@ -572,8 +609,7 @@ def run_pieces(piece, pieces: list) -> None:
     GIL), the elementwise work between the matrix products runs on every core too, and no thread spins
     waiting for another (Numba's parallel loops between BLAS calls did: the whole decode 15% slower).  Each
     piece computes the same bits whichever thread runs it."""
-    controllers = _blas_controller()
-    n_threads = min([lib.num_threads for lib in controllers.lib_controllers] or [1])
+    controllers, n_threads = _blas_controller(), _piece_threads()
     if n_threads <= 1 or len(pieces) < 2 or threading.current_thread().name.startswith("refimpl-piece"):
         for p in pieces:
             piece(*p)

@@ -99,10 +99,12 @@ def test_conv1d_twin_equals_reference(case):
     st.integers(1, 40),  # input frames
     st.booleans(),
     st.integers(0, 2**31),
+    st.integers(1, 6),  # output channels per piece
+    st.integers(1, 20),  # output frames per piece
 )
-def test_conv_transpose1d_twin_equals_reference(dtype, B, I, O, stride, J, T, with_bias, seed):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "TRANSPOSED_PIECE_BYTES", 4 * O * stride * J * 16)  # pieces of 16 frames
+def test_conv_transpose1d_twin_equals_reference(dtype, B, I, O, stride, J, T, with_bias, seed, step, n_piece):
+    with pytest.MonkeyPatch.context() as mp:  # pieces of every shape: some channels, some frames
+        mp.setattr(numba_cpu, "_transposed_pieces", lambda *shape: (step, n_piece))
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((B, I, T)).astype(dtype)
         w = rng.standard_normal((I, O, J * stride)).astype(dtype)
@@ -120,6 +122,16 @@ def test_conv_transpose1d_twin_equals_reference(dtype, B, I, O, stride, J, T, wi
         )
         tol = 2 * I * J * np.finfo(dtype).eps * (abs_sum + (np.abs(b)[None, :, None] if b is not None else 0))
         assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
+
+
+def test_transposed_pieces_split_channels_where_the_weight_outweighs_the_products():
+    """The released decoder's transposed convs (2 threads): a big weight over few frames is cut into shares
+    of the channels, a small weight over a long signal into pieces of frames with every channel."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "_piece_threads", lambda: 2)
+        assert numba_cpu._transposed_pieces(768, 16, 501, 1536 * 768 * 16 * 4) == (384, 682)  # 75 MB, 500 frames
+        assert numba_cpu._transposed_pieces(768, 16, 5, 1536 * 768 * 16 * 4)[0] == 384  # one frame piece: shares
+        assert numba_cpu._transposed_pieces(192, 8, 20001, 384 * 192 * 8 * 4) == (192, 682)  # 2.4 MB, 20000 frames
 
 
 def test_conv_transpose1d_twin_leaves_other_tap_counts_to_the_reference():
