@@ -22,7 +22,7 @@ LAYERS = [
     # the twins are loaded by the registry by name, at first use; they fall back to the formulas of nn
     ("fast twins", ["backends.numba_cpu", "backends.cupy_cuda"]),
     ("the primitives", ["nn"]),
-    ("the backend registry", ["backends", "backends.bf16", "backends.strict_device"]),
+    ("the backend registry", ["backends", "backends.bf16", "backends.strict_device", "backends.host_memory"]),
 ]
 # standard-library helpers any layer may use: they import nothing of the package
 LEAVES = {"io.files", "_version"}

@@ -40,6 +40,8 @@ import os
 import numpy as np
 from scipy import special as host_special
 
+from .host_memory import recycled_outputs, workspace_of
+
 __all__ = [
     "BACKENDS",
     "AUTO_RULE",
@@ -297,11 +299,12 @@ def model_scope(loaded_on: str | None, what: str):
 
 def on_model_backend(method):
     """Decorate a public method of a model (an object with ``backend``: the device backend its weights
-    were uploaded to, or None): it runs under ``model_scope``."""
+    were uploaded to, or None): it runs under ``model_scope``, its big host outputs taken from the model's
+    workspace (``refimpl/backends/host_memory.py``)."""
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with model_scope(self.backend, type(self).__name__):
+        with model_scope(self.backend, type(self).__name__), recycled_outputs(workspace_of(self)):
             return method(self, *args, **kwargs)
 
     return run
@@ -312,7 +315,7 @@ def iterate_on_model_backend(model, items):
     ``with`` inside a generator would stay entered while the caller holds a chunk."""
     items = iter(items)
     while True:
-        with model_scope(model.backend, type(model).__name__):
+        with model_scope(model.backend, type(model).__name__), recycled_outputs(workspace_of(model)):
             try:
                 item = next(items)
             except StopIteration:

@@ -407,9 +407,32 @@ def conv_stages(w, cfg: DecoderConfig, x_bct, states: ConvStates, record: Record
         x_bct = waveform_block(w.sub(p), rate, x_bct, states.sub(p), record.scope(p))
         record(f"decoder.{i + 1}", x_bct)
     n = len(cfg.upsample_rates)
-    x_bct = snake(w, f"decoder.{n + 1}", x_bct, record)
-    p = f"decoder.{n + 2}."
+    a, p = f"decoder.{n + 1}", f"decoder.{n + 2}."
+    if not record.enabled:  # one call: the SnakeBeta's output, full length, never exists
+        conv = states.sub(p).conv(nn.CausalConvState)
+        y_bct, context_bcs = snake_causal_conv_push(
+            x_bct,
+            *(w[f"{a}.alpha"], w[f"{a}.beta"], w[f"{p}conv.weight"], w[f"{p}conv.bias"]),
+            None if conv is None else conv.context_bct,
+        )
+        if conv is not None:
+            conv.context_bct = context_bcs
+        return y_bct
+    x_bct = snake(w, a, x_bct, record)
     return causal_conv(w.sub(p), x_bct, states.sub(p), record.scope(p))
+
+
+@primitive
+def snake_causal_conv_push(x_bct, log_alpha_c, log_beta_c, w_oik, b_o, context_bcs=None):
+    """causal_conv(SnakeBeta(x)) for one push of a signal, nothing recorded: the decoder's last SnakeBeta
+    and conv (96 channels -> 1) on plain arrays.  ``context_bcs`` is the conv's left context, the last
+    K - 1 outputs of SnakeBeta of the pushes before ([B, C, K - 1]; None at the signal's start: zeros);
+    returns (y, the context for the next push).  The reference of the fused twin in
+    ``refimpl/backends/numba_cpu.py``, which takes SnakeBeta of each piece of time as it stacks the conv's
+    taps (for 10 s, SnakeBeta's output and its padded copy were two 92 MB arrays)."""
+    conv = nn.CausalConvState(context_bcs)
+    h_bct = nn.snake_beta(x_bct, log_alpha_c, log_beta_c)
+    return nn.causal_conv1d(h_bct, w_oik, b_o, state=conv), conv.context_bct
 
 
 # ----------------------------------------------------------------------------- the whole decoder

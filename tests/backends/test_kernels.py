@@ -35,9 +35,11 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     assert set(numba_cpu.TWINS) == {
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
+        "snake_causal_conv_push",
     }
     for name, twin in numba_cpu.TWINS.items():
-        # decoder_layer_step is a transformer primitive, residual_unit_push the codec decoder's,
+        # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
+        # codec decoder's,
         # resnet_block_offline and elu_causal_conv_offline the codec encoder's
         reference = next(getattr(m, name) for m in (nn, transformer, codec_decoder, codec_encoder) if hasattr(m, name))
         reference = reference.reference
@@ -180,6 +182,46 @@ def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_conte
     assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
     assert got_context.shape == (B, C, 6 * dilation) and np.array_equal(got_context, kept)
     assert numba_cpu.residual_unit_push(x.astype(np.float64), *args, dilation, context) is NotImplemented
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 12),  # channels
+    st.integers(1, 3),  # output channels (the decoder's last conv: 1)
+    st.integers(1, 60),
+    st.integers(1, 25),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, with_context, seed):
+    """The fused last SnakeBeta + conv against its reference (the plain formulas), pieces of ``tile`` steps
+    so that the taps cross piece boundaries, at the signal's start or after a push: within 4 times the
+    float32 reference's own distance from the float64 result; the next context to the bit."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    args = (
+        *(rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5, rng.standard_normal((O, C, 7)) / np.sqrt(7 * C)),
+        rng.standard_normal(O) * 0.1 if with_bias else None,
+    )
+    args32 = [None if a is None else a.astype(np.float32) for a in args]
+    context = rng.standard_normal((B, C, 6)) if with_context else None
+    context32 = None if context is None else context.astype(np.float32)
+    with kernels.use_backend("numpy"):
+        ref, _ = codec_decoder.snake_causal_conv_push(x, *args32, context32)
+        exact, _ = codec_decoder.snake_causal_conv_push(x.astype(np.float64), *args, context)
+    with kernels.use_backend("numba"):
+        _, kept = codec_decoder.snake_causal_conv_push.reference(x, *args32, context32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "UNIT_TILE", tile)
+        got, got_context = numba_cpu.snake_causal_conv_push(x, *args32, context32)
+        trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
+        assert np.array_equal(numba_cpu.snake_causal_conv_push(trimmed, *args32, context32)[0], got)
+    assert got.shape == ref.shape == (B, O, T) and got.dtype == np.float32
+    assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+    assert got_context.shape == (B, C, 6) and np.array_equal(got_context, kept)
+    assert numba_cpu.snake_causal_conv_push(x.astype(np.float64), *args, context) is NotImplemented
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,0 +1,115 @@
+"""A model's workspace: the big host arrays its calls make, handed out again by its next calls.
+
+A new NumPy array of tens of megabytes is fresh memory: the kernel maps and zeroes every page on its
+first write, and here (a virtual machine, transparent huge pages) a fresh 92 MB array, the decoder's
+96 x 240000 float32 residual-unit output for 10 s, took about 210 ms of page faults where memory just
+given back took 22 ms.  Each call would pay that again: the arrays die, their pages go back to the
+system, the next call maps new ones.  GGML keeps one compute buffer per graph for the same reason.
+
+Every public method of a model runs inside ``recycled_outputs(workspace_of(model))``
+(``on_model_backend``).  Within it, ``new_output(shape, dtype)`` (the Numba twins' big outputs,
+``refimpl/backends/numba_cpu.py``; the reference NumPy code allocates as NumPy does) hands out the
+smallest buffer of the workspace that nothing refers to any more and holds the array, else a new one.
+"Nothing refers to it" is read from the reference count: the workspace's list holds the buffer, and every
+array or view made from it holds the buffer too (NumPy points a view at the array owning the memory), so a
+buffer only the list holds cannot be seen by anyone.  When the outermost call on the workspace ends, it
+keeps its largest free buffers up to ``RETAIN_BYTES`` (four 92 MB buffers for a 10 s decode) and lets
+the others go; a model's workspace lives as long as the model."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import threading
+
+import numpy as np
+
+RECYCLE_MIN_BYTES = 1 << 20  # smaller arrays come from malloc's heap, whose pages stay mapped
+RETAIN_BYTES = 512 << 20  # free buffers a workspace keeps between calls, at most
+ALIGNMENT = 64  # bytes: a cache line (np.empty gives 16)
+
+
+class Workspace:
+    """One model's buffers (uint8 arrays that own their memory, each ALIGNMENT bytes longer than the
+    largest array it serves) and a lock: two threads calling one model must not take the same free one."""
+
+    def __init__(self):
+        self.buffers = []
+        self.lock = threading.Lock()
+        self.depth = 0  # calls on it in progress
+
+    def free(self) -> list:
+        """Indices of the buffers nothing refers to but this list."""
+        return [i for i in range(len(self.buffers)) if _references(self.buffers, i) <= _ONLY_LISTED]
+
+    def trim(self) -> None:
+        """Keep the largest free buffers up to ``RETAIN_BYTES`` in all; let the other free ones go."""
+        with self.lock:
+            kept = 0
+            for i in sorted(self.free(), key=lambda i: -self.buffers[i].nbytes):
+                kept += self.buffers[i].nbytes
+                if kept > RETAIN_BYTES:
+                    self.buffers[i] = None
+            self.buffers = [b for b in self.buffers if b is not None]
+
+
+def _references(buffers: list, i: int) -> int:
+    """The reference count of ``buffers[i]`` as this function sees it (compared with ``_ONLY_LISTED``,
+    counted by this same function, so that the interpreter's own references cancel out)."""
+    return sys.getrefcount(buffers[i])
+
+
+_ONLY_LISTED = _references([np.empty(0, np.uint8)], 0)  # a buffer nothing but its list refers to
+_active = threading.local()  # .stack: the workspaces of this thread's calls in progress, innermost last
+
+
+def workspace_of(model) -> Workspace:
+    """The model's workspace (made on its first call)."""
+    return model.__dict__.setdefault("_workspace", Workspace())
+
+
+@contextlib.contextmanager
+def recycled_outputs(workspace: Workspace):
+    """Within it, ``new_output`` takes from ``workspace``; when the outermost call on it ends, it is trimmed."""
+    stack = _active.__dict__.setdefault("stack", [])
+    stack.append(workspace)
+    with workspace.lock:
+        workspace.depth += 1
+    try:
+        yield
+    finally:
+        stack.pop()
+        with workspace.lock:
+            workspace.depth -= 1
+            last = workspace.depth == 0
+        if last:
+            workspace.trim()
+
+
+def new_output(shape, dtype=np.float32) -> np.ndarray:
+    """An uninitialised array (like ``np.empty``), within ``recycled_outputs`` the smallest free buffer of
+    the workspace that holds it.  When a new buffer is made, the free ones too small for it are let go
+    (an earlier stage's: the decoder's stages grow from 12 to 92 MB)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    stack = getattr(_active, "stack", None)
+    if not stack or nbytes < RECYCLE_MIN_BYTES:
+        return np.empty(shape, dtype)
+    workspace = stack[-1]
+    with workspace.lock:  # (the view made inside: its reference counts before another thread looks)
+        buffers = workspace.buffers
+        free = workspace.free()
+        fits = [i for i in free if buffers[i].nbytes >= nbytes + ALIGNMENT]
+        if fits:
+            return _aligned(buffers[min(fits, key=lambda i: buffers[i].nbytes)], nbytes).view(dtype).reshape(shape)
+        for i in reversed(free):  # all of them are too small
+            del buffers[i]
+        buffers.append(np.empty(nbytes + ALIGNMENT, np.uint8))
+        return _aligned(buffers[-1], nbytes).view(dtype).reshape(shape)
+
+
+def _aligned(raw: np.ndarray, nbytes: int) -> np.ndarray:
+    """The ``nbytes`` of ``raw`` from its first ALIGNMENT-aligned byte: a view whose base is ``raw``."""
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start : start + nbytes]

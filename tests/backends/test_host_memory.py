@@ -1,0 +1,120 @@
+"""A model's workspace (refimpl/backends/host_memory.py): a buffer is handed out again only when nothing
+refers to it any more, and what a workspace keeps between calls is bounded."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from refimpl.backends import host_memory, numba_cpu, on_model_backend
+
+MB = 1 << 20
+
+
+def test_outside_a_call_new_output_is_a_new_array():
+    a, b = host_memory.new_output((2, MB)), host_memory.new_output((2, MB))
+    assert a.base is None and not np.shares_memory(a, b)
+
+
+def test_a_buffer_is_handed_out_again_only_once_nothing_refers_to_it():
+    ws = host_memory.Workspace()
+    with host_memory.recycled_outputs(ws):
+        a = host_memory.new_output((3, MB), np.float32)
+        assert a.ctypes.data % host_memory.ALIGNMENT == 0 and a.flags.c_contiguous and a.dtype == np.float32
+        a[...] = 1.0
+        b = host_memory.new_output((3, MB))
+        assert not np.shares_memory(a, b)  # a is alive
+        piece = a[1:, ::2]  # a view of a keeps its buffer
+        address = a.ctypes.data
+        del a
+        c = host_memory.new_output((3, MB))
+        assert not np.shares_memory(c, piece) and np.all(piece == 1.0)
+        del piece
+        d = host_memory.new_output((1, MB), np.float64)  # smaller, another dtype: the freed buffer serves it
+        assert d.ctypes.data == address
+        assert len(ws.buffers) == 3
+
+
+def test_a_new_buffer_lets_the_free_ones_too_small_for_it_go():
+    ws = host_memory.Workspace()
+    with host_memory.recycled_outputs(ws):
+        small = host_memory.new_output((2, MB))
+        del small
+        big = host_memory.new_output((8, MB))
+        assert len(ws.buffers) == 1 and ws.buffers[0].nbytes >= big.nbytes
+
+
+def test_between_calls_a_workspace_keeps_its_largest_free_buffers_up_to_the_bound(monkeypatch):
+    monkeypatch.setattr(host_memory, "RETAIN_BYTES", 32 * MB)
+    ws = host_memory.Workspace()
+    with host_memory.recycled_outputs(ws):
+        arrays = [host_memory.new_output((n, MB), np.uint8) for n in (30, 20, 5)]
+        held = arrays.pop(1)  # still referred to when the call ends: kept, not counted
+        del arrays
+    assert sorted(b.nbytes // MB for b in ws.buffers) == [20, 30]
+    del held
+    with host_memory.recycled_outputs(ws):
+        assert host_memory.new_output((25, MB), np.uint8).nbytes == 25 * MB
+    assert [b.nbytes // MB for b in ws.buffers] == [30]  # 30 + 20 > 32: the largest stays
+
+
+def test_nested_calls_on_one_workspace_trim_it_when_the_outermost_ends(monkeypatch):
+    monkeypatch.setattr(host_memory, "RETAIN_BYTES", 0)
+    ws = host_memory.Workspace()
+    with host_memory.recycled_outputs(ws):
+        with host_memory.recycled_outputs(ws):
+            host_memory.new_output((2, MB))
+        assert len(ws.buffers) == 1  # the outer call may still take it
+    assert ws.buffers == []
+
+
+def test_two_threads_on_one_workspace_never_hold_the_same_buffer():
+    ws, errors = host_memory.Workspace(), []
+    barrier = threading.Barrier(4)
+
+    def work(k):
+        with host_memory.recycled_outputs(ws):
+            barrier.wait()
+            for _ in range(50):
+                a = host_memory.new_output((MB,), np.uint8)
+                a[...] = k
+                if not np.all(a == k):
+                    errors.append(k)
+                del a
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(ws.buffers) <= 4
+
+
+def test_every_public_model_method_takes_from_its_own_workspace():
+    class Model:
+        backend = None
+
+        @on_model_backend
+        def run(self):
+            return host_memory.new_output((2, MB))
+
+    first, second = Model(), Model()
+    a = first.run()
+    assert len(host_memory.workspace_of(first).buffers) == 1 and host_memory.workspace_of(second).buffers == []
+    address = a.ctypes.data
+    del a
+    assert first.run().ctypes.data == address  # the next call takes the buffer the last one made
+
+
+@pytest.mark.parametrize("in_workspace", [False, True])
+def test_whole_rows_reads_a_trimmed_output_in_place_only_inside_its_memory(in_workspace):
+    ws = host_memory.Workspace()
+    with host_memory.recycled_outputs(ws) if in_workspace else host_memory.contextlib.nullcontext():
+        full = host_memory.new_output((2, 3, MB // 8))
+        full[...] = 2.0
+        rows, T = numba_cpu._whole_rows(full[:, :, :100])
+        assert T == 100 and rows.shape == full.shape and np.shares_memory(rows, full)
+        rows, T = numba_cpu._whole_rows(full[:, 1:, :100])  # rows that do not follow each other: a copy
+        assert rows.shape == (2, 2, 100) and not np.shares_memory(rows, full)
