@@ -547,19 +547,22 @@ TRANSPOSED_PIECE_BYTES = 4 << 20  # the products of one piece of ``conv_transpos
 def _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_ot):
     """out[o, stride * t + p] = bias[o] + sum_j z[o, p + j * stride, t - j - first] for output frames
     t0 <= t < t0 + n, phases p < stride and j < K / stride, over the input frames z holds (frames
-    first .. first + F - 1; the others are zeros): the taps' products added where they land."""
+    first .. first + F - 1; the others are zeros): the taps' products added where they land, tap block j
+    by tap block j over the frames where it has input (no test inside the loop), then the bias: the sum of
+    a sample in the order j = 0, 1, ..., bias, as one sample at a time summed it (the same bits; 0.74
+    against 1.2 ms for 96 channels x 1820 frames x 3 phases)."""
     O, K, F = z_okf.shape
     J = K // stride
     for o in range(O):
-        bias = bias_o[o]
-        for t in range(t0, t0 + n):
+        row_s = out_ot[o, stride * t0 : stride * (t0 + n)]
+        row_s[:] = 0.0
+        for j in range(J):
+            lo, hi = max(t0, first + j), min(t0 + n, first + j + F)  # the frames t with 0 <= t - j - first < F
             for p in range(stride):
-                acc = np.float32(0.0)
-                for j in range(J):
-                    f = t - j - first
-                    if 0 <= f < F:
-                        acc += z_okf[o, p + j * stride, f]
-                out_ot[o, stride * t + p] = acc + bias
+                z_f = z_okf[o, p + j * stride]
+                for t in range(lo, hi):
+                    row_s[stride * (t - t0) + p] += z_f[t - j - first]
+        row_s += bias_o[o]
 
 
 def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
