@@ -46,6 +46,16 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
         assert inspect.signature(twin) == inspect.signature(reference), name
 
 
+def within_float32_noise(got, ref, exact) -> bool:
+    """A fused float32 twin's output ``got`` is as close to the float64 result ``exact`` as the float32
+    reference ``ref`` is, within 4 times its distance, plus 16 float32 ulps of the output's scale: on a tiny
+    case the reference can be luckily close (2 channels, seed 2900 of the residual unit: its error 2.3e-7
+    where the twin's order of sums gave 1.9e-6, through SnakeBeta's slope), while a wrong tap or offset is
+    off by the signal itself."""
+    scale = max(1.0, float(np.max(np.abs(exact))))
+    return np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 16 * np.finfo(np.float32).eps * scale
+
+
 @st.composite
 def conv_case(draw):
     dtype = draw(st.sampled_from(DTYPES))
@@ -154,8 +164,8 @@ def test_conv_transpose1d_twin_leaves_other_tap_counts_to_the_reference():
 )
 def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_context, seed):
     """The fused unit against its reference (run on the plain formulas), pieces of ``tile`` steps so that
-    the left context crosses piece boundaries, at the signal's start or after a push (a context): within 4
-    times the float32 reference's own distance from the float64 result; the next context is what the
+    the left context crosses piece boundaries, at the signal's start or after a push (a context): within the
+    float32 reference's own noise (``within_float32_noise``); the next context is what the
     numba path primitive by primitive keeps, to the bit."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, C, T)).astype(np.float32)
@@ -179,7 +189,7 @@ def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_conte
         trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
         assert np.array_equal(numba_cpu.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
     assert got.shape == ref.shape and got.dtype == np.float32
-    assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+    assert within_float32_noise(got, ref, exact)
     assert got_context.shape == (B, C, 6 * dilation) and np.array_equal(got_context, kept)
     assert numba_cpu.residual_unit_push(x.astype(np.float64), *args, dilation, context) is NotImplemented
 
@@ -197,8 +207,8 @@ def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_conte
 )
 def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, with_context, seed):
     """The fused last SnakeBeta + conv against its reference (the plain formulas), pieces of ``tile`` steps
-    so that the taps cross piece boundaries, at the signal's start or after a push: within 4 times the
-    float32 reference's own distance from the float64 result; the next context to the bit."""
+    so that the taps cross piece boundaries, at the signal's start or after a push: within the float32
+    reference's own noise (``within_float32_noise``); the next context to the bit."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, C, T)).astype(np.float32)
     args = (
@@ -219,7 +229,7 @@ def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, wi
         trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
         assert np.array_equal(numba_cpu.snake_causal_conv_push(trimmed, *args32, context32)[0], got)
     assert got.shape == ref.shape == (B, O, T) and got.dtype == np.float32
-    assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+    assert within_float32_noise(got, ref, exact)
     assert got_context.shape == (B, C, 6) and np.array_equal(got_context, kept)
     assert numba_cpu.snake_causal_conv_push(x.astype(np.float64), *args, context) is NotImplemented
 
@@ -235,8 +245,8 @@ def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, wi
 )
 def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
     """The fused encoder block against its reference (the plain formulas), in pieces of 256 steps (the
-    smallest) so that the left context crosses piece boundaries: within 4 times the float32 reference's
-    own distance from the float64 result; other pad modes and missing biases go to the reference."""
+    smallest) so that the left context crosses piece boundaries: within the float32 reference's own noise
+    (``within_float32_noise``); other pad modes and missing biases go to the reference."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, C, T)).astype(np.float32)
     args = (rng.standard_normal((H, C, 3)) / np.sqrt(3 * C), rng.standard_normal(H) * 0.1)
@@ -249,7 +259,7 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
         mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
         got = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
     assert got.shape == ref.shape and got.dtype == np.float32
-    assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+    assert within_float32_noise(got, ref, exact)
     assert numba_cpu.resnet_block_offline(x, *args32, dilation, "replicate") is NotImplemented
     assert numba_cpu.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant") is NotImplemented
 
@@ -267,8 +277,8 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
 def test_elu_causal_conv_twin_equals_reference(B, C, O, kernel_stride, T, with_bias, seed):
     """The encoder's ELU + causal (strided) conv in one call against its reference (ELU, zero padding, conv),
     in pieces of 256 output columns (the smallest) so that the taps cross piece boundaries and the padding
-    sits in the first and last pieces: within 4 times the float32 reference's own distance from the float64
-    result; other pad modes and float64 go to the reference."""
+    sits in the first and last pieces: within the float32 reference's own noise (``within_float32_noise``);
+    other pad modes and float64 go to the reference."""
     K, stride = kernel_stride
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, C, T)).astype(np.float32)
@@ -282,7 +292,7 @@ def test_elu_causal_conv_twin_equals_reference(B, C, O, kernel_stride, T, with_b
         mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
         got = numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "constant")
     assert got.shape == ref.shape == (B, O, -(-T // stride)) and got.dtype == np.float32
-    assert np.max(np.abs(got - exact)) <= 4 * np.max(np.abs(ref - exact)) + 4 * np.finfo(np.float32).eps
+    assert within_float32_noise(got, ref, exact)
     assert numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "replicate") is NotImplemented
     assert numba_cpu.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant") is NotImplemented
 
