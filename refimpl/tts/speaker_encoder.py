@@ -212,13 +212,17 @@ def hann_window(n: int, dtype=np.float32):
 def stft_magnitude(audio_bn, n_fft: int, hop_size: int, win_size: int):
     """|STFT| of already padded audio, frames taken without centring: frame t covers samples
     [t * hop, t * hop + n_fft).  A window shorter than n_fft is zero-padded on both sides (centred).
-    The magnitude is sqrt(re^2 + im^2 + 1e-9).  [B, N] -> [B, 1 + n_fft // 2, T]."""
+    The magnitude is sqrt(re^2 + im^2 + 1e-9).  [B, N] -> [B, 1 + n_fft // 2, T].  The FFT is SciPy's
+    (host code, imported here: the stage modules keep SciPy out of their compute paths): float32 stays
+    float32, 0.9 ms for 937 frames of 1024 against NumPy's 3.2."""
+    import scipy.fft
+
     dtype = audio_bn.dtype.type
     window = np.zeros(n_fft, dtype=dtype)
     left = (n_fft - win_size) // 2
     window[left : left + win_size] = hann_window(win_size, dtype)
     frames_btn = np.lib.stride_tricks.sliding_window_view(audio_bn, n_fft, axis=-1)[:, ::hop_size]
-    spectrum_btf = np.fft.rfft(frames_btn * window, axis=-1)
+    spectrum_btf = scipy.fft.rfft(frames_btn * window, axis=-1)
     power_btf = spectrum_btf.real.astype(dtype) ** 2 + spectrum_btf.imag.astype(dtype) ** 2
     return np.swapaxes(np.sqrt(power_btf + dtype(1e-9)), 1, 2)
 
