@@ -401,11 +401,17 @@ def attentive_statistics_pooling(w, x_bct, record):
     B, C, T = x_bct.shape
     uniform_bct = nn.module_of(x_bct).full((B, 1, T), 1.0 / T, dtype=x_bct.dtype)
     mean_bc, std_bc = mean_and_std(x_bct, uniform_bct)
-    context_b3ct = np.concatenate(
-        [x_bct, np.repeat(mean_bc[:, :, None], T, axis=2), np.repeat(std_bc[:, :, None], T, axis=2)], axis=1
-    )
-    record("asp.context", context_b3ct)
-    h = tdnn(w, "asp.tdnn", context_b3ct, record=record)
+    if record.enabled:  # the TDNN's input as the official builds it: [x; mean; std], the statistics at every frame
+        repeated = [np.repeat(mean_bc[:, :, None], T, axis=2), np.repeat(std_bc[:, :, None], T, axis=2)]
+        record("asp.context", np.concatenate([x_bct, *repeated], axis=1))
+    # The TDNN's conv (k1) on that context, regrouped: W [x; m; s] + b = W_x x + (W_m m + W_s s + b).  The
+    # statistics' share is a bias per row, so the 3C x T context (17 MB for 10 s) is never made.
+    w_a3c = w["asp.tdnn.conv.weight"][:, :, 0]
+    bias_ba = w["asp.tdnn.conv.bias"] + mean_bc @ w_a3c[:, C : 2 * C].T + std_bc @ w_a3c[:, 2 * C :].T
+    h = nn.conv1d(x_bct, w["asp.tdnn.conv.weight"][:, :C], None) + bias_ba[:, :, None]
+    record("asp.tdnn.conv", h)
+    h = relu(h)
+    record("asp.tdnn", h)
     h = np.tanh(h)
     record("asp.tanh", h)
     logits_bct = nn.conv1d(h, w["asp.conv.weight"], w["asp.conv.bias"])
