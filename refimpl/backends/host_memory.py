@@ -39,6 +39,11 @@ class Workspace:
         self.lock = threading.Lock()
         self.depth = 0  # calls on it in progress
 
+    def __reduce__(self):
+        """A pickled or deep-copied model starts with an empty workspace (buffers are scratch, a lock cannot
+        be copied)."""
+        return (Workspace, ())
+
     def free(self) -> list:
         """Indices of the buffers nothing refers to but this list."""
         return [i for i in range(len(self.buffers)) if _references(self.buffers, i) <= _ONLY_LISTED]

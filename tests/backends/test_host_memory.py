@@ -108,6 +108,18 @@ def test_every_public_model_method_takes_from_its_own_workspace():
     assert first.run().ctypes.data == address  # the next call takes the buffer the last one made
 
 
+def test_a_copied_or_pickled_workspace_starts_empty():
+    import copy
+    import pickle
+
+    ws = host_memory.Workspace()
+    with host_memory.recycled_outputs(ws):
+        kept = host_memory.new_output((2, MB))
+    for other in (copy.deepcopy(ws), pickle.loads(pickle.dumps(ws))):
+        assert isinstance(other, host_memory.Workspace) and other.buffers == [] and other.depth == 0
+    assert len(ws.buffers) == 1 and kept.base is ws.buffers[0]
+
+
 @pytest.mark.parametrize("in_workspace", [False, True])
 def test_whole_rows_reads_a_trimmed_output_in_place_only_inside_its_memory(in_workspace):
     ws = host_memory.Workspace()
