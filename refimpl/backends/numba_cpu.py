@@ -292,7 +292,7 @@ def snake_beta(x_bct, log_alpha_c, log_beta_c):
     return out_bct
 
 
-CONV_PIECE_BYTES = 2 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32)
+CONV_PIECE_BYTES = 4 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32; 2 MB: encode +4%)
 CONV_PIECE_MIN_COLUMNS = 256  # with many stacked taps, pieces this wide still (each piece reads the weight once)
 PER_TAP_MAX_OUT = 8  # up to this many output channels (the decoder's last conv, 96 -> 1): a product per tap
 MIN_PIECES = 8  # fewer pieces than this share out unevenly over the threads: then one piece on BLAS's threads
