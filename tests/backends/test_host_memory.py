@@ -3,6 +3,7 @@ refers to it any more, and what a workspace keeps between calls is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -123,7 +124,7 @@ def test_a_copied_or_pickled_workspace_starts_empty():
 @pytest.mark.parametrize("in_workspace", [False, True])
 def test_whole_rows_reads_a_trimmed_output_in_place_only_inside_its_memory(in_workspace):
     ws = host_memory.Workspace()
-    with host_memory.recycled_outputs(ws) if in_workspace else host_memory.contextlib.nullcontext():
+    with host_memory.recycled_outputs(ws) if in_workspace else contextlib.nullcontext():
         full = host_memory.new_output((2, 3, MB // 8))
         full[...] = 2.0
         rows, T = numba_cpu._whole_rows(full[:, :, :100])
