@@ -167,6 +167,31 @@ def _elu_into(x, alpha, out) -> None:
     out += negative
 
 
+def softmax(x, axis: int = -1):
+    """``nn.softmax`` over the last axis of a host float array, the reference's operations on pieces of rows
+    side by side (``run_pieces``) into one output (the reference makes three arrays of x's size): the same
+    bits."""
+    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64) or x.ndim == 0 or x.size == 0:
+        return NotImplemented
+    if axis not in (-1, x.ndim - 1):
+        return NotImplemented
+    x = np.ascontiguousarray(x)
+    rows_rt, out = x.reshape(-1, x.shape[-1]), new_output(x.shape, x.dtype)
+    out_rt, n = out.reshape(rows_rt.shape), max(1, ELEMENTWISE_PIECE // x.shape[-1])
+
+    def piece(r0):
+        x_rt, e_rt = rows_rt[r0 : r0 + n], out_rt[r0 : r0 + n]
+        m = np.max(x_rt, axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0)
+        np.subtract(x_rt, m, out=e_rt)
+        np.exp(e_rt, out=e_rt)
+        s = np.sum(e_rt, axis=-1, keepdims=True)
+        np.divide(e_rt, np.where(s == 0, 1, s), out=e_rt)
+
+    run_pieces(piece, [(r0,) for r0 in range(0, rows_rt.shape[0], n)])
+    return out
+
+
 def gelu_erf(x):
     """``nn.gelu_erf``, 0.5 * x * (1 + erf(x / sqrt(2))), in pieces, each the reference's float32
     operations in its order.  Float32: erf by ``_erf_f64`` in a Numba loop (``_gelu_erf_into``; SciPy's
@@ -313,6 +338,23 @@ def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
                     cols_ikn[i, k, j] = x_ct[i, first + j * stride]
 
 
+SMALL_WEIGHT_SHARE = 8  # a weight of at most 1/8 of the stacked taps' bytes is cheap to read once per thread
+
+
+def _few_conv_pieces(weight_values: int, taps_per_column: int, T_out: int) -> int:
+    """The columns of each piece of a conv with too few pieces to share out evenly: one equal share per
+    thread where the weight is small against the stacked taps, so that the stacking runs on every thread
+    too (the encoder's first conv, 1 -> 64 channels over 240,000 samples: each thread stacks its own taps
+    and reads the 1.8 KB weight again; 9.4-9.8 against 10.9-11.9 ms as one piece), else all of them in one
+    piece, on BLAS's threads."""
+    threads = _piece_threads()
+    share = -(-T_out // max(threads, 1))
+    small_weight = SMALL_WEIGHT_SHARE * weight_values <= taps_per_column * T_out
+    if threads > 1 and share >= CONV_PIECE_MIN_COLUMNS and small_weight:
+        return share
+    return T_out
+
+
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
     """``nn.conv1d`` by one of four arrangements chosen by shape:
 
@@ -336,13 +378,13 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
         for k in range(1, K):
             out += np.matmul(w_oik[:, :, k], x_bct[:, :, k * dilation : end(k) : stride], out=product)
     elif groups == 1 and K == 1 and stride == 1:  # a plain product (the speaker encoder's 1x1 convs)
-        out = np.matmul(np.ascontiguousarray(w_oik[:, :, 0]), x_bct)
+        out = np.matmul(np.ascontiguousarray(w_oik[:, :, 0]), x_bct, out=new_output((B, O, T), x_bct.dtype))
     elif groups == 1:
         x_bct = np.ascontiguousarray(x_bct)
         w_m = np.ascontiguousarray(w_oik).reshape(O, I * K)  # column i * K + k: the order of the stacked taps
         n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * I * K))
-        if B * -(-T_out // n_piece) < MIN_PIECES:  # too few to share out evenly: one piece, on BLAS's threads
-            n_piece = T_out
+        if B * -(-T_out // n_piece) < MIN_PIECES:  # too few to share out evenly
+            n_piece = _few_conv_pieces(O * I * K, I * K, T_out)
         out = new_output((B, O, T_out), x_bct.dtype)
 
         def piece(b, t0):
@@ -641,6 +683,111 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
 
     run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)])
     return out_bot
+
+
+# ----------------------------------------------------------------------------- the speaker encoder's TDNN
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _stack_reflected_taps_into(x_ct, first, dilation, cols_ikn):
+    """cols[i, k, j] = x[i, r(first + k * dilation + j)], r mirroring positions outside 0 .. T - 1 about the
+    edge samples (r(-1) = 1, r(T) = T - 2: the reflect padding, without the padded copy)."""
+    I, K, N = cols_ikn.shape
+    T = x_ct.shape[1]
+    for i in range(I):
+        for k in range(K):
+            start = first + k * dilation
+            j0, j1 = min(max(-start, 0), N), max(min(T - start, N), 0)  # x itself for j0 <= j < j1
+            for j in range(j0):
+                cols_ikn[i, k, j] = x_ct[i, -(start + j)]
+            if j1 > j0:
+                cols_ikn[i, k, j0:j1] = x_ct[i, start + j0 : start + j1]
+            for j in range(max(j1, j0), N):
+                cols_ikn[i, k, j] = x_ct[i, 2 * (T - 1) - (start + j)]
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _add_bias_and_relu(h_on, bias_o):
+    """h = ReLU(h + bias), in place (a NaN stays NaN, as with ``np.maximum``)."""
+    for o in range(h_on.shape[0]):
+        bias, row = bias_o[o], h_on[o]
+        for j in range(row.shape[0]):
+            y = row[j] + bias
+            row[j] = np.float32(0.0) if y <= 0 else y
+
+
+def tdnn_offline(x_bct, w_oik, b_o, dilation):
+    """``tts.speaker_encoder.tdnn_offline`` (float32): the taps read straight from x with the mirrored edges
+    (``_stack_reflected_taps_into``; a 1-tap conv multiplies x itself), one matrix product on BLAS's threads
+    into the output, then bias and ReLU in one pass over rows of channels side by side, where the
+    reference pads a copy of x and adds the bias and takes the ReLU as two more passes, each a fresh array."""
+    B, C, T = x_bct.shape
+    O, I, K = w_oik.shape
+    left = dilation * (K - 1) // 2
+    too_short = T <= max(left, dilation * (K - 1) - left)  # (the reference's error)
+    if x_bct.dtype != np.float32 or w_oik.dtype != np.float32 or I != C or b_o is None or too_short:
+        return NotImplemented
+    w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
+    out_bot = new_output((B, O, T))
+    rows = max(1, ELEMENTWISE_PIECE // T)
+    for b in range(B):
+        if K == 1:
+            np.matmul(w_m, x_bct[b], out=out_bot[b])
+        else:
+            cols_ikn = np.empty((I, K, T), np.float32)
+            _stack_reflected_taps_into(np.ascontiguousarray(x_bct[b]), -left, dilation, cols_ikn)
+            np.matmul(w_m, cols_ikn.reshape(I * K, T), out=out_bot[b])
+        run_pieces(
+            lambda o0: _add_bias_and_relu(out_bot[b, o0 : o0 + rows], b_o[o0 : o0 + rows]),
+            [(o0,) for o0 in range(0, O, rows)],
+        )
+    return out_bot
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _weighted_mean_and_std_rows(x_ct, w_rt, eps, mean_c, std_c):
+    """mean[c] = sum_t w[c, t] x[c, t], std[c] = sqrt(max(sum_t w[c, t] (x[c, t] - mean[c])^2, eps)), w's one
+    row for every c when it has one row; each row's two passes while it is in the first-level cache."""
+    C, T = x_ct.shape
+    for c in range(C):
+        x_t, w_t = x_ct[c], w_rt[c if w_rt.shape[0] > 1 else 0]
+        mean = np.float32(0.0)
+        for t in range(T):
+            mean += w_t[t] * x_t[t]
+        variance = np.float32(0.0)
+        for t in range(T):
+            d = x_t[t] - mean
+            variance += w_t[t] * (d * d)
+        mean_c[c] = mean
+        std_c[c] = np.sqrt(eps) if variance < eps else np.sqrt(variance)  # (NaN stays NaN)
+
+
+def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
+    """``tts.speaker_encoder.mean_and_std`` (float32): both statistics of a row in one kernel call, rows of
+    channels side by side (``run_pieces``), no [B, C, T] temporaries (the reference makes four).  Its sums
+    run in another order than NumPy's pairwise ``np.sum``: float32 rounding apart, the same numbers."""
+    B, C, T = x_bct.shape
+    if (
+        x_bct.dtype != np.float32
+        or not isinstance(weights_bct, np.ndarray)
+        or weights_bct.dtype != np.float32
+        or weights_bct.ndim != 3
+        or weights_bct.shape[0] != B
+        or weights_bct.shape[1] not in (1, C)
+        or weights_bct.shape[2] != T
+    ):
+        return NotImplemented
+    mean_bc, std_bc = np.empty((B, C), np.float32), np.empty((B, C), np.float32)
+    rows = max(1, ELEMENTWISE_PIECE // max(T, 1))
+    per_row = weights_bct.shape[1] > 1
+
+    def piece(b, c0):
+        c1 = min(C, c0 + rows)
+        w_rt = weights_bct[b, c0:c1] if per_row else weights_bct[b]
+        _weighted_mean_and_std_rows(x_bct[b, c0:c1], w_rt, np.float32(eps), mean_bc[b, c0:c1], std_bc[b, c0:c1])
+
+    run_pieces(piece, [(b, c0) for b in range(B) for c0 in range(0, C, rows)])
+    return mean_bc, std_bc
 
 
 # ----------------------------------------------------------------------------- transposed convolution
@@ -1183,5 +1330,8 @@ TWINS = {
     "snake_causal_conv_push": snake_causal_conv_push,
     "resnet_block_offline": resnet_block_offline,
     "elu_causal_conv_offline": elu_causal_conv_offline,
+    "tdnn_offline": tdnn_offline,
+    "mean_and_std": mean_and_std,
+    "softmax": softmax,
     "conv_transpose1d": conv_transpose1d,
 }

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import nn
-from ..backends import device_backend, on_model_backend
+from ..backends import device_backend, on_model_backend, primitive
 from ..backends.bf16 import upload_weights
 from ..io.audio import audio_as_float, check_amplitude, check_sample_rate, resample
 from ..io.checkpoint import (
@@ -337,9 +337,20 @@ def relu(x):
     return np.maximum(x, 0)
 
 
+@primitive
+def tdnn_offline(x_bct, w_oik, b_o, dilation):
+    """ReLU(reflect-"same" conv(x)), nothing recorded: ``tdnn``'s formula on plain arrays, the reference of
+    the fused twin in ``refimpl/backends/numba_cpu.py`` (pieces of time, each its reflected taps, one
+    product, bias and ReLU in one pass)."""
+    return relu(reflect_same_conv1d(x_bct, w_oik, b_o, dilation))
+
+
 def tdnn(w, p, x_bct, dilation: int = 1, record: Recorder = NULL_RECORDER):
     """TDNN block: ReLU(reflect-"same" conv).  Records ``{p}.conv`` and ``{p}`` (the official name of the
-    same tensor, ``{p}.activation``, is added by ``refimpl.porting.names``)."""
+    same tensor, ``{p}.activation``, is added by ``refimpl.porting.names``); nothing recorded, one call
+    (``tdnn_offline``)."""
+    if not record.enabled:
+        return tdnn_offline(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation)
     h = reflect_same_conv1d(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation)
     record(f"{p}.conv", h)
     h = relu(h)
@@ -387,6 +398,7 @@ def se_res2net_block(w, cfg: SpeakerEncoderConfig, i: int, x_bct, record):
     return h + x_bct
 
 
+@primitive
 def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
     """Weighted mean and standard deviation over time (weights sum to 1 over t); the variance is
     clamped to at least ``eps`` before the square root."""

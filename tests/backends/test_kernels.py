@@ -25,6 +25,7 @@ from refimpl.backends import numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
 from refimpl.codec import decoder as codec_decoder
 from refimpl.codec import encoder as codec_encoder
+from refimpl.tts import speaker_encoder
 
 DTYPES = (np.float32, np.float64)
 
@@ -35,13 +36,14 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     assert set(numba_cpu.TWINS) == {
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
-        "snake_causal_conv_push",
+        *("snake_causal_conv_push", "softmax", "tdnn_offline", "mean_and_std"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
-        # codec decoder's,
-        # resnet_block_offline and elu_causal_conv_offline the codec encoder's
-        reference = next(getattr(m, name) for m in (nn, transformer, codec_decoder, codec_encoder) if hasattr(m, name))
+        # codec decoder's, resnet_block_offline and elu_causal_conv_offline the codec encoder's,
+        # tdnn_offline and mean_and_std the speaker encoder's
+        stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder)
+        reference = next(getattr(m, name) for m in stages if hasattr(m, name))
         reference = reference.reference
         assert inspect.signature(twin) == inspect.signature(reference), name
 
@@ -768,3 +770,85 @@ def test_a_second_process_loads_the_kernels_instead_of_compiling(tmp_path):
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
     assert "data saved to" in runs[0].stdout
     assert "data saved to" not in runs[1].stdout and "data loaded from" in runs[1].stdout
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    C=st.integers(1, 9),
+    O=st.integers(1, 9),
+    K=st.sampled_from((1, 2, 3, 5)),
+    dilation=st.integers(1, 4),
+    extra=st.integers(0, 40),
+    seed=st.integers(0, 2**31),
+)
+def test_tdnn_twin_reads_the_reflected_taps_of_the_reference(B, C, O, K, dilation, extra, seed):
+    """The speaker encoder's TDNN without its padded copy: taps mirrored at both edges (from the fewest frames
+    the padding allows), one product, bias and ReLU: within the bound of two sums of the same I * K terms;
+    a NaN frame spoils the same outputs on both sides."""
+    rng = np.random.default_rng(seed)
+    left, right = speaker_encoder.same_padding(K, dilation)
+    T = max(left, right) + 1 + extra
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    w = rng.standard_normal((O, C, K)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    ref = speaker_encoder.tdnn_offline.reference(x, w, b, dilation)
+    got = numba_cpu.tdnn_offline(x, w, b, dilation)
+    assert got.shape == ref.shape == (B, O, T) and got.dtype == np.float32
+    padded = np.pad(np.abs(x).astype(np.float64), ((0, 0), (0, 0), (left, right)), mode="reflect")
+    abs_sum = nn.conv1d.reference(padded, np.abs(w).astype(np.float64), np.abs(b).astype(np.float64), dilation=dilation)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
+    x[0, 0, T // 2] = np.nan
+    nan_ref = np.isnan(speaker_encoder.tdnn_offline.reference(x, w, b, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.tdnn_offline(x, w, b, dilation)), nan_ref)
+    assert nan_ref.any()
+
+
+def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
+    x = np.zeros((1, 3, 2), np.float32)
+    w = np.zeros((2, 3, 5), np.float32)
+    assert numba_cpu.tdnn_offline(x, w, np.zeros(2, np.float32), 1) is NotImplemented  # 2 frames, a padding of 2
+    assert numba_cpu.tdnn_offline(x.astype(np.float64), w.astype(np.float64), np.zeros(2), 1) is NotImplemented
+    with pytest.raises(ValueError, match="too few for a reflect padding"):
+        speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1)  # the reference's error
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    C=st.integers(1, 40),
+    T=st.integers(1, 300),
+    per_channel=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_mean_and_std_twin_is_within_float32_noise(B, C, T, per_channel, seed):
+    """The attentive pooling's weighted statistics, both in one kernel call per row: as close to the float64
+    result as the reference (NumPy's pairwise sums), for one row of weights for all channels (the plain
+    statistics) and for a row per channel (the softmax's)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((B, C, T)) * 3 + 1).astype(np.float32)
+    w = rng.random((B, C if per_channel else 1, T)).astype(np.float32)
+    w /= w.sum(axis=2, keepdims=True)
+    got = numba_cpu.mean_and_std(x, w)
+    ref = speaker_encoder.mean_and_std.reference(x, w)
+    exact = speaker_encoder.mean_and_std.reference(x.astype(np.float64), w.astype(np.float64))
+    for g, r, e in zip(got, ref, exact):
+        assert g.shape == r.shape == (B, C) and g.dtype == np.float32
+        assert within_float32_noise(g.astype(np.float64), r.astype(np.float64), e)
+    constant = np.ones((1, 2, 8), np.float32)
+    assert np.all(numba_cpu.mean_and_std(constant, np.full((1, 1, 8), 1 / 8, np.float32))[1] == np.float32(1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 700), (1300, 300)])
+def test_softmax_twin_is_the_reference_bit_for_bit(dtype, shape):
+    """The reference's operations on pieces of rows (the 1300 x 300 case in several pieces): the same bits,
+    rows of -inf included (zeros), over the last axis named either way; another axis is the reference's."""
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 10).astype(dtype)
+    x.reshape(-1, shape[-1])[0] = -np.inf
+    for axis in (-1, len(shape) - 1):
+        np.testing.assert_array_equal(numba_cpu.softmax(x, axis=axis), nn.softmax.reference(x, axis=axis))
+    assert not np.any(numba_cpu.softmax(x).reshape(-1, shape[-1])[0])
+    if len(shape) > 1:
+        assert numba_cpu.softmax(x, axis=0) is NotImplemented
