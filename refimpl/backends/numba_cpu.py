@@ -610,15 +610,64 @@ def _next_context(x_bct, log_alpha_c, log_beta_c, left, context_bcs):
 # ----------------------------------------------------------------------------- the codec encoder's residual block
 
 
-def _elu_of_span(x_ct, first: int, stop: int):
-    """ELU(x[:, first:stop]) as a new [C, stop - first] array, zeros where the span runs outside x (a
-    causal conv's zero padding: ELU(0) = 0); ``elu``'s own operations, the same bits."""
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _stack_elu_taps_into(x_ct, negative_cs, a, first, stride, dilation, cols_ckn):
+    """cols[c, k, j] = ELU(x[c, p]), p = first + j * stride + k * dilation, as ``elu`` computes it, and 0
+    where p is outside x (a causal conv's zero padding; ELU(0) = 0): ``elu`` is max(x, 0) + expm1(min(x, 0)),
+    one of whose terms is 0, so it is x where x > 0 and else negative[c, p - a] = expm1(min(x, 0)) (NumPy's
+    expm1, taken by the caller over x[:, a : a + S]; NaN stays NaN).  The taps stacked with the ELU on the
+    way: the ELU's own max, sum and zero-padded copy are never made."""
+    C, K, N = cols_ckn.shape
+    z = a + negative_cs.shape[1]  # x is read at a <= p < z
+    for c in range(C):
+        for k in range(K):
+            start = first + k * dilation
+            j0 = min(max(-(-(a - start) // stride), 0), N)  # the first j with p >= a
+            j1 = max(min(-(-(z - start) // stride), N), j0)  # the first j with p >= z
+            cols_ckn[c, k, :j0] = 0.0
+            if j1 > j0:  # (loops over views from index 0: see ``_snake_row_into``)
+                p0, p1 = start + j0 * stride, start + (j1 - 1) * stride + 1
+                x_m, out_m = x_ct[c, p0:p1:stride], cols_ckn[c, k, j0:j1]
+                negative_m = negative_cs[c, p0 - a : p1 - a : stride]
+                for j in range(out_m.shape[0]):
+                    v = x_m[j]
+                    out_m[j] = v if v > 0 else negative_m[j]
+            cols_ckn[c, k, j1:] = 0.0
+
+
+def _elu_taps(x_ct, first: int, stride: int, dilation: int, K: int, n: int):
+    """The K taps (``stride``, ``dilation``) of n output columns of a conv over ELU(x), its input read from
+    x's sample ``first`` on, zeros outside x: [C, K, n] (``_stack_elu_taps_into``; the same bits as the
+    ELU's output padded and stacked)."""
     C, T = x_ct.shape
-    slab_cs = np.zeros((C, stop - first), x_ct.dtype)
-    a, z = max(first, 0), min(stop, T)
-    if z > a:
-        _elu_into(x_ct[:, a:z], x_ct.dtype.type(1.0), slab_cs[:, a - first : z - first])
-    return slab_cs
+    stop = first + (n - 1) * stride + (K - 1) * dilation + 1
+    a, z = max(first, 0), max(min(stop, T), max(first, 0))
+    negative_cs = np.minimum(x_ct[:, a:z], 0)
+    np.expm1(negative_cs, out=negative_cs)
+    cols_ckn = np.empty((C, K, n), x_ct.dtype)
+    _stack_elu_taps_into(x_ct, negative_cs, a, first, stride, dilation, cols_ckn)
+    return cols_ckn
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _add_bias_and_split_into(h_on, bias_o, negative_on):
+    """h = h + bias and negative = min(h + bias, 0), in one pass (the first half of an ELU after a bias)."""
+    for o in range(h_on.shape[0]):
+        bias, h_n, negative_n = bias_o[o], h_on[o], negative_on[o]
+        for j in range(h_n.shape[0]):
+            y = h_n[j] + bias
+            h_n[j] = y
+            negative_n[j] = y if y < 0 else np.float32(0.0)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _keep_positive_else_into(h_on, negative_on):
+    """h = h where h > 0, else negative (the ELU's max(h, 0) + expm1(min(h, 0)), one term of which is 0)."""
+    for o in range(h_on.shape[0]):
+        h_n, negative_n = h_on[o], negative_on[o]
+        for j in range(h_n.shape[0]):
+            v = h_n[j]
+            h_n[j] = v if v > 0 else negative_n[j]
 
 
 def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
@@ -626,7 +675,9 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     through the whole block by one thread while it is in that core's cache: ELU of the piece and its
     (K - 1) * dilation samples of left context (zeros before the start), its K taps stacked, one matrix
     product for the k3 conv (C -> H), bias + ELU, one for the k1 conv (H -> C), bias + residual into the
-    output.  The ELUs are ``elu``'s own operations (the same bits as the reference's)."""
+    output.  The ELUs are ``elu``'s own operations (NumPy's expm1; the same bits as the reference's), the
+    first taken as its taps are stacked (``_elu_taps``), the second with the bias (``_add_bias_and_split_into``),
+    and the k1 conv's bias and the residual added in one pass."""
     B, C, T = x_bct.shape
     H, _, K = w1_oik.shape
     if x_bct.dtype != np.float32 or pad_mode != "constant" or w2_oi1.shape != (C, H, 1) or b1_o is None or b2_o is None:
@@ -635,20 +686,17 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     w1_m = np.ascontiguousarray(w1_oik.reshape(H, C * K))  # column c * K + k: the order of the stacked taps
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
-    one = np.float32(1.0)
     out_bct = new_output((B, C, T))
 
     def piece(b, t0):
         n = min(n_piece, T - t0)
-        slab_cs = _elu_of_span(x_bct[b], t0 - left, t0 + n)
-        cols_ckn = np.empty((C, K, n), np.float32)
-        _stack_taps_into(slab_cs, 0, 1, dilation, cols_ckn)
+        cols_ckn = _elu_taps(x_bct[b], t0 - left, 1, dilation, K, n)
         h_hn = w1_m @ cols_ckn.reshape(C * K, n)
-        h_hn += b1_o[:, None]
-        _elu_into(h_hn, one, h_hn)
-        g_cn = w2_m @ h_hn
-        g_cn += b2_o[:, None]
-        np.add(x_bct[b, :, t0 : t0 + n], g_cn, out=out_bct[b, :, t0 : t0 + n])
+        negative_hn = np.empty_like(h_hn)
+        _add_bias_and_split_into(h_hn, b1_o, negative_hn)  # h + b1, and min(h + b1, 0)
+        np.expm1(negative_hn, out=negative_hn)
+        _keep_positive_else_into(h_hn, negative_hn)  # ELU(h + b1)
+        _add_bias_and_residual(w2_m @ h_hn, b2_o, x_bct[b], t0, out_bct[b])
 
     run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)])
     return out_bct
@@ -657,8 +705,9 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
 def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     """``codec.encoder.elu_causal_conv_offline`` (float32, zero padding) over pieces of output columns, each
     one thread's: the ELU of the input span the piece reads (zeros in the causal padding, where the
-    reference pads the ELU's output with zeros), its K taps stacked with the stride, one matrix product,
-    + bias.  The ELU is ``elu``'s own operations (the same bits as the reference's)."""
+    reference pads the ELU's output with zeros), its K taps stacked with the stride as the ELU is taken
+    (``_elu_taps``), one matrix product, + bias.  The ELU is ``elu``'s own operations (the same bits as the
+    reference's)."""
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
     if x_bct.dtype != np.float32 or pad_mode != "constant" or I != C:
@@ -672,10 +721,7 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
 
     def piece(b, t0):
         n = min(n_piece, T_out - t0)
-        first, stop = t0 * stride - left, (t0 + n - 1) * stride + K - left  # the span read, in x's samples
-        slab_cs = _elu_of_span(x_bct[b], first, stop)
-        cols_ckn = np.empty((C, K, n), np.float32)
-        _stack_taps_into(slab_cs, 0, stride, 1, cols_ckn)
+        cols_ckn = _elu_taps(x_bct[b], t0 * stride - left, stride, 1, K, n)  # the span read, from x's sample
         out_on = out_bot[b, :, t0 : t0 + n]
         np.matmul(w_m, cols_ckn.reshape(C * K, n), out=out_on)
         if b_o is not None:

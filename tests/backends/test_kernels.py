@@ -299,6 +299,38 @@ def test_elu_causal_conv_twin_equals_reference(B, C, O, kernel_stride, T, with_b
     assert numba_cpu.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant") is NotImplemented
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    C=st.integers(1, 5),
+    T=st.integers(1, 60),
+    first=st.integers(-12, 50),
+    n=st.integers(1, 30),
+    K=st.integers(1, 8),
+    stride=st.integers(1, 5),
+    dilation=st.integers(1, 3),
+    seed=st.integers(0, 2**31),
+)
+def test_elu_taps_are_the_padded_elu_stacked_bit_for_bit(C, T, first, n, K, stride, dilation, seed):
+    """The encoder twins' ELU taken as the taps are stacked: exactly ``elu``'s output, zero-padded on both
+    sides, read at first + j * stride + k * dilation (spans before x's start and past its end included; a NaN
+    sample stays NaN)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((C, T)).astype(np.float32)
+    x[0, T // 2] = np.nan
+    got = numba_cpu._elu_taps(x, first, stride, dilation, K, n)
+    span = (n - 1) * stride + (K - 1) * dilation + 1
+    pad = max(0, -first)
+    padded = np.zeros((C, pad + max(T, first + span)), np.float32)
+    padded[:, pad : pad + T] = nn.elu.reference(x)
+    start = pad + first
+    want = np.stack(
+        [padded[:, start + k * dilation : start + k * dilation + (n - 1) * stride + 1 : stride] for k in range(K)],
+        axis=1,
+    )
+    assert got.shape == (C, K, n)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_two_callers_lending_blas_at_once_leave_it_its_threads():
     """Two threads decoding at once: the first in sets BLAS to one thread, the one that leaves first must
     not restore it while the other's pieces still run, and the last out restores the count from before."""
