@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import nn
+from ..backends import primitive
 from ..io.checkpoint import WeightView
 from ..recorder import NULL_RECORDER, Recorder
 
@@ -80,6 +81,7 @@ def encoder_tables(w, cfg) -> dict:
     return tables
 
 
+@primitive
 def nearest_rows(x_nd, e_kd, e_sq_k=None):
     """For each row of x, the index of the nearest codebook row (Euclidean distance; ties -> the lowest
     index) and the margin d(second nearest) - d(nearest) >= 0.

@@ -25,6 +25,7 @@ from refimpl.backends import numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
 from refimpl.codec import decoder as codec_decoder
 from refimpl.codec import encoder as codec_encoder
+from refimpl.codec import quantization
 from refimpl.tts import speaker_encoder
 
 DTYPES = (np.float32, np.float64)
@@ -36,13 +37,13 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     assert set(numba_cpu.TWINS) == {
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
-        *("snake_causal_conv_push", "softmax", "tdnn_offline", "mean_and_std"),
+        *("snake_causal_conv_push", "softmax", "tdnn_offline", "mean_and_std", "nearest_rows"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
         # codec decoder's, resnet_block_offline and elu_causal_conv_offline the codec encoder's,
-        # tdnn_offline and mean_and_std the speaker encoder's
-        stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder)
+        # tdnn_offline and mean_and_std the speaker encoder's, nearest_rows the codec's quantizer's
+        stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder, quantization)
         reference = next(getattr(m, name) for m in stages if hasattr(m, name))
         reference = reference.reference
         assert inspect.signature(twin) == inspect.signature(reference), name
@@ -884,3 +885,24 @@ def test_softmax_twin_is_the_reference_bit_for_bit(dtype, shape):
     assert not np.any(numba_cpu.softmax(x).reshape(-1, shape[-1])[0])
     if len(shape) > 1:
         assert numba_cpu.softmax(x, axis=0) is NotImplemented
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    N=st.integers(1, 40), K=st.integers(2, 300), D=st.integers(1, 20), ties=st.booleans(), seed=st.integers(0, 2**31)
+)
+def test_nearest_rows_twin_is_the_reference_bit_for_bit(N, K, D, ties, seed):
+    """The quantizer's choice and margin without a partition: the same indices and margins, bit for bit,
+    duplicated codebook rows (ties: the lowest index, a margin of 0) included; a NaN goes to the reference."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, D)).astype(np.float32)
+    e = rng.standard_normal((K, D)).astype(np.float32)
+    if ties:
+        e[K // 2] = e[0]
+        x[0] = e[0]
+    got, ref = numba_cpu.nearest_rows(x, e), quantization.nearest_rows.reference(x, e)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert got[0].dtype == np.int64 and got[1].dtype == np.float32
+    x[-1, 0] = np.nan
+    assert numba_cpu.nearest_rows(x, e) is NotImplemented
