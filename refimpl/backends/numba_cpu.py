@@ -641,7 +641,8 @@ def _elu_taps(x_ct, first: int, stride: int, dilation: int, K: int, n: int):
     ELU's output padded and stacked)."""
     C, T = x_ct.shape
     stop = first + (n - 1) * stride + (K - 1) * dilation + 1
-    a, z = max(first, 0), max(min(stop, T), max(first, 0))
+    a = max(first, 0)
+    z = max(min(stop, T), a)
     negative_cs = np.minimum(x_ct[:, a:z], 0)
     np.expm1(negative_cs, out=negative_cs)
     cols_ckn = np.empty((C, K, n), x_ct.dtype)
