@@ -652,13 +652,14 @@ def _elu_taps(x_ct, first: int, stride: int, dilation: int, K: int, n: int):
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _add_bias_and_split_into(h_on, bias_o, negative_on):
-    """h = h + bias and negative = min(h + bias, 0), in one pass (the first half of an ELU after a bias)."""
+    """h = h + bias and negative = min(h + bias, 0), in one pass (the first half of an ELU after a bias; a NaN
+    stays NaN in both, as with ``np.minimum``)."""
     for o in range(h_on.shape[0]):
         bias, h_n, negative_n = bias_o[o], h_on[o], negative_on[o]
         for j in range(h_n.shape[0]):
             y = h_n[j] + bias
             h_n[j] = y
-            negative_n[j] = y if y < 0 else np.float32(0.0)
+            negative_n[j] = np.float32(0.0) if y >= 0 else y
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)

@@ -263,6 +263,10 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
         got = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
     assert got.shape == ref.shape and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
+    x[0, 0, T // 2] = np.nan  # spoils the conv's outputs around it, through both ELUs: the same ones on both sides
+    with kernels.use_backend("numpy"):
+        nan_ref = np.isnan(codec_encoder.resnet_block_offline(x, *args32, dilation, "constant"))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")), nan_ref)
     assert numba_cpu.resnet_block_offline(x, *args32, dilation, "replicate") is NotImplemented
     assert numba_cpu.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant") is NotImplemented
 
