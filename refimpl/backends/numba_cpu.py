@@ -168,9 +168,9 @@ def _elu_into(x, alpha, out) -> None:
 
 
 def softmax(x, axis: int = -1):
-    """``nn.softmax`` over the last axis of a host float array, the reference's operations on pieces of rows
-    side by side (``run_pieces``) into one output (the reference makes three arrays of x's size): the same
-    bits."""
+    """``nn.softmax`` over the last axis of a host float array: the reference itself on pieces of rows side by
+    side (``run_pieces``), each piece's three arrays in the cache, into one output (the same bits; 1.7
+    against 3.4 ms for 1536 x 937)."""
     if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64) or x.ndim == 0 or x.size == 0:
         return NotImplemented
     if axis not in (-1, x.ndim - 1):
@@ -180,13 +180,7 @@ def softmax(x, axis: int = -1):
     out_rt, n = out.reshape(rows_rt.shape), max(1, ELEMENTWISE_PIECE // x.shape[-1])
 
     def piece(r0):
-        x_rt, e_rt = rows_rt[r0 : r0 + n], out_rt[r0 : r0 + n]
-        m = np.max(x_rt, axis=-1, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0)
-        np.subtract(x_rt, m, out=e_rt)
-        np.exp(e_rt, out=e_rt)
-        s = np.sum(e_rt, axis=-1, keepdims=True)
-        np.divide(e_rt, np.where(s == 0, 1, s), out=e_rt)
+        out_rt[r0 : r0 + n] = nn.softmax.reference(rows_rt[r0 : r0 + n], axis=-1)
 
     run_pieces(piece, [(r0,) for r0 in range(0, rows_rt.shape[0], n)])
     return out
