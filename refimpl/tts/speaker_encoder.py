@@ -352,8 +352,8 @@ def relu(x):
 @primitive
 def tdnn_offline(x_bct, w_oik, b_o, dilation):
     """ReLU(reflect-"same" conv(x)), nothing recorded: ``tdnn``'s formula on plain arrays, the reference of
-    the fused twin in ``refimpl/backends/numba_cpu.py`` (pieces of time, each its reflected taps, one
-    product, bias and ReLU in one pass)."""
+    the fused twin in ``refimpl/backends/numba_cpu.py`` (the reflected taps read in place, one product,
+    bias and ReLU in one pass)."""
     return relu(reflect_same_conv1d(x_bct, w_oik, b_o, dilation))
 
 
