@@ -373,7 +373,12 @@ def tdnn(w, p, x_bct, dilation: int = 1, record: Recorder = NULL_RECORDER):
 def res2net(w, p, x_bct, scale: int, dilation: int, record: Recorder = NULL_RECORDER):
     """Res2Net: split the channels into ``scale`` groups; group 0 passes through, group 1 goes
     through its TDNN, and each later group j goes through its TDNN after adding the output of
-    group j - 1 (a cascade that widens the receptive field); the outputs are concatenated."""
+    group j - 1 (a cascade that widens the receptive field); the outputs are concatenated.  Nothing
+    recorded, one call (``res2net_offline``)."""
+    if not record.enabled:
+        names = [f"{p}.blocks.{j}.conv" for j in range(scale - 1)]
+        weights = tuple(w[f"{n}.weight"] for n in names)
+        return res2net_offline(x_bct, weights, tuple(w[f"{n}.bias"] for n in names), dilation)
     groups = np.split(x_bct, scale, axis=1)
     outputs = [groups[0]]
     previous = None
@@ -381,6 +386,19 @@ def res2net(w, p, x_bct, scale: int, dilation: int, record: Recorder = NULL_RECO
         inp = groups[j] if previous is None else groups[j] + previous
         previous = tdnn(w, f"{p}.blocks.{j - 1}", inp, dilation, record)
         outputs.append(previous)
+    return np.concatenate(outputs, axis=1)
+
+
+@primitive
+def res2net_offline(x_bct, w_joik, b_jo, dilation):
+    """``res2net``'s formula on plain arrays, nothing recorded: ``len(w_joik) + 1`` groups of channels, the
+    weights and biases of the TDNNs of groups 1, 2, ... in order; the reference of the twin in
+    ``refimpl/backends/numba_cpu.py`` (each TDNN's output written in place in the concatenated output)."""
+    groups = np.split(x_bct, len(w_joik) + 1, axis=1)
+    outputs = [groups[0]]
+    for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo), start=1):
+        inp = groups[j] if j == 1 else groups[j] + outputs[-1]
+        outputs.append(tdnn_offline(inp, w_oik, b_o, dilation))
     return np.concatenate(outputs, axis=1)
 
 

@@ -37,12 +37,12 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     assert set(numba_cpu.TWINS) == {
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
-        *("snake_causal_conv_push", "softmax", "tdnn_offline", "mean_and_std", "nearest_rows"),
+        *("snake_causal_conv_push", "softmax", "tdnn_offline", "res2net_offline", "mean_and_std", "nearest_rows"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
         # codec decoder's, resnet_block_offline and elu_causal_conv_offline the codec encoder's,
-        # tdnn_offline and mean_and_std the speaker encoder's, nearest_rows the codec's quantizer's
+        # tdnn_offline, res2net_offline and mean_and_std the speaker encoder's, nearest_rows the codec's quantizer's
         stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder, quantization)
         reference = next(getattr(m, name) for m in stages if hasattr(m, name))
         reference = reference.reference
@@ -848,6 +848,60 @@ def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     assert numba_cpu.tdnn_offline(x.astype(np.float64), w.astype(np.float64), np.zeros(2), 1) is NotImplemented
     with pytest.raises(ValueError, match="too few for a reflect padding"):
         speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1)  # the reference's error
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    groups=st.integers(2, 8),
+    width=st.integers(1, 6),
+    K=st.sampled_from((1, 3, 5)),
+    dilation=st.integers(1, 4),
+    extra=st.integers(0, 40),
+    seed=st.integers(0, 2**31),
+)
+def test_res2net_twin_writes_each_group_where_the_reference_concatenates_it(B, groups, width, K, dilation, extra, seed):
+    """The speaker encoder's Res2Net in one call: group 0 passed through bit for bit, each later group's TDNN
+    (on its channels plus the previous group's output) within float32 noise of the plain NumPy formula, and
+    the same bits as the TDNN twin applied group by group (the products are the same calls); a NaN spoils
+    the same outputs on both sides."""
+    rng = np.random.default_rng(seed)
+    T = max(speaker_encoder.same_padding(K, dilation)) + 1 + extra  # from the fewest frames the padding allows
+    x = rng.standard_normal((B, groups * width, T)).astype(np.float32)
+    ws = tuple(
+        (rng.standard_normal((width, width, K)) / np.sqrt(width * K)).astype(np.float32) for _ in range(groups - 1)
+    )
+    bs = tuple(rng.standard_normal(width).astype(np.float32) for _ in range(groups - 1))
+    got = numba_cpu.res2net_offline(x, ws, bs, dilation)
+    with kernels.use_backend("numpy"):
+        ref = speaker_encoder.res2net_offline.reference(x, ws, bs, dilation)
+    exact = speaker_encoder.res2net_offline.reference(
+        x.astype(np.float64), tuple(w.astype(np.float64) for w in ws), tuple(b.astype(np.float64) for b in bs), dilation
+    )
+    assert got.shape == ref.shape == x.shape and got.dtype == np.float32
+    np.testing.assert_array_equal(got[:, :width], x[:, :width])
+    assert within_float32_noise(got, ref, exact)
+    group_by_group = [x[:, :width]]
+    for j in range(1, groups):
+        inp = x[:, j * width : (j + 1) * width] + (group_by_group[-1] if j > 1 else 0)
+        group_by_group.append(numba_cpu.tdnn_offline(inp, ws[j - 1], bs[j - 1], dilation))
+    np.testing.assert_array_equal(got, np.concatenate(group_by_group, axis=1))
+    x[0, width, T // 2] = np.nan  # in group 1: it spoils every later group through the cascade
+    with kernels.use_backend("numpy"):
+        nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, ws, bs, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.res2net_offline(x, ws, bs, dilation)), nan_ref)
+    assert nan_ref.any()
+
+
+def test_res2net_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
+    x = np.zeros((1, 4, 2), np.float32)
+    w = (np.zeros((2, 2, 5), np.float32),)
+    b = (np.zeros(2, np.float32),)
+    assert numba_cpu.res2net_offline(x, w, b, 1) is NotImplemented  # 2 frames, a padding of 2
+    assert numba_cpu.res2net_offline(np.zeros((1, 5, 9), np.float32), w, b, 1) is NotImplemented  # 5 / 2 groups
+    assert numba_cpu.res2net_offline(x.astype(np.float64), w, b, 1) is NotImplemented
+    with pytest.raises(ValueError, match="too few for a reflect padding"):
+        speaker_encoder.res2net_offline(x, w, b, 1)  # the reference's error
 
 
 @settings(max_examples=60, deadline=None)
