@@ -922,6 +922,38 @@ def _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_ot):
         row_s += bias_o[o]
 
 
+FEW_FRAMES = 8  # up to this many input frames (a streaming chunk, a first frame): ``_few_frames_times``
+FEW_FRAMES_COLUMNS = 256  # weight columns a thread sums at a time (their sums for 8 frames: 8 KB, in L1)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _few_frames_times(x_if, w_ij, j0, j1, columns, z_jf):
+    """z[j, f] = sum_i x[i, f] w[i, j] for a few frames f and the columns j0 <= j < j1: strip by strip of
+    ``columns`` columns, the strip's rows read in order, i = 0 .. I - 1, each row times x[i, f] added into
+    the strip's sums for every frame (in the first-level cache), row i + 8 asked for meanwhile.  The
+    weight is read once, from memory, where BLAS packs its every block (a copy) before multiplying a few
+    columns (1536 -> 768 channels x 16 taps, 4 frames, 75 MB cold: 3.8 against 8.8 ms on 2 threads)."""
+    I, J = w_ij.shape
+    F = x_if.shape[1]
+    words = w_ij.reshape(-1)
+    sums_fn = np.empty((F, columns), dtype=np.float32)
+    for s0 in range(j0, j1, columns):
+        n = min(j1, s0 + columns) - s0
+        sums_fn[:, :] = 0.0
+        for i in range(I):
+            if i + 8 < I:
+                for j in range(0, n, 16):  # one request per 64-byte line
+                    _prefetch(words, (i + 8) * J + s0 + j)
+            w_n = w_ij[i, s0 : s0 + n]
+            for f in range(F):
+                x, sums_n = x_if[i, f], sums_fn[f, :n]
+                for j in range(n):
+                    sums_n[j] += x * w_n[j]
+        for j in range(n):
+            for f in range(F):
+                z_jf[s0 + j, f] = sums_fn[f, j]
+
+
 def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     """``nn.conv_transpose1d`` for K = J * stride taps (the codec's K = 2 * stride): a piece of output
     frames t0 .. t0 + n - 1 (stride samples each) and output channels o0 .. o1 - 1 takes the products of
@@ -930,7 +962,8 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     The pieces' outputs are disjoint (the J - 1 frames before a piece are multiplied again), so they run
     side by side (``run_pieces``).  Pieces span every channel and ``TRANSPOSED_PIECE_BYTES`` of products
     (few channels, long signals), or, where that would read the weight more often than it saves
-    (``_transposed_pieces``), a thread's share of the channels and ``TRANSPOSED_CHANNEL_PIECE_BYTES``."""
+    (``_transposed_pieces``), a thread's share of the channels and ``TRANSPOSED_CHANNEL_PIECE_BYTES``.
+    Up to ``FEW_FRAMES`` input frames, the products of every tap come from ``_few_frames_times``."""
     B, C, T = x_bct.shape
     I, O, K = w_iok.shape
     if x_bct.dtype != np.float32 or K % stride or C != I:
@@ -940,8 +973,15 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     w_t = np.ascontiguousarray(w_iok).reshape(I, O * K).T  # a view: BLAS reads it transposed
     bias_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o, dtype=np.float32)
     frames = T + J - 1  # output frames: (T - 1) * stride + K samples
-    step, n_piece = _transposed_pieces(O, K, frames, w_t.nbytes)
     out_bot = new_output((B, O, frames * stride))
+    if T <= FEW_FRAMES:  # the weight streamed once, all its columns side by side
+        n_threads, z_jf = _piece_threads(), np.empty((O * K, T), np.float32)
+        for b in range(B):
+            ranges = [(O * K * t // n_threads, O * K * (t + 1) // n_threads) for t in range(n_threads)]
+            run_pieces(lambda j0, j1: _few_frames_times(x_bct[b], w_t.T, j0, j1, FEW_FRAMES_COLUMNS, z_jf), ranges)
+            _overlap_add_into(z_jf.reshape(O, K, T), 0, 0, frames, stride, bias_o, out_bot[b])
+        return out_bot
+    step, n_piece = _transposed_pieces(O, K, frames, w_t.nbytes)
 
     def piece(b, o0, t0):
         o1, n = min(O, o0 + step), min(n_piece, frames - t0)

@@ -139,6 +139,37 @@ def test_conv_transpose1d_twin_equals_reference(dtype, B, I, O, stride, J, T, wi
         assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    I=st.integers(1, 40),
+    J=st.integers(1, 60),
+    F=st.integers(1, numba_cpu.FEW_FRAMES),
+    columns=st.sampled_from((1, 3, 16, 256)),
+    n_threads=st.integers(1, 70),
+    seed=st.integers(0, 2**31),
+)
+def test_few_frames_kernel_sums_every_column_strip_in_order(I, J, F, columns, n_threads, seed):
+    """The transposed conv's products for a few frames, z = w^T x: strips of every width (a last one cut
+    short), ranges of columns of every size (empty ones too), within the bound of a sum of I products; a NaN
+    weight spoils its own column only."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((I, F)).astype(np.float32)
+    w = rng.standard_normal((I, J)).astype(np.float32)
+    z = np.full((J, F), np.nan, np.float32)
+
+    def run(w):
+        for t in range(n_threads):  # as conv_transpose1d shares the columns out (a thread's range may be empty)
+            numba_cpu._few_frames_times(x, w, J * t // n_threads, J * (t + 1) // n_threads, columns, z)
+
+    run(w)
+    exact = w.T.astype(np.float64) @ x.astype(np.float64)
+    bound = 2 * I * np.finfo(np.float32).eps * (np.abs(w.T).astype(np.float64) @ np.abs(x).astype(np.float64))
+    assert np.all(np.abs(z - exact) <= bound)
+    w[I // 2, J // 2] = np.nan
+    run(w)
+    np.testing.assert_array_equal(np.isnan(z).any(axis=1), np.arange(J) == J // 2)
+
+
 def test_transposed_pieces_split_channels_where_the_weight_outweighs_the_products():
     """The released decoder's transposed convs (2 threads): a big weight over few frames is cut into shares
     of the channels, a small weight over a long signal into pieces of frames with every channel."""
