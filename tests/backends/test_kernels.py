@@ -531,6 +531,47 @@ def test_linear_twin_reads_bf16_weights_as_stored(case):
     assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (n + 1) * np.finfo(np.float32).eps * abs_sum)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.sampled_from(((2,), (3,), (1, 2), (2, 4), (8,), (1, 1), (9,), (1, 3, 3))),
+    O=st.integers(1, 70),
+    I=st.integers(1, 70),
+    with_bias=st.booleans(),
+    n_threads=st.integers(1, 3),
+    seed=st.integers(0, 2**31),
+)
+def test_float32_linear_of_a_few_rows_reads_each_weight_row_once(shape, O, I, with_bias, n_threads, seed):
+    """Float32 weights and 2 to 8 rows of x (a big weight: here every size): each output within the bound of
+    a sum of I products of the reference's; 1 row or more than 8 stay BLAS's (the reference, bit for bit)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*shape, I)).astype(np.float32)
+    w = rng.standard_normal((O, I)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32) if with_bias else None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "F32_FEW_ROWS_MIN_BYTES", 0)
+        mp.setattr(numba_cpu, "_piece_threads", lambda: n_threads)
+        got = numba_cpu.linear(x, w, b)
+        few = numba_cpu._few_rows_f32(x, w, b)
+    ref = nn.linear.reference(x, w, b)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    if not 2 <= int(np.prod(shape)) <= 8:
+        assert few is None and np.array_equal(got, ref)
+        return
+    assert few is not None
+    bound = (
+        2
+        * (I + 1)
+        * np.finfo(np.float32).eps
+        * (np.abs(x).astype(np.float64) @ np.abs(w).T + (np.abs(b) if with_bias else 0))
+    )
+    assert np.all(
+        np.abs(got.astype(np.float64) - (x.astype(np.float64) @ w.T.astype(np.float64) + (b if with_bias else 0)))
+        <= bound
+    )
+    if O > 1 and I > 1:
+        assert numba_cpu._few_rows_f32(x, np.asfortranarray(w), b) is None  # (a layout it has no kernel for)
+
+
 def test_linear_twin_edge_shapes():
     """No rows (an empty time axis), one weight row, one input channel: the kernel and the BLAS path agree
     with the reference on shapes and values."""
