@@ -343,7 +343,7 @@ def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
     return transformer_layer(lw, QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, cache, eps)
 
 
-STEP_MAX_POSITIONS = 16  # new positions a fused step takes at most (more: a prompt, layer by layer)
+STEP_MAX_POSITIONS = 64  # new positions a fused step takes at most (a short prompt too; more: layer by layer)
 
 
 def _fused_step_fits(layers: list, kind: LayerKind, x_btc, allowed, caches, record: Recorder) -> bool:

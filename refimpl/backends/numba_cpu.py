@@ -1091,6 +1091,58 @@ def _bf16_to_f32(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the int32 ``bits`` (``2 ** n`` from ``(n + 127) * 2 ** 23``)."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_PARTS = (np.float32(0.693359375), np.float32(-2.12194440e-4))  # ln 2 = sum: the first exact in 9 bits
+_EXP_R = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2))
+_EXP_R += (np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))  # (Cephes' expf, by S. L. Moshier)
+
+
+@numba.njit(fastmath={"contract"}, inline="always")
+def _exp_f32(x):
+    """exp(x) for float32 in plain arithmetic, so that the loops calling it vectorise (Numba's np.exp is
+    a scalar libm call: 2.6 ns a value where this is 0.45): x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in
+    two parts, the product with the first exact), exp(r) = 1 + r + r^2 P(r) with the degree-5 P of
+    Cephes' expf, times 2^n built from exponent bits in two factors (2^n alone would overflow at n = 128
+    or be subnormal below -126).  Within 1.0 ulp of exp over 4 million points of -87.3 .. 88.72 (NumPy's
+    float32 exp: 2.4); inf above 88.72, 0 below -103.97, subnormals between, NaN stays NaN.  Compiled
+    without reassociation: the reduction's order is what makes r exact."""
+    xc = min(max(x, np.float32(-104.0)), np.float32(88.75))
+    n = np.floor(xc * _LOG2E + np.float32(0.5))
+    r = (xc - n * _LN2_PARTS[0]) - n * _LN2_PARTS[1]
+    p = ((((_EXP_R[0] * r + _EXP_R[1]) * r + _EXP_R[2]) * r + _EXP_R[3]) * r + _EXP_R[4]) * r + _EXP_R[5]
+    y = (p * (r * r) + r) + np.float32(1.0)
+    half = np.floor(n * np.float32(0.5))
+    y = y * _f32_from_bits((np.int32(half) + np.int32(127)) * np.int32(1 << 23))
+    y = y * _f32_from_bits((np.int32(n - half) + np.int32(127)) * np.int32(1 << 23))
+    y = np.float32(np.inf) if x > np.float32(88.72283935546875) else y
+    y = np.float32(0.0) if x < np.float32(-103.972084) else y
+    return x if x != x else y
+
+
+@numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
+def _silu_times_into(gate_tf, act_tf):
+    """act = SiLU(gate) * act = gate * (1 / (1 + exp(-gate))) * act (``nn.silu`` times the up projection),
+    in place; exp by ``_exp_f32`` (NumPy's error model: a division by zero is IEEE's, not a raised error,
+    so the loop vectorises).  A 28-row prompt's 28 x 3072 values: 39 us against 226 with np.exp."""
+    T, F = gate_tf.shape
+    for t in range(T):
+        gate_f, act_f = gate_tf[t], act_tf[t]
+        for f in range(F):
+            gate = gate_f[f]
+            act_f[f] = gate * (np.float32(1.0) / (np.float32(1.0) + _exp_f32(-gate))) * act_f[f]
+
+
 PREFETCH_LOCALITY = 2  # LLVM's locality 2: prefetcht1, into level 2 (3 would be prefetcht0, into level 1)
 
 
@@ -1204,49 +1256,56 @@ def _matvec_bf16_into(x_i, bits_oi, out_o):
 
 
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _attend_one_position(q_hd, k_gsd, v_gsd, S, out_hd):
-    """out[h] = softmax(q[h] . k[g, :S] / sqrt(D)) @ v[g, :S] for each head h of group g (GQA), parallel
-    over the heads: the attention of one new position over the S cached ones (``nn.attention``)."""
+def _attend_new_positions(q_thd, k_gsd, v_gsd, n, out_thd):
+    """out[t, h] = softmax(q[t, h] . k[g, :n + t + 1] / sqrt(D)) @ v[g, :n + t + 1] for each new position t
+    (the cache's n + t) and each head h of group g (GQA): the attention of the T new positions over the
+    cached keys and the new ones up to their own (``nn.attention``), one parallel loop over the heads for
+    all of them (a loop per position: a 28-position prompt launched 28 per layer)."""
     G, D = k_gsd.shape[0], k_gsd.shape[2]
-    H = q_hd.shape[0] // D
+    T, H = q_thd.shape[0], q_thd.shape[1] // D
     scale = np.float32(D**-0.5)
     for hd in prange(H):
         g = hd // (H // G)
-        scores = np.empty(S, dtype=np.float32)
-        m = np.float32(-np.inf)
-        for s_ in range(S):
-            acc = np.float32(0.0)
+        scores = np.empty(n + T, dtype=np.float32)
+        for t in range(T):
+            S = n + t + 1
+            m = np.float32(-np.inf)
+            for s_ in range(S):
+                acc = np.float32(0.0)
+                for d in range(D):
+                    acc += q_thd[t, hd * D + d] * k_gsd[g, s_, d]
+                scores[s_] = acc * scale
+                if scores[s_] > m:
+                    m = scores[s_]
+            total = np.float32(0.0)
+            for s_ in range(S):
+                scores[s_] = np.exp(scores[s_] - m)
+                total += scores[s_]
             for d in range(D):
-                acc += q_hd[hd * D + d] * k_gsd[g, s_, d]
-            scores[s_] = acc * scale
-            if scores[s_] > m:
-                m = scores[s_]
-        total = np.float32(0.0)
-        for s_ in range(S):
-            scores[s_] = np.exp(scores[s_] - m)
-            total += scores[s_]
-        for d in range(D):
-            out_hd[hd * D + d] = 0.0
-        for s_ in range(S):
-            p = scores[s_] / total
-            for d in range(D):
-                out_hd[hd * D + d] += p * v_gsd[g, s_, d]
+                out_thd[t, hd * D + d] = 0.0
+            for s_ in range(S):
+                p = scores[s_] / total
+                for d in range(D):
+                    out_thd[t, hd * D + d] += p * v_gsd[g, s_, d]
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
-def _products_into(x_ni, bits_oi, out_no):
-    """out = x @ widen(bits)^T for the few rows of x of a generation step: one row by ``_matvec_bf16_into``,
-    more by ``_bf16_rows_times`` (each weight row read once for all of them)."""
+def _products_into(x_ni, bits_oi, out_no, n_threads):
+    """out = x @ widen(bits)^T for the rows of x of a generation step or a short prompt: one row by
+    ``_matvec_bf16_into``, up to ``MATVEC_MAX_ROWS`` by ``_bf16_rows_times`` (each weight row read once for
+    all of them), more by the block kernel (``_bf16_block_times``), as ``linear`` chooses."""
     if x_ni.shape[0] == 1:
         _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
-    else:
+    elif x_ni.shape[0] <= MATVEC_MAX_ROWS:
         _bf16_rows_times(x_ni, bits_oi, out_no)
+    else:
+        _bf16_block_times(x_ni, bits_oi, out_no, n_threads)
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _decoder_step_bf16(
     x_tc, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_td, sin_td,
-    k_gsd, v_gsd, n, eps
+    k_gsd, v_gsd, n, eps, n_threads
 ):  # fmt: skip
     """One Qwen3 decoder layer for T new positions (a few) of ONE row, on bf16 words, with its KV cache
     (written at indices n..n+T-1; position t attends over 0..n+t): returns the layer's output [T, C].  One
@@ -1263,9 +1322,9 @@ def _decoder_step_bf16(
     q_tq = np.empty((T, Oq), dtype=np.float32)
     k_tk = np.empty((T, Ok), dtype=np.float32)
     v_tk = np.empty((T, Ok), dtype=np.float32)
-    _products_into(h_tc, q_oi, q_tq)
-    _products_into(h_tc, k_oi, k_tk)
-    _products_into(h_tc, v_oi, v_tk)
+    _products_into(h_tc, q_oi, q_tq, n_threads)
+    _products_into(h_tc, k_oi, k_tk, n_threads)
+    _products_into(h_tc, v_oi, v_tk, n_threads)
     tmp_d = np.empty(D, dtype=np.float32)
     attn_tq = np.empty((T, H * D), dtype=np.float32)
     for t in range(T):
@@ -1276,24 +1335,20 @@ def _decoder_step_bf16(
             for d in range(D):
                 k_gsd[g, n + t, d] = k_tk[t, g * D + d]
                 v_gsd[g, n + t, d] = v_tk[t, g * D + d]
-    for t in range(T):  # after every new key is in the cache: position t sees 0..n+t
-        _attend_one_position(q_tq[t], k_gsd, v_gsd, n + t + 1, attn_tq[t])
+    _attend_new_positions(q_tq, k_gsd, v_gsd, n, attn_tq)  # (every new key in the cache: t sees 0..n+t)
     x1_tc = np.empty((T, C), dtype=np.float32)
-    _products_into(attn_tq, o_oi, x1_tc)
+    _products_into(attn_tq, o_oi, x1_tc, n_threads)
     for t in range(T):
         for c in range(C):
             x1_tc[t, c] = x_tc[t, c] + x1_tc[t, c]
         _rms_norm_into(x1_tc[t], ln2_c, eps, h_tc[t])
     gate_tf = np.empty((T, F), dtype=np.float32)
     act_tf = np.empty((T, F), dtype=np.float32)
-    _products_into(h_tc, gate_fi, gate_tf)
-    _products_into(h_tc, up_fi, act_tf)
-    for t in range(T):
-        for f in range(F):
-            gate = gate_tf[t, f]
-            act_tf[t, f] = gate * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate))) * act_tf[t, f]
+    _products_into(h_tc, gate_fi, gate_tf, n_threads)
+    _products_into(h_tc, up_fi, act_tf, n_threads)
+    _silu_times_into(gate_tf, act_tf)
     out_tc = np.empty((T, C), dtype=np.float32)
-    _products_into(act_tf, down_cf, out_tc)
+    _products_into(act_tf, down_cf, out_tc, n_threads)
     for t in range(T):
         for c in range(C):
             out_tc[t, c] = x1_tc[t, c] + out_tc[t, c]
@@ -1325,6 +1380,7 @@ def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
         cache.v[0],
         n,
         np.float32(eps),
+        numba.get_num_threads(),
     )
     cache.length = n + T
     return out_tc.reshape(x_btc.shape)

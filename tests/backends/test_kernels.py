@@ -623,7 +623,7 @@ def random_qwen3_layer(rng, C, H, G, D, F, dtype):
 
 
 @pytest.mark.parametrize("n_cached", [0, 1, 16, 40])
-@pytest.mark.parametrize("T", [1, 2, 5])
+@pytest.mark.parametrize("T", [1, 2, 5, 17, 30])  # 17 and 30: a prompt's positions, by the block kernel
 @pytest.mark.parametrize("seed", [0, 1])
 def test_decoder_layer_step_twin_equals_the_layer(n_cached, T, seed):
     """The fused layer for T new positions (bf16 words) against the composition transformer_layer, both in float32,
@@ -661,10 +661,10 @@ def test_decoder_layer_step_twin_equals_the_layer(n_cached, T, seed):
 
 
 def test_the_stack_takes_the_fused_step_only_where_it_fits():
-    """transformer_stack runs decoder_layer_step for up to 16 new positions of one row with bf16 layers and
-    plain caches, nothing recorded; a prompt (17 positions), a recorder or float32 matrices take the layer
-    by layer path.  Over a prompt, a 2-position step and two 1-position steps the two paths give the same
-    values (float32 bound)."""
+    """transformer_stack runs decoder_layer_step for up to 64 new positions of one row with bf16 layers and
+    plain caches, nothing recorded; a longer prompt (65 positions), a recorder or float32 matrices take the
+    layer by layer path.  Over a prompt, a 30-position continuation, a 2-position step and two 1-position
+    steps the two paths give the same values (float32 bound)."""
     from refimpl.recorder import Recorder
 
     rng = np.random.default_rng(3)
@@ -681,9 +681,16 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
     results = {}
     for path in ("fused", "layer by layer"):
         caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
-        xs = np.random.default_rng(4).standard_normal((1, 21, C)).astype(np.float32)
+        many = transformer.STEP_MAX_POSITIONS + 1
+        xs = np.random.default_rng(4).standard_normal((1, many + 34, C)).astype(np.float32)
         outs = []
-        for start, stop in ((0, 17), (17, 19), (19, 20), (20, 21)):
+        for start, stop in (
+            (0, many),
+            (many, many + 30),
+            (many + 30, many + 32),
+            (many + 32, many + 33),
+            (many + 33, many + 34),
+        ):
             pos = nn.arange(start, stop)
             cos, sin = nn.rope_cos_sin(pos, D, 10000.0, np.float32)
             mask = nn.AttentionMask(pos, nn.arange(stop))
@@ -710,9 +717,9 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
                 table["decoder_layer_step"] = fused
         results[path] = np.concatenate(outs, axis=1)
         if path == "fused":
-            assert len(calls) == 3 * len(layers)  # the three steps, not the 17-position prompt
+            assert len(calls) == 4 * len(layers)  # the four steps, not the 65-position prompt
         else:
-            assert len(calls) == 3 * len(layers)  # unchanged: a recorder was given
+            assert len(calls) == 4 * len(layers)  # unchanged: a recorder was given
     np.testing.assert_allclose(results["fused"], results["layer by layer"], rtol=1e-4, atol=1e-5)
 
 
