@@ -334,10 +334,10 @@ def transformer_layer(
 @primitive
 def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
     """One Qwen3 layer (``QWEN3``) for a few new positions of ONE row (a generation step: one; the code
-    predictor's first pass: two), nothing recorded, new position t seeing every cached key and the new
-    ones up to itself: ``transformer_layer`` itself (the reference of the fused twin in
-    ``refimpl/backends/numba_cpu.py``, which runs the layer in one call).  ``cache`` (a ``KVCache``) must
-    have room for the positions."""
+    predictor's first pass: two; a short prompt: up to ``STEP_MAX_POSITIONS``), nothing recorded, new
+    position t seeing every cached key and the new ones up to itself: ``transformer_layer`` itself (the
+    reference of the fused twin in ``refimpl/backends/numba_cpu.py``, which runs the layer in one call).
+    ``cache`` (a ``KVCache``) must have room for the positions."""
     n, T = cache.length, x_btc.shape[1]
     mask = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
     return transformer_layer(lw, QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, cache, eps)

@@ -1115,8 +1115,9 @@ def _exp_f32(x):
     two parts, the product with the first exact), exp(r) = 1 + r + r^2 P(r) with the degree-5 P of
     Cephes' expf, times 2^n built from exponent bits in two factors (2^n alone would overflow at n = 128
     or be subnormal below -126).  Within 1.0 ulp of exp over 4 million points of -87.3 .. 88.72 (NumPy's
-    float32 exp: 2.4); inf above 88.72, 0 below -103.97, subnormals between, NaN stays NaN.  Compiled
-    without reassociation: the reduction's order is what makes r exact."""
+    float32 exp: 2.4); inf above 88.72, 0 below -103.97, subnormals between, NaN stays NaN.  Inlined,
+    it takes its caller's flags: call it from code compiled without reassociation (``_silu_times_into``),
+    as the reduction's order is what makes r exact."""
     xc = min(max(x, np.float32(-104.0)), np.float32(88.75))
     n = np.floor(xc * _LOG2E + np.float32(0.5))
     r = (xc - n * _LN2_PARTS[0]) - n * _LN2_PARTS[1]
@@ -1307,10 +1308,11 @@ def _decoder_step_bf16(
     x_tc, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_td, sin_td,
     k_gsd, v_gsd, n, eps, n_threads
 ):  # fmt: skip
-    """One Qwen3 decoder layer for T new positions (a few) of ONE row, on bf16 words, with its KV cache
+    """One Qwen3 decoder layer for T new positions of ONE row (a step's one, the code predictor's first
+    pass's two, a prompt's up to ``transformer.STEP_MAX_POSITIONS``), on bf16 words, with its KV cache
     (written at indices n..n+T-1; position t attends over 0..n+t): returns the layer's output [T, C].  One
-    parallel loop per matrix (q, k, v, o, gate, up, down: ``_products_into``) and one over the heads'
-    attention for each position; the norms, RoPE, the residual sums and SiLU between them on one thread;
+    parallel loop per matrix (q, k, v, o, gate, up, down: ``_products_into``) and one over the heads for
+    the new positions' attention; the norms, RoPE, the residual sums and SiLU between them on one thread;
     the formulas of ``transformer.transformer_layer`` in the same order."""
     T, C = x_tc.shape
     G, D = k_gsd.shape[0], k_gsd.shape[2]
