@@ -895,6 +895,69 @@ def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
     return mean_bc, std_bc
 
 
+@numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
+def _exp_minus_into(l_t, m, e_t):
+    """e = exp(l - m) by ``_exp_f32`` (compiled without reassociation, which its reduction needs)."""
+    for t in range(l_t.shape[0]):
+        e_t[t] = _exp_f32(l_t[t] - m)
+
+
+@numba.njit(fastmath=FASTMATH, error_model="numpy", cache=True, nogil=True)
+def _softmax_mean_and_std_rows(x_ct, l_ct, m_c, eps, mean_c, std_c):
+    """For each row c, with e = exp(l[c] - m[c]) (m the row's maximum) and s = sum_t e: mean = sum_t e x / s,
+    std = sqrt(max(sum_t e (x - mean)^2 / s, eps)); the weights e / s of the softmax folded into the sums,
+    each row's passes in the first-level cache."""
+    C, T = x_ct.shape
+    e_t = np.empty(T, dtype=np.float32)
+    for c in range(C):
+        _exp_minus_into(l_ct[c], m_c[c], e_t)
+        x_t = x_ct[c]
+        total = np.float32(0.0)
+        weighted = np.float32(0.0)
+        for t in range(T):
+            total += e_t[t]
+            weighted += e_t[t] * x_t[t]
+        mean = weighted / total
+        variance = np.float32(0.0)
+        for t in range(T):
+            d = x_t[t] - mean
+            variance += e_t[t] * (d * d)
+        variance = variance / total
+        mean_c[c] = mean
+        std_c[c] = np.sqrt(eps) if variance < eps else np.sqrt(variance)  # (NaN stays NaN)
+
+
+def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12):
+    """``tts.speaker_encoder.softmax_mean_and_std`` (float32): the softmax's weights never made (the
+    reference's [B, C, T] weights, and mean_and_std's four temporaries): each row's maximum by NumPy, then
+    per row exp(l - max) into a row buffer, its sum and the two weighted sums, rows of channels side by
+    side (``run_pieces``).  exp is ``_exp_f32`` (within 1 ulp) and the sums run in another order than the
+    reference's: float32 rounding apart, the same numbers.  1536 x 937: 2.33 -> 0.96 ms."""
+    if not isinstance(logits_bct, np.ndarray) or x_bct.dtype != np.float32 or logits_bct.dtype != np.float32:
+        return NotImplemented
+    if logits_bct.shape != x_bct.shape or x_bct.shape[-1] == 0:
+        return NotImplemented
+    B, C, T = x_bct.shape
+    x_bct, logits_bct = np.ascontiguousarray(x_bct), np.ascontiguousarray(logits_bct)
+    max_bc = np.max(logits_bct, axis=2)
+    mean_bc, std_bc = np.empty((B, C), np.float32), np.empty((B, C), np.float32)
+    rows = max(1, ELEMENTWISE_PIECE // T)
+
+    def piece(b, c0):
+        c1 = min(C, c0 + rows)
+        _softmax_mean_and_std_rows(
+            x_bct[b, c0:c1],
+            logits_bct[b, c0:c1],
+            max_bc[b, c0:c1],
+            np.float32(eps),
+            mean_bc[b, c0:c1],
+            std_bc[b, c0:c1],
+        )
+
+    run_pieces(piece, [(b, c0) for b in range(B) for c0 in range(0, C, rows)])
+    return mean_bc, std_bc
+
+
 # ----------------------------------------------------------------------------- transposed convolution
 
 TRANSPOSED_PIECE_BYTES = 4 << 20  # the products of one piece of ``conv_transpose1d`` ([O * K, frames] float32)
@@ -1605,6 +1668,7 @@ TWINS = {
     "res2net_offline": res2net_offline,
     "nearest_rows": nearest_rows,
     "mean_and_std": mean_and_std,
+    "softmax_mean_and_std": softmax_mean_and_std,
     "softmax": softmax,
     "conv_transpose1d": conv_transpose1d,
 }

@@ -437,6 +437,13 @@ def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
     return mean_bc, np.sqrt(np.maximum(variance_bc, x_bct.dtype.type(eps)))
 
 
+@primitive
+def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12):
+    """``mean_and_std`` of x with the weights softmax(logits) over time: the attentive pooling's statistics
+    from its logits, nothing recorded (the twin never makes the weights)."""
+    return mean_and_std(x_bct, nn.softmax(logits_bct, axis=2), eps)
+
+
 def attentive_statistics_pooling(w, x_bct, record):
     """[B, C, T] -> [B, 2C, 1]: attention weights over time per channel, from the frame itself and
     the utterance's plain mean and std (global context); then the attention-weighted mean and std."""
@@ -458,9 +465,12 @@ def attentive_statistics_pooling(w, x_bct, record):
     record("asp.tanh", h)
     logits_bct = nn.conv1d(h, w["asp.conv.weight"], w["asp.conv.bias"])
     record("asp.conv", logits_bct)
-    weights_bct = nn.softmax(logits_bct, axis=2)
-    record("asp.weights", weights_bct)
-    mean_bc, std_bc = mean_and_std(x_bct, weights_bct)
+    if record.enabled:
+        weights_bct = nn.softmax(logits_bct, axis=2)
+        record("asp.weights", weights_bct)
+        mean_bc, std_bc = mean_and_std(x_bct, weights_bct)
+    else:
+        mean_bc, std_bc = softmax_mean_and_std(x_bct, logits_bct)
     pooled = np.concatenate([mean_bc, std_bc], axis=1)[:, :, None]
     record("asp", pooled)
     return pooled

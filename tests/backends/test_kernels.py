@@ -38,11 +38,13 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
         *("snake_causal_conv_push", "softmax", "tdnn_offline", "res2net_offline", "mean_and_std", "nearest_rows"),
+        "softmax_mean_and_std",
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
         # codec decoder's, resnet_block_offline and elu_causal_conv_offline the codec encoder's,
-        # tdnn_offline, res2net_offline and mean_and_std the speaker encoder's, nearest_rows the codec's quantizer's
+        # tdnn_offline, res2net_offline, mean_and_std and softmax_mean_and_std the speaker encoder's,
+        # nearest_rows the codec's quantizer's
         stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder, quantization)
         reference = next(getattr(m, name) for m in stages if hasattr(m, name))
         reference = reference.reference
@@ -992,6 +994,37 @@ def test_res2net_twin_writes_each_group_where_the_reference_concatenates_it(B, g
         nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, ws, bs, dilation))
     np.testing.assert_array_equal(np.isnan(numba_cpu.res2net_offline(x, ws, bs, dilation)), nan_ref)
     assert nan_ref.any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    C=st.integers(1, 40),
+    T=st.integers(1, 300),
+    scale=st.sampled_from((0.1, 3.0, 30.0)),
+    seed=st.integers(0, 2**31),
+)
+def test_pooling_statistics_from_logits_never_make_the_weights(B, C, T, scale, seed):
+    """The attentive pooling's mean and std from its logits in one pass (the softmax's weights folded into
+    the sums): within float32 noise of mean_and_std(x, softmax(logits)) in NumPy, for flat and peaked
+    softmaxes; a NaN logit or sample spoils its own row's statistics only; a constant row's std is sqrt(eps)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    logits = (scale * rng.standard_normal((B, C, T))).astype(np.float32)
+    got = numba_cpu.softmax_mean_and_std(x, logits)
+    with kernels.use_backend("numpy"):
+        ref = speaker_encoder.softmax_mean_and_std.reference(x, logits)
+    exact = speaker_encoder.softmax_mean_and_std.reference(x.astype(np.float64), logits.astype(np.float64))
+    for g, r, e in zip(got, ref, exact):
+        assert g.shape == (B, C) and g.dtype == np.float32 and within_float32_noise(g, r, e)
+    x[0, 0, T // 2], logits[-1, -1, 0] = np.nan, np.nan
+    nan_rows = np.zeros((B, C), bool)
+    nan_rows[0, 0] = nan_rows[-1, -1] = True
+    for g in numba_cpu.softmax_mean_and_std(x, logits):
+        np.testing.assert_array_equal(np.isnan(g), nan_rows)
+    constant = np.full((1, 1, T), 0.5, np.float32)
+    assert numba_cpu.softmax_mean_and_std(constant, np.zeros_like(constant))[1][0, 0] == np.float32(1e-6)
+    assert numba_cpu.softmax_mean_and_std(x.astype(np.float64), logits.astype(np.float64)) is NotImplemented
 
 
 def test_res2net_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
