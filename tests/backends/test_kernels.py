@@ -38,13 +38,13 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
         *("snake_causal_conv_push", "softmax", "tdnn_offline", "res2net_offline", "mean_and_std", "nearest_rows"),
-        "softmax_mean_and_std",
+        *("softmax_mean_and_std", "gated_residual"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
         # codec decoder's, resnet_block_offline and elu_causal_conv_offline the codec encoder's,
-        # tdnn_offline, res2net_offline, mean_and_std and softmax_mean_and_std the speaker encoder's,
-        # nearest_rows the codec's quantizer's
+        # tdnn_offline, res2net_offline, mean_and_std, softmax_mean_and_std and gated_residual the speaker
+        # encoder's, nearest_rows the codec's quantizer's
         stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder, quantization)
         reference = next(getattr(m, name) for m in stages if hasattr(m, name))
         reference = reference.reference
@@ -1025,6 +1025,22 @@ def test_pooling_statistics_from_logits_never_make_the_weights(B, C, T, scale, s
     constant = np.full((1, 1, T), 0.5, np.float32)
     assert numba_cpu.softmax_mean_and_std(constant, np.zeros_like(constant))[1][0, 0] == np.float32(1e-6)
     assert numba_cpu.softmax_mean_and_std(x.astype(np.float64), logits.astype(np.float64)) is NotImplemented
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 2), C=st.integers(1, 40), T=st.integers(1, 300), seed=st.integers(0, 2**31))
+def test_gated_residual_twin_is_bit_identical(B, C, T, seed):
+    """The squeeze-excitation's gating plus the residual in one pass: NumPy's bits (no fused multiply-add),
+    a NaN sample spoiling its own output only; what it has no kernel for goes back to the reference."""
+    rng = np.random.default_rng(seed)
+    h, x = (rng.standard_normal((2, B, C, T)) * 10).astype(np.float32)
+    gates = rng.uniform(0, 1, (B, C, 1)).astype(np.float32)
+    h[0, 0, T // 2] = np.nan
+    got = numba_cpu.gated_residual(h, gates, x)
+    np.testing.assert_array_equal(got, speaker_encoder.gated_residual.reference(h, gates, x))
+    assert np.isnan(got).sum() == 1
+    assert numba_cpu.gated_residual(h.astype(np.float64), gates, x) is NotImplemented
+    assert numba_cpu.gated_residual(h, gates[:, :, :1].repeat(2, axis=2), x) is NotImplemented
 
 
 def test_res2net_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
