@@ -332,15 +332,18 @@ def transformer_layer(
 
 
 @primitive
-def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
+def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last_only: bool = False):
     """One Qwen3 layer (``QWEN3``) for a few new positions of ONE row (a generation step: one; the code
     predictor's first pass: two; a short prompt: up to ``STEP_MAX_POSITIONS``), nothing recorded, new
     position t seeing every cached key and the new ones up to itself: ``transformer_layer`` itself (the
     reference of the fused twin in ``refimpl/backends/numba_cpu.py``, which runs the layer in one call).
-    ``cache`` (a ``KVCache``) must have room for the positions."""
+    ``cache`` (a ``KVCache``) must have room for the positions.  ``last_only``: the output at the last
+    position alone [1, 1, C] (every position's keys and values are cached all the same; the twin computes
+    the rest of the layer for the last position only)."""
     n, T = cache.length, x_btc.shape[1]
     mask = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
-    return transformer_layer(lw, QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, cache, eps)
+    y_btc = transformer_layer(lw, QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, cache, eps)
+    return y_btc[:, -1:] if last_only else y_btc
 
 
 STEP_MAX_POSITIONS = 64  # new positions a fused step takes at most (a short prompt too; more: layer by layer)
@@ -391,14 +394,18 @@ def transformer_stack(
     caches=None,
     eps: float = 1e-6,
     record: Recorder = NULL_RECORDER,
+    last_only: bool = False,
 ):
     """Every layer in turn (no final norm: each stack has its own ending).  ``caches`` is None or one
-    cache per layer.  Each layer's output is recorded as ``layers.{i}``, its parts as ``layers.{i}.mlp``..."""
+    cache per layer.  Each layer's output is recorded as ``layers.{i}``, its parts as ``layers.{i}.mlp``...
+    ``last_only``: return the last position's output alone [B, 1, C] (a prompt whose next code only the last
+    position decides; the fused steps then run the last layer past its keys and values for it alone)."""
     if _fused_step_fits(layers, kind, x_btc, allowed, caches, record):  # a generation step: one call a layer
-        for lw, cache in zip(layers, caches):
+        for i, (lw, cache) in enumerate(zip(layers, caches)):
             cache.reserve(x_btc.shape[1])
-            x_btc = decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps)
-        return x_btc
+            last = last_only and i == len(layers) - 1
+            x_btc = decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps, last)
+        return x_btc[:, -1:] if last_only else x_btc
     for i, lw in enumerate(layers):
         x_btc = transformer_layer(
             lw,
@@ -413,4 +420,4 @@ def transformer_stack(
             record.scope(f"layers.{i}."),
         )
         record(f"layers.{i}", x_btc)
-    return x_btc
+    return x_btc[:, -1:] if last_only else x_btc

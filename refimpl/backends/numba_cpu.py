@@ -1381,13 +1381,16 @@ def _attend_new_positions(q_thd, k_gsd, v_gsd, n, out_thd):
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
-def _products_into(x_ni, bits_oi, out_no, n_threads):
-    """out = x @ widen(bits)^T for the rows of x of a generation step or a short prompt: one row by
-    ``_matvec_bf16_into``, up to ``MATVEC_MAX_ROWS`` by ``_bf16_rows_times`` (each weight row read once for
-    all of them), more by the block kernel (``_bf16_block_times``), as ``linear`` chooses."""
-    if x_ni.shape[0] == 1:
+def _products_into(x_ni, bits_oi, out_no, n_threads, rows):
+    """out = x @ widen(bits)^T for the rows of x of a generation step or a short prompt, by the kernel
+    ``linear`` chooses for ``rows`` rows: one by ``_matvec_bf16_into``, up to ``MATVEC_MAX_ROWS`` by
+    ``_bf16_rows_times`` (each weight row read once for all of them), more by the block kernel
+    (``_bf16_block_times``).  ``rows`` is the layer's count of new positions, also where x holds fewer
+    (the last position alone): each kernel sums a row the same way whatever the others, so the last
+    position's output has the same bits either way."""
+    if rows == 1:
         _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
-    elif x_ni.shape[0] <= MATVEC_MAX_ROWS:
+    elif rows <= MATVEC_MAX_ROWS:
         _bf16_rows_times(x_ni, bits_oi, out_no)
     else:
         _bf16_block_times(x_ni, bits_oi, out_no, n_threads)
@@ -1396,11 +1399,13 @@ def _products_into(x_ni, bits_oi, out_no, n_threads):
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _decoder_step_bf16(
     x_tc, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_td, sin_td,
-    k_gsd, v_gsd, n, eps, n_threads
+    k_gsd, v_gsd, n, eps, n_threads, first_out
 ):  # fmt: skip
     """One Qwen3 decoder layer for T new positions of ONE row (a step's one, the code predictor's first
     pass's two, a prompt's up to ``transformer.STEP_MAX_POSITIONS``), on bf16 words, with its KV cache
-    (written at indices n..n+T-1; position t attends over 0..n+t): returns the layer's output [T, C].  One
+    (written at indices n..n+T-1; position t attends over 0..n+t): returns the layer's output at positions
+    first_out..T-1 [T - first_out, C] (the keys and values of all T are cached; q, the attention, o and the
+    MLP run for those positions only: a prompt's last layer needs its last position alone).  One
     parallel loop per matrix (q, k, v, o, gate, up, down: ``_products_into``) and one over the heads for
     the new positions' attention; the norms, RoPE, the residual sums and SiLU between them on one thread;
     the formulas of ``transformer.transformer_layer`` in the same order."""
@@ -1408,48 +1413,53 @@ def _decoder_step_bf16(
     G, D = k_gsd.shape[0], k_gsd.shape[2]
     H = q_oi.shape[0] // D
     Oq, Ok, F = q_oi.shape[0], k_oi.shape[0], gate_fi.shape[0]
+    R = T - first_out  # the positions whose output is returned
     h_tc = np.empty((T, C), dtype=np.float32)
     for t in range(T):
         _rms_norm_into(x_tc[t], ln1_c, eps, h_tc[t])
-    q_tq = np.empty((T, Oq), dtype=np.float32)
+    q_rq = np.empty((R, Oq), dtype=np.float32)
     k_tk = np.empty((T, Ok), dtype=np.float32)
     v_tk = np.empty((T, Ok), dtype=np.float32)
-    _products_into(h_tc, q_oi, q_tq, n_threads)
-    _products_into(h_tc, k_oi, k_tk, n_threads)
-    _products_into(h_tc, v_oi, v_tk, n_threads)
+    _products_into(np.ascontiguousarray(h_tc[first_out:]), q_oi, q_rq, n_threads, T)
+    _products_into(h_tc, k_oi, k_tk, n_threads, T)
+    _products_into(h_tc, v_oi, v_tk, n_threads, T)
     tmp_d = np.empty(D, dtype=np.float32)
-    attn_tq = np.empty((T, H * D), dtype=np.float32)
     for t in range(T):
-        for hd in range(H):
-            _norm_rope_head(q_tq[t, hd * D : (hd + 1) * D], qn_d, eps, cos_td[t], sin_td[t], tmp_d)
         for g in range(G):
             _norm_rope_head(k_tk[t, g * D : (g + 1) * D], kn_d, eps, cos_td[t], sin_td[t], tmp_d)
             for d in range(D):
                 k_gsd[g, n + t, d] = k_tk[t, g * D + d]
                 v_gsd[g, n + t, d] = v_tk[t, g * D + d]
-    _attend_new_positions(q_tq, k_gsd, v_gsd, n, attn_tq)  # (every new key in the cache: t sees 0..n+t)
-    x1_tc = np.empty((T, C), dtype=np.float32)
-    _products_into(attn_tq, o_oi, x1_tc, n_threads)
-    for t in range(T):
+    for r in range(R):
+        t = first_out + r
+        for hd in range(H):
+            _norm_rope_head(q_rq[r, hd * D : (hd + 1) * D], qn_d, eps, cos_td[t], sin_td[t], tmp_d)
+    attn_rq = np.empty((R, H * D), dtype=np.float32)
+    _attend_new_positions(q_rq, k_gsd, v_gsd, n + first_out, attn_rq)  # (every new key cached: r sees 0..n+t)
+    x1_rc = np.empty((R, C), dtype=np.float32)
+    _products_into(attn_rq, o_oi, x1_rc, n_threads, T)
+    h_rc = np.empty((R, C), dtype=np.float32)
+    for r in range(R):
         for c in range(C):
-            x1_tc[t, c] = x_tc[t, c] + x1_tc[t, c]
-        _rms_norm_into(x1_tc[t], ln2_c, eps, h_tc[t])
-    gate_tf = np.empty((T, F), dtype=np.float32)
-    act_tf = np.empty((T, F), dtype=np.float32)
-    _products_into(h_tc, gate_fi, gate_tf, n_threads)
-    _products_into(h_tc, up_fi, act_tf, n_threads)
-    _silu_times_into(gate_tf, act_tf)
-    out_tc = np.empty((T, C), dtype=np.float32)
-    _products_into(act_tf, down_cf, out_tc, n_threads)
-    for t in range(T):
+            x1_rc[r, c] = x_tc[first_out + r, c] + x1_rc[r, c]
+        _rms_norm_into(x1_rc[r], ln2_c, eps, h_rc[r])
+    gate_rf = np.empty((R, F), dtype=np.float32)
+    act_rf = np.empty((R, F), dtype=np.float32)
+    _products_into(h_rc, gate_fi, gate_rf, n_threads, T)
+    _products_into(h_rc, up_fi, act_rf, n_threads, T)
+    _silu_times_into(gate_rf, act_rf)
+    out_rc = np.empty((R, C), dtype=np.float32)
+    _products_into(act_rf, down_cf, out_rc, n_threads, T)
+    for r in range(R):
         for c in range(C):
-            out_tc[t, c] = x1_tc[t, c] + out_tc[t, c]
-    return out_tc
+            out_rc[r, c] = x1_rc[r, c] + out_rc[r, c]
+    return out_rc
 
 
-def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
+def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last_only: bool = False):
     """``transformer.decoder_layer_step`` (one Qwen3 layer, a few new positions of one row, bf16 weights, a
-    ``KVCache`` with room for them) in one Numba call."""
+    ``KVCache`` with room for them) in one Numba call; ``last_only``: the output at the last position
+    alone, computed for it alone."""
     a, m = lw.sub("self_attn."), lw.sub("mlp.")
     n = cache.length
     T, C = x_btc.shape[1], x_btc.shape[2]
@@ -1473,9 +1483,10 @@ def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float):
         n,
         np.float32(eps),
         numba.get_num_threads(),
+        T - 1 if last_only else 0,
     )
     cache.length = n + T
-    return out_tc.reshape(x_btc.shape)
+    return out_tc.reshape((1, out_tc.shape[0], C))
 
 
 @numba.njit(cache=True)

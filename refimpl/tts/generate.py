@@ -207,7 +207,8 @@ def talker_step(talker, x_btc, positions_bt, valid_bs, caches, record: Recorder 
     """One Talker pass over new positions -> (hidden [B, H], logits [B, V]) at the last one.  When
     tracing, the official modules ``talker.model``, ``talker.codec_head`` and ``talker`` are recorded
     over all new positions, as the official forward computes them."""
-    hidden_btc = talker.forward(x_btc, positions_bt, valid_bs, caches, record.scope("talker.model."))
+    last_only = not record.enabled  # (a trace records every position's hidden state and logits)
+    hidden_btc = talker.forward(x_btc, positions_bt, valid_bs, caches, record.scope("talker.model."), last_only)
     hidden = hidden_btc[:, -1]
     logits = talker.logits(hidden)
     if record.enabled:

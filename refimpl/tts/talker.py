@@ -275,13 +275,14 @@ class Talker:
         c = self.cfg
         return [KVCache(batch, c.num_key_value_heads, c.head_dim, self.dtype) for _ in range(c.num_hidden_layers)]
 
-    def forward(self, embeds_btc, positions_bt, key_valid_bs, caches: list, trace=None):
+    def forward(self, embeds_btc, positions_bt, key_valid_bs, caches: list, trace=None, last_only: bool = False):
         """Run new positions through the talker, appending to the per-layer ``caches``.
 
         embeds_btc    [B, T, H]  input vectors of the new positions
         positions_bt  [B, T]     their rotary positions (the same number for the three mRoPE streams)
         key_valid_bs  [B, S]     False for left-padding; S = caches[0].length + T (all positions so far)
-        returns the final-norm hidden states [B, T, H]; ``logits`` maps them to talker ids.
+        returns the final-norm hidden states [B, T, H] ([B, 1, H] at the last position with ``last_only``,
+        every position still cached); ``logits`` maps them to talker ids.
         ``trace`` (dict or Recorder) receives each layer's output as ``layers.{i}`` and its parts."""
         c = self.cfg
         x = nn.to_device(embeds_btc).astype(self.dtype, copy=False)
@@ -314,7 +315,9 @@ class Talker:
             record_rope_and_mask(record, cos_btd, sin_btd, traced, mrope=True)
         else:
             record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope=True)
-        h = transformer_stack(self.layers, QWEN3, c, x, cos_btd, sin_btd, mask, caches, c.rms_norm_eps, record)
+        h = transformer_stack(
+            self.layers, QWEN3, c, x, cos_btd, sin_btd, mask, caches, c.rms_norm_eps, record, last_only
+        )
         h = nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
         record("norm", h)
         return h

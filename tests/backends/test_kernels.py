@@ -663,6 +663,59 @@ def test_decoder_layer_step_twin_equals_the_layer(n_cached, T, seed):
         assert np.max(np.abs(twin - exact[i])) <= 2 * np.max(np.abs(composition - exact[i])) + floor, what
 
 
+@pytest.mark.parametrize("n_cached", [0, 7])
+@pytest.mark.parametrize("T", [1, 2, 5, 17, 30])
+def test_fused_layer_for_the_last_position_alone_keeps_its_bits(n_cached, T):
+    """``last_only``: the fused layer's output at the last position, computed for it alone past the keys
+    and values, has the bits of the full layer's last row (the kernel is chosen by the layer's T), and the
+    cache holds the same keys and values; the reference returns its full output's last row."""
+    C, H, G, D, F = 48, 4, 2, 16, 96
+    lw, cfg = random_qwen3_layer(np.random.default_rng(T), C, H, G, D, F, np.float32)
+    x = np.random.default_rng(T + 1).standard_normal((1, T, C)).astype(np.float32)
+    cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
+    past = np.random.default_rng(T + 2).standard_normal((2, 1, G, n_cached, D)).astype(np.float32)
+    out = {}
+    for kind, step in (("twin", numba_cpu.decoder_layer_step), ("reference", transformer.decoder_layer_step.reference)):
+        for last_only in (False, True):
+            cache = transformer.KVCache(1, G, D, np.float32, capacity=4)
+            cache.append(past[0], past[1])
+            cache.reserve(T)
+            with kernels.use_backend("numpy"):
+                y = step(x, lw, cfg, cos[None], sin[None], cache, 1e-6, last_only)
+            out[kind, last_only] = (y, cache.k[:, :, : n_cached + T].copy(), cache.v[:, :, : n_cached + T].copy())
+    for kind in ("twin", "reference"):
+        full, last = out[kind, False], out[kind, True]
+        assert last[0].shape == (1, 1, C)
+        np.testing.assert_array_equal(last[0], full[0][:, -1:])
+        np.testing.assert_array_equal(last[1], full[1])
+        np.testing.assert_array_equal(last[2], full[2])
+
+
+def test_the_stack_returns_the_last_position_alone_with_the_same_bits():
+    """transformer_stack(..., last_only=True): the full stack's last row, bit for bit, on the fused path (a
+    28-position prompt of two layers) and on the layer by layer path (a recorder given), the caches alike."""
+    from refimpl.recorder import Recorder
+
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    lw, cfg = random_qwen3_layer(np.random.default_rng(5), C, H, G, D, F, np.float32)
+    x = np.random.default_rng(6).standard_normal((1, 28, C)).astype(np.float32)
+    cos, sin = nn.rope_cos_sin(nn.arange(0, 28), D, 10000.0, np.float32)
+    mask = nn.AttentionMask(nn.arange(0, 28), nn.arange(28))
+    for record in (Recorder(None), Recorder({})):
+        outs = {}
+        for last_only in (False, True):
+            caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in range(2)]
+            with kernels.use_backend("numba"):
+                y = transformer.transformer_stack(
+                    [lw, lw], transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches, 1e-6, record, last_only
+                )
+            outs[last_only] = (y, [c.k[:, :, :28].copy() for c in caches])
+        assert outs[True][0].shape == (1, 1, C)
+        np.testing.assert_array_equal(outs[True][0], outs[False][0][:, -1:])
+        for a, b in zip(outs[True][1], outs[False][1]):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_the_stack_takes_the_fused_step_only_where_it_fits():
     """transformer_stack runs decoder_layer_step for up to 64 new positions of one row with bf16 layers and
     plain caches, nothing recorded; a longer prompt (65 positions), a recorder or float32 matrices take the
