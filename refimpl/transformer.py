@@ -405,7 +405,7 @@ def transformer_stack(
             cache.reserve(x_btc.shape[1])
             last = last_only and i == len(layers) - 1
             x_btc = decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps, last)
-        return x_btc[:, -1:] if last_only else x_btc
+        return x_btc  # (with last_only, the last layer gave the last position alone)
     for i, lw in enumerate(layers):
         x_btc = transformer_layer(
             lw,

@@ -788,31 +788,37 @@ TDNN_RELU_PIECE = 1 << 21  # values per piece of the bias + ReLU pass (8 MB): sm
 # piece thread's hand-off costs more than it saves (512 x 937 frames: 42 us on this thread, 117 in two pieces)
 
 
+def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot):
+    """out = ReLU(reflect-"same" conv(x) + b) for one item [C, T] -> [O, T]: the taps read straight from x
+    with the mirrored edges (``_stack_reflected_taps_into``; a 1-tap conv multiplies x itself), one matrix
+    product on BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side."""
+    O, I, K = w_oik.shape
+    T = x_ct.shape[1]
+    w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
+    if K == 1:
+        np.matmul(w_m, x_ct, out=out_ot)
+    else:
+        cols_ikn = np.empty((I, K, T), np.float32)
+        _stack_reflected_taps_into(np.ascontiguousarray(x_ct), -(dilation * (K - 1) // 2), dilation, cols_ikn)
+        np.matmul(w_m, cols_ikn.reshape(I * K, T), out=out_ot)
+    rows = max(1, TDNN_RELU_PIECE // T)
+    run_pieces(
+        lambda o0: _add_bias_and_relu(out_ot[o0 : o0 + rows], b_o[o0 : o0 + rows]), [(o0,) for o0 in range(0, O, rows)]
+    )
+
+
 def tdnn_offline(x_bct, w_oik, b_o, dilation):
-    """``tts.speaker_encoder.tdnn_offline`` (float32): the taps read straight from x with the mirrored edges
-    (``_stack_reflected_taps_into``; a 1-tap conv multiplies x itself), one matrix product on BLAS's threads
-    into the output, then bias and ReLU in one pass over rows of channels side by side, where the
-    reference pads a copy of x and adds the bias and takes the ReLU as two more passes, each a fresh array."""
+    """``tts.speaker_encoder.tdnn_offline`` (float32): ``_tdnn_into`` for each item, where the reference pads
+    a copy of x and adds the bias and takes the ReLU as two more passes, each a fresh array."""
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
     left = dilation * (K - 1) // 2
     too_short = T <= max(left, dilation * (K - 1) - left)  # (the reference's error)
     if x_bct.dtype != np.float32 or w_oik.dtype != np.float32 or I != C or b_o is None or too_short:
         return NotImplemented
-    w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
     out_bot = new_output((B, O, T))
-    rows = max(1, TDNN_RELU_PIECE // T)
     for b in range(B):
-        if K == 1:
-            np.matmul(w_m, x_bct[b], out=out_bot[b])
-        else:
-            cols_ikn = np.empty((I, K, T), np.float32)
-            _stack_reflected_taps_into(np.ascontiguousarray(x_bct[b]), -left, dilation, cols_ikn)
-            np.matmul(w_m, cols_ikn.reshape(I * K, T), out=out_bot[b])
-        run_pieces(
-            lambda o0: _add_bias_and_relu(out_bot[b, o0 : o0 + rows], b_o[o0 : o0 + rows]),
-            [(o0,) for o0 in range(0, O, rows)],
-        )
+        _tdnn_into(x_bct[b], w_oik, b_o, dilation, out_bot[b])
     return out_bot
 
 
@@ -835,17 +841,12 @@ def res2net_offline(x_bct, w_joik, b_jo, dilation):
     out_bct = new_output((B, C, T))
     out_bct[:, :G] = x_bct[:, :G]
     sum_ct = np.empty((G, T), np.float32)
-    cols_ikn = np.empty((G, K, T), np.float32)
     for b in range(B):
         for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo), start=1):
-            group_ct, out_ct = x_bct[b, j * G : (j + 1) * G], out_bct[b, j * G : (j + 1) * G]
-            if j == 1:
-                inp_ct = np.ascontiguousarray(group_ct)
-            else:  # the previous group's output: rows of out just written
-                inp_ct = np.add(group_ct, out_bct[b, (j - 1) * G : j * G], out=sum_ct)
-            _stack_reflected_taps_into(inp_ct, -left, dilation, cols_ikn)
-            np.matmul(w_oik.reshape(G, G * K), cols_ikn.reshape(G * K, T), out=out_ct)
-            _add_bias_and_relu(out_ct, b_o)
+            group_ct = x_bct[b, j * G : (j + 1) * G]
+            if j > 1:  # plus the previous group's output: rows of out just written
+                group_ct = np.add(group_ct, out_bct[b, (j - 1) * G : j * G], out=sum_ct)
+            _tdnn_into(group_ct, w_oik, b_o, dilation, out_bct[b, j * G : (j + 1) * G])
     return out_bct
 
 
@@ -1066,8 +1067,8 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     out_bot = new_output((B, O, frames * stride))
     if T <= FEW_FRAMES:  # the weight streamed once, all its columns side by side
         n_threads, z_jf = _piece_threads(), np.empty((O * K, T), np.float32)
+        ranges = [(O * K * t // n_threads, O * K * (t + 1) // n_threads) for t in range(n_threads)]
         for b in range(B):
-            ranges = [(O * K * t // n_threads, O * K * (t + 1) // n_threads) for t in range(n_threads)]
             run_pieces(lambda j0, j1: _few_frames_times(x_bct[b], w_t.T, j0, j1, FEW_FRAMES_COLUMNS, z_jf), ranges)
             _overlap_add_into(z_jf.reshape(O, K, T), 0, 0, frames, stride, bias_o, out_bot[b])
         return out_bot
