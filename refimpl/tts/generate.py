@@ -7,7 +7,8 @@ One generation step for a batch (B rows), after the prompt has been run through 
                  c0 = argmax or sample; rows that already ended get EOS again
     2. stop when every row has produced EOS, or after ``max_new_tokens`` codes 0.  The code 0 drawn
        at the last step is never expanded into a frame, so without EOS a run returns
-       max_new_tokens - 1 frames.
+       max_new_tokens - 1 frames.  (The official runs that last Talker step all the same; here it runs
+       only where its logits are looked at: kept in the ``GenerationTrace`` or recorded.)
     3. codes 1..15: the code predictor on [h, codec_embedding(c0)]  (``refimpl.tts.code_predictor``)
     4. next talker input = sum of the 16 code embeddings of this frame
                            + the trailing text vector of this step (or tts_pad once the text ran out)
@@ -51,7 +52,7 @@ class GenerationTrace:
     prefill_logits: np.ndarray | None = None  # [B, V] talker logits at the last prompt position
     step_logits: list = field(default_factory=list)  # [B, V] per decode step
     predictor_logits: list = field(default_factory=list)  # [B, 15, V'] per frame
-    code0: list = field(default_factory=list)  # [B] chosen code 0 per step
+    code0: list = field(default_factory=list)  # [B] chosen code 0 per step (see ``wants_last_step``)
     frames: list = field(default_factory=list)  # [B, 16] per expanded frame
     prompt_embeds: np.ndarray | None = None  # [B, T, H] after left padding
     key_valid: np.ndarray | None = None  # [B, T]
@@ -75,11 +76,22 @@ LOGITS_FIELDS = ("prefill_logits", "step_logits", "predictor_logits")
 class _NoTrace:
     """Stands in for a ``GenerationTrace`` when nothing is recorded."""
 
+    keep_logits = False
+
     def set(self, **values) -> None:
         pass
 
     def add(self, name: str, value) -> None:
         pass
+
+
+def wants_last_step(trace, record: Recorder) -> bool:
+    """Whether to run the Talker step of the last code 0 (``max_new_tokens``), which no frame expands:
+    only to keep or record its logits (a step-by-step comparison with the official, which runs it).
+    Otherwise a run of ``max_new_tokens=2`` (prompt, one frame) skips a whole Talker step, at the 0.6B
+    sizes about 880 MB of weights read for a code nobody uses; ``trace.code0`` then ends with the last
+    expanded frame's code 0, and a sampled run draws nothing for the skipped step."""
+    return record.enabled or trace.keep_logits
 
 
 def check_prompt_length(positions_bt, max_new_tokens: int, max_position_embeddings: int) -> None:
@@ -182,6 +194,8 @@ def iterate_frames(
         frame = np.concatenate([code0[:, None], rest], axis=1)
         trace.add("frames", frame)
         yield frame
+        if step + 2 == settings.max_new_tokens and not wants_last_step(trace, record):
+            return  # the next step's code 0 would only be drawn (stop at 2.): its Talker step not run
         text_h = trailing[:, step] if step < trailing.shape[1] else np.broadcast_to(pad_vector, (B, pad_vector.size))
         x = (talker.embed_frames(frame) + text_h)[:, None]  # 4. next input
         valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)

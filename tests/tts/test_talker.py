@@ -456,3 +456,36 @@ def test_last_trace_keeps_logits_only_when_asked():
     m.generate_custom_voice("Logits or not.", **kwargs)
     assert len(m.last_trace.predictor_logits) == frames == len(m.last_trace.frames)
     assert m.last_trace.prefill_logits.shape[0] == 1 and len(m.last_trace.step_logits) == len(m.last_trace.code0) - 1
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_the_last_code0_runs_its_talker_step_only_when_looked_at(sampled):
+    """The code 0 of the last step (``max_new_tokens``) is never expanded into a frame: its Talker step runs
+    only where its logits are kept or recorded.  The frames and the audio are the same either way (a sampled
+    run draws nothing after the last frame), with one Talker pass fewer; kept or recorded, the run has a
+    code 0 and logits for every step, as the official's."""
+    m = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")
+    passes = []
+    forward = m.talker.forward
+    m.talker.forward = lambda *a, **k: passes.append(a[0].shape[1]) or forward(*a, **k)
+    sampling_kw = dict(do_sample=True, subtalker_dosample=True, seed=7) if sampled else GREEDY
+    kwargs = dict(speaker="vivian", language="english", return_codes=True, **sampling_kw)
+    # without EOS: max_new_tokens = 2 is one frame, 6 is five (the tiny model ends later than that)
+    for n in (2, 6):
+        results = {}
+        for how in ("summary", "kept", "recorded"):
+            passes.clear()
+            m.keep_logits = how == "kept"
+            extra = {"trace": {}} if how == "recorded" else {}
+            wavs, _, codes = m.generate_custom_voice("One step fewer.", max_new_tokens=n, **kwargs, **extra)
+            assert codes[0].shape == (n - 1, 16), "the case must end by max_new_tokens, not by EOS"
+            results[how] = (wavs[0], codes[0], len(passes), len(m.last_trace.code0))
+        wav, codes, talker_passes, code0s = results["summary"]
+        assert (talker_passes, code0s) == (n - 1, n - 1)  # prefill + n - 2 steps; no step for the last code 0
+        for how in ("kept", "recorded"):
+            assert results[how][2:] == (n, n)  # prefill + n - 1 steps, a code 0 for every step
+            np.testing.assert_array_equal(results[how][1], codes)
+            np.testing.assert_array_equal(results[how][0], wav)
+    m.keep_logits = True
+    m.generate_custom_voice("One step fewer.", max_new_tokens=2, **kwargs)
+    assert len(m.last_trace.step_logits) == 1  # the official's second talker logits, for a comparison
