@@ -534,6 +534,36 @@ def test_linear_twin_reads_bf16_weights_as_stored(case):
     assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (n + 1) * np.finfo(np.float32).eps * abs_sum)
 
 
+@pytest.mark.parametrize("I", [1024, 1040, 1001])
+@pytest.mark.parametrize("shift", [0, 1, 4, 8])
+def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
+    """The block kernel multiplies rows starting on 64-byte boundaries: x where its rows do (I a multiple of
+    16 floats, the start aligned), else a copy whose rows do; its widened buffer always.  Any start of x
+    (shifted by 4 to 32 bytes: the 16- and 32-byte starts of NumPy's and Numba's arrays) gives the bits of
+    the aligned x, and those are within the bound of the float64 product."""
+    rng = np.random.default_rng(I + shift)
+    N, O = 29, 40
+    bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
+    x = rng.standard_normal((N, I)).astype(np.float32)
+    aligned = numba_cpu._line_aligned_rows(x)
+    assert aligned.ctypes.data % 64 == 0 and aligned.strides[0] % 64 == 0
+    np.testing.assert_array_equal(aligned[:, :I], x)
+    store = np.empty(N * I + 64, np.float32)
+    first = shift + (-store.ctypes.data // 4) % 16  # x's start: shift floats past a 64-byte boundary
+    shifted = store[first : first + N * I].reshape(N, I)
+    shifted[:] = x
+    assert shifted.ctypes.data % 64 == 4 * shift
+    expected = np.empty((N, O), np.float32)
+    numba_cpu._bf16_block_times(aligned[:, :I] if I % 16 == 0 else x, bits, expected, 2)
+    got = np.empty((N, O), np.float32)
+    numba_cpu._bf16_block_times(shifted, bits, got, 2)
+    np.testing.assert_array_equal(got, expected)
+    wide = np.asarray(BF16Matrix(bits), dtype=np.float64)
+    exact, abs_sum = x.astype(np.float64) @ wide.T, np.abs(x.astype(np.float64)) @ np.abs(wide).T
+    assert np.all(np.abs(got - exact) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
+    assert numba_cpu._line_aligned_empty(3, 5).ctypes.data % 64 == 0
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     shape=st.sampled_from(((2,), (3,), (1, 2), (2, 4), (8,), (1, 1), (9,), (1, 3, 3))),
