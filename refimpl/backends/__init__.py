@@ -69,7 +69,8 @@ __all__ = [
 _ENV = "REFIMPL_BACKEND"
 
 # The rule of "auto" (no backend asked for), in words; ``backend_for_call`` is its one implementation.
-AUTO_RULE = "default: numba twins for float32, the numpy reference for float64"
+AUTO_RULE = "default: numba twins for float32 (and complex64), the numpy reference for float64"
+FAST_DTYPES = (np.float32, np.complex64)  # the first arguments "auto" gives the numba twins
 
 
 class BackendUnavailable(RuntimeError, ValueError):
@@ -330,14 +331,14 @@ def backend_for_call(requested: str, first) -> str:
     """The backend whose twin runs one primitive call, from the requested backend (``active_backend``) and
     the call's first argument.  The one place that decides it:
 
-    - "auto" (``AUTO_RULE``): a float32 first argument runs the numba twins (the fast everyday mode);
-      anything else (float64: the oracle mode) the numpy reference, so that the oracle mode stays the
-      plain formulas unless a backend is asked for;
+    - "auto" (``AUTO_RULE``): a float32 first argument (or complex64, a float32 spectrum) runs the numba
+      twins (the fast everyday mode); anything else (float64: the oracle mode) the numpy reference, so
+      that the oracle mode stays the plain formulas unless a backend is asked for;
     - a device backend given a host ``numpy.ndarray`` (the sampling arithmetic on a downloaded row) runs
       the numpy reference on the host;
     - otherwise the requested backend."""
     if requested == "auto":
-        return "numba" if getattr(first, "dtype", None) == np.float32 else "numpy"
+        return "numba" if getattr(first, "dtype", None) in FAST_DTYPES else "numpy"
     if isinstance(first, np.ndarray) and REGISTRY[requested].on_device:
         return "numpy"
     return requested

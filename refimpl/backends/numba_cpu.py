@@ -788,17 +788,18 @@ TDNN_RELU_PIECE = 1 << 21  # values per piece of the bias + ReLU pass (8 MB): sm
 # piece thread's hand-off costs more than it saves (512 x 937 frames: 42 us on this thread, 117 in two pieces)
 
 
-def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot):
+def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
     """out = ReLU(reflect-"same" conv(x) + b) for one item [C, T] -> [O, T]: the taps read straight from x
-    with the mirrored edges (``_stack_reflected_taps_into``; a 1-tap conv multiplies x itself), one matrix
-    product on BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side."""
+    with the mirrored edges (``_stack_reflected_taps_into``, into ``cols_ikn`` [I, K, T] where given: a
+    buffer reused from one call to the next; a 1-tap conv multiplies x itself), one matrix product on
+    BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side."""
     O, I, K = w_oik.shape
     T = x_ct.shape[1]
     w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
     if K == 1:
         np.matmul(w_m, x_ct, out=out_ot)
     else:
-        cols_ikn = np.empty((I, K, T), np.float32)
+        cols_ikn = np.empty((I, K, T), np.float32) if cols_ikn is None else cols_ikn
         _stack_reflected_taps_into(np.ascontiguousarray(x_ct), -(dilation * (K - 1) // 2), dilation, cols_ikn)
         np.matmul(w_m, cols_ikn.reshape(I * K, T), out=out_ot)
     rows = max(1, TDNN_RELU_PIECE // T)
@@ -841,12 +842,13 @@ def res2net_offline(x_bct, w_joik, b_jo, dilation):
     out_bct = new_output((B, C, T))
     out_bct[:, :G] = x_bct[:, :G]
     sum_ct = np.empty((G, T), np.float32)
+    cols_gkt = np.empty((G, K, T), np.float32)  # every group's stacked taps, in one buffer
     for b in range(B):
         for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo), start=1):
             group_ct = x_bct[b, j * G : (j + 1) * G]
             if j > 1:  # plus the previous group's output: rows of out just written
                 group_ct = np.add(group_ct, out_bct[b, (j - 1) * G : j * G], out=sum_ct)
-            _tdnn_into(group_ct, w_oik, b_o, dilation, out_bct[b, j * G : (j + 1) * G])
+            _tdnn_into(group_ct, w_oik, b_o, dilation, out_bct[b, j * G : (j + 1) * G], cols_gkt)
     return out_bct
 
 
@@ -984,6 +986,34 @@ def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12):
 
     run_pieces(piece, [(b, c0) for b in range(B) for c0 in range(0, C, rows)])
     return mean_bc, std_bc
+
+
+@numba.njit(cache=True, nogil=True)
+def _magnitude_rows(spectrum_tf, out_tf):
+    """out = sqrt(re^2 + im^2 + 1e-9), each step rounded in float32 in that order (no fast-math: the
+    reference's bits)."""
+    for t in range(spectrum_tf.shape[0]):
+        s_f, out_f = spectrum_tf[t], out_tf[t]
+        for f in range(s_f.shape[0]):
+            re, im = s_f[f].real, s_f[f].imag
+            out_f[f] = np.sqrt((re * re + im * im) + np.float32(1e-9))
+
+
+def spectral_magnitude(spectrum_btf):
+    """``tts.speaker_encoder.spectral_magnitude`` (complex64): one pass over the spectrum, rows of frames
+    side by side, where the reference's strided squares and sums make three passes and a temporary (937
+    frames of 513 bins: 1.3 ms -> 0.2); the same bits."""
+    if not isinstance(spectrum_btf, np.ndarray) or spectrum_btf.dtype != np.complex64 or spectrum_btf.ndim != 3:
+        return NotImplemented
+    B, T, F = spectrum_btf.shape
+    spectrum_btf = np.ascontiguousarray(spectrum_btf)
+    out_btf = np.empty((B, T, F), np.float32)
+    rows = max(1, ELEMENTWISE_PIECE // max(F, 1))
+    run_pieces(
+        lambda b, t0: _magnitude_rows(spectrum_btf[b, t0 : t0 + rows], out_btf[b, t0 : t0 + rows]),
+        [(b, t0) for b in range(B) for t0 in range(0, T, rows)],
+    )
+    return out_btf
 
 
 # ----------------------------------------------------------------------------- transposed convolution
@@ -1740,6 +1770,7 @@ TWINS = {
     "mean_and_std": mean_and_std,
     "softmax_mean_and_std": softmax_mean_and_std,
     "gated_residual": gated_residual,
+    "spectral_magnitude": spectral_magnitude,
     "softmax": softmax,
     "conv_transpose1d": conv_transpose1d,
 }

@@ -38,13 +38,13 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
         *("snake_causal_conv_push", "softmax", "tdnn_offline", "res2net_offline", "mean_and_std", "nearest_rows"),
-        *("softmax_mean_and_std", "gated_residual"),
+        *("softmax_mean_and_std", "gated_residual", "spectral_magnitude"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
         # codec decoder's, resnet_block_offline and elu_causal_conv_offline the codec encoder's,
-        # tdnn_offline, res2net_offline, mean_and_std, softmax_mean_and_std and gated_residual the speaker
-        # encoder's, nearest_rows the codec's quantizer's
+        # tdnn_offline, res2net_offline, mean_and_std, softmax_mean_and_std, gated_residual and
+        # spectral_magnitude the speaker encoder's, nearest_rows the codec's quantizer's
         stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder, quantization)
         reference = next(getattr(m, name) for m in stages if hasattr(m, name))
         reference = reference.reference
@@ -933,6 +933,8 @@ def test_auto_uses_twins_for_float32_and_the_reference_for_float64(monkeypatch):
     assert seen == []
     nn.conv1d(np.ones((1, 1, 4), np.float32), w.astype(np.float32))
     assert seen == ["twin"]
+    for dtype, chosen in ((np.complex64, "numba"), (np.complex128, "numpy"), (np.float64, "numpy")):
+        assert kernels.backend_for_call("auto", np.ones(2, dtype)) == chosen  # (a float32 spectrum: the twins)
 
 
 def test_use_backend_and_the_environment_choose(monkeypatch):
@@ -1108,6 +1110,26 @@ def test_pooling_statistics_from_logits_never_make_the_weights(B, C, T, scale, s
     constant = np.full((1, 1, T), 0.5, np.float32)
     assert numba_cpu.softmax_mean_and_std(constant, np.zeros_like(constant))[1][0, 0] == np.float32(1e-6)
     assert numba_cpu.softmax_mean_and_std(x.astype(np.float64), logits.astype(np.float64)) is NotImplemented
+
+
+@pytest.mark.parametrize("B, T, F", [(1, 937, 513), (2, 5, 3), (1, 1, 1), (1, 600, 1000)])
+def test_spectral_magnitude_twin_is_bit_identical(B, T, F):
+    """sqrt(re^2 + im^2 + 1e-9) in one pass, each step rounded as the reference's three, from spectra with
+    tiny, huge and zero parts (1e-9 then decides, or re^2 overflows to inf as NumPy's does)."""
+    rng = np.random.default_rng(B * T + F)
+    scale = 10.0 ** rng.integers(-25, 19, (B, T, F))
+    re, im = rng.standard_normal((2, B, T, F)) * scale
+    spectrum = (re + 1j * im).astype(np.complex64)
+    spectrum.flat[:: max(1, spectrum.size // 7)] = 0
+    with np.errstate(over="ignore"):
+        ref = speaker_encoder.spectral_magnitude.reference(spectrum)
+        got = numba_cpu.spectral_magnitude(spectrum)
+    assert got.dtype == ref.dtype == np.float32 and got.shape == (B, T, F)
+    np.testing.assert_array_equal(got, ref)
+    strided = np.swapaxes(np.swapaxes(spectrum, 1, 2).copy(), 1, 2)  # not contiguous
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(numba_cpu.spectral_magnitude(strided), ref)
+    assert numba_cpu.spectral_magnitude(spectrum.astype(np.complex128)) is NotImplemented  # float64: the reference
 
 
 @settings(max_examples=40, deadline=None)
