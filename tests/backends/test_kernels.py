@@ -465,6 +465,28 @@ def test_conv1d_twin_in_pieces_equals_reference(dtype, B, I, O, K, stride, dilat
     assert np.all(np.abs(got.astype(np.float64) - ref) <= tol)
 
 
+@pytest.mark.parametrize("T_out", [1, 2, 4, 8, 9])
+@pytest.mark.parametrize("stride, dilation, with_bias", [(1, 1, True), (2, 3, False)])
+def test_conv1d_of_a_few_columns_reads_the_weight_once(monkeypatch, T_out, stride, dilation, with_bias):
+    """2 to 8 output columns and a weight of a megabyte or more (the decoder's first conv over a 1-frame
+    decode): the stacked taps times the weight by the few-rows kernel, within float32 noise of the
+    reference; other column counts keep the stacked-taps product."""
+    rng = np.random.default_rng(T_out * 7 + stride)
+    O, I, K = 64, 600, 7  # 1.07 MB of float32
+    w = (rng.standard_normal((O, I, K)) / 30).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32) if with_bias else None
+    x = rng.standard_normal((1, I, (T_out - 1) * stride + dilation * (K - 1) + 1)).astype(np.float32)
+    taken = []
+    few = numba_cpu._few_columns_conv
+    monkeypatch.setattr(numba_cpu, "_few_columns_conv", lambda *a: taken.append(1) or few(*a))
+    got = numba_cpu.conv1d(x, w, b, stride, dilation)
+    assert bool(taken) == (2 <= T_out <= 8)
+    ref = nn.conv1d.reference(x, w, b, stride, dilation)
+    exact = nn.conv1d.reference(x.astype(np.float64), w.astype(np.float64), b, stride, dilation)
+    assert got.shape == ref.shape == (1, O, T_out) and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+
+
 def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
     x = np.zeros((1, 8, 10), np.float32)
     for f in (nn.conv1d.reference, numba_cpu.conv1d):
