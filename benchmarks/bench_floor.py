@@ -82,8 +82,9 @@ class ReadKernel:
 
 
 def per_frame_seconds(tts, frames: int) -> tuple:
-    """Our greedy time per frame (Talker step + the 15 code-predictor steps, prompt and sampling left
-    out) over ``frames`` frames, from ``bench_talker.StageTimer``; and the frames made."""
+    """Our greedy time per frame (a Talker step + the 15 code-predictor steps, each the mean over the run,
+    prompt and sampling left out) over ``frames`` frames, from ``bench_talker.StageTimer``; and the frames
+    made."""
     from bench_talker import GREEDY, LANGUAGE, SPEAKER, TEXT, StageTimer
 
     timer = StageTimer(tts)
@@ -96,8 +97,10 @@ def per_frame_seconds(tts, frames: int) -> tuple:
             for name in ("forward", "logits", "predict_frame"):
                 obj.__dict__.pop(name, None)  # unwrap
     s, c = timer.seconds, timer.calls
-    n = max(c["code predictor"], 1)
-    return (s["talker step"] + s["code predictor"]) / n, len(codes)
+    # each stage by its own count: the last frame's Talker step, whose code 0 no frame would expand, is not
+    # run (refimpl.tts.generate.wants_last_step), so there is one Talker step fewer than frames
+    step = s["talker step"] / max(c["talker step"], 1)
+    return step + s["code predictor"] / max(c["code predictor"], 1), len(codes)
 
 
 def talker_matrices(tts) -> list:
