@@ -1459,6 +1459,13 @@ def _line_aligned_rows(x_ni):
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _rows_on_cache_lines(x_ni):
+    """``_line_aligned_rows`` for Python callers, compiled once into the cache (the inlined helper called
+    from Python would be compiled again in every process)."""
+    return _line_aligned_rows(x_ni)
+
+
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _products_into(x_ni, bits_oi, out_no, n_threads, rows):
     """out = x @ widen(bits)^T for the rows of x of a generation step or a short prompt, by the kernel
@@ -1750,7 +1757,7 @@ def _few_rows_f32(x, w_oi, b_o):
         return None
     if b_o is not None and getattr(b_o, "dtype", None) != np.float32:
         return None  # (the reference's promotion)
-    x_ni = _line_aligned_rows(np.ascontiguousarray(x).reshape(rows, I))  # (rows on cache lines: 5-20% faster)
+    x_ni = _rows_on_cache_lines(np.ascontiguousarray(x).reshape(rows, I))  # (rows on cache lines: 5-20% faster)
     out_no = np.empty((rows, O), np.float32)
     n = _piece_threads()
     run_pieces(
