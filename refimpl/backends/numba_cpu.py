@@ -373,7 +373,7 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
             out += np.matmul(w_oik[:, :, k], x_bct[:, :, k * dilation : end(k) : stride], out=product)
     elif groups == 1 and K == 1 and stride == 1:  # a plain product (the speaker encoder's 1x1 convs)
         out = np.matmul(np.ascontiguousarray(w_oik[:, :, 0]), x_bct, out=new_output((B, O, T), x_bct.dtype))
-    elif groups == 1 and B == 1 and _few_columns(T_out, w_oik):
+    elif groups == 1 and B == 1 and _few_columns(x_bct, w_oik, b_o, T_out):
         return _few_columns_conv(x_bct, w_oik, b_o, stride, dilation, T_out)
     elif groups == 1:
         x_bct = np.ascontiguousarray(x_bct)
@@ -404,8 +404,11 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
     return out
 
 
-def _few_columns(T_out: int, w_oik) -> bool:
-    """Whether a dense conv's product is a few rows (its output columns) times a weight worth streaming."""
+def _few_columns(x_bct, w_oik, b_o, T_out: int) -> bool:
+    """Whether a dense conv's product is a few rows (its output columns) times a float32 weight worth
+    streaming: what ``_few_rows_f32`` takes (other dtypes keep the stacked-taps product)."""
+    if x_bct.dtype != np.float32 or w_oik.dtype != np.float32 or getattr(b_o, "dtype", np.float32) != np.float32:
+        return False
     return F32_FEW_ROWS[0] <= T_out <= F32_FEW_ROWS[1] and w_oik.nbytes >= F32_FEW_ROWS_MIN_BYTES
 
 
@@ -418,9 +421,7 @@ def _few_columns_conv(x_bct, w_oik, b_o, stride, dilation, T_out):
     cols_ikn = np.empty((I, K, T_out), x_bct.dtype)
     _stack_taps_into(np.ascontiguousarray(x_bct[0]), 0, stride, dilation, cols_ikn)
     x_ni = np.ascontiguousarray(cols_ikn.reshape(I * K, T_out).T)
-    out_no = _few_rows_f32(x_ni, np.ascontiguousarray(w_oik).reshape(O, I * K), b_o)
-    if out_no is None:  # (a dtype the kernel has none for)
-        return nn.conv1d.reference(x_bct, w_oik, b_o, stride, dilation, 1)
+    out_no = _few_rows_f32(x_ni, np.ascontiguousarray(w_oik).reshape(O, I * K), b_o)  # (``_few_columns``: it applies)
     return np.ascontiguousarray(out_no.T)[None]
 
 

@@ -485,6 +485,9 @@ def test_conv1d_of_a_few_columns_reads_the_weight_once(monkeypatch, T_out, strid
     exact = nn.conv1d.reference(x.astype(np.float64), w.astype(np.float64), b, stride, dilation)
     assert got.shape == ref.shape == (1, O, T_out) and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
+    taken.clear()
+    numba_cpu.conv1d(x.astype(np.float64), w.astype(np.float64), b, stride, dilation)
+    assert not taken  # float64: the stacked-taps product as before
 
 
 def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
