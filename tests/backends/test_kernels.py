@@ -559,6 +559,79 @@ def test_linear_twin_reads_bf16_weights_as_stored(case):
     assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (n + 1) * np.finfo(np.float32).eps * abs_sum)
 
 
+needs_tiles = pytest.mark.skipif(not numba_cpu.USE_TILES, reason="no AMX tiles on this machine (or REFIMPL_AMX=0)")
+
+
+def test_tile_split_is_exact():
+    """x = hi + mid + lo exactly, each part a bfloat16 word in the tiles' pair layout (parts[p, k, n, j] is
+    part p of x[n, 2 k + j], the padding rows zero), for values of every size, signed zeros and the
+    smallest normal; an infinity keeps its sign and a NaN stays a NaN (in the hi part)."""
+    rng = np.random.default_rng(0)
+    special = [0.0, -0.0, 1.0, -3.14159, 1e-30, 1.17549435e-38, 3.4e38, -2.5e-12, 65504.123, np.inf, -np.inf, np.nan]
+    x = np.concatenate([rng.standard_normal(52) * np.exp(rng.uniform(-40, 40, 52)), special]).astype(np.float32)
+    x = np.stack([x, x[::-1], -x])  # 3 rows of 64 columns
+    parts = np.empty((3, 32, 32, 2), np.uint16)
+    numba_cpu._split_into_pairs(x, parts)
+    words = parts.transpose(0, 2, 1, 3).reshape(3, 32, 64)  # [p, n, i]
+    values = (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    assert not values[:, 3:].any()  # the padding rows
+    total = values[0, :3] + values[1, :3] + values[2, :3]
+    finite = np.isfinite(x)
+    np.testing.assert_array_equal(total[finite], x[finite].astype(np.float64))
+    np.testing.assert_array_equal(total[np.isinf(x)], x[np.isinf(x)])
+    assert np.isnan(total[np.isnan(x)]).all()
+
+
+@needs_tiles
+@pytest.mark.parametrize("N, O, I", [(17, 32, 32), (28, 64, 1024), (33, 96, 2080), (70, 32, 96), (28, 2048, 1024)])
+def test_tile_kernel_within_the_bound_and_each_row_alone(N, O, I):
+    """The AMX tile kernel (x in three exact bf16 parts, the sums in float32 tiles, ``TILE_K_CHUNK`` columns
+    at a time): within linear's reduction-length bound of the float64 product of the same bf16 words,
+    for rows that fill no whole tile, several groups of 32 rows, several column chunks (2080 > 1024); each
+    row's bits the same computed alone or among the others in another order (no row's sum sees another)."""
+    rng = np.random.default_rng(N + O + I)
+    bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
+    x = rng.standard_normal((N, I)).astype(np.float32)
+    got = np.full((N, O), np.nan, np.float32)
+    numba_cpu._tile_bf16_times(x, bits, got, 2)
+    w = np.asarray(BF16Matrix(bits), np.float64)
+    exact = x.astype(np.float64) @ w.T
+    bound = 2 * (I + 1) * np.finfo(np.float32).eps * (np.abs(x.astype(np.float64)) @ np.abs(w).T)
+    assert np.all(np.abs(got - exact) <= bound)
+    alone = np.empty((1, O), np.float32)
+    numba_cpu._tile_bf16_times(np.ascontiguousarray(x[-1:]), bits, alone, 1)
+    np.testing.assert_array_equal(alone[0], got[-1])
+    order = rng.permutation(N)
+    shuffled = np.empty((N, O), np.float32)
+    numba_cpu._tile_bf16_times(np.ascontiguousarray(x[order]), bits, shuffled, 2)
+    np.testing.assert_array_equal(shuffled, got[order])
+
+
+@needs_tiles
+def test_linear_takes_the_tiles_for_a_prompt_and_keeps_infinities():
+    """``linear`` on bf16 words takes the tile kernel from 17 rows where the shapes fit (its bits), the
+    block kernel for 17 rows of a shape that does not (O = 40), BLAS's widened blocks no more for 100 rows;
+    an infinity or a NaN in x gives the non-finite outputs of the float32 product."""
+    rng = np.random.default_rng(7)
+    w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((64, 96)).astype(np.float32)))
+    for rows in (17, 100):
+        x = rng.standard_normal((rows, 96)).astype(np.float32)
+        tiles = np.empty((rows, 64), np.float32)
+        numba_cpu._tile_bf16_times(x, w.bits, tiles, numba_cpu.numba.get_num_threads())
+        np.testing.assert_array_equal(numba_cpu.linear(x, w), tiles)
+    odd = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((40, 96)).astype(np.float32)))
+    x = rng.standard_normal((17, 96)).astype(np.float32)
+    block = np.empty((17, 40), np.float32)
+    numba_cpu._bf16_block_times(x, odd.bits, block, numba_cpu.numba.get_num_threads())
+    np.testing.assert_array_equal(numba_cpu.linear(x, odd), block)
+    x = rng.standard_normal((20, 96)).astype(np.float32)
+    x[3, 5], x[8, 0], x[11, 95] = np.inf, -np.inf, np.nan
+    got, ref = numba_cpu.linear(x, w), nn.linear.reference(x, np.asarray(w))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+    np.testing.assert_array_equal(np.sign(got[np.isinf(ref)]), np.sign(ref[np.isinf(ref)]))
+
+
 @pytest.mark.parametrize("I", [1024, 1040, 1001])
 @pytest.mark.parametrize("shift", [0, 1, 4, 8])
 def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
