@@ -1870,8 +1870,9 @@ TILE_K_CHUNK = 1024  # columns summed in the tiles at a time; the chunks' sums a
 def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) on the tile registers (O a multiple of 32, I of 32):
     x split into its three exact bf16 parts (``_split_into_pairs``); each thread takes a range of pairs
-    of 16-row weight tiles, read from the words as stored (the next pair's words asked for meanwhile), and
-    for every 32 rows of x four float32 tiles of sums, 2 weight tiles x 2 tiles of x, the two tiles of x
+    of 16-row weight tiles, read from the words as stored (the next pair's words asked for meanwhile, 11
+    lines before each part's multiplies rather than 32 at once: 0.85-0.87 -> 0.81 of the block kernel's
+    time), and for every 32 rows of x four float32 tiles of sums, 2 weight tiles x 2 tiles of x, the two tiles of x
     loaded alternately so that a load never waits for the multiply still reading the other.  The sums
     run over ``TILE_K_CHUNK`` columns at a time, the chunks' sums added in float32 (one sum over all
     3 I terms in a tile was 4.5 times further from the exact product than the block kernel at I = 3072).
@@ -1899,12 +1900,13 @@ def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
                     _zero_c2()
                     _zero_c3()
                     for s in range(s0, min(s0 + steps, I // 32)):
-                        if n0 == 0 and op + 1 < o_pairs:  # the next pair of tiles' words, in order
-                            for r in range(32):
-                                _prefetch(words, (o0 + 32) * I + (s * 32 + r) * 32)
+                        ahead = n0 == 0 and op + 1 < o_pairs  # the next pair of tiles' words, in order
                         _load_a4(words, o0 * I + s * 32, 2 * I)
                         _load_a5(words, (o0 + 16) * I + s * 32, 2 * I)
                         for p in range(3):
+                            if ahead:
+                                for r in range(p * 11, min(p * 11 + 11, 32)):
+                                    _prefetch(words, (o0 + 32) * I + (s * 32 + r) * 32)
                             first = p * part_words + s * 32 * npad + n0 * 2
                             _load_b6(pairs, first, 4 * npad)
                             _load_b7(pairs, first + 32, 4 * npad)
