@@ -1473,7 +1473,8 @@ def _rows_on_cache_lines(x_ni):
 def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
     """out = x @ widen(bits)^T for the rows of x of a generation step or a short prompt, by the kernel
     ``linear`` chooses for ``rows`` rows: one by ``_matvec_bf16_into``, up to ``MATVEC_MAX_ROWS`` by
-    ``_bf16_rows_times`` (each weight row read once for all of them), more by the block kernel
+    ``_bf16_rows_times`` (each weight row read once for all of them), more by the AMX tile kernel
+    (``_tile_bf16_times``) where ``tiles`` and the shapes let it, else by the block kernel
     (``_bf16_block_times``).  ``rows`` is the layer's count of new positions, also where x holds fewer
     (the last position alone): each kernel sums a row the same way whatever the others, so the last
     position's output has the same bits either way."""
@@ -1482,7 +1483,7 @@ def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
         _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
     elif rows <= MATVEC_MAX_ROWS:
         _bf16_rows_times(x_ni, bits_oi, out_no)
-    elif tiles and rows >= TILES_MIN_ROWS and O % 32 == 0 and I % 32 == 0:
+    elif _tiles_take(tiles, O, I):
         _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
     else:
         _bf16_block_times(x_ni, bits_oi, out_no, n_threads)
@@ -1500,7 +1501,8 @@ def _decoder_step_bf16(
     MLP run for those positions only: a prompt's last layer needs its last position alone).  One
     parallel loop per matrix (q, k, v, o, gate, up, down: ``_products_into``) and one over the heads for
     the new positions' attention; the norms, RoPE, the residual sums and SiLU between them on one thread;
-    the formulas of ``transformer.transformer_layer`` in the same order."""
+    the formulas of ``transformer.transformer_layer`` in the same order.  ``tiles``: a prompt's products
+    may run on the AMX tile registers (``USE_TILES``)."""
     T, C = x_tc.shape
     G, D = k_gsd.shape[0], k_gsd.shape[2]
     H = q_oi.shape[0] // D
@@ -1746,7 +1748,6 @@ def _tiles_granted() -> bool:
 
 
 USE_TILES = _tiles_granted()
-TILES_MIN_ROWS = 17  # from this many rows of x (a prompt) the tile kernel, where the shapes fit it
 
 
 def _tile_call(name: str, immediates: tuple, with_pointer: bool):
@@ -1895,12 +1896,12 @@ def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
             o0 = op * 32
             for s0 in range(0, I // 32, steps):
                 for n0 in range(0, npad, 32):
+                    ahead = n0 == 0 and op + 1 < o_pairs  # the next pair of tiles' words asked for, in order
                     _zero_c0()
                     _zero_c1()
                     _zero_c2()
                     _zero_c3()
                     for s in range(s0, min(s0 + steps, I // 32)):
-                        ahead = n0 == 0 and op + 1 < o_pairs  # the next pair of tiles' words, in order
                         _load_a4(words, o0 * I + s * 32, 2 * I)
                         _load_a5(words, (o0 + 16) * I + s * 32, 2 * I)
                         for p in range(3):
@@ -1931,9 +1932,11 @@ def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
         _tile_release()
 
 
-def _tiles_fit(N: int, O: int, I: int) -> bool:
-    """Whether the tile kernel takes a product of N rows of x by an O x I bf16 matrix."""
-    return USE_TILES and N >= TILES_MIN_ROWS and O % 32 == 0 and I % 32 == 0 and I > 0
+@numba.njit(cache=True)
+def _tiles_take(tiles, O, I):
+    """Whether the tile kernel takes the product of more than ``MATVEC_MAX_ROWS`` rows of x by an O x I bf16
+    matrix: tiles granted (``USE_TILES``, passed in: compiled code must not freeze it) and whole tiles."""
+    return tiles and O % 32 == 0 and I % 32 == 0 and I > 0
 
 
 MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
@@ -2018,7 +2021,7 @@ def linear(x, w_oi, b_o=None):
     if x_ni.shape[0] <= MATVEC_MAX_ROWS:
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _bf16_rows_times(x_ni, w_oi.bits, out_no)
-    elif _tiles_fit(x_ni.shape[0], O, I):
+    elif _tiles_take(USE_TILES, O, I):
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _tile_bf16_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
     elif x_ni.shape[0] <= BLOCK_MAX_ROWS:
