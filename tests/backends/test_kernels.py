@@ -608,6 +608,41 @@ def test_tile_kernel_within_the_bound_and_each_row_alone(N, O, I):
 
 
 @needs_tiles
+@pytest.mark.parametrize("T", [17, 30])
+def test_fused_layer_on_tiles_equals_the_layer(T, monkeypatch):
+    """A prompt's fused layer whose matrices fit the tiles (C = 64, F = 128: every O and I a multiple of 32)
+    against the composition transformer_layer in float64 (the exact values of the same bf16 weights): on
+    the tiles and on the block kernel (``USE_TILES`` off) within twice the float32 composition's distance
+    plus the rounding floor of the longest reduction, and the two paths not the same bits (the tiles ran)."""
+    C, H, G, D, F = 64, 4, 2, 16, 128
+    out = {}
+    for dtype in (np.float32, np.float64):
+        lw, cfg = random_qwen3_layer(np.random.default_rng(T), C, H, G, D, F, dtype)
+        x = np.random.default_rng(T + 1).standard_normal((1, T, C)).astype(dtype)
+        cos, sin = nn.rope_cos_sin(np.arange(3, 3 + T), D, 10000.0, dtype)
+        past = np.random.default_rng(T + 2).standard_normal((2, 1, G, 3, D)).astype(dtype)
+        kinds = (
+            (("tiles", True), ("block", False), ("reference", None)) if dtype == np.float32 else (("reference", None),)
+        )
+        for kind, tiles in kinds:
+            cache = transformer.KVCache(1, G, D, dtype, capacity=4)
+            cache.append(past[0], past[1])
+            cache.reserve(T)
+            if tiles is not None:
+                monkeypatch.setattr(numba_cpu, "USE_TILES", tiles)
+            step = numba_cpu.decoder_layer_step if tiles is not None else transformer.decoder_layer_step.reference
+            with kernels.use_backend("numpy"):
+                out[kind, np.dtype(dtype).name] = step(x, lw, cfg, cos[None], sin[None], cache, 1e-6)
+    exact = out["reference", "float64"].astype(np.float64)
+    composition = out["reference", "float32"].astype(np.float64)
+    floor = 2 * F * np.finfo(np.float32).eps * np.max(np.abs(exact))
+    for kind in ("tiles", "block"):
+        got = out[kind, "float32"].astype(np.float64)
+        assert np.max(np.abs(got - exact)) <= 2 * np.max(np.abs(composition - exact)) + floor, kind
+    assert not np.array_equal(out["tiles", "float32"], out["block", "float32"])
+
+
+@needs_tiles
 def test_linear_takes_the_tiles_for_a_prompt_and_keeps_infinities():
     """``linear`` on bf16 words takes the tile kernel from 17 rows where the shapes fit (its bits), the
     block kernel for 17 rows of a shape that does not (O = 40), BLAS's widened blocks no more for 100 rows;
