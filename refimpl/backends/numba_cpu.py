@@ -6,7 +6,8 @@ may differ, and ``tests/backends/test_kernels.py`` bounds that difference from t
 Two kinds of twin live here:
 - for generation, Numba kernels on bfloat16 weights kept as stored (the Talker's and the code predictor's
   matrix-vector products read half the bytes): ``linear`` and ``decoder_layer_step``, on Numba's
-  parallel loops, and a prompt's products on the AMX tile registers where the processor has them;
+  parallel loops, and a prompt's products on the AMX tile registers where the processor has them (and the
+  codec decoder's residual units);
 - for the codecs, pieces of time that run side by side on Python threads, BLAS held to one thread per call
   meanwhile (``run_pieces``): ``conv1d`` and ``conv_transpose1d`` as one matrix product per piece, the
   decoder's residual unit and the encoder's residual block each in one call, SnakeBeta (NumPy's float32
@@ -526,6 +527,10 @@ def residual_unit_push(
     w1_m = np.ascontiguousarray(w1_oik.reshape(C, C * K))  # column i * K + k: the order of the stacked taps
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
     out_bct = new_output((B, C, T))
+    if _unit_takes_tiles(C, T):
+        params_6c = np.stack([alpha1, inv_beta1, alpha2, inv_beta2, b1_o, b2_o]).astype(np.float32)
+        _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct)
+        return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
 
     def piece(b, t0):
         n = min(UNIT_TILE, T - t0)
@@ -1805,7 +1810,9 @@ def _tile_config(typingctx, config):
 _tile_release = _tile_call("tilerelease", (), False)
 _zero_c0, _zero_c1, _zero_c2, _zero_c3 = (_tile_call("tilezero", (t,), False) for t in range(4))
 _store_c0, _store_c1, _store_c2, _store_c3 = (_tile_call("tilestored64", (t,), True) for t in range(4))
-_load_a4, _load_a5, _load_b6, _load_b7 = (_tile_call("tileloadd64", (t,), True) for t in range(4, 8))
+_load_c0, _load_c1, _load_c2, _load_c3, _load_a4, _load_a5, _load_b6, _load_b7 = (
+    _tile_call("tileloadd64", (t,), True) for t in range(8)
+)
 # C[o-tile i, n-tile j] (tile 2 i + j) += A[o-tile i] (tile 4 + i) . B[n-tile j] (tile 6 + j)
 _dot_c0, _dot_c1 = _tile_call("tdpbf16ps", (0, 4, 6), False), _tile_call("tdpbf16ps", (1, 4, 7), False)
 _dot_c2, _dot_c3 = _tile_call("tdpbf16ps", (2, 5, 6), False), _tile_call("tdpbf16ps", (3, 5, 7), False)
@@ -1834,34 +1841,41 @@ def _bits_of(typingctx, value):
     return sig, codegen
 
 
+@numba.njit(inline="always")
+def _bf16_parts(v):
+    """The three bf16 words (hi, mid, lo) of a float32 v, hi + mid + lo = v exactly: hi = v with its low 16
+    bits cleared, mid = the same of v - hi, lo = v - hi - mid (8 significant bits at most: a bf16 word
+    exactly).  An infinity or a NaN is its hi part alone (a NaN kept a NaN: its payload may lie in the
+    cleared bits)."""
+    low = np.uint32(0xFFFF0000)
+    hi = _bits_of(v) & low
+    mid = lo = np.uint32(0)
+    if np.isfinite(v):
+        rest = v - _f32_from_bits(np.int32(hi))
+        mid = _bits_of(rest) & low
+        lo = _bits_of(rest - _f32_from_bits(np.int32(mid)))
+    elif v != v:
+        hi |= np.uint32(0x00400000)
+    return np.uint16(hi >> np.uint32(16)), np.uint16(mid >> np.uint32(16)), np.uint16(lo >> np.uint32(16))
+
+
 @numba.njit(parallel=True, cache=True)
 def _split_into_pairs(x_ni, parts_pkn2):
-    """parts[p, k, n, j] = the bf16 word of part p of x[n, 2 k + j] (0 for the padding rows n >= N): hi =
-    x with its low 16 bits cleared, mid = the same of x - hi, lo = x - hi - mid (8 significant bits at
-    most: a bf16 word exactly), so hi + mid + lo = x.  The tiles' layout for B: each 64-byte row holds
-    the pairs of two columns of x for 16 of its rows.  In blocks of 32 columns, whose three part blocks
-    (16 pairs x rows) stay in the first-level cache while they are written.  An infinity or a NaN is its
-    hi part alone (a NaN kept a NaN), so that the products give what the float32 product gives."""
+    """parts[p, k, n, j] = the bf16 word of part p of x[n, 2 k + j] (``_bf16_parts``; 0 for the padding
+    rows n >= N), so hi + mid + lo = x.  The tiles' layout for B: each 64-byte row holds the pairs of two
+    columns of x for 16 of its rows.  In blocks of 32 columns, whose three part blocks (16 pairs x rows)
+    stay in the first-level cache while they are written.  An infinity or a NaN is its hi part alone, so
+    that the products give what the float32 product gives."""
     N, I = x_ni.shape
     npad = parts_pkn2.shape[2]
-    low = np.uint32(0xFFFF0000)
     for kb in prange(I // 32):
         for n in range(npad):
             for j in range(32):
                 i = 32 * kb + j
-                hi = mid = lo = np.uint32(0)
-                if n < N:
-                    v = x_ni[n, i]
-                    hi = _bits_of(v) & low
-                    if np.isfinite(v):
-                        rest = v - _f32_from_bits(np.int32(hi))
-                        mid = _bits_of(rest) & low
-                        lo = _bits_of(rest - _f32_from_bits(np.int32(mid)))
-                    elif v != v:  # NaN stays NaN (its payload may lie in the cleared bits)
-                        hi |= np.uint32(0x00400000)
-                parts_pkn2[0, i // 2, n, i % 2] = np.uint16(hi >> np.uint32(16))
-                parts_pkn2[1, i // 2, n, i % 2] = np.uint16(mid >> np.uint32(16))
-                parts_pkn2[2, i // 2, n, i % 2] = np.uint16(lo >> np.uint32(16))
+                hi, mid, lo = _bf16_parts(x_ni[n, i] if n < N else np.float32(0.0))
+                parts_pkn2[0, i // 2, n, i % 2] = hi
+                parts_pkn2[1, i // 2, n, i % 2] = mid
+                parts_pkn2[2, i // 2, n, i % 2] = lo
 
 
 TILE_K_CHUNK = 1024  # columns summed in the tiles at a time; the chunks' sums added in float32 after
@@ -1937,6 +1951,270 @@ def _tiles_take(tiles, O, I):
     """Whether the tile kernel takes the product of more than ``MATVEC_MAX_ROWS`` rows of x by an O x I bf16
     matrix: tiles granted (``USE_TILES``, passed in: compiled code must not freeze it) and whole tiles."""
     return tiles and O % 32 == 0 and I % 32 == 0 and I > 0
+
+
+# ----------------------------------------------------------------------------- the residual unit on the tiles
+# The decoder's residual units are float32 convolutions (a k7 dilated conv and a 1x1 conv, C -> C channels),
+# most of a decode's time.  On the tiles both operands are split into their exact bf16 parts (weights w =
+# wh + wm + wl, signal z = zh + zm + zl) and six of the nine products of parts are summed: every term
+# down to 2^-16 of the product (hh; hm, mh; hl, mm, lh), the three dropped ones (ml, lm, ll) below
+# 2^-23 of it together, about one float32 rounding of each product.  The reduction runs over blocks of 32
+# channels and, within a block, over the taps, so that a tap's tile of z is the split SnakeBeta rows
+# themselves, shifted by k * dilation: no stacked taps are written at all.
+
+TILE_CONV_STEPS = 42  # steps (32 channels of one tap) summed in the tiles before they are stored and reloaded
+UNIT_TILE_VALUES = 96 * 1024  # channels x time steps of a piece on the tiles (C = 96: 1024 steps; 768: 128)
+UNIT_TILES_MIN_STEPS = 1024  # shorter signals (a streaming push) keep the BLAS path: the weights' split is per call
+
+
+@numba.njit(cache=True, nogil=True)
+def _split_weight_into_tiles(w_oik, o0, o1, tiles_usprj):
+    """tiles[o // 16, b K + k, p, o % 16, j] = part p (``_bf16_parts``) of w[o, 32 b + j, k] for o0 <= o < o1:
+    the conv weight in three bf16 words, each A tile of ``_tile_conv_into`` (16 outputs x 32 channels of
+    one tap and one part) a contiguous kilobyte, in the order the kernel reads them (rows of 64 bytes
+    apart by the whole reduction, 10 KB at 768 channels, fell in 8 sets of the first-level cache)."""
+    C, K = w_oik.shape[1], w_oik.shape[2]
+    for o in range(o0, o1):
+        for b in range(C // 32):
+            for k in range(K):
+                for j in range(32):
+                    hi, mid, lo = _bf16_parts(w_oik[o, 32 * b + j, k])
+                    tiles_usprj[o // 16, b * K + k, 0, o % 16, j] = hi
+                    tiles_usprj[o // 16, b * K + k, 1, o % 16, j] = mid
+                    tiles_usprj[o // 16, b * K + k, 2, o % 16, j] = lo
+
+
+def _weight_tiles(w_oik):
+    """[O / 16, K C / 32, 3, 16, 32]: ``_split_weight_into_tiles`` of the whole weight (O a multiple of 32),
+    its rows shared out over the piece threads in whole tiles."""
+    O, C, K = w_oik.shape
+    tiles_usprj = np.empty((O // 16, K * C // 32, 3, 16, 32), np.uint16)
+    n = min(_piece_threads(), O // 16)
+    shares = [(16 * (O // 16 * t // n), 16 * (O // 16 * (t + 1) // n)) for t in range(n)]
+    run_pieces(lambda o0, o1: _split_weight_into_tiles(w_oik, o0, o1, tiles_usprj), shares)
+    return tiles_usprj
+
+
+@numba.njit(inline="always")
+def _pair_word(a, b):
+    """The pair of bf16 words (b's in the high half) of two float32 values whose low 16 bits are clear."""
+    return (_bits_of(b) & np.uint32(0xFFFF0000)) | (_bits_of(a) >> np.uint32(16))
+
+
+@numba.njit(fastmath={"contract"}, inline="always")
+def _split_pair_into(a_t, b_t, q, start, parts_pqt):
+    """parts[p, q, start + t] = the pair of part p of a[t] (low half) and of b[t] (high half), for the
+    rows of channels 2 q and 2 q + 1: ``_bf16_parts`` without branches (the loop vectorises), the B
+    tiles' layout (each element two channels' words, time along the tile's 16 columns)."""
+    for t in range(a_t.shape[0]):
+        a, b = a_t[t], b_t[t]
+        a_hi, b_hi = (
+            _f32_from_bits(np.int32(_bits_of(a) & np.uint32(0xFFFF0000))),
+            _f32_from_bits(np.int32(_bits_of(b) & np.uint32(0xFFFF0000))),
+        )
+        a_rest, b_rest = a - a_hi, b - b_hi  # (exact; NaN for an infinity or a NaN)
+        a_mid = _f32_from_bits(np.int32(_bits_of(a_rest) & np.uint32(0xFFFF0000)))
+        b_mid = _f32_from_bits(np.int32(_bits_of(b_rest) & np.uint32(0xFFFF0000)))
+        a_lo, b_lo = a_rest - a_mid, b_rest - b_mid
+        a_fin, b_fin = abs(a) < np.inf, abs(b) < np.inf
+        a_hi = a_hi if a_fin or a == a else np.float32(np.nan)  # a NaN stays a NaN (its payload may be cleared)
+        b_hi = b_hi if b_fin or b == b else np.float32(np.nan)
+        zero = np.float32(0.0)
+        parts_pqt[0, q, start + t] = _pair_word(a_hi, b_hi)
+        parts_pqt[1, q, start + t] = _pair_word(a_mid if a_fin else zero, b_mid if b_fin else zero)
+        parts_pqt[2, q, start + t] = _pair_word(a_lo if a_fin else zero, b_lo if b_fin else zero)
+
+
+@numba.njit(inline="always")
+def _pair_row_length(steps):
+    """Time steps of a row of channel pairs (4 bytes each): at least ``steps``, a whole number of 64-byte
+    lines and an odd one, so that the 16 rows of a B tile fall in 16 different sets of the cache."""
+    lines = (steps + 15) // 16
+    return 16 * (lines + 1 - lines % 2)
+
+
+@numba.njit(cache=True, nogil=True)
+def _tile_conv_into(a_tiles, z_pqt, K, dilation, steps, out_on):
+    """out[o, t] = sum_k sum_c w[o, c, k] z[c, t + k dilation] for t < steps (a multiple of 32; out [O, >=
+    steps], O and C multiples of 32), w and z given by their parts (``a_tiles``: ``_weight_tiles``,
+    ``z_pqt``: ``_split_pair_into``), on this thread's tiles.  For each 32 outputs and 32 steps, four
+    float32 tiles of sums run through ``TILE_CONV_STEPS`` steps of the reduction (32 channels of one tap
+    each) before they are stored, and are loaded again for the next steps (a store and reload of the sums
+    every 7 steps cost a quarter of the multiplies' time: the store waits for the last multiply); each step
+    sums the six products of parts in an order that reloads one operand at a time (lh, mh, mm, hm, hl,
+    hh: a tile load waits for the multiplies still reading that tile, and reloading both each time
+    stalled the tiles 2.5 times longer).  The sums of an output are a float32 chain over its terms, in
+    the order of the reduction."""
+    S = a_tiles.shape[1]
+    O = a_tiles.shape[0] * 16
+    L = z_pqt.shape[2]
+    A, Z = a_tiles.reshape(-1), z_pqt.reshape(-1)
+    out = out_on.reshape(-1)
+    row = out_on.shape[1]
+    pz = z_pqt.shape[1] * L  # pairs of words per part of z
+    _tile_config(_tile_shapes())
+    blocks = S // K  # of 32 channels
+    chunk = max(1, TILE_CONV_STEPS // K)  # blocks summed in the tiles before they are stored
+    for b0 in range(0, blocks, chunk):
+        for o0 in range(0, O, 32):
+            for t0 in range(0, steps, 32):
+                c_first, c_second = o0 * row + t0, (o0 + 16) * row + t0
+                if b0 == 0:
+                    _zero_c0()
+                    _zero_c1()
+                    _zero_c2()
+                    _zero_c3()
+                else:
+                    _load_c0(out, c_first, 4 * row)
+                    _load_c1(out, c_first + 16, 4 * row)
+                    _load_c2(out, c_second, 4 * row)
+                    _load_c3(out, c_second + 16, 4 * row)
+                for s in range(b0 * K, min(b0 + chunk, blocks) * K):
+                    cb, k = s // K, s % K
+                    a = ((o0 // 16) * S + s) * 1536  # tile (o0 / 16, step s, part p): a + 512 p
+                    a2 = a + S * 1536  # outputs o0 + 16 ..
+                    z = cb * 16 * L + t0 + k * dilation  # pairs 16 cb .., steps t0 + k d ..
+                    _load_a4(A, a + 1024, 64)  # wl
+                    _load_a5(A, a2 + 1024, 64)
+                    _load_b6(Z, z, 4 * L)  # zh
+                    _load_b7(Z, z + 16, 4 * L)
+                    _dots_after_a()
+                    _load_a4(A, a + 512, 64)  # wm
+                    _load_a5(A, a2 + 512, 64)
+                    _dots_after_a()
+                    _load_b6(Z, pz + z, 4 * L)  # zm
+                    _load_b7(Z, pz + z + 16, 4 * L)
+                    _dots_after_b()
+                    _load_a4(A, a, 64)  # wh
+                    _load_a5(A, a2, 64)
+                    _dots_after_a()
+                    _load_b6(Z, 2 * pz + z, 4 * L)  # zl
+                    _load_b7(Z, 2 * pz + z + 16, 4 * L)
+                    _dots_after_b()
+                    _load_b6(Z, z, 4 * L)  # zh
+                    _load_b7(Z, z + 16, 4 * L)
+                    _dots_after_b()
+                _store_c0(out, c_first, 4 * row)
+                _store_c1(out, c_first + 16, 4 * row)
+                _store_c2(out, c_second, 4 * row)
+                _store_c3(out, c_second + 16, 4 * row)
+    _tile_release()
+
+
+@numba.njit(inline="always")
+def _dots_after_a():
+    """The four multiplies, those reading A tile 4 first (it is the next one reloaded)."""
+    _dot_c0()
+    _dot_c1()
+    _dot_c2()
+    _dot_c3()
+
+
+@numba.njit(inline="always")
+def _dots_after_b():
+    """The four multiplies, those reading B tile 6 first."""
+    _dot_c0()
+    _dot_c2()
+    _dot_c1()
+    _dot_c3()
+
+
+@numba.njit(inline="always")
+def _unit_scratch_words(C, steps, left):
+    """The 32-bit words a piece of ``steps`` (a multiple of 32) needs: both split signals, the sums, two rows."""
+    return (
+        3 * (C // 2) * (_pair_row_length(steps + left) + _pair_row_length(steps))
+        + C * _pair_row_length(steps)
+        + 2 * (left + steps)
+    )
+
+
+@numba.njit(inline="always")
+def _unit_scratch(scratch, C, steps, left, n):
+    """(z1 [3, C / 2, L1], sums [C, width] float32, z2 [3, C / 2, width], rows [2, left + n] float32): views
+    of ``scratch`` (each row of pairs and of sums an odd number of lines: ``_pair_row_length``)."""
+    L1, width = _pair_row_length(steps + left), _pair_row_length(steps)
+    s1, s2, s3 = 3 * (C // 2) * L1, C * width, 3 * (C // 2) * width
+    z1 = scratch[:s1].reshape((3, C // 2, L1))
+    h = scratch[s1 : s1 + s2].view(np.float32).reshape((C, width))
+    z2 = scratch[s1 + s2 : s1 + s2 + s3].reshape((3, C // 2, width))
+    rows = scratch[s1 + s2 + s3 : s1 + s2 + s3 + 2 * (left + n)].view(np.float32).reshape((2, left + n))
+    return z1, h, z2, rows
+
+
+_THREAD_WORDS = threading.local()
+
+
+def _thread_words(n: int):
+    """At least n 32-bit words of this thread's, kept from call to call (grown when too few)."""
+    words = getattr(_THREAD_WORDS, "words", None)
+    if words is None or words.shape[0] < n:
+        words = _THREAD_WORDS.words = np.empty(n, np.uint32)
+    return words
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation, context_cs, out_ct, scratch):
+    """The residual unit's output steps t0 .. t0 + n - 1 on the tiles: SnakeBeta_1 of the piece and its
+    (K - 1) dilation steps before (from ``context_cs`` before the push's start) split into the pair
+    layout, the k7 conv (``_tile_conv_into``), bias + SnakeBeta_2 split likewise, the 1x1 conv, then
+    bias + residual into ``out`` (the reference's order).  ``params_6c``: alpha, 1 / beta of both
+    SnakeBetas, the two biases; ``scratch``: this thread's words (``_unit_scratch_words``), which hold the
+    split signals, the sums and two rows (fresh arrays of a megabyte, first touched in every piece, were
+    a third of a piece's time)."""
+    C = x_ct.shape[0]
+    K = a1_tiles.shape[1] * 32 // C
+    left = (K - 1) * dilation
+    alpha1, inv_beta1, alpha2, inv_beta2 = params_6c[0], params_6c[1], params_6c[2], params_6c[3]
+    b1, b2 = params_6c[4], params_6c[5]
+    steps = (n + 31) // 32 * 32
+    z1, h, z2, rows = _unit_scratch(scratch, C, steps, left, n)
+    z1[:, :, left + n :] = 0
+    row_a, row_b = rows[0], rows[1]
+    for c in range(0, C, 2):
+        _snake_row_into(x_ct[c], T, t0 - left, np.float32(0.0), alpha1[c], inv_beta1[c], row_a)
+        _snake_row_into(x_ct[c + 1], T, t0 - left, np.float32(0.0), alpha1[c + 1], inv_beta1[c + 1], row_b)
+        for j in range(max(left - t0, 0)):  # before the push: the context (SnakeBeta's outputs already)
+            row_a[j], row_b[j] = context_cs[c, t0 + j], context_cs[c + 1, t0 + j]
+        _split_pair_into(row_a, row_b, c // 2, 0, z1)
+    _tile_conv_into(a1_tiles, z1, K, dilation, steps, h)
+    z2[:, :, n:] = 0
+    for c in range(0, C, 2):
+        _snake_row_into(h[c], n, 0, b1[c], alpha2[c], inv_beta2[c], row_a[:n])
+        _snake_row_into(h[c + 1], n, 0, b1[c + 1], alpha2[c + 1], inv_beta2[c + 1], row_b[:n])
+        _split_pair_into(row_a[:n], row_b[:n], c // 2, 0, z2)
+    g = h  # (h is all read: its rows are the 1x1 conv's output now)
+    _tile_conv_into(a2_tiles, z2, 1, 0, steps, g)
+    for c in range(C):
+        bias, g_n, x_n, out_n = b2[c], g[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
+        for j in range(n):
+            out_n[j] = (g_n[j] + bias) + x_n[j]
+
+
+def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct):
+    """``residual_unit_push``'s pieces on the tiles (``_unit_piece_on_tiles``), side by side, the weights
+    split once per call."""
+    B, C = out_bct.shape[:2]
+    K = w1_oik.shape[-1]
+    a1, a2 = _weight_tiles(w1_oik), _weight_tiles(w2_oi1)
+    if context_bcs is None:
+        context_bcs = np.zeros((B, C, (K - 1) * dilation), np.float32)
+    context_bcs = np.ascontiguousarray(context_bcs, dtype=np.float32)
+    n_piece = max(32, UNIT_TILE_VALUES // C // 32 * 32)
+    words = _unit_scratch_words(C, (n_piece + 31) // 32 * 32, (K - 1) * dilation)
+    run_pieces(
+        lambda b, t0: _unit_piece_on_tiles(
+            *(rows_bcs[b], T, t0, min(n_piece, T - t0), params_6c, a1, a2, dilation, context_bcs[b], out_bct[b]),
+            _thread_words(words),
+        ),
+        [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)],
+    )
+
+
+def _unit_takes_tiles(C: int, T: int) -> bool:
+    """Whether a residual unit runs on the tiles: granted (``USE_TILES``), whole tiles of channels, and a
+    signal long enough that splitting the weights (once per call) is a small part of it."""
+    return USE_TILES and C % 32 == 0 and T >= UNIT_TILES_MIN_STEPS
 
 
 MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)

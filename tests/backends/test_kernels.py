@@ -667,6 +667,110 @@ def test_linear_takes_the_tiles_for_a_prompt_and_keeps_infinities():
     np.testing.assert_array_equal(np.sign(got[np.isinf(ref)]), np.sign(ref[np.isinf(ref)]))
 
 
+@numba_cpu.numba.njit(fastmath=numba_cpu.FASTMATH)
+def _split_pairs_as_the_unit_does(a_t, b_t, parts_pqt):
+    """``_split_pair_into`` inlined into a function of the residual unit's fastmath flags (as
+    ``_unit_piece_on_tiles`` has it), for one pair of rows."""
+    numba_cpu._split_pair_into(a_t, b_t, 0, 0, parts_pqt)
+
+
+def test_pair_split_is_exact():
+    """Two channels' rows split into the B tiles' pairs (part p of a[t] in the low half of parts[p, 0, t], of
+    b[t] in the high half): hi + mid + lo = x exactly, each part a bf16 word, for values of every size,
+    signed zeros, the smallest normal and huge values; an infinity keeps its sign and a NaN stays a NaN
+    (in the hi part), the mid and lo parts of both 0."""
+    rng = np.random.default_rng(1)
+    special = [0.0, -0.0, 1.0, -3.14159, 1e-30, 1.17549435e-38, 3.4e38, -2.5e-12, 65504.123, np.inf, -np.inf, np.nan]
+    a = np.concatenate([rng.standard_normal(52) * np.exp(rng.uniform(-40, 40, 52)), special]).astype(np.float32)
+    b = -a[::-1].copy()
+    parts = np.zeros((3, 1, 64), np.uint32)
+    _split_pairs_as_the_unit_does(a, b, parts)
+    for half, x in ((0, a), (16, b)):
+        words = (parts[:, 0, :] >> np.uint32(half)) & np.uint32(0xFFFF)  # [p, t]
+        values = (words << np.uint32(16)).view(np.float32).astype(np.float64)
+        finite = np.isfinite(x)
+        np.testing.assert_array_equal(values.sum(axis=0)[finite], x[finite].astype(np.float64))
+        np.testing.assert_array_equal(values[0][np.isinf(x)], x[np.isinf(x)])
+        assert np.isnan(values[0][np.isnan(x)]).all()
+        assert not values[1:, ~finite].any()
+
+
+def _tile_conv(w_oik, z_ct, dilation, steps):
+    """``_tile_conv_into`` of a float32 weight and signal (split here as the residual unit splits them)."""
+    O, C, K = w_oik.shape
+    z_pqt = np.zeros((3, C // 2, numba_cpu._pair_row_length(z_ct.shape[1])), np.uint32)
+    for c in range(0, C, 2):
+        numba_cpu._split_pair_into(z_ct[c], z_ct[c + 1], c // 2, 0, z_pqt)
+    out = np.full((O, numba_cpu._pair_row_length(steps)), np.nan, np.float32)
+    numba_cpu._tile_conv_into(numba_cpu._weight_tiles(w_oik), z_pqt, K, dilation, steps, out)
+    return out[:, :steps]
+
+
+@needs_tiles
+@pytest.mark.parametrize(
+    "O, C, K, dilation, steps", [(32, 32, 7, 1, 32), (64, 64, 7, 9, 96), (32, 256, 7, 3, 64), (96, 96, 1, 0, 64)]
+)
+def test_tile_conv_within_the_bound(O, C, K, dilation, steps):
+    """The residual unit's conv on the tiles (weight and signal in three exact bf16 parts, six products of
+    parts summed in float32 tiles): within the reduction-length bound of the float64 conv, for one block of
+    channels, several, more than ``TILE_CONV_STEPS`` steps (256 channels x 7 taps: the sums stored and
+    taken up again) and a 1x1 conv."""
+    rng = np.random.default_rng(O + C + K + steps)
+    w = (rng.standard_normal((O, C, K)) / np.sqrt(C * K)).astype(np.float32)
+    z = rng.standard_normal((C, steps + (K - 1) * dilation)).astype(np.float32)
+    got = _tile_conv(w, z, dilation, steps)
+    taps = np.stack([z[:, k * dilation : k * dilation + steps] for k in range(K)], axis=1)  # [C, K, steps]
+    w64, taps64 = w.astype(np.float64).reshape(O, C * K), taps.astype(np.float64).reshape(C * K, steps)
+    exact = w64 @ taps64
+    bound = 2 * (C * K + 1) * np.finfo(np.float32).eps * (np.abs(w64) @ np.abs(taps64))
+    assert np.all(np.abs(got - exact) <= bound)
+    assert np.max(np.abs(got - exact) / (np.abs(w64) @ np.abs(taps64))) < 1e-6  # (a lost part: ~4e-3)
+
+
+@needs_tiles
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from((32, 64)),
+    st.integers(1, 200),
+    st.sampled_from((1, 3, 9)),
+    st.sampled_from((32, 64)),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_context, seed):
+    """The fused unit on the tiles (``_unit_takes_tiles`` made to take every length, pieces of ``piece``
+    steps so that the left context crosses their boundaries and the last piece is partial) against its
+    reference: within the float32 reference's own noise; a trimmed view read in place; the next context
+    the reference's, to the bit; and not the bits of the BLAS path (the tiles ran)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, C, T)).astype(np.float32)
+    args = (
+        *(rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5, rng.standard_normal((C, C, 7)) / np.sqrt(7 * C)),
+        *(rng.standard_normal(C) * 0.1, rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5),
+        *(rng.standard_normal((C, C, 1)) / np.sqrt(C), rng.standard_normal(C) * 0.1),
+    )
+    args32 = [a.astype(np.float32) for a in args]
+    context = rng.standard_normal((1, C, 6 * dilation)) if with_context else None
+    context32 = None if context is None else context.astype(np.float32)
+    with kernels.use_backend("numpy"):
+        ref, _ = codec_decoder.residual_unit_push(x, *args32, dilation, context32)
+        exact, _ = codec_decoder.residual_unit_push(x.astype(np.float64), *args, dilation, context)
+    with kernels.use_backend("numba"):
+        _, kept = codec_decoder.residual_unit_push.reference(x, *args32, dilation, context32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "UNIT_TILES_MIN_STEPS", 1)
+        mp.setattr(numba_cpu, "UNIT_TILE_VALUES", piece * C)
+        got, got_context = numba_cpu.residual_unit_push(x, *args32, dilation, context32)
+        trimmed = np.concatenate([x, np.full((1, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
+        assert np.array_equal(numba_cpu.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
+        mp.setattr(numba_cpu, "USE_TILES", False)
+        blas, _ = numba_cpu.residual_unit_push(x, *args32, dilation, context32)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    assert np.array_equal(got_context, kept)
+    assert T < 4 or not np.array_equal(got, blas)
+
+
 @pytest.mark.parametrize("I", [1024, 1040, 1001])
 @pytest.mark.parametrize("shift", [0, 1, 4, 8])
 def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
