@@ -1846,16 +1846,16 @@ def _bf16_parts(v):
     """The three bf16 words (hi, mid, lo) of a float32 v, hi + mid + lo = v exactly: hi = v with its low 16
     bits cleared, mid = the same of v - hi, lo = v - hi - mid (8 significant bits at most: a bf16 word
     exactly).  An infinity or a NaN is its hi part alone (a NaN kept a NaN: its payload may lie in the
-    cleared bits)."""
+    cleared bits).  Without branches (selects), so that loops over it vectorise."""
     low = np.uint32(0xFFFF0000)
     hi = _bits_of(v) & low
-    mid = lo = np.uint32(0)
-    if np.isfinite(v):
-        rest = v - _f32_from_bits(np.int32(hi))
-        mid = _bits_of(rest) & low
-        lo = _bits_of(rest - _f32_from_bits(np.int32(mid)))
-    elif v != v:
-        hi |= np.uint32(0x00400000)
+    rest = v - _f32_from_bits(np.int32(hi))  # (exact; NaN for an infinity or a NaN)
+    mid = _bits_of(rest) & low
+    lo = _bits_of(rest - _f32_from_bits(np.int32(mid)))
+    finite = abs(v) < np.inf
+    zero = np.uint32(0)
+    hi = hi if finite or v == v else hi | np.uint32(0x00400000)
+    mid, lo = (mid, lo) if finite else (zero, zero)
     return np.uint16(hi >> np.uint32(16)), np.uint16(mid >> np.uint32(16)), np.uint16(lo >> np.uint32(16))
 
 
@@ -1969,10 +1969,11 @@ UNIT_TILES_MIN_STEPS = 1024  # shorter signals (a streaming push) keep the BLAS 
 
 @numba.njit(cache=True, nogil=True)
 def _split_weight_into_tiles(w_oik, o0, o1, tiles_usprj):
-    """tiles[o // 16, b K + k, p, o % 16, j] = part p (``_bf16_parts``) of w[o, 32 b + j, k] for o0 <= o < o1:
-    the conv weight in three bf16 words, each A tile of ``_tile_conv_into`` (16 outputs x 32 channels of
-    one tap and one part) a contiguous kilobyte, in the order the kernel reads them (rows of 64 bytes
-    apart by the whole reduction, 10 KB at 768 channels, fell in 8 sets of the first-level cache)."""
+    """tiles[o // 16, b K + k, p, o % 16, j] = part p (``_bf16_parts``) of w[o, 32 b + j, k] for o0 <= o < o1
+    (multiples of 16): the conv weight in three bf16 words, each A tile of ``_tile_conv_into`` (16 outputs
+    x 32 channels of one tap and one part) a contiguous kilobyte, in the order the kernel reads them (rows
+    of 64 bytes apart by the whole reduction, 10 KB at 768 channels, fell in 8 sets of the first-level
+    cache)."""
     C, K = w_oik.shape[1], w_oik.shape[2]
     for o in range(o0, o1):
         for b in range(C // 32):
@@ -1995,34 +1996,17 @@ def _weight_tiles(w_oik):
     return tiles_usprj
 
 
-@numba.njit(inline="always")
-def _pair_word(a, b):
-    """The pair of bf16 words (b's in the high half) of two float32 values whose low 16 bits are clear."""
-    return (_bits_of(b) & np.uint32(0xFFFF0000)) | (_bits_of(a) >> np.uint32(16))
-
-
 @numba.njit(fastmath={"contract"}, inline="always")
 def _split_pair_into(a_t, b_t, q, start, parts_pqt):
-    """parts[p, q, start + t] = the pair of part p of a[t] (low half) and of b[t] (high half), for the
-    rows of channels 2 q and 2 q + 1: ``_bf16_parts`` without branches (the loop vectorises), the B
-    tiles' layout (each element two channels' words, time along the tile's 16 columns)."""
+    """parts[p, q, start + t] = the pair of part p (``_bf16_parts``) of a[t] (low half) and of b[t] (high
+    half), for the rows of channels 2 q and 2 q + 1: the B tiles' layout (each element two channels'
+    words, time along the tile's 16 columns)."""
     for t in range(a_t.shape[0]):
-        a, b = a_t[t], b_t[t]
-        a_hi, b_hi = (
-            _f32_from_bits(np.int32(_bits_of(a) & np.uint32(0xFFFF0000))),
-            _f32_from_bits(np.int32(_bits_of(b) & np.uint32(0xFFFF0000))),
-        )
-        a_rest, b_rest = a - a_hi, b - b_hi  # (exact; NaN for an infinity or a NaN)
-        a_mid = _f32_from_bits(np.int32(_bits_of(a_rest) & np.uint32(0xFFFF0000)))
-        b_mid = _f32_from_bits(np.int32(_bits_of(b_rest) & np.uint32(0xFFFF0000)))
-        a_lo, b_lo = a_rest - a_mid, b_rest - b_mid
-        a_fin, b_fin = abs(a) < np.inf, abs(b) < np.inf
-        a_hi = a_hi if a_fin or a == a else np.float32(np.nan)  # a NaN stays a NaN (its payload may be cleared)
-        b_hi = b_hi if b_fin or b == b else np.float32(np.nan)
-        zero = np.float32(0.0)
-        parts_pqt[0, q, start + t] = _pair_word(a_hi, b_hi)
-        parts_pqt[1, q, start + t] = _pair_word(a_mid if a_fin else zero, b_mid if b_fin else zero)
-        parts_pqt[2, q, start + t] = _pair_word(a_lo if a_fin else zero, b_lo if b_fin else zero)
+        a_hi, a_mid, a_lo = _bf16_parts(a_t[t])
+        b_hi, b_mid, b_lo = _bf16_parts(b_t[t])
+        parts_pqt[0, q, start + t] = (np.uint32(b_hi) << np.uint32(16)) | np.uint32(a_hi)
+        parts_pqt[1, q, start + t] = (np.uint32(b_mid) << np.uint32(16)) | np.uint32(a_mid)
+        parts_pqt[2, q, start + t] = (np.uint32(b_lo) << np.uint32(16)) | np.uint32(a_lo)
 
 
 @numba.njit(inline="always")
