@@ -2027,7 +2027,9 @@ def _tile_conv_into(a_tiles, z_pqt, K, dilation, steps, out_on):
     sums the six products of parts in an order that reloads one operand at a time (lh, mh, mm, hm, hl,
     hh: a tile load waits for the multiplies still reading that tile, and reloading both each time
     stalled the tiles 2.5 times longer).  The sums of an output are a float32 chain over its terms, in
-    the order of the reduction."""
+    the order of the reduction.  A NaN in z gives NaN as the float32 product does; an infinity would give
+    NaN too where a weight's mid or lo part is 0 (0 x inf), but none reaches it: SnakeBeta of an infinity
+    is NaN."""
     S = a_tiles.shape[1]
     O = a_tiles.shape[0] * 16
     L = z_pqt.shape[2]
