@@ -676,10 +676,10 @@ def _elu_taps(x_ct, first: int, stride: int, dilation: int, K: int, n: int):
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _add_bias_and_split_into(h_on, bias_o, negative_on):
-    """h = h + bias and negative = min(h + bias, 0), in one pass (the first half of an ELU after a bias; a NaN
-    stays NaN in both, as with ``np.minimum``)."""
+    """h = h + bias and negative = min(h + bias, 0), in one pass, over negative's columns (h may be wider: the
+    tiles' sums; the first half of an ELU after a bias; a NaN stays NaN in both, as with ``np.minimum``)."""
     for o in range(h_on.shape[0]):
-        bias, h_n, negative_n = bias_o[o], h_on[o], negative_on[o]
+        bias, h_n, negative_n = bias_o[o], h_on[o, : negative_on.shape[1]], negative_on[o]
         for j in range(h_n.shape[0]):
             y = h_n[j] + bias
             h_n[j] = y
@@ -713,6 +713,9 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
     out_bct = new_output((B, C, T))
+    if _block_takes_tiles(C, H, T):
+        _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
+        return out_bct
 
     def piece(b, t0):
         n = min(n_piece, T - t0)
@@ -2105,26 +2108,27 @@ def _dots_after_b():
 
 
 @numba.njit(inline="always")
-def _unit_scratch_words(C, steps, left):
-    """The 32-bit words a piece of ``steps`` (a multiple of 32) needs: both split signals, the sums, two rows."""
-    return (
-        3 * (C // 2) * (_pair_row_length(steps + left) + _pair_row_length(steps))
-        + C * _pair_row_length(steps)
-        + 2 * (left + steps)
-    )
+def _unit_scratch_words(C, H, steps, left):
+    """The 32-bit words a piece of ``steps`` (a multiple of 32) of a C -> H -> C unit needs (``_unit_scratch``)."""
+    L1, width = _pair_row_length(steps + left), _pair_row_length(steps)
+    return 3 * (C // 2) * L1 + H * width + 3 * (H // 2) * width + C * width + 2 * (left + steps)
 
 
 @numba.njit(inline="always")
-def _unit_scratch(scratch, C, steps, left, n):
-    """(z1 [3, C / 2, L1], sums [C, width] float32, z2 [3, C / 2, width], rows [2, left + n] float32): views
-    of ``scratch`` (each row of pairs and of sums an odd number of lines: ``_pair_row_length``)."""
+def _unit_scratch(scratch, C, H, steps, left, n):
+    """Views of ``scratch`` for a piece of a C -> H -> C unit (each row of pairs and of sums an odd number of
+    lines: ``_pair_row_length``): z1 [3, C / 2, L1] (the first conv's split input), h [H, width] float32
+    (its sums), z2 [3, H / 2, width] (the second conv's split input), g [C, width] float32 (its sums) and
+    two rows [2, left + n] float32."""
     L1, width = _pair_row_length(steps + left), _pair_row_length(steps)
-    s1, s2, s3 = 3 * (C // 2) * L1, C * width, 3 * (C // 2) * width
+    s1, s2, s3, s4 = 3 * (C // 2) * L1, H * width, 3 * (H // 2) * width, C * width
     z1 = scratch[:s1].reshape((3, C // 2, L1))
-    h = scratch[s1 : s1 + s2].view(np.float32).reshape((C, width))
-    z2 = scratch[s1 + s2 : s1 + s2 + s3].reshape((3, C // 2, width))
-    rows = scratch[s1 + s2 + s3 : s1 + s2 + s3 + 2 * (left + n)].view(np.float32).reshape((2, left + n))
-    return z1, h, z2, rows
+    h = scratch[s1 : s1 + s2].view(np.float32).reshape((H, width))
+    z2 = scratch[s1 + s2 : s1 + s2 + s3].reshape((3, H // 2, width))
+    g = scratch[s1 + s2 + s3 : s1 + s2 + s3 + s4].view(np.float32).reshape((C, width))
+    end = s1 + s2 + s3 + s4
+    rows = scratch[end : end + 2 * (left + n)].view(np.float32).reshape((2, left + n))
+    return z1, h, z2, g, rows
 
 
 _THREAD_WORDS = threading.local()
@@ -2153,7 +2157,7 @@ def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation
     alpha1, inv_beta1, alpha2, inv_beta2 = params_6c[0], params_6c[1], params_6c[2], params_6c[3]
     b1, b2 = params_6c[4], params_6c[5]
     steps = (n + 31) // 32 * 32
-    z1, h, z2, rows = _unit_scratch(scratch, C, steps, left, n)
+    z1, h, z2, g, rows = _unit_scratch(scratch, C, C, steps, left, n)
     z1[:, :, left + n :] = 0
     row_a, row_b = rows[0], rows[1]
     for c in range(0, C, 2):
@@ -2168,7 +2172,6 @@ def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation
         _snake_row_into(h[c], n, 0, b1[c], alpha2[c], inv_beta2[c], row_a[:n])
         _snake_row_into(h[c + 1], n, 0, b1[c + 1], alpha2[c + 1], inv_beta2[c + 1], row_b[:n])
         _split_pair_into(row_a[:n], row_b[:n], c // 2, 0, z2)
-    g = h  # (h is all read: its rows are the 1x1 conv's output now)
     _tile_conv_into(a2_tiles, z2, 1, 0, steps, g)
     for c in range(C):
         bias, g_n, x_n, out_n = b2[c], g[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
@@ -2186,7 +2189,7 @@ def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, co
         context_bcs = np.zeros((B, C, (K - 1) * dilation), np.float32)
     context_bcs = np.ascontiguousarray(context_bcs, dtype=np.float32)
     n_piece = max(32, UNIT_TILE_VALUES // C // 32 * 32)
-    words = _unit_scratch_words(C, (n_piece + 31) // 32 * 32, (K - 1) * dilation)
+    words = _unit_scratch_words(C, C, (n_piece + 31) // 32 * 32, (K - 1) * dilation)
     run_pieces(
         lambda b, t0: _unit_piece_on_tiles(
             *(rows_bcs[b], T, t0, min(n_piece, T - t0), params_6c, a1, a2, dilation, context_bcs[b], out_bct[b]),
@@ -2200,6 +2203,88 @@ def _unit_takes_tiles(C: int, T: int) -> bool:
     """Whether a residual unit runs on the tiles: granted (``USE_TILES``), whole tiles of channels, and a
     signal long enough that splitting the weights (once per call) is a small part of it."""
     return USE_TILES and C % 32 == 0 and T >= UNIT_TILES_MIN_STEPS
+
+
+# ------------------------------------------------------------------------- the encoder's residual block on the tiles
+
+
+BLOCK_TILE_VALUES = 1 << 18  # channels x steps of a piece (C = 64: 4096 steps; its Python steps cost ~0.1 ms a piece)
+
+
+@numba.njit(fastmath={"contract"}, cache=True, nogil=True)
+def _split_elu_rows_into(x_ct, negative_cs, a, start, rows, z_pqt):
+    """z[p, c // 2, j] (``_split_pair_into``) of ELU(x[c, start + j]) for j < m (rows [2, m]: the pair's two
+    rows, written here), 0 where start + j lies outside x[:, :a + negative's length] (the causal zero padding;
+    ELU(0) = 0) and in z's rows beyond m: the ELU as ``_stack_elu_taps_into`` takes it (x where x > 0, else
+    NumPy's expm1 of min(x, 0), ``negative_cs``, from x's sample a on)."""
+    C = x_ct.shape[0]
+    m = rows.shape[1]
+    end = a + negative_cs.shape[1]
+    j0, j1 = min(max(a - start, 0), m), max(min(end - start, m), 0)  # x is read for j0 <= j < j1
+    z_pqt[:, :, m:] = 0
+    for c in range(0, C, 2):
+        for r in range(2):
+            row = rows[r]
+            row[:j0] = 0.0
+            if j1 > j0:  # (views from index 0, the loop vectorises)
+                x_m, neg_m, out_m = (
+                    x_ct[c + r, start + j0 : start + j1],
+                    negative_cs[c + r, start + j0 - a :],
+                    row[j0:j1],
+                )
+                for j in range(out_m.shape[0]):
+                    v = x_m[j]
+                    out_m[j] = v if v > 0 else neg_m[j]
+            row[max(j1, j0) :] = 0.0
+        _split_pair_into(rows[0], rows[1], c // 2, 0, z_pqt)
+
+
+def _resnet_piece_on_tiles(x_ct, t0, n, a1_tiles, b1_o, a2_tiles, b2_o, dilation, out_ct, scratch):
+    """``resnet_block_offline``'s output steps t0 .. t0 + n - 1 on the tiles: ELU of the piece and its (K - 1)
+    dilation samples before split into the pair layout (``_split_elu_rows_into``), the k3 conv C -> H
+    (``_tile_conv_into``), bias + ELU split likewise, the 1x1 conv H -> C, then bias + residual into ``out``;
+    the ELUs are ``elu``'s own operations (NumPy's expm1), as the OpenBLAS path takes them."""
+    C, T = x_ct.shape
+    H = a1_tiles.shape[0] * 16
+    K = a1_tiles.shape[1] * 32 // C
+    left = (K - 1) * dilation
+    steps = (n + 31) // 32 * 32
+    z1, h, z2, g, rows = _unit_scratch(scratch, C, H, steps, left, n)
+    a, end = max(t0 - left, 0), min(t0 + n, T)
+    negative_cs = np.minimum(x_ct[:, a:end], 0)
+    np.expm1(negative_cs, out=negative_cs)
+    _split_elu_rows_into(x_ct, negative_cs, a, t0 - left, rows, z1)
+    _tile_conv_into(a1_tiles, z1, K, dilation, steps, h)
+    negative_hn = np.empty((H, n), np.float32)
+    _add_bias_and_split_into(h, b1_o, negative_hn)  # h + b1, and min(h + b1, 0), for the n steps
+    np.expm1(negative_hn, out=negative_hn)
+    _split_elu_rows_into(h, negative_hn, 0, 0, rows.reshape(-1)[: 2 * n].reshape(2, n), z2)  # ELU(h + b1)
+    _tile_conv_into(a2_tiles, z2, 1, 0, steps, g)
+    _add_bias_and_residual(g[:, :n], b2_o, x_ct, t0, out_ct)
+
+
+def _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct):
+    """``resnet_block_offline``'s pieces on the tiles (``_resnet_piece_on_tiles``), side by side, the weights
+    split once per call."""
+    B, C, T = x_bct.shape
+    H, _, K = w1_oik.shape
+    a1, a2 = _weight_tiles(w1_oik), _weight_tiles(w2_oi1)
+    n_piece = max(32, BLOCK_TILE_VALUES // C // 32 * 32)
+    words = _unit_scratch_words(C, H, (n_piece + 31) // 32 * 32, (K - 1) * dilation)
+    x_bct = np.ascontiguousarray(x_bct)
+    b1_o, b2_o = np.ascontiguousarray(b1_o, dtype=np.float32), np.ascontiguousarray(b2_o, dtype=np.float32)
+    run_pieces(
+        lambda b, t0: _resnet_piece_on_tiles(
+            x_bct[b], t0, min(n_piece, T - t0), a1, b1_o, a2, b2_o, dilation, out_bct[b], _thread_words(words)
+        ),
+        [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)],
+    )
+
+
+def _block_takes_tiles(C: int, H: int, T: int) -> bool:
+    """Whether a C -> H -> C residual block runs on the tiles: granted, whole tiles of channels both ways,
+    and at least ``UNIT_TILES_MIN_STEPS`` steps (its weights split once per call)."""
+    return USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= UNIT_TILES_MIN_STEPS
 
 
 MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)

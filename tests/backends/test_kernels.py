@@ -771,6 +771,46 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
     assert T < 4 or not np.array_equal(got, blas)
 
 
+@needs_tiles
+@settings(max_examples=10, deadline=None)
+@given(
+    st.sampled_from((64, 128)),
+    st.integers(1, 300),
+    st.sampled_from((1, 2, 3)),
+    st.sampled_from((32, 64)),
+    st.integers(0, 2**31),
+)
+def test_resnet_block_on_tiles_equals_reference(C, T, dilation, piece, seed):
+    """The encoder's block on the tiles (``_block_takes_tiles`` made to take every length, pieces of ``piece``
+    steps so that the left context crosses their boundaries and the last piece is partial) against its
+    reference: within the float32 reference's own noise, not the bits of the BLAS path (the tiles ran); a
+    NaN spoils the same outputs on both sides."""
+    H = C // 2
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, C, T)).astype(np.float32)
+    args = (rng.standard_normal((H, C, 3)) / np.sqrt(3 * C), rng.standard_normal(H) * 0.1)
+    args += (rng.standard_normal((C, H, 1)) / np.sqrt(H), rng.standard_normal(C) * 0.1)
+    args32 = [a.astype(np.float32) for a in args]
+    with kernels.use_backend("numpy"):
+        ref = codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
+        exact = codec_encoder.resnet_block_offline(x.astype(np.float64), *args, dilation, "constant")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "UNIT_TILES_MIN_STEPS", 1)
+        mp.setattr(numba_cpu, "BLOCK_TILE_VALUES", piece * C)
+        got = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
+        x_nan = x.copy()
+        x_nan[0, 0, T // 2] = np.nan
+        got_nan = numba_cpu.resnet_block_offline(x_nan, *args32, dilation, "constant")
+        mp.setattr(numba_cpu, "USE_TILES", False)
+        blas = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    assert T < 4 or not np.array_equal(got, blas)
+    with kernels.use_backend("numpy"):
+        nan_ref = np.isnan(codec_encoder.resnet_block_offline(x_nan, *args32, dilation, "constant"))
+    np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
+
+
 @pytest.mark.parametrize("I", [1024, 1040, 1001])
 @pytest.mark.parametrize("shift", [0, 1, 4, 8])
 def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
