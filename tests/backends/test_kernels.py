@@ -188,21 +188,10 @@ def test_conv_transpose1d_twin_leaves_other_tap_counts_to_the_reference():
     assert np.array_equal(nn.conv_transpose1d(x, w, None, 2), nn.conv_transpose1d.reference(x, w, None, 2))
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.integers(1, 2),
-    st.integers(1, 12),
-    st.integers(1, 60),
-    st.sampled_from((1, 3, 9)),
-    st.integers(1, 25),
-    st.booleans(),
-    st.integers(0, 2**31),
-)
-def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_context, seed):
-    """The fused unit against its reference (run on the plain formulas), pieces of ``tile`` steps so that
-    the left context crosses piece boundaries, at the signal's start or after a push (a context): within the
-    float32 reference's own noise (``within_float32_noise``); the next context is what the
-    numba path primitive by primitive keeps, to the bit."""
+def _residual_unit_case(seed, B, C, T, dilation, with_context):
+    """A random residual unit's input, arguments (float64 and float32), left context (or None; both types),
+    and the reference's outputs: float32, float64, and the next context the numba path keeps primitive by
+    primitive."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, C, T)).astype(np.float32)
     args = (
@@ -218,6 +207,38 @@ def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_conte
         exact, _ = codec_decoder.residual_unit_push(x.astype(np.float64), *args, dilation, context)
     with kernels.use_backend("numba"):
         _, kept = codec_decoder.residual_unit_push.reference(x, *args32, dilation, context32)
+    return x, args, args32, context, context32, ref, exact, kept
+
+
+def _resnet_block_case(seed, B, C, H, T, dilation):
+    """A random encoder block's input, float32 arguments and the reference's float32 and float64 outputs."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    args = (rng.standard_normal((H, C, 3)) / np.sqrt(3 * C), rng.standard_normal(H) * 0.1)
+    args += (rng.standard_normal((C, H, 1)) / np.sqrt(H), rng.standard_normal(C) * 0.1)
+    args32 = [a.astype(np.float32) for a in args]
+    with kernels.use_backend("numpy"):
+        ref = codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
+        exact = codec_encoder.resnet_block_offline(x.astype(np.float64), *args, dilation, "constant")
+    return x, args32, ref, exact
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 12),
+    st.integers(1, 60),
+    st.sampled_from((1, 3, 9)),
+    st.integers(1, 25),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_context, seed):
+    """The fused unit against its reference (run on the plain formulas), pieces of ``tile`` steps so that
+    the left context crosses piece boundaries, at the signal's start or after a push (a context): within the
+    float32 reference's own noise (``within_float32_noise``); the next context is what the
+    numba path primitive by primitive keeps, to the bit."""
+    x, args, args32, context, context32, ref, exact, kept = _residual_unit_case(seed, B, C, T, dilation, with_context)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu, "UNIT_TILE", tile)
         got, got_context = numba_cpu.residual_unit_push(x, *args32, dilation, context32)
@@ -283,14 +304,7 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
     """The fused encoder block against its reference (the plain formulas), in pieces of 256 steps (the
     smallest) so that the left context crosses piece boundaries: within the float32 reference's own noise
     (``within_float32_noise``); other pad modes and missing biases go to the reference."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((B, C, T)).astype(np.float32)
-    args = (rng.standard_normal((H, C, 3)) / np.sqrt(3 * C), rng.standard_normal(H) * 0.1)
-    args += (rng.standard_normal((C, H, 1)) / np.sqrt(H), rng.standard_normal(C) * 0.1)
-    args32 = [a.astype(np.float32) for a in args]
-    with kernels.use_backend("numpy"):
-        ref = codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
-        exact = codec_encoder.resnet_block_offline(x.astype(np.float64), *args, dilation, "constant")
+    x, args32, ref, exact = _resnet_block_case(seed, B, C, H, T, dilation)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
         got = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
@@ -742,21 +756,7 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
     steps so that the left context crosses their boundaries and the last piece is partial) against its
     reference: within the float32 reference's own noise; a trimmed view read in place; the next context
     the reference's, to the bit; and not the bits of the BLAS path (the tiles ran)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, C, T)).astype(np.float32)
-    args = (
-        *(rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5, rng.standard_normal((C, C, 7)) / np.sqrt(7 * C)),
-        *(rng.standard_normal(C) * 0.1, rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5),
-        *(rng.standard_normal((C, C, 1)) / np.sqrt(C), rng.standard_normal(C) * 0.1),
-    )
-    args32 = [a.astype(np.float32) for a in args]
-    context = rng.standard_normal((1, C, 6 * dilation)) if with_context else None
-    context32 = None if context is None else context.astype(np.float32)
-    with kernels.use_backend("numpy"):
-        ref, _ = codec_decoder.residual_unit_push(x, *args32, dilation, context32)
-        exact, _ = codec_decoder.residual_unit_push(x.astype(np.float64), *args, dilation, context)
-    with kernels.use_backend("numba"):
-        _, kept = codec_decoder.residual_unit_push.reference(x, *args32, dilation, context32)
+    x, _, args32, _, context32, ref, exact, kept = _residual_unit_case(seed, 1, C, T, dilation, with_context)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu, "UNIT_TILES_MIN_STEPS", 1)
         mp.setattr(numba_cpu, "UNIT_TILE_VALUES", piece * C)
@@ -785,15 +785,7 @@ def test_resnet_block_on_tiles_equals_reference(C, T, dilation, piece, seed):
     steps so that the left context crosses their boundaries and the last piece is partial) against its
     reference: within the float32 reference's own noise, not the bits of the BLAS path (the tiles ran); a
     NaN spoils the same outputs on both sides."""
-    H = C // 2
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, C, T)).astype(np.float32)
-    args = (rng.standard_normal((H, C, 3)) / np.sqrt(3 * C), rng.standard_normal(H) * 0.1)
-    args += (rng.standard_normal((C, H, 1)) / np.sqrt(H), rng.standard_normal(C) * 0.1)
-    args32 = [a.astype(np.float32) for a in args]
-    with kernels.use_backend("numpy"):
-        ref = codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
-        exact = codec_encoder.resnet_block_offline(x.astype(np.float64), *args, dilation, "constant")
+    x, args32, ref, exact = _resnet_block_case(seed, 1, C, C // 2, T, dilation)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu, "UNIT_TILES_MIN_STEPS", 1)
         mp.setattr(numba_cpu, "BLOCK_TILE_VALUES", piece * C)
