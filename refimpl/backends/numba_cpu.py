@@ -7,7 +7,7 @@ Two kinds of twin live here:
 - for generation, Numba kernels on bfloat16 weights kept as stored (the Talker's and the code predictor's
   matrix-vector products read half the bytes): ``linear`` and ``decoder_layer_step``, on Numba's
   parallel loops, and a prompt's products on the AMX tile registers where the processor has them (and the
-  codec decoder's residual units);
+  codec decoder's residual units and the encoder's residual blocks: float32 products on exact bf16 parts);
 - for the codecs, pieces of time that run side by side on Python threads, BLAS held to one thread per call
   meanwhile (``run_pieces``): ``conv1d`` and ``conv_transpose1d`` as one matrix product per piece, the
   decoder's residual unit and the encoder's residual block each in one call, SnakeBeta (NumPy's float32
@@ -1999,16 +1999,16 @@ def _weight_tiles(w_oik):
 
 
 @numba.njit(fastmath={"contract"}, inline="always")
-def _split_pair_into(a_t, b_t, q, start, parts_pqt):
-    """parts[p, q, start + t] = the pair of part p (``_bf16_parts``) of a[t] (low half) and of b[t] (high
+def _split_pair_into(a_t, b_t, q, parts_pqt):
+    """parts[p, q, t] = the pair of part p (``_bf16_parts``) of a[t] (low half) and of b[t] (high
     half), for the rows of channels 2 q and 2 q + 1: the B tiles' layout (each element two channels'
     words, time along the tile's 16 columns)."""
     for t in range(a_t.shape[0]):
         a_hi, a_mid, a_lo = _bf16_parts(a_t[t])
         b_hi, b_mid, b_lo = _bf16_parts(b_t[t])
-        parts_pqt[0, q, start + t] = (np.uint32(b_hi) << np.uint32(16)) | np.uint32(a_hi)
-        parts_pqt[1, q, start + t] = (np.uint32(b_mid) << np.uint32(16)) | np.uint32(a_mid)
-        parts_pqt[2, q, start + t] = (np.uint32(b_lo) << np.uint32(16)) | np.uint32(a_lo)
+        parts_pqt[0, q, t] = (np.uint32(b_hi) << np.uint32(16)) | np.uint32(a_hi)
+        parts_pqt[1, q, t] = (np.uint32(b_mid) << np.uint32(16)) | np.uint32(a_mid)
+        parts_pqt[2, q, t] = (np.uint32(b_lo) << np.uint32(16)) | np.uint32(a_lo)
 
 
 @numba.njit(inline="always")
@@ -2165,13 +2165,13 @@ def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation
         _snake_row_into(x_ct[c + 1], T, t0 - left, np.float32(0.0), alpha1[c + 1], inv_beta1[c + 1], row_b)
         for j in range(max(left - t0, 0)):  # before the push: the context (SnakeBeta's outputs already)
             row_a[j], row_b[j] = context_cs[c, t0 + j], context_cs[c + 1, t0 + j]
-        _split_pair_into(row_a, row_b, c // 2, 0, z1)
+        _split_pair_into(row_a, row_b, c // 2, z1)
     _tile_conv_into(a1_tiles, z1, K, dilation, steps, h)
     z2[:, :, n:] = 0
     for c in range(0, C, 2):
         _snake_row_into(h[c], n, 0, b1[c], alpha2[c], inv_beta2[c], row_a[:n])
         _snake_row_into(h[c + 1], n, 0, b1[c + 1], alpha2[c + 1], inv_beta2[c + 1], row_b[:n])
-        _split_pair_into(row_a[:n], row_b[:n], c // 2, 0, z2)
+        _split_pair_into(row_a[:n], row_b[:n], c // 2, z2)
     _tile_conv_into(a2_tiles, z2, 1, 0, steps, g)
     for c in range(C):
         bias, g_n, x_n, out_n = b2[c], g[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
@@ -2236,7 +2236,7 @@ def _split_elu_rows_into(x_ct, negative_cs, a, start, rows, z_pqt):
                     v = x_m[j]
                     out_m[j] = v if v > 0 else neg_m[j]
             row[max(j1, j0) :] = 0.0
-        _split_pair_into(rows[0], rows[1], c // 2, 0, z_pqt)
+        _split_pair_into(rows[0], rows[1], c // 2, z_pqt)
 
 
 def _resnet_piece_on_tiles(x_ct, t0, n, a1_tiles, b1_o, a2_tiles, b2_o, dilation, out_ct, scratch):

@@ -685,7 +685,7 @@ def test_linear_takes_the_tiles_for_a_prompt_and_keeps_infinities():
 def _split_pairs_as_the_unit_does(a_t, b_t, parts_pqt):
     """``_split_pair_into`` inlined into a function of the residual unit's fastmath flags (as
     ``_unit_piece_on_tiles`` has it), for one pair of rows."""
-    numba_cpu._split_pair_into(a_t, b_t, 0, 0, parts_pqt)
+    numba_cpu._split_pair_into(a_t, b_t, 0, parts_pqt)
 
 
 def test_pair_split_is_exact():
@@ -714,7 +714,7 @@ def _tile_conv(w_oik, z_ct, dilation, steps):
     O, C, K = w_oik.shape
     z_pqt = np.zeros((3, C // 2, numba_cpu._pair_row_length(z_ct.shape[1])), np.uint32)
     for c in range(0, C, 2):
-        numba_cpu._split_pair_into(z_ct[c], z_ct[c + 1], c // 2, 0, z_pqt)
+        numba_cpu._split_pair_into(z_ct[c], z_ct[c + 1], c // 2, z_pqt)
     out = np.full((O, numba_cpu._pair_row_length(steps)), np.nan, np.float32)
     numba_cpu._tile_conv_into(numba_cpu._weight_tiles(w_oik), z_pqt, K, dilation, steps, out)
     return out[:, :steps]
