@@ -747,6 +747,9 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     w_m = np.ascontiguousarray(w_oik.reshape(O, C * K))  # column c * K + k: the order of the stacked taps
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
     out_bot = new_output((B, O, T_out))
+    if _block_takes_tiles(O, C, T_out):
+        _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot)
+        return out_bot
 
     def piece(b, t0):
         n = min(n_piece, T_out - t0)
@@ -2020,10 +2023,12 @@ def _pair_row_length(steps):
 
 
 @numba.njit(cache=True, nogil=True)
-def _tile_conv_into(a_tiles, z_pqt, K, dilation, steps, out_on):
+def _tile_conv_into(a_tiles, z_pqt, K, dilation, stride, steps, out_on):
     """out[o, t] = sum_k sum_c w[o, c, k] z[c, t + k dilation] for t < steps (a multiple of 32; out [O, >=
     steps], O and C multiples of 32), w and z given by their parts (``a_tiles``: ``_weight_tiles``,
-    ``z_pqt``: ``_split_pair_into``), on this thread's tiles.  For each 32 outputs and 32 steps, four
+    ``z_pqt``: ``_split_pair_into``), on this thread's tiles.  With a stride s, z holds s phases one after
+    the other (rows p C / 2 .. of pairs: the samples t s + p of the input) and tap k reads phase k % s at
+    the offset k // s.  For each 32 outputs and 32 steps, four
     float32 tiles of sums run through ``TILE_CONV_STEPS`` steps of the reduction (32 channels of one tap
     each) before they are stored, and are loaded again for the next steps (a store and reload of the sums
     every 7 steps cost a quarter of the multiplies' time: the store waits for the last multiply); each step
@@ -2040,6 +2045,7 @@ def _tile_conv_into(a_tiles, z_pqt, K, dilation, steps, out_on):
     out = out_on.reshape(-1)
     row = out_on.shape[1]
     pz = z_pqt.shape[1] * L  # pairs of words per part of z
+    phase = pz // stride  # pairs of words per phase
     _tile_config(_tile_shapes())
     blocks = S // K  # of 32 channels
     chunk = max(1, TILE_CONV_STEPS // K)  # blocks summed in the tiles before they are stored
@@ -2061,7 +2067,7 @@ def _tile_conv_into(a_tiles, z_pqt, K, dilation, steps, out_on):
                     cb, k = s // K, s % K
                     a = ((o0 // 16) * S + s) * 1536  # tile (o0 / 16, step s, part p): a + 512 p
                     a2 = a + S * 1536  # outputs o0 + 16 ..
-                    z = cb * 16 * L + t0 + k * dilation  # pairs 16 cb .., steps t0 + k d ..
+                    z = cb * 16 * L + t0 + (k % stride) * phase + (k // stride) * dilation  # (pairs 16 cb ..)
                     _load_a4(A, a + 1024, 64)  # wl
                     _load_a5(A, a2 + 1024, 64)
                     _load_b6(Z, z, 4 * L)  # zh
@@ -2166,13 +2172,13 @@ def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation
         for j in range(max(left - t0, 0)):  # before the push: the context (SnakeBeta's outputs already)
             row_a[j], row_b[j] = context_cs[c, t0 + j], context_cs[c + 1, t0 + j]
         _split_pair_into(row_a, row_b, c // 2, z1)
-    _tile_conv_into(a1_tiles, z1, K, dilation, steps, h)
+    _tile_conv_into(a1_tiles, z1, K, dilation, 1, steps, h)
     z2[:, :, n:] = 0
     for c in range(0, C, 2):
         _snake_row_into(h[c], n, 0, b1[c], alpha2[c], inv_beta2[c], row_a[:n])
         _snake_row_into(h[c + 1], n, 0, b1[c + 1], alpha2[c + 1], inv_beta2[c + 1], row_b[:n])
         _split_pair_into(row_a[:n], row_b[:n], c // 2, z2)
-    _tile_conv_into(a2_tiles, z2, 1, 0, steps, g)
+    _tile_conv_into(a2_tiles, z2, 1, 0, 1, steps, g)
     for c in range(C):
         bias, g_n, x_n, out_n = b2[c], g[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
         for j in range(n):
@@ -2264,13 +2270,13 @@ def _resnet_piece_on_tiles(x_ct, t0, n, a1_tiles, b1_o, a2_tiles, b2_o, dilation
         _elu_row_into(x_ct[c], T, t0 - left, zero, row_a)
         _elu_row_into(x_ct[c + 1], T, t0 - left, zero, row_b)
         _split_pair_into(row_a, row_b, c // 2, z1)
-    _tile_conv_into(a1_tiles, z1, K, dilation, steps, h)
+    _tile_conv_into(a1_tiles, z1, K, dilation, 1, steps, h)
     z2[:, :, n:] = 0
     for c in range(0, H, 2):
         _elu_row_into(h[c], n, 0, b1_o[c], row_a[:n])
         _elu_row_into(h[c + 1], n, 0, b1_o[c + 1], row_b[:n])
         _split_pair_into(row_a[:n], row_b[:n], c // 2, z2)
-    _tile_conv_into(a2_tiles, z2, 1, 0, steps, g)
+    _tile_conv_into(a2_tiles, z2, 1, 0, 1, steps, g)
     for c in range(C):
         bias, g_n, x_n, out_n = b2_o[c], g[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
         for j in range(n):
@@ -2292,6 +2298,68 @@ def _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
             x_bct[b], t0, min(n_piece, T - t0), a1, b1_o, a2, b2_o, dilation, out_bct[b], _thread_words(words)
         ),
         [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)],
+    )
+
+
+@numba.njit(inline="always")
+def _elu_conv_scratch_words(C, O, K, stride, n):
+    """The 32-bit words a piece of n outputs of ``_elu_conv_piece_on_tiles`` needs (its views, in order: the
+    split phases, the sums, two rows of the ELU's span, two rows of one phase)."""
+    steps, m = (n + 31) // 32 * 32, n + (K - 1) // stride
+    L = _pair_row_length(steps + (K - 1) // stride)
+    return 3 * stride * (C // 2) * L + O * _pair_row_length(steps) + 2 * m * stride + 2 * m
+
+
+@numba.njit(fastmath={"contract"}, cache=True, nogil=True)
+def _elu_conv_piece_on_tiles(x_ct, t0, n, a_tiles, b_o, stride, left, out_ot, scratch):
+    """``elu_causal_conv_offline``'s outputs t0 .. t0 + n - 1 on the tiles, in one call: ELU of the input span
+    they read (``_elu_row_into``: zeros in the causal padding and beyond x), split into the pair layout phase
+    by phase (phase p: the samples t stride + p, so that each tap of the strided conv is a shift of one
+    phase: ``_tile_conv_into``), one product, + bias."""
+    C, T = x_ct.shape
+    O = a_tiles.shape[0] * 16
+    K = a_tiles.shape[1] * 32 // C
+    m = n + (K - 1) // stride  # samples per phase
+    steps = (n + 31) // 32 * 32
+    L, width = _pair_row_length(steps + (K - 1) // stride), _pair_row_length(steps)
+    s1, s2 = 3 * stride * (C // 2) * L, O * width
+    z_pqt = scratch[:s1].reshape((3, stride * (C // 2), L))
+    sums_ot = scratch[s1 : s1 + s2].view(np.float32).reshape((O, width))
+    span_2s = scratch[s1 + s2 : s1 + s2 + 2 * m * stride].view(np.float32).reshape((2, m * stride))
+    rows_2m = scratch[s1 + s2 + 2 * m * stride : s1 + s2 + 2 * m * stride + 2 * m].view(np.float32).reshape((2, m))
+    z_pqt[:, :, m:] = 0
+    zero = np.float32(0.0)
+    for c in range(0, C, 2):
+        _elu_row_into(x_ct[c], T, t0 * stride - left, zero, span_2s[0])
+        _elu_row_into(x_ct[c + 1], T, t0 * stride - left, zero, span_2s[1])
+        for p in range(stride):
+            for j in range(m):
+                rows_2m[0, j] = span_2s[0, p + j * stride]
+                rows_2m[1, j] = span_2s[1, p + j * stride]
+            _split_pair_into(rows_2m[0], rows_2m[1], p * (C // 2) + c // 2, z_pqt)
+    _tile_conv_into(a_tiles, z_pqt, K, 1, stride, steps, sums_ot)
+    for o in range(O):
+        bias, sums_n, out_n = b_o[o], sums_ot[o, :n], out_ot[o, t0 : t0 + n]
+        for j in range(n):
+            out_n[j] = sums_n[j] + bias
+
+
+def _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot):
+    """``elu_causal_conv_offline``'s pieces on the tiles (``_elu_conv_piece_on_tiles``), side by side, the
+    weight split once per call."""
+    B, C, _ = x_bct.shape
+    O, _, K = w_oik.shape
+    T_out = out_bot.shape[-1]
+    a_tiles = _weight_tiles(w_oik)
+    bias_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o, dtype=np.float32)
+    n_piece = max(32, BLOCK_TILE_VALUES // (C * stride) // 32 * 32)
+    words = _elu_conv_scratch_words(C, O, K, stride, n_piece)
+    x_bct = np.ascontiguousarray(x_bct)
+    run_pieces(
+        lambda b, t0: _elu_conv_piece_on_tiles(
+            x_bct[b], t0, min(n_piece, T_out - t0), a_tiles, bias_o, stride, left, out_bot[b], _thread_words(words)
+        ),
+        [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)],
     )
 
 

@@ -716,7 +716,7 @@ def _tile_conv(w_oik, z_ct, dilation, steps):
     for c in range(0, C, 2):
         numba_cpu._split_pair_into(z_ct[c], z_ct[c + 1], c // 2, z_pqt)
     out = np.full((O, numba_cpu._pair_row_length(steps)), np.nan, np.float32)
-    numba_cpu._tile_conv_into(numba_cpu._weight_tiles(w_oik), z_pqt, K, dilation, steps, out)
+    numba_cpu._tile_conv_into(numba_cpu._weight_tiles(w_oik), z_pqt, K, dilation, 1, steps, out)
     return out[:, :steps]
 
 
@@ -769,6 +769,48 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
     assert within_float32_noise(got, ref, exact)
     assert np.array_equal(got_context, kept)
     assert T < 4 or not np.array_equal(got, blas)
+
+
+@needs_tiles
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from((32, 64)),  # channels in
+    st.sampled_from((32, 64)),  # channels out
+    st.sampled_from(((4, 2), (8, 4), (10, 5), (6, 3), (3, 1))),  # (kernel, stride)
+    st.integers(1, 700),
+    st.booleans(),
+    st.sampled_from((32, 64)),
+    st.integers(0, 2**31),
+)
+def test_elu_causal_conv_on_tiles_equals_reference(C, O, kernel_stride, T, with_bias, piece, seed):
+    """The encoder's ELU + causal strided conv on the tiles (the ELU's span split phase by phase, each tap a
+    shift of one phase; ``_block_takes_tiles`` made to take every length, pieces of ``piece`` outputs so
+    that the taps cross piece boundaries and the padding sits in the first and last pieces) against its
+    reference: within the float32 reference's own noise, not the BLAS path's bits (the tiles ran); a NaN
+    spoils the same outputs on both sides."""
+    K, stride = kernel_stride
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, C, T)).astype(np.float32)
+    w = rng.standard_normal((O, C, K)) / np.sqrt(C * K)
+    b = rng.standard_normal(O) * 0.1 if with_bias else None
+    w32, b32 = w.astype(np.float32), None if b is None else b.astype(np.float32)
+    x_nan = x.copy()
+    x_nan[0, 0, T // 2] = np.nan
+    with kernels.use_backend("numpy"):
+        ref = codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
+        exact = codec_encoder.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant")
+        nan_ref = np.isnan(codec_encoder.elu_causal_conv_offline(x_nan, w32, b32, stride, "constant"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "UNIT_TILES_MIN_STEPS", 1)
+        mp.setattr(numba_cpu, "BLOCK_TILE_VALUES", piece * C * stride)
+        got = numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "constant")
+        got_nan = numba_cpu.elu_causal_conv_offline(x_nan, w32, b32, stride, "constant")
+        mp.setattr(numba_cpu, "USE_TILES", False)
+        blas = numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "constant")
+    assert got.shape == ref.shape == (1, O, -(-T // stride)) and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    assert got.shape[-1] < 4 or not np.array_equal(got, blas)
+    np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
 
 
 @numba_cpu.numba.njit(fastmath={"contract"})
