@@ -2148,6 +2148,16 @@ def _thread_words(n: int):
     return words
 
 
+@numba.njit(inline="always")
+def _add_bias_and_residual_rows(sums_cw, n, bias_c, x_ct, t0, out_ct):
+    """out[c, t0 + j] = (sums[c, j] + bias[c]) + x[c, t0 + j] for j < n (``_add_bias_and_residual`` on the
+    first n columns of the tiles' sums, row by row over 1-D views, so that the loop vectorises)."""
+    for c in range(sums_cw.shape[0]):
+        bias, sums_n, x_n, out_n = bias_c[c], sums_cw[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
+        for j in range(n):
+            out_n[j] = (sums_n[j] + bias) + x_n[j]
+
+
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation, context_cs, out_ct, scratch):
     """The residual unit's output steps t0 .. t0 + n - 1 on the tiles: SnakeBeta_1 of the piece and its
@@ -2179,10 +2189,7 @@ def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation
         _snake_row_into(h[c + 1], n, 0, b1[c + 1], alpha2[c + 1], inv_beta2[c + 1], row_b[:n])
         _split_pair_into(row_a[:n], row_b[:n], c // 2, z2)
     _tile_conv_into(a2_tiles, z2, 1, 0, 1, steps, g)
-    for c in range(C):
-        bias, g_n, x_n, out_n = b2[c], g[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
-        for j in range(n):
-            out_n[j] = (g_n[j] + bias) + x_n[j]
+    _add_bias_and_residual_rows(g, n, b2, x_ct, t0, out_ct)
 
 
 def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct):
@@ -2277,10 +2284,7 @@ def _resnet_piece_on_tiles(x_ct, t0, n, a1_tiles, b1_o, a2_tiles, b2_o, dilation
         _elu_row_into(h[c + 1], n, 0, b1_o[c + 1], row_b[:n])
         _split_pair_into(row_a[:n], row_b[:n], c // 2, z2)
     _tile_conv_into(a2_tiles, z2, 1, 0, 1, steps, g)
-    for c in range(C):
-        bias, g_n, x_n, out_n = b2_o[c], g[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
-        for j in range(n):
-            out_n[j] = (g_n[j] + bias) + x_n[j]
+    _add_bias_and_residual_rows(g, n, b2_o, x_ct, t0, out_ct)
 
 
 def _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct):
