@@ -474,13 +474,20 @@ def _snake_taps_into(x_ct, T, start, alpha_c, inv_beta_c, dilation, row_s, cols_
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _add_bias_and_residual(h_cn, bias_c, x_ct, start, out_ct):
-    """out[c, start + j] = (h[c, j] + bias[c]) + x[c, start + j] (the reference's order: bias, then residual)."""
-    C, N = h_cn.shape
-    for c in range(C):
-        bias = bias_c[c]
-        h_n, x_n, out_n = h_cn[c], x_ct[c, start : start + N], out_ct[c, start : start + N]  # (views from 0:
-        for j in range(N):  # written x[c, start + j], the loop ran scalar: see ``_snake_row_into``)
-            out_n[j] = (h_n[j] + bias) + x_n[j]
+    """out[c, start + j] = (h[c, j] + bias[c]) + x[c, start + j] (the reference's order: bias, then residual):
+    ``_add_bias_and_residual_rows`` over all of h's columns."""
+    _add_bias_and_residual_rows(h_cn, h_cn.shape[1], bias_c, x_ct, start, out_ct)
+
+
+@numba.njit(inline="always")
+def _add_bias_and_residual_rows(sums_cw, n, bias_c, x_ct, t0, out_ct):
+    """out[c, t0 + j] = (sums[c, j] + bias[c]) + x[c, t0 + j] for j < n (sums may be wider: the tiles' sums),
+    row by row over 1-D views from index 0 (written x[c, t0 + j], the loop ran scalar: see
+    ``_snake_row_into``)."""
+    for c in range(sums_cw.shape[0]):
+        bias, sums_n, x_n, out_n = bias_c[c], sums_cw[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
+        for j in range(n):
+            out_n[j] = (sums_n[j] + bias) + x_n[j]
 
 
 def _whole_rows(x_bct):
@@ -527,7 +534,7 @@ def residual_unit_push(
     w1_m = np.ascontiguousarray(w1_oik.reshape(C, C * K))  # column i * K + k: the order of the stacked taps
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
     out_bct = new_output((B, C, T))
-    if _unit_takes_tiles(C, T):
+    if _convs_take_tiles(C, C, T):
         params_6c = np.stack([alpha1, inv_beta1, alpha2, inv_beta2, b1_o, b2_o]).astype(np.float32)
         _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct)
         return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
@@ -713,7 +720,7 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
     out_bct = new_output((B, C, T))
-    if _block_takes_tiles(C, H, T):
+    if _convs_take_tiles(C, H, T):
         _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
         return out_bct
 
@@ -747,7 +754,7 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     w_m = np.ascontiguousarray(w_oik.reshape(O, C * K))  # column c * K + k: the order of the stacked taps
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
     out_bot = new_output((B, O, T_out))
-    if _block_takes_tiles(O, C, T_out):
+    if _convs_take_tiles(C, O, T_out):
         _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot)
         return out_bot
 
@@ -2148,16 +2155,6 @@ def _thread_words(n: int):
     return words
 
 
-@numba.njit(inline="always")
-def _add_bias_and_residual_rows(sums_cw, n, bias_c, x_ct, t0, out_ct):
-    """out[c, t0 + j] = (sums[c, j] + bias[c]) + x[c, t0 + j] for j < n (``_add_bias_and_residual`` on the
-    first n columns of the tiles' sums, row by row over 1-D views, so that the loop vectorises)."""
-    for c in range(sums_cw.shape[0]):
-        bias, sums_n, x_n, out_n = bias_c[c], sums_cw[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
-        for j in range(n):
-            out_n[j] = (sums_n[j] + bias) + x_n[j]
-
-
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation, context_cs, out_ct, scratch):
     """The residual unit's output steps t0 .. t0 + n - 1 on the tiles: SnakeBeta_1 of the piece and its
@@ -2210,12 +2207,6 @@ def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, co
         ),
         [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)],
     )
-
-
-def _unit_takes_tiles(C: int, T: int) -> bool:
-    """Whether a residual unit runs on the tiles: granted (``USE_TILES``), whole tiles of channels, and a
-    signal long enough that splitting the weights (once per call) is a small part of it."""
-    return USE_TILES and C % 32 == 0 and T >= UNIT_TILES_MIN_STEPS
 
 
 # ------------------------------------------------------------------------- the encoder's residual block on the tiles
@@ -2367,9 +2358,11 @@ def _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot):
     )
 
 
-def _block_takes_tiles(C: int, H: int, T: int) -> bool:
-    """Whether a C -> H -> C residual block runs on the tiles: granted, whole tiles of channels both ways,
-    and at least ``UNIT_TILES_MIN_STEPS`` steps (its weights split once per call)."""
+def _convs_take_tiles(C: int, H: int, T: int) -> bool:
+    """Whether convs between C and H channels over T output steps (a residual unit C -> C -> C, a block
+    C -> H -> C, a strided conv C -> H) run on the tiles: granted (``USE_TILES``), whole tiles of channels
+    both ways, and a signal long enough (``UNIT_TILES_MIN_STEPS``) that splitting the weights, once per
+    call, is a small part of it."""
     return USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= UNIT_TILES_MIN_STEPS
 
 

@@ -752,7 +752,7 @@ def test_tile_conv_within_the_bound(O, C, K, dilation, steps):
     st.integers(0, 2**31),
 )
 def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_context, seed):
-    """The fused unit on the tiles (``_unit_takes_tiles`` made to take every length, pieces of ``piece``
+    """The fused unit on the tiles (``_convs_take_tiles`` made to take every length, pieces of ``piece``
     steps so that the left context crosses their boundaries and the last piece is partial) against its
     reference: within the float32 reference's own noise; a trimmed view read in place; the next context
     the reference's, to the bit; and not the bits of the BLAS path (the tiles ran)."""
@@ -784,7 +784,7 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
 )
 def test_elu_causal_conv_on_tiles_equals_reference(C, O, kernel_stride, T, with_bias, piece, seed):
     """The encoder's ELU + causal strided conv on the tiles (the ELU's span split phase by phase, each tap a
-    shift of one phase; ``_block_takes_tiles`` made to take every length, pieces of ``piece`` outputs so
+    shift of one phase; ``_convs_take_tiles`` made to take every length, pieces of ``piece`` outputs so
     that the taps cross piece boundaries and the padding sits in the first and last pieces) against its
     reference: within the float32 reference's own noise, not the BLAS path's bits (the tiles ran); a NaN
     spoils the same outputs on both sides."""
@@ -847,7 +847,7 @@ def test_float32_expm1_within_two_ulp():
     st.integers(0, 2**31),
 )
 def test_resnet_block_on_tiles_equals_reference(C, T, dilation, piece, seed):
-    """The encoder's block on the tiles (``_block_takes_tiles`` made to take every length, pieces of ``piece``
+    """The encoder's block on the tiles (``_convs_take_tiles`` made to take every length, pieces of ``piece``
     steps so that the left context crosses their boundaries and the last piece is partial; its ELUs with
     ``_expm1_f32``) against its reference: within the float32 reference's own noise, not the bits of the
     BLAS path (the tiles ran); a NaN spoils the same outputs on both sides."""
