@@ -335,6 +335,39 @@ def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
                     cols_ikn[i, k, j] = x_ct[i, first + j * stride]
 
 
+FEW_TAPS_CHUNK = 2048  # output columns summed at a time (two float32 buffers of 8 KB)
+
+
+@numba.njit(cache=True, nogil=True)
+def _one_channel_conv_into(x_t, w_ok, b_o, dilation, t0, t1, out_ot):
+    """out[o, t] = (((w[o, 0] x[t] + w[o, 1] x[t + d]) + w[o, 2] x[t + 2 d]) + ...) + b[o] for t0 <= t < t1:
+    a stride-1 conv of ONE input channel, its taps summed in order and the bias last, each product rounded
+    before its sum (no fused multiply-adds): the reference's operations in its order, its bits.  A chunk of
+    columns at a time for every output channel, two taps a pass (the encoder's first conv, 1 -> 64 channels
+    x 7 taps: stacking the taps for a product writes and reads 7 copies of the input)."""
+    O, K = w_ok.shape
+    acc_n = np.empty(FEW_TAPS_CHUNK, dtype=np.float32)
+    for c0 in range(t0, t1, FEW_TAPS_CHUNK):
+        n = min(FEW_TAPS_CHUNK, t1 - c0)
+        for o in range(O):
+            w0, x0 = w_ok[o, 0], x_t[c0 : c0 + n]
+            for j in range(n):
+                acc_n[j] = w0 * x0[j]
+            for k in range(1, K - 1, 2):
+                wa, wb, first = w_ok[o, k], w_ok[o, k + 1], c0 + k * dilation
+                xa, xb = x_t[first : first + n], x_t[first + dilation : first + dilation + n]
+                for j in range(n):
+                    acc_n[j] = (acc_n[j] + wa * xa[j]) + wb * xb[j]
+            out_t, bias = out_ot[o, c0 : c0 + n], b_o[o]
+            if K % 2 == 0:
+                w_last, x_last = w_ok[o, K - 1], x_t[c0 + (K - 1) * dilation : c0 + (K - 1) * dilation + n]
+                for j in range(n):
+                    out_t[j] = (acc_n[j] + w_last * x_last[j]) + bias
+            else:
+                for j in range(n):
+                    out_t[j] = acc_n[j] + bias
+
+
 SMALL_WEIGHT_SHARE = 8  # a weight of at most 1/8 of the stacked taps' bytes is cheap to read once per thread
 
 
@@ -369,6 +402,8 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
     nn.check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
     T_out = (T - dilation * (K - 1) - 1) // stride + 1
     end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
+    if groups == 1 and I == 1 and stride == 1 and _one_channel_takes(x_bct, w_oik, b_o):
+        return _one_channel_conv(x_bct, w_oik, b_o, dilation, T_out)
     if groups == 1 and O <= PER_TAP_MAX_OUT:
         out = np.matmul(w_oik[:, :, 0], x_bct[:, :, 0 : end(0) : stride])
         product = np.empty_like(out)  # reused for every further tap
@@ -404,6 +439,29 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
         return nn.conv1d.reference(x_bct, w_oik, b_o, stride, dilation, groups)
     if b_o is not None:
         out += b_o[None, :, None]
+    return out
+
+
+def _one_channel_takes(x_bct, w_oik, b_o) -> bool:
+    """Whether ``_one_channel_conv`` computes this conv: float32 host arrays (float64, the explicit backend,
+    keeps the reference)."""
+    arrays = (x_bct, w_oik) if b_o is None else (x_bct, w_oik, b_o)
+    return all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays)
+
+
+def _one_channel_conv(x_bct, w_oik, b_o, dilation, T_out):
+    """A stride-1 conv of one input channel by ``_one_channel_conv_into``, in ``MIN_PIECES`` pieces of
+    columns side by side (``run_pieces``)."""
+    B, O = x_bct.shape[0], w_oik.shape[0]
+    x_bt, w_ok = np.ascontiguousarray(x_bct[:, 0]), np.ascontiguousarray(w_oik[:, 0])
+    b_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o)
+    out = new_output((B, O, T_out), np.float32)
+    share = max(FEW_TAPS_CHUNK, -(-T_out // MIN_PIECES))
+
+    def piece(b, t0):
+        _one_channel_conv_into(x_bt[b], w_ok, b_o, dilation, t0, min(T_out, t0 + share), out[b])
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, share)])
     return out
 
 

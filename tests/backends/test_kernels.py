@@ -1554,3 +1554,31 @@ def test_nearest_rows_twin_is_the_reference_bit_for_bit(N, K, D, ties, seed):
     assert got[0].dtype == np.int64 and got[1].dtype == np.float32
     x[-1, 0] = np.nan
     assert numba_cpu.nearest_rows(x, e) is NotImplemented
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 3),
+    O=st.integers(1, 70),
+    K=st.integers(1, 9),
+    dilation=st.integers(1, 3),
+    T_out=st.integers(1, 3 * 2048 + 5),  # up to three chunks of FEW_TAPS_CHUNK columns and a short one
+    with_bias=st.booleans(),
+    pieces=st.sampled_from([1, 3, 8]),
+    seed=st.integers(0, 2**31),
+)
+def test_one_channel_conv_is_the_reference_bit_for_bit(B, O, K, dilation, T_out, with_bias, pieces, seed):
+    """A stride-1 conv of one input channel (the encoder's first, 1 -> 64 x 7 taps) by the direct kernel:
+    the reference's operations in its order (taps summed in order, the bias last, no fused multiply-add),
+    so the reference's bits, over pieces and chunks with a short last one; infinities and NaN where the
+    reference has them; strided or float64 convs keep their own paths."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((B, 1, T_out + dilation * (K - 1))) * 10).astype(np.float32)
+    x[0, 0, rng.integers(x.shape[-1])] = [np.inf, -np.inf, np.nan][seed % 3]
+    w = rng.standard_normal((O, 1, K)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32) if with_bias else None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu, "MIN_PIECES", pieces)
+        got = numba_cpu.conv1d(x, w, b, 1, dilation)
+    np.testing.assert_array_equal(got, nn.conv1d.reference(x, w, b, 1, dilation))
+    assert numba_cpu._one_channel_takes(x, w, b) and not numba_cpu._one_channel_takes(x.astype(np.float64), w, b)
