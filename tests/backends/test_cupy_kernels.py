@@ -27,6 +27,7 @@ import types
 
 import numpy as np
 import pytest
+from attention_cases import CASES, attention_case
 from conftest import REPO
 
 from refimpl import nn
@@ -300,37 +301,6 @@ def numpy_as_xp(monkeypatch):
     monkeypatch.setattr(cupy_cuda, "_attention_named", emulations.__getitem__)
     monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
     return cupy_cuda
-
-
-def attention_case(seed, dtype, B=2, H=4, G=2, Tq=3, S=11, D=40, window=None, padded=False, start=8, cache_view=False):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, H, Tq, D)).astype(dtype)
-    k = rng.standard_normal((B, G, S, D)).astype(dtype)
-    v = rng.standard_normal((B, G, S, D + 3)).astype(dtype)  # Dv != D: the kernel must keep them apart
-    if cache_view:  # k and v as the KV cache hands them: the first S positions of a larger buffer (NaN beyond)
-        k_buffer, v_buffer = (np.full(a.shape[:2] + (S + 7,) + a.shape[3:], np.nan, dtype) for a in (k, v))
-        k_buffer[:, :, :S], v_buffer[:, :, :S] = k, v
-        k, v = k_buffer[:, :, :S], v_buffer[:, :, :S]
-    valid = None
-    if padded:
-        valid = rng.random((B, S)) < 0.7
-        valid[-1] = False  # one row of the batch sees nothing: zeros, as the reference gives
-    mask = nn.AttentionMask(np.arange(start, start + Tq), np.arange(start + Tq - S, start + Tq), window, valid)
-    return q, k, v, mask
-
-
-CASES = {
-    "causal": {},
-    "window": {"window": 4},
-    "window_0": {"window": 0},
-    "padded": {"padded": True},
-    "mha": {"G": 4},
-    "mqa_window_padded": {"G": 1, "window": 3, "padded": True},
-    "one_query": {"Tq": 1, "S": 40, "D": 64},
-    "query_before_every_key": {"start": 2, "S": 9},
-    "long_head": {"D": 70, "Tq": 2},
-    "kv_cache_view": {"cache_view": True, "window": 5, "padded": True},
-}
 
 
 @pytest.mark.parametrize("split_keys", [None, 3], ids=["one block per row", "keys split over blocks"])

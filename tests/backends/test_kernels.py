@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from attention_cases import CASES, attention_case
 from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +39,7 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
         *("snake_causal_conv_push", "softmax", "tdnn_offline", "res2net_offline", "mean_and_std", "nearest_rows"),
-        *("softmax_mean_and_std", "gated_residual", "spectral_magnitude"),
+        *("softmax_mean_and_std", "gated_residual", "spectral_magnitude", "attention"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
@@ -1582,3 +1583,41 @@ def test_one_channel_conv_is_the_reference_bit_for_bit(B, O, K, dilation, T_out,
         got = numba_cpu.conv1d(x, w, b, 1, dilation)
     np.testing.assert_array_equal(got, nn.conv1d.reference(x, w, b, 1, dilation))
     assert numba_cpu._one_channel_takes(x, w, b) and not numba_cpu._one_channel_takes(x.astype(np.float64), w, b)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_attention_twin_equals_the_reference(case):
+    """softmax(q k^T * scale, masked) v with the mask read from its positions and one pass over each row of
+    scores: the reference's float32 operations but for the order of the sums (within 1e-5, relative and
+    absolute, of the reference: its inputs are standard normal), every grouping of heads, window, padding
+    (the batch row that sees no key: zeros), a query before every key, D != Dv, a view of a KV cache."""
+    q, k, v, mask = attention_case(len(case), np.float32, **CASES[case])
+    ref = nn.attention.reference(q, k, v, mask, scale=0.125)
+    got = numba_cpu.attention(q, k, v, mask, 0.125)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    if case == "padded":
+        assert np.all(got[-1] == 0) and np.any(got[0] != 0)
+
+
+def test_attention_twin_over_blocks_and_pieces_and_its_non_finite_rows(monkeypatch):
+    """Queries in several blocks (ATTENTION_QUERY_BLOCK) and rows in several pieces, side by side; a visible
+    NaN or +inf score spoils its own row (NaN, as the reference's), a NaN key behind the mask nothing; a
+    masked key's exp is 0 without its subnormal arithmetic (the outputs of rows whose keys are mostly
+    masked are the reference's too); float64 and an explicit boolean mask go to the reference."""
+    monkeypatch.setattr(nn, "ATTENTION_QUERY_BLOCK", 7)
+    monkeypatch.setattr(numba_cpu, "ELEMENTWISE_PIECE", 64)
+    q, k, v, mask = attention_case(5, np.float32, B=2, H=4, G=2, Tq=30, S=40, D=16, window=12, padded=True, start=10)
+    q[0, 1, 20, 3] = np.nan  # query 20 of head 1: its whole row NaN
+    k[1, 0, 5, 0] = np.inf  # key 5 of group 0, batch row 1: +-inf scores where it is seen
+    k[0, 1, 39, 2] = np.nan  # the last key: behind the causal mask of every query but the last
+    ref = nn.attention.reference(q, k, v, mask, scale=0.3)
+    got = numba_cpu.attention(q, k, v, mask, 0.3)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    assert np.isnan(got[0, 1, 20]).all() and not np.isnan(got[0, 1, :20]).any()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert numba_cpu.attention(q.astype(np.float64), k, v, mask, 0.3) is NotImplemented
+    assert numba_cpu.attention(q, k, v, mask.rows(0, 30), 0.3) is NotImplemented
