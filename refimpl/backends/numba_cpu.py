@@ -189,6 +189,101 @@ def softmax(x, axis: int = -1):
     return out
 
 
+PAIRWISE_BLOCK = 128  # NumPy's pairwise summation: blocks of up to 128 values, each with 8 accumulators
+
+
+@numba.njit(inline="always")
+def _pairwise_block(a, lo, n):
+    """sum(a[lo : lo + n]) for n <= PAIRWISE_BLOCK as NumPy adds it: under 8 values one after another; else
+    8 interleaved sums combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the values past
+    the last multiple of 8."""
+    if n < 8:
+        total = np.float32(-0.0)
+        for i in range(n):
+            total += a[lo + i]
+        return total
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - n % 8:
+        r0, r1, r2, r3 = r0 + a[lo + i], r1 + a[lo + i + 1], r2 + a[lo + i + 2], r3 + a[lo + i + 3]
+        r4, r5, r6, r7 = r4 + a[lo + i + 4], r5 + a[lo + i + 5], r6 + a[lo + i + 6], r7 + a[lo + i + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        total += a[lo + i]
+        i += 1
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _pairwise_sum(a, lo, n):
+    """sum(a[lo : lo + n]) as NumPy's float32 ``np.add.reduce`` of a contiguous row adds it, so with its bits:
+    a row longer than PAIRWISE_BLOCK is split in two at a multiple of 8 near its middle, each half summed
+    so, then the halves added; up to PAIRWISE_BLOCK values ``_pairwise_block``.  NumPy's recursion written
+    as a loop over a stack of pieces (a recursive Numba function breaks in the on-disk cache): a piece
+    (kind 0) is summed or split into its halves and a combination (kind 1), which adds the last two sums."""
+    lo_s, n_s, kind_s = np.empty(128, np.int64), np.empty(128, np.int64), np.empty(128, np.int64)
+    sums = np.empty(64, dtype=np.float32)
+    lo_s[0], n_s[0], kind_s[0], top, done = lo, n, 0, 1, 0
+    while top > 0:
+        top -= 1
+        p_lo, p_n, kind = lo_s[top], n_s[top], kind_s[top]
+        if kind == 1:  # both halves summed: their sum replaces them
+            sums[done - 2] = sums[done - 2] + sums[done - 1]
+            done -= 1
+        elif p_n <= PAIRWISE_BLOCK:
+            sums[done] = _pairwise_block(a, p_lo, p_n)
+            done += 1
+        else:  # the left half first: pushed last
+            half = p_n // 2
+            half -= half % 8
+            lo_s[top], n_s[top], kind_s[top] = 0, 0, 1
+            lo_s[top + 1], n_s[top + 1], kind_s[top + 1] = p_lo + half, p_n - half, 0
+            lo_s[top + 2], n_s[top + 2], kind_s[top + 2] = p_lo, half, 0
+            top += 3
+    return sums[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _rms_norm_rows(x_rc, w_c, eps, out_rc):
+    """out[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)) for each row, float32 step by step without fused
+    multiply-adds, the mean NumPy's (``_pairwise_sum`` of the squares, divided by the row length): the
+    reference's operations in its order, its bits."""
+    R, C = x_rc.shape
+    squares_c = np.empty(C, dtype=np.float32)
+    for r in range(R):
+        x_c, out_c = x_rc[r], out_rc[r]
+        for c in range(C):
+            squares_c[c] = x_c[c] * x_c[c]
+        root = np.sqrt(_pairwise_sum(squares_c, 0, C) / np.float32(C) + eps)
+        for c in range(C):
+            out_c[c] = w_c[c] * (x_c[c] / root)
+
+
+def rms_norm(x, w, eps: float):
+    """``nn.rms_norm`` for float32 host arrays, C-contiguous, and a weight of the last axis's length: one
+    compiled pass per row with the reference's bits (``_rms_norm_rows``), rows in pieces side by side
+    when there are many.  A generation step's norm after its stack was six small NumPy calls, 121 us a
+    code predictor step (its caches cold after the layers' weights streamed through)."""
+    if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in (x, w)) or x.ndim == 0:
+        return NotImplemented
+    if not x.flags.c_contiguous or w.shape != x.shape[-1:] or x.size == 0:
+        return NotImplemented  # (another layout sums in another order in NumPy; a broadcast weight: the reference)
+    rows_rc, out = x.reshape(-1, x.shape[-1]), np.empty(x.shape, np.float32)
+    out_rc, w_c, eps32 = out.reshape(rows_rc.shape), np.ascontiguousarray(w), np.float32(eps)
+    n = max(1, ELEMENTWISE_PIECE // x.shape[-1])
+    if rows_rc.shape[0] <= n:
+        _rms_norm_rows(rows_rc, w_c, eps32, out_rc)
+        return out
+
+    def piece(r0):
+        _rms_norm_rows(rows_rc[r0 : r0 + n], w_c, eps32, out_rc[r0 : r0 + n])
+
+    run_pieces(piece, [(r0,) for r0 in range(0, rows_rc.shape[0], n)])
+    return out
+
+
 def gelu_erf(x):
     """``nn.gelu_erf``, 0.5 * x * (1 + erf(x / sqrt(2))), in pieces, each the reference's float32
     operations in its order.  Float32: erf by ``_erf_f64`` in a Numba loop (``_gelu_erf_into``; SciPy's
@@ -2673,6 +2768,7 @@ TWINS = {
     "gated_residual": gated_residual,
     "spectral_magnitude": spectral_magnitude,
     "softmax": softmax,
+    "rms_norm": rms_norm,
     "attention": attention,
     "conv_transpose1d": conv_transpose1d,
 }

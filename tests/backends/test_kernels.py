@@ -39,7 +39,7 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
         *("snake_causal_conv_push", "softmax", "tdnn_offline", "res2net_offline", "mean_and_std", "nearest_rows"),
-        *("softmax_mean_and_std", "gated_residual", "spectral_magnitude", "attention"),
+        *("softmax_mean_and_std", "gated_residual", "spectral_magnitude", "attention", "rms_norm"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # decoder_layer_step is a transformer primitive, residual_unit_push and snake_causal_conv_push the
@@ -1628,3 +1628,37 @@ def test_attention_twin_over_blocks_and_pieces_and_its_non_finite_rows(monkeypat
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert numba_cpu.attention(q.astype(np.float64), k, v, mask, 0.3) is NotImplemented
     assert numba_cpu.attention(q, k, v, mask.rows(0, 30), 0.3) is NotImplemented
+
+
+# ----------------------------------------------------------------------------- norms
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    shape=st.sampled_from([(1, 1, 1024), (1, 2, 1024), (3, 5, 7), (2, 4, 9, 128), (4, 129), (1, 300, 2048), (6,)]),
+    C=st.one_of(st.none(), st.integers(1, 5000)),
+    scale=st.sampled_from([1e-22, 1e-3, 1.0, 1e3, 1e20]),
+    special=st.sampled_from([None, np.nan, np.inf, 0.0]),
+    pieces=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_rms_norm_twin_is_the_reference_bit_for_bit(shape, C, scale, special, pieces, seed):
+    """rms_norm with NumPy's pairwise mean written out: the reference's bits for every row length (the
+    short sums, the 8-way blocks, the halvings of long rows), tiny and huge values (squares that underflow
+    or overflow), a NaN, an infinity or zeros in a row, rows in pieces side by side; a non-contiguous x
+    or a weight of another shape goes to the reference."""
+    if C is not None:
+        shape = shape[:-1] + (C,)
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    if special is not None:
+        x.reshape(-1)[rng.integers(x.size)] = special
+    with pytest.MonkeyPatch.context() as mp, np.errstate(over="ignore", invalid="ignore"):
+        if pieces:
+            mp.setattr(numba_cpu, "ELEMENTWISE_PIECE", 3 * shape[-1])  # pieces of 3 rows
+        np.testing.assert_array_equal(numba_cpu.rms_norm(x, w, 1e-6), nn.rms_norm.reference(x, w, 1e-6))
+    if x.ndim > 1 and x.shape[0] > 1:
+        assert numba_cpu.rms_norm(x[::2], w, 1e-6) is NotImplemented or x[::2].flags.c_contiguous
+    assert numba_cpu.rms_norm(x, w[None], 1e-6) is NotImplemented
+    assert numba_cpu.rms_norm(x.astype(np.float64), w, 1e-6) is NotImplemented
