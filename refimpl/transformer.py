@@ -361,7 +361,7 @@ def _fused_step_fits(layers: list, kind: LayerKind, x_btc, allowed, caches, reco
     if not isinstance(allowed, nn.AttentionMask) or allowed.window is not None:
         return False
     fits = all(type(c) is KVCache for c in caches) and all(
-        isinstance(lw[n], BF16Matrix) and f"{n[:-6]}bias" not in lw for lw in layers for n in _STEP_MATRICES
+        isinstance(lw[n], BF16Matrix) and b not in lw for lw in layers for n, b in zip(_STEP_MATRICES, _STEP_BIASES)
     )  # (on a device backend a single row has no key mask: the Talker leaves it out when nothing is padding)
     if fits and T > 1:  # several new positions: the causal order must be the cache's
         n = caches[0].length
@@ -381,6 +381,7 @@ def _is_range(positions, start: int, stop: int) -> bool:
 _STEP_MATRICES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
     f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")
 )
+_STEP_BIASES = tuple(f"{n[: -len('weight')]}bias" for n in _STEP_MATRICES)  # the fused step has none of them
 
 
 def transformer_stack(
