@@ -307,20 +307,20 @@ def rope_inverse_frequencies(head_dim: int, theta: float, dtype=np.float32):
     return (dtype(1.0) / (dtype(theta) ** exponent)).astype(dtype)
 
 
-_UPLOADED: dict = {}  # (head_dim, theta, dtype, device backend or None: the host) -> inv_freq there
+_INVERSE_FREQUENCIES: dict = {}  # (head_dim, theta, dtype, device backend or None: the host) -> inv_freq there
 
 
-def _uploaded_inverse_frequencies(head_dim: int, theta: float, dtype: np.dtype, backend: str | None):
+def _inverse_frequencies_on(head_dim: int, theta: float, dtype: np.dtype, backend: str | None):
     """``rope_inverse_frequencies`` made once per config and place (a constant of the config): uploaded to
     device backend ``backend``, or for None a read-only host table (a generation step asks for it every
     step: its six small NumPy calls were a tenth of a code predictor step's work around its layers)."""
     key = (head_dim, float(theta), dtype, backend)
-    if key not in _UPLOADED:
+    if key not in _INVERSE_FREQUENCIES:
         inv_freq = rope_inverse_frequencies(head_dim, theta, dtype.type)
         if backend is None:
             inv_freq.flags.writeable = False
-        _UPLOADED[key] = inv_freq if backend is None else to_device(inv_freq)
-    return _UPLOADED[key]
+        _INVERSE_FREQUENCIES[key] = inv_freq if backend is None else to_device(inv_freq)
+    return _INVERSE_FREQUENCIES[key]
 
 
 def rope_cos_sin(positions_t, head_dim: int, theta: float, dtype=np.float32):
@@ -329,7 +329,7 @@ def rope_cos_sin(positions_t, head_dim: int, theta: float, dtype=np.float32):
     angle is a float32 product, like the official code.  Positions on a device give tables on the device."""
     positions_t = as_array(positions_t)
     place = None if isinstance(positions_t, np.ndarray) else backends.device_backend()
-    inv_freq = _uploaded_inverse_frequencies(head_dim, theta, np.dtype(dtype), place)
+    inv_freq = _inverse_frequencies_on(head_dim, theta, np.dtype(dtype), place)
     angles_tj = positions_t.astype(dtype)[..., None] * inv_freq
     angles_td = np.concatenate([angles_tj, angles_tj], axis=-1)
     return np.cos(angles_td), np.sin(angles_td)

@@ -155,10 +155,11 @@ class CodePredictor:
             c = self.cfg
             positions_t = nn.arange(start, start + T)
             cos_td, sin_td = nn.rope_cos_sin(positions_t, c.head_dim, c.rope_theta, self.dtype)
-            for table in (cos_td, sin_td):  # shared by every frame: a host table is read-only
-                if isinstance(table, np.ndarray):
+            mask = nn.AttentionMask(positions_t, nn.arange(start + T))
+            for table in (cos_td, sin_td, mask.query_positions_t, mask.key_positions_s):  # shared by every frame:
+                if isinstance(table, np.ndarray):  # host arrays read-only
                     table.flags.writeable = False
-            self._positions[key] = (cos_td, sin_td, nn.AttentionMask(positions_t, nn.arange(start + T)))
+            self._positions[key] = (cos_td, sin_td, mask)
         return self._positions[key]
 
     def step(self, x_btc, caches: list, record: Recorder = NULL_RECORDER):
