@@ -430,7 +430,7 @@ def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
                     cols_ikn[i, k, j] = x_ct[i, first + j * stride]
 
 
-FEW_TAPS_CHUNK = 2048  # output columns summed at a time (two float32 buffers of 8 KB)
+ONE_CHANNEL_CHUNK = 2048  # output columns a one-channel conv sums at a time (a float32 buffer of 8 KB)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -441,9 +441,9 @@ def _one_channel_conv_into(x_t, w_ok, b_o, dilation, t0, t1, out_ot):
     columns at a time for every output channel, two taps a pass (the encoder's first conv, 1 -> 64 channels
     x 7 taps: stacking the taps for a product writes and reads 7 copies of the input)."""
     O, K = w_ok.shape
-    acc_n = np.empty(FEW_TAPS_CHUNK, dtype=np.float32)
-    for c0 in range(t0, t1, FEW_TAPS_CHUNK):
-        n = min(FEW_TAPS_CHUNK, t1 - c0)
+    acc_n = np.empty(ONE_CHANNEL_CHUNK, dtype=np.float32)
+    for c0 in range(t0, t1, ONE_CHANNEL_CHUNK):
+        n = min(ONE_CHANNEL_CHUNK, t1 - c0)
         for o in range(O):
             w0, x0 = w_ok[o, 0], x_t[c0 : c0 + n]
             for j in range(n):
@@ -551,7 +551,7 @@ def _one_channel_conv(x_bct, w_oik, b_o, dilation, T_out):
     x_bt, w_ok = np.ascontiguousarray(x_bct[:, 0]), np.ascontiguousarray(w_oik[:, 0])
     b_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o)
     out = new_output((B, O, T_out), np.float32)
-    share = max(FEW_TAPS_CHUNK, -(-T_out // MIN_PIECES))
+    share = max(ONE_CHANNEL_CHUNK, -(-T_out // MIN_PIECES))
 
     def piece(b, t0):
         _one_channel_conv_into(x_bt[b], w_ok, b_o, dilation, t0, min(T_out, t0 + share), out[b])
@@ -1952,6 +1952,14 @@ def _masked_softmax_rows(scores_rs, r0, heads, query_pos_t, key_pos_s, window, v
             scores_s[s] /= total
 
 
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """Whether an array of ``shape`` broadcasts to exactly ``target``."""
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
+
+
 def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
     """``nn.attention`` for float32 and an ``AttentionMask`` (every caller's): the reference's products
     (BLAS) around one pass over each row of scores for the mask, the scale and the softmax
@@ -1966,16 +1974,14 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
         return NotImplemented
     B, H, T, _ = q_bhtd.shape
     G, S = k_bgsd.shape[1], k_bgsd.shape[2]
-    query_pos_t = np.asarray(allowed.query_positions_t).reshape(-1).astype(np.int64)
-    key_pos_s = np.asarray(allowed.key_positions_s).reshape(-1).astype(np.int64)
+    positions = [np.asarray(p).reshape(-1) for p in (allowed.query_positions_t, allowed.key_positions_s)]
     valid = allowed.key_valid_bs
-    integers = all(
-        np.issubdtype(np.asarray(p).dtype, np.integer) for p in (allowed.query_positions_t, allowed.key_positions_s)
-    )
-    if H % G or not integers or query_pos_t.shape[0] != T or key_pos_s.shape[0] != S or T == 0 or S == 0:
+    integers = all(np.issubdtype(p.dtype, np.integer) for p in positions)
+    if H % G or not integers or positions[0].shape[0] != T or positions[1].shape[0] != S or T == 0 or S == 0:
         return NotImplemented  # (the reference's result, or its error)
-    if valid is not None and np.broadcast_shapes(np.shape(valid), (B, S)) != (B, S):
+    if valid is not None and not _broadcasts_to(np.shape(valid), (B, S)):
         return NotImplemented
+    query_pos_t, key_pos_s = (p.astype(np.int64) for p in positions)
     if H != G:
         k_bgsd, v_bgsd = np.repeat(k_bgsd, H // G, axis=1), np.repeat(v_bgsd, H // G, axis=1)
     valid_bs = np.zeros((1, 1), np.uint8) if valid is None else (np.broadcast_to(valid, (B, S)) != 0).view(np.uint8)

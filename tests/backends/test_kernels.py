@@ -1570,7 +1570,7 @@ def test_nearest_rows_twin_is_the_reference_bit_for_bit(N, K, D, ties, seed):
     O=st.integers(1, 70),
     K=st.integers(1, 9),
     dilation=st.integers(1, 3),
-    T_out=st.integers(1, 3 * 2048 + 5),  # up to three chunks of FEW_TAPS_CHUNK columns and a short one
+    T_out=st.integers(1, 3 * 2048 + 5),  # up to three chunks of ONE_CHANNEL_CHUNK columns and a short one
     with_bias=st.booleans(),
     pieces=st.sampled_from([1, 3, 8]),
     seed=st.integers(0, 2**31),
@@ -1614,7 +1614,8 @@ def test_attention_twin_over_blocks_and_pieces_and_its_non_finite_rows(monkeypat
     """Queries in several blocks (ATTENTION_QUERY_BLOCK) and rows in several pieces, side by side; a visible
     NaN or +inf score spoils its own row (NaN, as the reference's), a NaN key behind the mask nothing; a
     masked key's exp is 0 without its subnormal arithmetic (the outputs of rows whose keys are mostly
-    masked are the reference's too); float64 and an explicit boolean mask go to the reference."""
+    masked are the reference's too); float64, an explicit boolean mask and key validity of another batch
+    go to the reference."""
     monkeypatch.setattr(nn, "ATTENTION_QUERY_BLOCK", 7)
     monkeypatch.setattr(numba_cpu, "ELEMENTWISE_PIECE", 64)
     q, k, v, mask = attention_case(5, np.float32, B=2, H=4, G=2, Tq=30, S=40, D=16, window=12, padded=True, start=10)
@@ -1628,6 +1629,8 @@ def test_attention_twin_over_blocks_and_pieces_and_its_non_finite_rows(monkeypat
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert numba_cpu.attention(q.astype(np.float64), k, v, mask, 0.3) is NotImplemented
     assert numba_cpu.attention(q, k, v, mask.rows(0, 30), 0.3) is NotImplemented
+    other_rows = nn.AttentionMask(mask.query_positions_t, mask.key_positions_s, 12, np.ones((3, 40), bool))
+    assert numba_cpu.attention(q, k, v, other_rows, 0.3) is NotImplemented  # (the reference's own error then)
 
 
 # ----------------------------------------------------------------------------- norms
