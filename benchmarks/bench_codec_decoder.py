@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+import common  # noqa: F401  (first: OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np
 from common import best_time, official_available, released_speech_tokenizer
 

@@ -18,6 +18,7 @@ import argparse
 import os
 import time
 
+import common  # noqa: F401  (first: OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np
 from bench_talker import GREEDY, LANGUAGE, SPEAKER, TEXT
 from common import best_time, official_available, peak_rss_gb, released_custom_voice_0_6b

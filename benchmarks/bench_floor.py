@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import time
 
+import common  # noqa: F401  (first: OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np
-from common import best_time, released_custom_voice_0_6b  # (first: it puts the repository on sys.path)
+from common import best_time, released_custom_voice_0_6b
 
 from refimpl.backends.numba_cpu import numba, prange  # Numba under refimpl's settings (512-bit vectors, cache)
 

@@ -42,6 +42,7 @@ import time
 import traceback
 from pathlib import Path
 
+import common  # noqa: F401  (first: OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np
 from common import CACHE, official_available
 

@@ -16,7 +16,7 @@ import argparse
 import os
 import time
 
-import common  # noqa: F401  (puts the repository on sys.path)
+import common  # noqa: F401  (puts the repository on sys.path, sets OpenBLAS's idle spin before NumPy loads it)
 import numpy as np
 
 from refimpl import nn

@@ -17,6 +17,7 @@ import json
 import os
 import types
 
+import common  # noqa: F401  (first: OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np
 from bench_codec_encoder import test_audio
 from common import best_time, official_available, released_speaker_encoder
