@@ -31,13 +31,13 @@ import os
 
 for _var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "2")  # before NumPy, Numba or torch start their thread pools
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # idle OpenBLAS threads sleep at once (refimpl/__init__.py)
 
 import argparse  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import common  # noqa: E402, F401  (OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np  # noqa: E402
 from bench_codec_encoder import test_audio  # noqa: E402
 from bench_floor import ReadKernel, frame_words, per_frame_seconds  # noqa: E402
