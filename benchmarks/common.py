@@ -9,14 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-# OpenBLAS reads its idle threads' spin when it loads: as refimpl/__init__.py sets it for a program that imports
-# refimpl first, so every benchmark that imports this module before NumPy measures what such a program gets
-# (with the default spin a 20-frame decode took 451 against 389-397 ms: docs/performance.md, eleventh round)
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "golden" / "oracle" / "stubs"))  # for the official package, if importable
+
+# refimpl before NumPy, as a program that imports refimpl first: refimpl/__init__.py sets OpenBLAS's short idle
+# spin, read when OpenBLAS loads (with the default spin a 20-frame decode took 451 against 389-397 ms:
+# docs/performance.md, eleventh round), so every benchmark importing this module first measures that program
+import refimpl  # noqa: E402, F401
+
 CACHE = Path(os.environ.get("REFIMPL_BENCH_DIR", REPO / "bench-checkpoints"))
 
 
