@@ -114,10 +114,11 @@ def per_frame_with_reads_between(tts, frames: int, kernel: ReadKernel) -> tuple:
     """``per_frame_seconds`` with one pass of ``kernel`` after each frame's code-predictor steps: (our
     time per frame without the passes, the mean time of a pass, the frames made)."""
     predictor = tts.talker.code_predictor
+    predict_frame = predictor.predict_frame
     passes = []
 
     def frame_then_read(*args, **kwargs):
-        codes = type(predictor).predict_frame(predictor, *args, **kwargs)
+        codes = predict_frame(*args, **kwargs)
         passes.append(kernel.seconds(1))
         return codes
 
