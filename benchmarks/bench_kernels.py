@@ -6,8 +6,10 @@ For the memory-bound kernels the useful unit is bytes of weights read per second
 machine's own streaming bandwidth (measured here with a large array copy, reads + writes); for SnakeBeta,
 samples per second; for the convolutions, GFLOP/s.  Shapes: one generation step of the 0.6B Talker (q/k/v/o,
 gate/up/down of 4 layers), the largest SnakeBeta of the codec decoder (96 channels at 24 kHz, 10 s) and its
-largest convolutions, its fused residual units and transposed convolutions, and sgemm.  Threads: NUMBA_NUM_THREADS and
-OPENBLAS_NUM_THREADS as set in the environment (printed).
+largest convolutions, its fused residual units and transposed convolutions, sgemm, and where the processor
+has AMX tiles their own limits (a multiply's rate with its operands in the registers, one step of the
+prompt's tile kernel on operands in the cache) against the prompt's tile kernel on a Talker layer's
+matrices.  Threads: NUMBA_NUM_THREADS and OPENBLAS_NUM_THREADS as set in the environment (printed).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def main() -> None:
     conv_gflops(args.repeats)
     sgemm_gflops(rng)
     decoder_pieces_gflops(max(3, args.repeats // 6))
+    tile_rates(rng, max(3, args.repeats // 4))
 
 
 def sgemm_gflops(rng) -> None:
@@ -127,6 +130,126 @@ def decoder_pieces_gflops(repeats: int) -> None:
             f"conv_transpose1d {I}->{I // 2} k{2 * rate} s{rate} T={T}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
             f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)"
         )
+
+
+TILE_MULTIPLY_FLOPS = 2 * 16 * 16 * 32  # one tile multiply (tdpbf16ps): 16 x 16 float32 sums of 32 bf16 products
+STEP_OPERANDS = 4  # steps' worth of operands the step kernels cycle through (in the first-level cache)
+
+
+@numba_cpu.numba.njit(cache=True)
+def _tile_multiplies(n, words):
+    """4 n tile multiplies into the four sum tiles, their operands loaded once: the registers' own rate."""
+    t = numba_cpu
+    t._tile_config(t._tile_shapes())
+    t._zero_c0(), t._zero_c1(), t._zero_c2(), t._zero_c3()
+    t._load_a4(words, 0, 64), t._load_a5(words, 512, 64), t._load_b6(words, 1024, 64), t._load_b7(words, 1536, 64)
+    for _ in range(n):
+        t._dot_c0(), t._dot_c2(), t._dot_c1(), t._dot_c3()
+    t._tile_release()
+
+
+@numba_cpu.numba.njit(cache=True)
+def _prompt_steps(n, a_words, b_words, shift):
+    """n steps of ``_tile_bf16_times``'s inner loop: two weight tiles (rows 64 bytes apart), then for each of
+    x's three parts its two tiles (rows 128 bytes apart) and four multiplies; the tiles of x start
+    ``shift`` words after a cache line."""
+    t = numba_cpu
+    t._tile_config(t._tile_shapes())
+    t._zero_c0(), t._zero_c1(), t._zero_c2(), t._zero_c3()
+    for i in range(n):
+        a = (i % STEP_OPERANDS) * 1024
+        t._load_a4(a_words, a, 64), t._load_a5(a_words, a + 512, 64)
+        for p in range(3):
+            b = (p * STEP_OPERANDS + i % STEP_OPERANDS) * 1024 + shift
+            t._load_b6(b_words, b, 128), t._load_b7(b_words, b + 32, 128)
+            t._dot_c0(), t._dot_c2(), t._dot_c1(), t._dot_c3()
+    t._tile_release()
+
+
+@numba_cpu.numba.njit(cache=True)
+def _conv_steps(n, a_words, z_pairs, shift):
+    """n reduction steps of ``_tile_conv_into`` (the codecs' convs: six weight tiles, eight tiles of the
+    split signal, 24 multiplies, in its order), the signal's tiles ``shift`` pairs after a cache line: a
+    tap k of a conv with dilation d reads them k d pairs on."""
+    t = numba_cpu
+    t._tile_config(t._tile_shapes())
+    t._zero_c0(), t._zero_c1(), t._zero_c2(), t._zero_c3()
+    row = 48  # pairs a row of the signal (an odd number of lines)
+    part = 16 * row * STEP_OPERANDS
+    for i in range(n):
+        a, z = (i % STEP_OPERANDS) * 3072, (i % STEP_OPERANDS) * 16 * row + shift
+        t._load_a4(a_words, a + 1024, 64), t._load_a5(a_words, a + 2560, 64)  # the weight's lo part
+        t._load_b6(z_pairs, z, 4 * row), t._load_b7(z_pairs, z + 16, 4 * row)  # the signal's hi part
+        t._dot_c0(), t._dot_c1(), t._dot_c2(), t._dot_c3()
+        t._load_a4(a_words, a + 512, 64), t._load_a5(a_words, a + 2048, 64)  # mid
+        t._dot_c0(), t._dot_c1(), t._dot_c2(), t._dot_c3()
+        t._load_b6(z_pairs, part + z, 4 * row), t._load_b7(z_pairs, part + z + 16, 4 * row)  # mid
+        t._dot_c0(), t._dot_c2(), t._dot_c1(), t._dot_c3()
+        t._load_a4(a_words, a, 64), t._load_a5(a_words, a + 1536, 64)  # hi
+        t._dot_c0(), t._dot_c1(), t._dot_c2(), t._dot_c3()
+        t._load_b6(z_pairs, 2 * part + z, 4 * row), t._load_b7(z_pairs, 2 * part + z + 16, 4 * row)  # lo
+        t._dot_c0(), t._dot_c2(), t._dot_c1(), t._dot_c3()
+        t._load_b6(z_pairs, z, 4 * row), t._load_b7(z_pairs, z + 16, 4 * row)  # hi
+        t._dot_c0(), t._dot_c2(), t._dot_c1(), t._dot_c3()
+    t._tile_release()
+
+
+def _on_cache_lines(n: int, dtype) -> np.ndarray:
+    """n zeros of ``dtype`` from a 64-byte boundary (NumPy's large arrays start 16 bytes past one here)."""
+    raw = np.zeros(n + 64, dtype)
+    per_line = 64 // raw.itemsize
+    first = (per_line - raw.ctypes.data // raw.itemsize % per_line) % per_line
+    return raw[first : first + n]
+
+
+def tile_rates(rng, repeats: int) -> None:
+    """The tiles' limits on one core against the kernels built on them.  A multiply's rate with its
+    operands in the registers; one step of the prompt's kernel and of the codecs' conv kernel with their
+    operands in the first-level cache, their rows on cache lines and shifted off them (a conv's tap reads
+    its signal shifted by k dilation pairs); then the prompt's tile kernel (``_tile_bf16_times``) on 4
+    Talker layers' bf16 matrices (126 MB, beyond the caches) for a 28-row prompt on all threads: GFLOP/s of
+    the float32 products it computes (a third of its multiplies' flops: x in three bf16 parts) and its
+    multiplies against the rate of that many cores."""
+    if not numba_cpu.USE_TILES:
+        print("tiles: none here (no AMX, or not granted): the prompt's products run on the block kernel")
+        return
+    n = 20_000
+    words = _on_cache_lines(2048, np.uint16)
+    a_words = _on_cache_lines(STEP_OPERANDS * 3072 + 64, np.uint16)
+    b_words = _on_cache_lines(3 * STEP_OPERANDS * 1024 + 64, np.uint16)
+    z_pairs = _on_cache_lines(3 * 16 * 48 * STEP_OPERANDS + 64, np.uint32)
+    _tile_multiplies(1, words), _prompt_steps(1, a_words, b_words, 0), _conv_steps(1, a_words, z_pairs, 0)
+    t_mul = best(lambda: _tile_multiplies(n, words), repeats) / (4 * n)
+    prompt = [best(lambda: _prompt_steps(n, a_words, b_words, s), repeats) / n for s in (0, 16)]
+    conv = [best(lambda: _conv_steps(n, a_words, z_pairs, s), repeats) / n for s in (0, 1, 3)]
+    print(
+        f"tiles, one core: a multiply {1e9 * t_mul:.1f} ns ({TILE_MULTIPLY_FLOPS / t_mul / 1e9:.0f} GFLOP/s of bf16 "
+        f"products); in the first-level cache, a step of the prompt kernel (12 multiplies, 8 loads) "
+        f"{1e9 * prompt[0]:.0f} ns on cache lines, {1e9 * prompt[1]:.0f} 32 bytes off; of the conv kernel "
+        f"(24 multiplies, 14 loads) {1e9 * conv[0]:.0f} ns on cache lines, {1e9 * conv[1]:.0f} and "
+        f"{1e9 * conv[2]:.0f} a tap 1 and 3 pairs off (the multiplies alone: {1e9 * 12 * t_mul:.0f} and "
+        f"{1e9 * 24 * t_mul:.0f})"
+    )
+    threads = numba_cpu.numba.get_num_threads()
+    shapes = TALKER_LAYER * 4
+    mats = [BF16Matrix(float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32))) for shape in shapes]
+    rows = 28
+    x = {c: rng.standard_normal((rows, c)).astype(np.float32) for c in (1024, 2048, 3072)}
+    outs = [np.empty((rows, m.shape[0]), np.float32) for m in mats]
+
+    def run():
+        return [numba_cpu._tile_bf16_times(x[m.shape[1]], m.bits, o, threads) for m, o in zip(mats, outs)]
+
+    run()
+    t_run = best(run, repeats)
+    flops = sum(2 * rows * m.shape[0] * m.shape[1] for m in mats)
+    multiplies = sum(12 * (m.shape[0] // 32) * (m.shape[1] // 32) * ((rows + 31) // 32) for m in mats)
+    nbytes = sum(m.bits.nbytes for m in mats)
+    print(
+        f"  prompt tile kernel, {rows} rows x 4 Talker layers ({nbytes / 1e6:.0f} MB), {threads} threads: "
+        f"{1e3 * t_run:.1f} ms, {flops / t_run / 1e9:.0f} GFLOP/s of float32 products, {nbytes / t_run / 1e9:.1f} GB/s "
+        f"of weights; its multiplies at {multiplies * t_mul / threads / t_run:.2f} of the tiles' rate"
+    )
 
 
 def conv_gflops(repeats: int) -> None:
