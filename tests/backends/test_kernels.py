@@ -978,6 +978,40 @@ def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I):
     assert np.all(np.abs(out - w @ x64) <= (I + 1) * np.finfo(np.float32).eps * (np.abs(w) @ np.abs(x64)))
 
 
+@pytest.mark.parametrize("n", [0, 1, 40, 200])
+@pytest.mark.parametrize("T", [1, 2, 28])
+def test_attention_of_the_new_positions_is_the_softmax_formula(n, T):
+    """The fused step's attention (``_attend_new_positions``: 16 heads of 128 over 8 key groups, the sizes of
+    the 0.6B Talker) for T new positions after n cached ones: softmax(q k^T / sqrt(D)) v over the keys up
+    to each position's own, the composition of nn.softmax in float32 and in float64; the kernel within
+    twice the float32 composition's distance from the float64 one, plus the float32 rounding of the longer
+    reduction at the output's scale.  The cache's rows past n + T hold NaN: a read past a position's keys
+    would show."""
+    H, G, D = 16, 8, 128
+    rng = np.random.default_rng(n + 100 * T)
+    q = rng.standard_normal((T, H * D)).astype(np.float32)
+    k = np.full((G, n + T + 9, D), np.nan, np.float32)
+    v = np.full((G, n + T + 9, D), np.nan, np.float32)
+    k[:, : n + T] = rng.standard_normal((G, n + T, D))
+    v[:, : n + T] = rng.standard_normal((G, n + T, D))
+    out = np.full((T, H * D), np.nan, np.float32)
+    numba_cpu._attend_new_positions(q, k, v, n, out)
+
+    def formula(dtype):
+        y = np.empty((T, H * D), dtype)
+        for h in range(H):
+            g = h // (H // G)
+            for t in range(T):
+                S = n + t + 1
+                scores_s = k[g, :S].astype(dtype) @ q[t, h * D : (h + 1) * D].astype(dtype) * dtype(D**-0.5)
+                y[t, h * D : (h + 1) * D] = nn.softmax(scores_s) @ v[g, :S].astype(dtype)
+        return y.astype(np.float64)
+
+    exact, composition = formula(np.float64), formula(np.float32)
+    floor = 2 * max(D, n + T) * np.finfo(np.float32).eps * np.max(np.abs(exact))
+    assert np.max(np.abs(out - exact)) <= 2 * np.max(np.abs(composition - exact)) + floor
+
+
 def random_qwen3_layer(rng, C, H, G, D, F, dtype):
     """One Qwen3 layer's weights (bf16-rounded matrices as BF16Matrix for float32, their exact float64
     values for float64) in a WeightView, and its config."""
