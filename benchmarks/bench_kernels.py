@@ -6,7 +6,8 @@ For the memory-bound kernels the useful unit is bytes of weights read per second
 machine's own streaming bandwidth (measured here with a large array copy, reads + writes); for SnakeBeta,
 samples per second; for the convolutions, GFLOP/s.  Shapes: one generation step of the 0.6B Talker (q/k/v/o,
 gate/up/down of 4 layers), the largest SnakeBeta of the codec decoder (96 channels at 24 kHz, 10 s) and its
-largest convolutions, its fused residual units and transposed convolutions, sgemm, and where the processor
+largest convolutions, its fused residual units and transposed convolutions, the fused step's attention
+(a step over 40 and 200 cached positions, a 28-position prompt), sgemm, and where the processor
 has AMX tiles their own limits (a multiply's rate with its operands in the registers, one step of the
 prompt's tile kernel on operands in the cache) against the prompt's tile kernel on a Talker layer's
 matrices.  Threads: NUMBA_NUM_THREADS and OPENBLAS_NUM_THREADS as set in the environment (printed).
@@ -82,9 +83,39 @@ def main() -> None:
         f"bytes moved by numba {8 * n / t_nb / 1e9:.1f} GB/s"
     )
     conv_gflops(args.repeats)
+    step_attention_rates(args.repeats)
     sgemm_gflops(rng)
     decoder_pieces_gflops(max(3, args.repeats // 6))
     tile_rates(rng, max(3, args.repeats // 4))
+
+
+def step_attention_rates(repeats: int) -> None:
+    """The fused step's attention (``_attend_new_positions``) at the 0.6B Talker's sizes (16 heads of 128
+    over 8 key groups): a generation step over 40 and 200 cached positions and a 28-position prompt, in
+    microseconds and GFLOP/s (4 H D flops a key: the score and the weighted value), against the plain
+    formula a head at a time (NumPy: q k^T, ``nn.softmax``, the product with v)."""
+    H, G, D = 16, 8, 128
+    rng = np.random.default_rng(2)
+    for T, n in ((1, 40), (1, 200), (28, 0)):
+        q = rng.standard_normal((T, H * D)).astype(np.float32)
+        k, v = rng.standard_normal((2, G, n + T, D)).astype(np.float32)
+        out = np.empty((T, H * D), np.float32)
+
+        def formula():
+            for h in range(H):
+                for t in range(T):
+                    scores_s = k[h // (H // G), : n + t + 1] @ q[t, h * D : (h + 1) * D] * np.float32(D**-0.5)
+                    out[t, h * D : (h + 1) * D] = nn.softmax(scores_s) @ v[h // (H // G), : n + t + 1]
+
+        numba_cpu._attend_new_positions(q, k, v, n, out)  # compiled or loaded before timing
+        calls = 50
+        t_twin = best(lambda: [numba_cpu._attend_new_positions(q, k, v, n, out) for _ in range(calls)], repeats) / calls
+        t_ref = best(formula, max(3, repeats // 4))
+        flops = 4 * H * D * sum(n + t + 1 for t in range(T))
+        print(
+            f"step attention T={T} after n={n}: formula {1e6 * t_ref:.0f} us, twin {1e6 * t_twin:.1f} us "
+            f"({flops / t_twin / 1e9:.1f} GFLOP/s, x{t_ref / t_twin:.0f})"
+        )
 
 
 def sgemm_gflops(rng) -> None:
