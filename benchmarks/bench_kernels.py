@@ -93,19 +93,18 @@ def step_attention_rates(repeats: int) -> None:
     """The fused step's attention (``_attend_new_positions``) at the 0.6B Talker's sizes (16 heads of 128
     over 8 key groups): a generation step over 40 and 200 cached positions and a 28-position prompt, in
     microseconds and GFLOP/s (4 H D flops a key: the score and the weighted value), against the plain
-    formula a head at a time (NumPy: q k^T, ``nn.softmax``, the product with v)."""
+    formula (``nn.attention.reference``: NumPy's products around the masked softmax)."""
     H, G, D = 16, 8, 128
     rng = np.random.default_rng(2)
     for T, n in ((1, 40), (1, 200), (28, 0)):
         q = rng.standard_normal((T, H * D)).astype(np.float32)
         k, v = rng.standard_normal((2, G, n + T, D)).astype(np.float32)
         out = np.empty((T, H * D), np.float32)
+        q_bhtd = np.ascontiguousarray(q.reshape(T, H, D).transpose(1, 0, 2)[None])
+        allowed = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
 
         def formula():
-            for h in range(H):
-                for t in range(T):
-                    scores_s = k[h // (H // G), : n + t + 1] @ q[t, h * D : (h + 1) * D] * np.float32(D**-0.5)
-                    out[t, h * D : (h + 1) * D] = nn.softmax(scores_s) @ v[h // (H // G), : n + t + 1]
+            nn.attention.reference(q_bhtd, k[None], v[None], allowed, D**-0.5)
 
         numba_cpu._attend_new_positions(q, k, v, n, out)  # compiled or loaded before timing
         calls = 50

@@ -983,7 +983,7 @@ def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I):
 def test_attention_of_the_new_positions_is_the_softmax_formula(n, T):
     """The fused step's attention (``_attend_new_positions``: 16 heads of 128 over 8 key groups, the sizes of
     the 0.6B Talker) for T new positions after n cached ones: softmax(q k^T / sqrt(D)) v over the keys up
-    to each position's own, the composition of nn.softmax in float32 and in float64; the kernel within
+    to each position's own, ``nn.attention`` (the reference) in float32 and in float64; the kernel within
     twice the float32 composition's distance from the float64 one, plus the float32 rounding of the longer
     reduction at the output's scale.  The cache's rows past n + T hold NaN: a read past a position's keys
     would show."""
@@ -996,16 +996,13 @@ def test_attention_of_the_new_positions_is_the_softmax_formula(n, T):
     v[:, : n + T] = rng.standard_normal((G, n + T, D))
     out = np.full((T, H * D), np.nan, np.float32)
     numba_cpu._attend_new_positions(q, k, v, n, out)
+    allowed = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
 
-    def formula(dtype):
-        y = np.empty((T, H * D), dtype)
-        for h in range(H):
-            g = h // (H // G)
-            for t in range(T):
-                S = n + t + 1
-                scores_s = k[g, :S].astype(dtype) @ q[t, h * D : (h + 1) * D].astype(dtype) * dtype(D**-0.5)
-                y[t, h * D : (h + 1) * D] = nn.softmax(scores_s) @ v[g, :S].astype(dtype)
-        return y.astype(np.float64)
+    def formula(dtype):  # nn.attention itself: [1, H, T, D] queries over [1, G, n + T, D] keys and values
+        q_bhtd = q.reshape(T, H, D).transpose(1, 0, 2)[None].astype(dtype)
+        k_bgsd, v_bgsd = (a[None, :, : n + T].astype(dtype) for a in (k, v))
+        y_bhtd = nn.attention.reference(q_bhtd, k_bgsd, v_bgsd, allowed, D**-0.5)
+        return y_bhtd[0].transpose(1, 0, 2).reshape(T, H * D).astype(np.float64)
 
     exact, composition = formula(np.float64), formula(np.float32)
     floor = 2 * max(D, n + T) * np.finfo(np.float32).eps * np.max(np.abs(exact))
