@@ -11,7 +11,7 @@ tests can measure the official float32 noise.  Also recorded:
 - which audio lengths the official accepts (around the shortest one that works);
 - the official wrapper's resampling (librosa.resample, soxr) of 16 and 44.1 kHz signals and their x-vectors;
 - the released speaker-encoder dimensions with random weights (0.6B-Base, enc_dim 1024): the mel and
-  x-vector of one short input.
+  x-vector of one short input; and with bfloat16 weights (as released), the x-vector of 2 s.
 
 Float64 run: the official ``mel_spectrogram`` pins the filterbank to float32 (``.float()``) and makes
 the Hann window in the default dtype; for that run only, the default dtype is float64 and the module's
@@ -179,6 +179,19 @@ def main() -> None:
         record = {}
         golden[f"released/{prec}/xvec"] = to_numpy(official_embedding(enc, audio, prec, record))
         golden[f"released/{prec}/mel"] = to_numpy(record["mel"][0])
+
+    # the released dimensions with bfloat16 weights, as the released checkpoints store them (the official
+    # module widens them to float32 at load), and 2 s of audio (188 mel frames): what our fast backend
+    # computes on the AMX tiles where the machine has them, checked by the same rule as every x-vector
+    with tempfile.TemporaryDirectory() as tmp:
+        preset = presets.preset(presets.RELEASED_SPEAKER_ENCODER)
+        synthetic.write_speaker_encoder(Path(tmp), preset, seed=4321, dtype="bfloat16")
+        big = load_official_encoder(Path(tmp))
+        big64 = load_official_encoder(Path(tmp)).double()
+    audio = 0.1 * rng.standard_normal(2 * SR)
+    golden["released_bf16/audio"] = audio
+    for prec, enc in (("f32", big), ("f64", big64)):
+        golden[f"released_bf16/{prec}/xvec"] = to_numpy(official_embedding(enc, audio, prec))
     save_golden("speaker_encoder", golden)
 
 

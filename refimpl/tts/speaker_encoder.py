@@ -545,7 +545,11 @@ class SpeakerEncoder:
         self.directory = directory
         check_weights(weights, speaker_encoder_weight_spec(self.config), f"speaker encoder ({directory})")
         self.backend = device_backend()
-        self.weights = upload_weights({name: np.asarray(arr, dtype=self.dtype) for name, arr in weights.items()})
+        # Read-only copies of its own: a backend may keep what it derives from a weight (numba_cpu's tiles).
+        weights = {name: np.array(arr, dtype=self.dtype) for name, arr in weights.items()}
+        for arr in weights.values():
+            arr.flags.writeable = False
+        self.weights = upload_weights(weights)
         if self.config.mel_dim != MEL_SETTINGS["num_mels"]:
             raise ValueError(
                 f"speaker_encoder_config.mel_dim is {self.config.mel_dim}, but the official mel "

@@ -1412,6 +1412,104 @@ def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
         speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1)  # the reference's error
 
 
+def bf16_values(rng, shape):
+    """Random float32 numbers that are bfloat16 values (their low 16 bits zero), as widened at load."""
+    bits = float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32))
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@needs_tiles
+@pytest.mark.parametrize(
+    "O, C, K, dilation, T", [(256, 32, 1, 1, 33), (256, 64, 3, 2, 150), (288, 384, 3, 1, 300), (256, 128, 5, 1, 129)]
+)
+def test_tdnn_on_the_tiles_is_the_tile_kernel_of_its_stacked_taps(O, C, K, dilation, T, monkeypatch):
+    """A TDNN with bf16 weights and at least ``TILE_TDNN_MIN_OUT`` outputs runs on the tiles: its taps
+    mirrored at both edges read in place and split in blocks of ``TILE_TDNN_STEPS`` steps (one pair of
+    tiles, several blocks, a last block of one step, 1152 > ``TILE_K_CHUNK`` columns), bias and ReLU in the
+    same pass: the same bits as the prompt's tile kernel on the reflect-padded, stacked rows, then bias and
+    ReLU; within the bound of two sums of the same I K terms; not the BLAS path's bits (the tiles ran); a
+    NaN frame spoils the same outputs as in the reference."""
+    rng = np.random.default_rng(O + C + K + T)
+    x = rng.standard_normal((1, C, T)).astype(np.float32)
+    w = bf16_values(rng, (O, C, K))
+    w.flags.writeable = False
+    b = rng.standard_normal(O).astype(np.float32)
+    got = numba_cpu.tdnn_offline(x, w, b, dilation)
+    left, right = speaker_encoder.same_padding(K, dilation)
+    padded = np.pad(x[0], ((0, 0), (left, right)), mode="reflect")
+    stacked = np.stack([padded[:, k * dilation : k * dilation + T] for k in range(K)], axis=1)  # [C, K, T]
+    rows = np.ascontiguousarray(stacked.reshape(C * K, T).T)
+    sums = np.empty((T, O), np.float32)
+    numba_cpu._tile_bf16_times(rows, float32_to_bf16_bits(w.reshape(O, C * K)), sums, 2)
+    with_bias = sums.T + b[:, None]
+    np.testing.assert_array_equal(got[0], np.where(with_bias <= 0, np.float32(0), with_bias))
+    ref = speaker_encoder.tdnn_offline.reference(x, w, b, dilation)
+    abs_sum = np.abs(w.reshape(O, C * K)).astype(np.float64) @ np.abs(rows.T) + np.abs(b)[:, None]
+    assert np.all(np.abs(got[0].astype(np.float64) - ref[0]) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
+    monkeypatch.setattr(numba_cpu, "USE_TILES", False)
+    assert not np.array_equal(numba_cpu.tdnn_offline(x, w, b, dilation), got)
+    monkeypatch.setattr(numba_cpu, "USE_TILES", True)
+    x[0, 0, T // 2] = np.nan
+    nan_ref = np.isnan(speaker_encoder.tdnn_offline.reference(x, w, b, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.tdnn_offline(x, w, b, dilation)), nan_ref)
+    assert nan_ref.any()
+
+
+@needs_tiles
+def test_one_by_one_conv_with_bf16_weights_on_the_tiles(monkeypatch):
+    """A 1x1 conv with bf16 weights and at least ``TILE_TDNN_MIN_OUT`` outputs (the speaker encoder's pooling
+    conv, 128 -> 1536) runs on the tiles, for each item of a batch, with and without a bias: the same bits as
+    the prompt's tile kernel (plus the bias), no ReLU (negative outputs kept), within the reduction bound of
+    the reference; not the BLAS path's bits (the tiles ran)."""
+    rng = np.random.default_rng(3)
+    B, I, O, T = 2, 128, 256, 70
+    x = rng.standard_normal((B, I, T)).astype(np.float32)
+    w = bf16_values(rng, (O, I, 1))
+    w.flags.writeable = False
+    for bias in (rng.standard_normal(O).astype(np.float32), None):
+        got = numba_cpu.conv1d(x, w, bias)
+        assert got.shape == (B, O, T) and (got < 0).any()
+        for i in range(B):
+            sums = np.empty((T, O), np.float32)
+            numba_cpu._tile_bf16_times(np.ascontiguousarray(x[i].T), float32_to_bf16_bits(w[:, :, 0]), sums, 2)
+            np.testing.assert_array_equal(got[i], sums.T if bias is None else sums.T + bias[:, None])
+        ref = nn.conv1d.reference(x, w, bias)
+        abs_sum = np.abs(w[:, :, 0]).astype(np.float64) @ np.abs(x.astype(np.float64)) + (
+            0 if bias is None else np.abs(bias)[:, None]
+        )
+        assert np.all(np.abs(got - ref) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
+        monkeypatch.setattr(numba_cpu, "USE_TILES", False)
+        assert not np.array_equal(numba_cpu.conv1d(x, w, bias), got)
+        monkeypatch.setattr(numba_cpu, "USE_TILES", True)
+
+
+def test_tdnn_tiles_only_for_bf16_weights_of_whole_tiles_and_kept_while_read_only():
+    """The A tiles of a TDNN's weight: none where a weight is not a bf16 value or O or I K is no multiple of 32
+    (the BLAS path then); kept for a read-only weight (the same array on the next call) and dropped when it
+    dies; made again for a writable one (it may change between calls)."""
+    import gc
+
+    rng = np.random.default_rng(7)
+    assert numba_cpu._tdnn_weight_tiles(rng.standard_normal((256, 64, 1)).astype(np.float32)) is None
+    assert numba_cpu._tdnn_weight_tiles(bf16_values(rng, (272, 64, 1))) is None  # 272 = 17 x 16
+    assert numba_cpu._tdnn_weight_tiles(bf16_values(rng, (256, 20, 1))) is None
+    w = bf16_values(rng, (256, 64, 3))
+    w[5, 7, 2] = np.float32(1.0 + 2.0**-20)  # one weight that is no bf16 value
+    assert numba_cpu._tdnn_weight_tiles(w) is None
+    w[5, 7, 2] = 1.0
+    tiles = numba_cpu._tdnn_weight_tiles(w)
+    words = float32_to_bf16_bits(w.reshape(256, 192))
+    np.testing.assert_array_equal(tiles.transpose(0, 2, 1, 3).reshape(256, 192), words)
+    assert id(w) not in numba_cpu._TDNN_TILES and numba_cpu._tdnn_weight_tiles(w) is not tiles
+    w.flags.writeable = False
+    kept = numba_cpu._tdnn_weight_tiles(w)
+    assert numba_cpu._tdnn_weight_tiles(w) is kept and id(w) in numba_cpu._TDNN_TILES
+    key = id(w)
+    del w
+    gc.collect()
+    assert key not in numba_cpu._TDNN_TILES
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     B=st.integers(1, 2),

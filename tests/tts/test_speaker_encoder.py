@@ -221,6 +221,23 @@ def test_released_dimensions(prec):
     assert_close_to_official(xvec, "released/f32/xvec", "released/f64/xvec", prec, "released x-vector")
 
 
+@pytest.mark.parametrize("prec", ["f32", "f64"])
+def test_released_dimensions_with_bf16_weights(backend, prec, tmp_path):
+    """The released dimensions with bfloat16 weights as the released checkpoints store them (written by the
+    synthetic generator, read by the loader), 2 s of audio, nothing traced: on the fast backend the TDNNs of
+    512 and 1536 outputs run on the AMX tiles where the machine has them (the weights' bf16 words as the A
+    tiles, the signal in three exact parts), and the x-vector keeps the rule of every other one."""
+    synthetic.write_speaker_encoder(tmp_path, presets.preset(presets.RELEASED_SPEAKER_ENCODER), 4321, "bfloat16")
+    enc = speaker.SpeakerEncoder.from_pretrained(tmp_path, np.float32 if prec == "f32" else np.float64)
+    xvec = enc.embed(GOLDEN["released_bf16/audio"])
+    what = "released x-vector, bf16 weights"
+    assert_close_to_official(xvec, "released_bf16/f32/xvec", "released_bf16/f64/xvec", prec, what)
+    if backend == "numba" and prec == "f32":
+        from refimpl.backends import numba_cpu
+
+        assert (id(enc.weights["mfa.conv.weight"]) in numba_cpu._TDNN_TILES) == numba_cpu.USE_TILES
+
+
 # ----------------------------------------------------------------------------- checkpoint and config
 
 
