@@ -1042,11 +1042,13 @@ def _tdnn_weight_tiles(w_oik):
 def _taps_on_tiles(x_ct, tiles_usrc, b_o, relu, K, dilation, first, out_ot):
     """out = (ReLU of) the stacked taps' product by the weight's tiles plus the bias (where given): the
     blocks of ``_taps_blocks_on_tiles`` shared out over the piece threads (``run_pieces``)."""
-    x_ct, n = np.ascontiguousarray(x_ct), _piece_threads()
+    x_ct, n, T = np.ascontiguousarray(x_ct), _piece_threads(), x_ct.shape[1]
     add_bias = b_o is not None
     b_o = np.zeros(1, np.float32) if b_o is None else b_o
     run_pieces(
-        lambda th: _taps_blocks_on_tiles(x_ct, tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, th, n),
+        lambda th: _taps_blocks_on_tiles(
+            x_ct, tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, 0, T, th, n
+        ),
         [(th,) for th in range(n)],
     )
 
@@ -1078,6 +1080,15 @@ def tdnn_offline(x_bct, w_oik, b_o, dilation):
     return out_bot
 
 
+def _res2net_tiles(w_joik, T):
+    """The groups' weight tiles (``_tdnn_weight_tiles``) where the Res2Net runs on the tiles (granted, k3,
+    ``TILE_RES2NET_MIN_STEPS`` steps, every group's weight bf16 values of whole tiles), else None."""
+    if not USE_TILES or T < TILE_RES2NET_MIN_STEPS or w_joik[0].shape[-1] != 3:
+        return None
+    tiles_j = tuple(_tdnn_weight_tiles(w) for w in w_joik)
+    return None if any(t is None for t in tiles_j) else tiles_j
+
+
 def res2net_offline(x_bct, w_joik, b_jo, dilation):
     """``tts.speaker_encoder.res2net_offline`` (float32): each group's TDNN written in place in the
     concatenated output (its rows of channels are a contiguous block of it), the sum with the previous
@@ -1095,6 +1106,18 @@ def res2net_offline(x_bct, w_joik, b_jo, dilation):
     if too_short or any(w.dtype != np.float32 or w.shape[-1] != K for w in w_joik) or any(b is None for b in b_jo):
         return NotImplemented
     out_bct = new_output((B, C, T))
+    tiles_j = _res2net_tiles(w_joik, T)
+    if tiles_j is not None:  # bf16 weights (as released): each thread a range of steps, all groups on the tiles
+        b_jo = tuple(np.ascontiguousarray(b, np.float32) for b in b_jo)
+        n = _piece_threads()
+        for b in range(B):
+            x_ct, out_ct = np.ascontiguousarray(x_bct[b]), out_bct[b]
+            cuts = [T * i // n for i in range(n + 1)]
+            run_pieces(
+                lambda t0, t1: _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, t0, t1, out_ct),
+                [(cuts[i], cuts[i + 1]) for i in range(n)],
+            )
+        return out_bct
     out_bct[:, :G] = x_bct[:, :G]
     sum_ct = np.empty((G, T), np.float32)
     cols_gkt = np.empty((G, K, T), np.float32)  # every group's stacked taps, in one buffer
@@ -2337,7 +2360,9 @@ TILE_SPLIT_AHEAD = 8  # columns ahead whose rows of x the split asks for while i
 TILE_TDNN_MIN_STEPS = 32  # shorter signals keep the BLAS path (one pair of tiles of time steps)
 TILE_TDNN_MIN_OUT = 256  # fewer outputs keep the BLAS path: the split costs about 1 ns an input value and thread
 # whatever O, the tiles save about 4 ps a product against OpenBLAS (600 against 280 GFLOP/s): even at O = 128;
-# the Res2Net's 64 channels (0.31 against 0.27 ms a group) stay on BLAS
+# a Res2Net's 64-channel groups one by one lose (0.31 against 0.27 ms a group), all of them in one call win:
+TILE_RES2NET_MIN_STEPS = 128  # (937 steps 1.2-1.5 against 1.9-2.1 ms, 150 steps 0.35-0.40 against 0.58-0.60,
+# 45 steps 0.27 against 0.17: each thread's share of steps widened by the dilation once per later group)
 
 
 @numba.njit(inline="always")
@@ -2410,18 +2435,20 @@ def _bf16_words_into_tiles(w_om, tiles_usrc):
 
 
 @numba.njit(cache=True, nogil=True)
-def _taps_blocks_on_tiles(x_ct, a_tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, th, n_threads):
+def _taps_blocks_on_tiles(
+    x_ct, a_tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, t_begin, t_end, th, n_threads
+):
     """out[o, t] = ReLU(b[o] + sum_c w[o, c] x_stacked[t, c]) (the bias where ``add_bias``, the ReLU where
-    ``relu``) on the tile registers, for the blocks th, th + n_threads, ... of ``TILE_TDNN_STEPS`` steps
-    (one piece of ``run_pieces``): the stacked taps' rows (``_split_taps_into_tiles``: column i K + k =
-    x[i, r(t + first + k dilation)]) times the weights' bf16 words (``_bf16_words_into_tiles``; O a multiple
-    of 32, K I of 32).  For every pair of weight tiles, four float32 tiles of sums (2 x 16 outputs x 2 x
-    16 steps) over ``TILE_K_CHUNK`` columns at a time, the chunks' sums added in float32 after: the order of
-    ``_tile_bf16_times``, the same bits as it gives for the stacked rows.  A step's sums see its row alone."""
-    T = x_ct.shape[1]
+    ``relu``) on the tile registers, for t_begin <= t < t_end, in blocks of ``TILE_TDNN_STEPS`` steps from
+    t_begin, of which this call takes th, th + n_threads, ... (one piece of ``run_pieces``): the stacked
+    taps' rows (``_split_taps_into_tiles``: column i K + k = x[i, r(t + first + k dilation)]) times the
+    weights' bf16 words (``_bf16_words_into_tiles``; O a multiple of 32, K I of 32).  For every pair of
+    weight tiles, four float32 tiles of sums (2 x 16 outputs x 2 x 16 steps) over ``TILE_K_CHUNK`` columns at
+    a time, the chunks' sums added in float32 after: the order of ``_tile_bf16_times``, the same bits as it
+    gives for the stacked rows.  A step's sums see its row alone."""
     U, S = a_tiles_usrc.shape[0], a_tiles_usrc.shape[1]
     NB = TILE_TDNN_STEPS
-    blocks = (T + NB - 1) // NB
+    blocks = (t_end - t_begin + NB - 1) // NB
     steps = TILE_K_CHUNK // 32
     a_words = a_tiles_usrc.reshape(-1)
     J = NB + 16  # a row of the split taps: the block's steps and 64 bytes more (a B tile's rows 576 bytes apart;
@@ -2432,8 +2459,8 @@ def _taps_blocks_on_tiles(x_ct, a_tiles_usrc, b_o, add_bias, relu, K, dilation, 
     chunk = chunk_rn.reshape(-1)
     _tile_config(_tile_shapes())
     for blk in range(th, blocks, n_threads):
-        t0 = blk * NB
-        n = min(NB, T - t0)
+        t0 = t_begin + blk * NB
+        n = min(NB, t_end - t0)
         pairs = (n + 31) // 32  # pairs of 16-step tiles
         _split_taps_into_tiles(x_ct, K, dilation, first, t0, n, 32 * pairs, pairs_spqn)
         for up in range(U // 2):
@@ -2472,6 +2499,31 @@ def _taps_blocks_on_tiles(x_ct, a_tiles_usrc, b_o, add_bias, relu, K, dilation, 
                     y = sums_t[t] + bias if add_bias else sums_t[t]
                     out_t[t] = np.float32(0.0) if relu and y <= 0 else y
     _tile_release()
+
+
+@numba.njit(cache=True, nogil=True)
+def _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, a, b, out_ct):
+    """``res2net_offline``'s output steps a <= t < b of one item [C, T], all its groups on this thread: group 0
+    copied; group j's TDNN (``_taps_blocks_on_tiles``, k3, reflect padding) on x_j + y_(j-1) over the steps
+    its successors need (the range widened by the dilation once per later group, within 0 .. T - 1), so
+    that the cascade needs nothing of another thread's range.  Each step's sums see its own row alone: the
+    same bits as the groups' TDNNs on the tiles over the whole signal."""
+    C, T = x_ct.shape
+    J = len(tiles_j)  # groups after the first
+    G = C // (J + 1)
+    K = 3
+    z_ct = np.empty((G, T), dtype=np.float32)  # a group's input where it is read
+    y_ct = np.empty((G, T), dtype=np.float32)  # the previous group's output where it is computed
+    out_ct[:G, a:b] = x_ct[:G, a:b]
+    for j in range(1, J + 1):
+        widen = (J - j) * dilation
+        r0, r1 = max(a - widen, 0), min(b + widen, T)  # group j's outputs the cascade needs
+        z0, z1 = max(r0 - dilation, 0), min(r1 + dilation, T)  # its inputs they read (mirrored ones inside)
+        for c in range(G):
+            for t in range(z0, z1):
+                z_ct[c, t] = x_ct[j * G + c, t] if j == 1 else x_ct[j * G + c, t] + y_ct[c, t]
+        _taps_blocks_on_tiles(z_ct, tiles_j[j - 1], b_jo[j - 1], True, True, K, dilation, -dilation, y_ct, r0, r1, 0, 1)
+        out_ct[j * G : (j + 1) * G, a:b] = y_ct[:, a:b]
 
 
 # ----------------------------------------------------------------------------- the residual unit on the tiles

@@ -1620,6 +1620,40 @@ def test_gated_residual_twin_is_bit_identical(B, C, T, seed):
     assert numba_cpu.gated_residual(h, gates[:, :, :1].repeat(2, axis=2), x) is NotImplemented
 
 
+@needs_tiles
+@pytest.mark.parametrize("dilation, T", [(2, 129), (4, 300), (3, 700)])
+def test_res2net_on_the_tiles_is_its_groups_tdnns_on_the_tiles(dilation, T, monkeypatch):
+    """A Res2Net with bf16 weights (k3, from ``TILE_RES2NET_MIN_STEPS`` steps) on the tiles, each thread all
+    its groups over its own range of steps (widened by the dilation once per later group): the same bits
+    as its groups' TDNNs run one by one on the tiles over the whole signal, and as one range over all steps;
+    group 0 copied; within float32 noise of the formula; a NaN spoils the same outputs."""
+    rng = np.random.default_rng(dilation + T)
+    G, groups = 64, 8
+    w_j = tuple(bf16_values(rng, (G, G, 3)) * np.float32(0.125) for _ in range(groups - 1))
+    for w in w_j:
+        w.flags.writeable = False
+    b_j = tuple(rng.standard_normal(G).astype(np.float32) for _ in range(groups - 1))
+    x = rng.standard_normal((1, groups * G, T)).astype(np.float32)
+    got = numba_cpu.res2net_offline(x, w_j, b_j, dilation)
+    whole = np.empty_like(got[0])
+    tiles_j = numba_cpu._res2net_tiles(w_j, T)
+    numba_cpu._res2net_range_on_tiles(x[0], tiles_j, b_j, dilation, 0, T, whole)
+    np.testing.assert_array_equal(got[0], whole)
+    np.testing.assert_array_equal(got[:, :G], x[:, :G])
+    with monkeypatch.context() as mp:  # the groups one by one, each TDNN on the tiles
+        mp.setattr(numba_cpu, "TILE_TDNN_MIN_OUT", 32)
+        mp.setattr(numba_cpu, "_res2net_tiles", lambda w_joik, T: None)
+        np.testing.assert_array_equal(numba_cpu.res2net_offline(x, w_j, b_j, dilation), got)
+    ref = speaker_encoder.res2net_offline.reference(x, w_j, b_j, dilation)
+    as64 = [tuple(a.astype(np.float64) for a in arrays) for arrays in (w_j, b_j)]
+    exact = speaker_encoder.res2net_offline.reference(x.astype(np.float64), *as64, dilation)
+    assert within_float32_noise(got, ref, exact)
+    x[0, 3 * G, T // 2] = np.nan
+    nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, w_j, b_j, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.res2net_offline(x, w_j, b_j, dilation)), nan_ref)
+    assert nan_ref.any()
+
+
 def test_res2net_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     x = np.zeros((1, 4, 2), np.float32)
     w = (np.zeros((2, 2, 5), np.float32),)
