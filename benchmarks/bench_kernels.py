@@ -10,7 +10,8 @@ largest convolutions, its fused residual units and transposed convolutions, the 
 (a step over 40 and 200 cached positions, a 28-position prompt), sgemm, and where the processor
 has AMX tiles their own limits (a multiply's rate with its operands in the registers, one step of the
 prompt's tile kernel on operands in the cache) against the prompt's tile kernel on a Talker layer's
-matrices.  Threads: NUMBA_NUM_THREADS and OPENBLAS_NUM_THREADS as set in the environment (printed).
+matrices, and the speaker encoder's TDNNs and a Res2Net with bf16 weights on the tiles against OpenBLAS.
+Threads: NUMBA_NUM_THREADS and OPENBLAS_NUM_THREADS as set in the environment (printed).
 """
 
 from __future__ import annotations
@@ -87,6 +88,48 @@ def main() -> None:
     sgemm_gflops(rng)
     decoder_pieces_gflops(max(3, args.repeats // 6))
     tile_rates(rng, max(3, args.repeats // 4))
+    tdnn_tile_rates(rng, max(3, args.repeats // 2))
+
+
+def tdnn_tile_rates(rng, repeats: int) -> None:
+    """The speaker encoder's products over 10 s (937 frames) with bf16 weights, as released: each TDNN shape
+    and a Res2Net (7 groups of 64 x 64 x 3) through the twins on the AMX tiles (``_tdnn_into``,
+    ``res2net_offline``) against the same twins on OpenBLAS (``USE_TILES`` off), in ms and GFLOP/s of float32
+    products, alternating."""
+    if not numba_cpu.USE_TILES:
+        print("speaker encoder on the tiles: no tiles here (its TDNNs run on OpenBLAS)")
+        return
+    T = 937
+
+    def bf16_weight(shape):
+        bits = float32_to_bf16_bits(0.05 * rng.standard_normal(shape).astype(np.float32))
+        w = (bits.astype(np.uint32) << 16).view(np.float32)
+        w.flags.writeable = False  # (a model's weights: the twin keeps their tiles)
+        return w
+
+    cases = []
+    for O, I, K, d in ((1536, 1536, 1, 1), (512, 512, 1, 1), (512, 128, 5, 1)):
+        w, b = bf16_weight((O, I, K)), np.zeros(O, np.float32)
+        x, out = rng.standard_normal((I, T)).astype(np.float32), np.empty((O, T), np.float32)
+        run = lambda x=x, w=w, b=b, d=d, out=out: numba_cpu._tdnn_into(x, w, b, d, out)  # noqa: E731
+        cases.append((f"TDNN {O} x {I} x {K}", 2 * O * I * K * T, run))
+    w_j = tuple(bf16_weight((64, 64, 3)) for _ in range(7))
+    b_j = tuple(np.zeros(64, np.float32) for _ in range(7))
+    x_res = rng.standard_normal((1, 512, T)).astype(np.float32)
+    run = lambda: numba_cpu.res2net_offline(x_res, w_j, b_j, 2)  # noqa: E731
+    cases.append(("Res2Net 7 x (64 x 64 x 3)", 7 * 2 * 64 * 64 * 3 * T, run))
+    for name, flops, run in cases:
+        times = {}
+        for tiles in (True, False) * 2:
+            numba_cpu.USE_TILES = tiles
+            run()
+            times[tiles] = min(times.get(tiles, np.inf), best(run, repeats))
+        numba_cpu.USE_TILES = True
+        print(
+            f"speaker encoder {name}, {T} frames: tiles {1e3 * times[True]:.2f} ms "
+            f"({flops / times[True] / 1e9:.0f} GFLOP/s), OpenBLAS {1e3 * times[False]:.2f} ms "
+            f"({flops / times[False] / 1e9:.0f} GFLOP/s)"
+        )
 
 
 def step_attention_rates(repeats: int) -> None:
