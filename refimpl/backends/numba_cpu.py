@@ -7,7 +7,8 @@ Two kinds of twin live here:
 - for generation, Numba kernels on bfloat16 weights kept as stored (the Talker's and the code predictor's
   matrix-vector products read half the bytes): ``linear`` and ``decoder_layer_step``, on Numba's
   parallel loops, and a prompt's products on the AMX tile registers where the processor has them (and the
-  codec decoder's residual units and the encoder's residual blocks: float32 products on exact bf16 parts);
+  codec decoder's residual units and the encoder's residual blocks: float32 products on exact bf16 parts;
+  and the speaker encoder's TDNNs, Res2Nets and pooling conv where its weights are bf16 values, as released);
 - for the codecs, pieces of time that run side by side on Python threads, BLAS held to one thread per call
   meanwhile (``run_pieces``): ``conv1d`` and ``conv_transpose1d`` as one matrix product per piece, the
   decoder's residual unit and the encoder's residual block each in one call, SnakeBeta (NumPy's float32
@@ -2359,7 +2360,7 @@ TILE_TDNN_STEPS = 128  # time steps of a block: their split taps (3 x 2 bytes x 
 TILE_SPLIT_AHEAD = 8  # columns ahead whose rows of x the split asks for while it splits the current ones
 TILE_TDNN_MIN_STEPS = 32  # shorter signals keep the BLAS path (one pair of tiles of time steps)
 TILE_TDNN_MIN_OUT = 256  # fewer outputs keep the BLAS path: the split costs about 1 ns an input value and thread
-# whatever O, the tiles save about 4 ps a product against OpenBLAS (600 against 280 GFLOP/s): even at O = 128;
+# whatever O, the tiles save about 4 ps a product against OpenBLAS (600 against 280 GFLOP/s), even near O = 130;
 # a Res2Net's 64-channel groups one by one lose (0.31 against 0.27 ms a group), all of them in one call win:
 TILE_RES2NET_MIN_STEPS = 128  # (937 steps 1.2-1.5 against 1.9-2.1 ms, 150 steps 0.35-0.40 against 0.58-0.60,
 # 45 steps 0.27 against 0.17: each thread's share of steps widened by the dilation once per later group)
