@@ -25,7 +25,7 @@ import numpy as np
 
 from refimpl import nn
 from refimpl.backends import numba_cpu
-from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
+from refimpl.backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
 
 # (rows, columns) of every matrix one 0.6B Talker layer multiplies a hidden state by
 TALKER_LAYER = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)]
@@ -102,8 +102,7 @@ def tdnn_tile_rates(rng, repeats: int) -> None:
     T = 937
 
     def bf16_weight(shape):
-        bits = float32_to_bf16_bits(0.05 * rng.standard_normal(shape).astype(np.float32))
-        w = (bits.astype(np.uint32) << 16).view(np.float32)
+        w = bf16_bits_to_float32(float32_to_bf16_bits(0.05 * rng.standard_normal(shape).astype(np.float32)))
         w.flags.writeable = False  # (a model's weights: the twin keeps their tiles)
         return w
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from refimpl import backends as kernels
 from refimpl import nn, transformer
 from refimpl.backends import numba_cpu
-from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
+from refimpl.backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
 from refimpl.codec import decoder as codec_decoder
 from refimpl.codec import encoder as codec_encoder
 from refimpl.codec import quantization
@@ -1414,8 +1414,7 @@ def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
 
 def bf16_values(rng, shape):
     """Random float32 numbers that are bfloat16 values (their low 16 bits zero), as widened at load."""
-    bits = float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32))
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    return bf16_bits_to_float32(float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32)))
 
 
 @needs_tiles
