@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import functools
 import math
+import operator
 import os
 import platform
 import tempfile
@@ -1847,6 +1848,87 @@ def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last
     return out_tc.reshape((1, out_tc.shape[0], C))
 
 
+@numba.njit(fastmath=FASTMATH, cache=True)
+def _decoder_steps_bf16(
+    x_tc, ln1_l, q_l, k_l, v_l, qn_l, kn_l, o_l, ln2_l, gate_l, up_l, down_l, cos_td, sin_td, k_l_gsd, v_l_gsd,
+    n, eps, n_threads, last_first_out, tiles
+):  # fmt: skip
+    """``_decoder_step_bf16`` through the L layers of a stack in turn, each argument that differs by layer a
+    tuple of L (layer i: ``q_l[i]``...; its KV cache ``k_l_gsd[i]``, ``v_l_gsd[i]``), the last layer's output
+    from position ``last_first_out`` on: one call for a generation step's whole stack."""
+    L = len(q_l)
+    for i in range(L):
+        x_tc = _decoder_step_bf16(
+            x_tc, ln1_l[i], q_l[i], k_l[i], v_l[i], qn_l[i], kn_l[i], o_l[i], ln2_l[i], gate_l[i], up_l[i],
+            down_l[i], cos_td, sin_td, k_l_gsd[i], v_l_gsd[i], n, eps, n_threads,
+            last_first_out if i == L - 1 else 0, tiles,
+        )  # fmt: skip
+    return x_tc
+
+
+STEP_TENSORS = (  # a layer's tensors in the order of _decoder_step_bf16's arguments
+    *("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    *("self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.o_proj.weight"),
+    *("post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"),
+)
+STEP_MATRICES = tuple(j for j, name in enumerate(STEP_TENSORS) if name.endswith("_proj.weight"))  # their bf16 words
+
+
+@functools.lru_cache(maxsize=16)
+def _stack_tensor_names(prefixes: tuple):
+    """One C call that takes every tensor of the layers ``prefixes`` from a weights dict, layer by layer in
+    the order of ``STEP_TENSORS`` (only names: valid for any model whose layers have these prefixes)."""
+    return operator.itemgetter(*(p + name for p in prefixes for name in STEP_TENSORS))
+
+
+def _one_array_type(arrays: tuple) -> bool:
+    """Whether Numba sees every array of ``arrays`` as one type (dtype, dimensions, C order, writability),
+    so that the tuple is one a kernel may index at run time."""
+    a0 = arrays[0]
+    return all(
+        a.dtype == a0.dtype and a.ndim == a0.ndim and a.flags.c_contiguous and a.flags.writeable == a0.flags.writeable
+        for a in arrays
+    )
+
+
+def decoder_stack_step(x_btc, layers: list, cfg, cos_btd, sin_btd, caches: list, eps: float, last_only: bool = False):
+    """``transformer.decoder_stack_step`` (a generation step through every layer of a stack, each a Qwen3
+    layer on bf16 words with its ``KVCache``) in one Numba call: the layers' tensors taken from the weights
+    dict in one C call (``_stack_tensor_names``) and passed as tuples, one per argument of the layer kernel;
+    the numbers are those of ``decoder_layer_step`` layer by layer, the same kernel in the same order."""
+    weights, n, T = layers[0].weights, caches[0].length, x_btc.shape[1]
+    if any(lw.weights is not weights for lw in layers) or any(c.length != n for c in caches):
+        return NotImplemented
+    tensors = _stack_tensor_names(tuple(lw.prefix for lw in layers))(weights)
+    K = len(STEP_TENSORS)
+    by_argument = [tensors[j::K] for j in range(K)]
+    for j in STEP_MATRICES:
+        by_argument[j] = tuple(m.bits for m in by_argument[j])
+    for cache in caches:
+        cache.reserve(T)
+    k_caches, v_caches = tuple(c.k[0] for c in caches), tuple(c.v[0] for c in caches)
+    if not all(map(_one_array_type, (*by_argument, k_caches, v_caches))):
+        return NotImplemented  # (the reference then runs the layers one call each)
+    C = x_btc.shape[2]
+    x_tc = np.array(x_btc, dtype=np.float32, order="C").reshape(T, C)  # (a writable copy: the layers' type)
+    out_tc = _decoder_steps_bf16(
+        x_tc,
+        *by_argument,
+        np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(T, -1),
+        np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(T, -1),
+        k_caches,
+        v_caches,
+        n,
+        np.float32(eps),
+        numba.get_num_threads(),
+        T - 1 if last_only else 0,
+        USE_TILES,
+    )
+    for cache in caches:
+        cache.length = n + T
+    return out_tc.reshape((1, out_tc.shape[0], C))
+
+
 @numba.njit(cache=True)
 def _widen_bf16_into(bits_oi, out_oi):
     """out = the float32 values of the bfloat16 words (exact).  One thread: it alternates with BLAS calls,
@@ -3038,6 +3120,7 @@ TWINS = {
     "conv1d": conv1d,
     "linear": linear,
     "decoder_layer_step": decoder_layer_step,
+    "decoder_stack_step": decoder_stack_step,
     "residual_unit_push": residual_unit_push,
     "snake_causal_conv_push": snake_causal_conv_push,
     "resnet_block_offline": resnet_block_offline,

@@ -37,7 +37,8 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
 
     assert set(numba_cpu.TWINS) == {
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
-        *("decoder_layer_step", "residual_unit_push", "resnet_block_offline", "elu_causal_conv_offline"),
+        *("decoder_layer_step", "decoder_stack_step", "residual_unit_push", "resnet_block_offline"),
+        *("elu_causal_conv_offline",),
         *("snake_causal_conv_push", "softmax", "tdnn_offline", "res2net_offline", "mean_and_std", "nearest_rows"),
         *("softmax_mean_and_std", "gated_residual", "spectral_magnitude", "attention", "rms_norm"),
     }
@@ -1121,10 +1122,10 @@ def test_the_stack_returns_the_last_position_alone_with_the_same_bits():
 
 
 def test_the_stack_takes_the_fused_step_only_where_it_fits():
-    """transformer_stack runs decoder_layer_step for up to 64 new positions of one row with bf16 layers and
-    plain caches, nothing recorded; a longer prompt (65 positions), a recorder or float32 matrices take the
-    layer by layer path.  Over a prompt, a 30-position continuation, a 2-position step and two 1-position
-    steps the two paths give the same values (float32 bound)."""
+    """transformer_stack runs decoder_stack_step (the layers fused, one call for the stack) for up to 64 new
+    positions of one row with bf16 layers and plain caches, nothing recorded; a longer prompt (65 positions),
+    a recorder or float32 matrices take the layer by layer path.  Over a prompt, a 30-position continuation,
+    a 2-position step and two 1-position steps the two paths give the same values (float32 bound)."""
     from refimpl.recorder import Recorder
 
     rng = np.random.default_rng(3)
@@ -1132,7 +1133,7 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
     lw, cfg = random_qwen3_layer(rng, C, H, G, D, F, np.float32)
     layers = [lw, lw]
     calls = []
-    fused = numba_cpu.decoder_layer_step
+    fused = numba_cpu.decoder_stack_step
 
     def counting(*args):
         calls.append(1)
@@ -1156,7 +1157,7 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
             mask = nn.AttentionMask(pos, nn.arange(stop))
             record = Recorder({}) if path == "layer by layer" else Recorder(None)
             table = kernels.REGISTRY["numba"].twins  # the table the registry reads (numba_cpu.TWINS)
-            table["decoder_layer_step"] = counting
+            table["decoder_stack_step"] = counting
             try:
                 with kernels.use_backend("numba"):
                     outs.append(
@@ -1174,12 +1175,9 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
                         )
                     )
             finally:
-                table["decoder_layer_step"] = fused
+                table["decoder_stack_step"] = fused
         results[path] = np.concatenate(outs, axis=1)
-        if path == "fused":
-            assert len(calls) == 4 * len(layers)  # the four steps, not the 65-position prompt
-        else:
-            assert len(calls) == 4 * len(layers)  # unchanged: a recorder was given
+        assert len(calls) == 4  # the four steps, not the 65-position prompt; unchanged with a recorder given
     np.testing.assert_allclose(results["fused"], results["layer by layer"], rtol=1e-4, atol=1e-5)
 
 
@@ -1827,3 +1825,74 @@ def test_rms_norm_twin_is_the_reference_bit_for_bit(shape, C, scale, special, pi
         assert numba_cpu.rms_norm(x[::2], w, 1e-6) is NotImplemented or x[::2].flags.c_contiguous
     assert numba_cpu.rms_norm(x, w[None], 1e-6) is NotImplemented
     assert numba_cpu.rms_norm(x.astype(np.float64), w, 1e-6) is NotImplemented
+
+
+def random_qwen3_stack(seed, L, C, H, G, D, F):
+    """L different Qwen3 layers (``random_qwen3_layer``'s, float32 with bf16 matrices) in one weights dict
+    under the checkpoints' names, as ``transformer.layer_views`` gives them, and their config."""
+    weights = {}
+    for i in range(L):
+        lw, cfg = random_qwen3_layer(np.random.default_rng(seed + i), C, H, G, D, F, np.float32)
+        weights.update({f"model.layers.{i}.{name}": tensor for name, tensor in lw.weights.items()})
+    return weights, transformer.layer_views(weights, "model.layers.", L), cfg
+
+
+@pytest.mark.parametrize("T", [1, 2, 17])  # a generation step, the code predictor's first pass, a prompt
+@pytest.mark.parametrize("n_cached", [0, 3])
+@pytest.mark.parametrize("last_only", [False, True])
+def test_decoder_stack_step_twin_is_its_layers_one_call_each(T, n_cached, last_only):
+    """The whole stack in one call (numba's decoder_stack_step) has the bits of its reference, the layer
+    twin called once a layer: the output, every layer's new keys and values, and the caches' lengths, with
+    caches that grow (capacity 2) and three layers of different weights."""
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    weights, layers, cfg = random_qwen3_stack(11, 3, C, H, G, D, F)
+    x = np.random.default_rng(T).standard_normal((1, T, C)).astype(np.float32)
+    cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
+    past = np.random.default_rng(T + 1).standard_normal((len(layers), 2, 1, G, n_cached, D)).astype(np.float32)
+    out = {}
+    for kind, stack in (("twin", numba_cpu.decoder_stack_step), ("layers", transformer.decoder_stack_step.reference)):
+        caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
+        for cache, (k, v) in zip(caches, past):
+            cache.append(k, v)
+        with kernels.use_backend("numba"):
+            y = stack(x, layers, cfg, cos[None], sin[None], caches, 1e-6, last_only)
+        assert y is not NotImplemented and all(c.length == n_cached + T for c in caches)
+        out[kind] = (y, [(c.k[:, :, : n_cached + T].copy(), c.v[:, :, : n_cached + T].copy()) for c in caches])
+    assert out["twin"][0].shape == (1, 1 if last_only else T, C)
+    np.testing.assert_array_equal(out["twin"][0], out["layers"][0])
+    for (k1, v1), (k2, v2) in zip(out["twin"][1], out["layers"][1]):
+        np.testing.assert_array_equal(k1, k2)
+        np.testing.assert_array_equal(v1, v2)
+
+
+def test_decoder_stack_step_twin_declines_layers_it_cannot_pass_as_one_tuple():
+    """Layers of two weights dicts, caches of different lengths, or a tensor whose type differs from the
+    other layers' (a read-only norm among writable ones: no tuple Numba could index at run time) get
+    NotImplemented, and the stack then runs its layers one call each, with the same bits."""
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    weights, layers, cfg = random_qwen3_stack(21, 2, C, H, G, D, F)
+    x = np.random.default_rng(1).standard_normal((1, 1, C)).astype(np.float32)
+    cos, sin = nn.rope_cos_sin(np.arange(0, 1), D, 10000.0, np.float32)
+
+    def caches(lengths=(0, 0)):
+        made = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
+        for c, n in zip(made, lengths):
+            c.append(*np.zeros((2, 1, G, n, D), np.float32))
+        return made
+
+    def twin(layers, cs):
+        return numba_cpu.decoder_stack_step(x, layers, cfg, cos[None], sin[None], cs, 1e-6)
+
+    expected = twin(layers, caches())
+    assert expected is not NotImplemented
+    other = dict(weights)
+    assert twin([layers[0], transformer.layer_views(other, "model.layers.", 2)[1]], caches()) is NotImplemented
+    assert twin(layers, caches((0, 1))) is NotImplemented
+    norm = weights["model.layers.1.input_layernorm.weight"].copy()
+    norm.flags.writeable = False
+    weights["model.layers.1.input_layernorm.weight"] = norm
+    assert twin(layers, caches()) is NotImplemented
+    mask = nn.AttentionMask(nn.arange(0, 1), nn.arange(1))
+    with kernels.use_backend("numba"):
+        y = transformer.transformer_stack(layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches(), 1e-6)
+    np.testing.assert_array_equal(y, expected)
