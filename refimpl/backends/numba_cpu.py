@@ -5,10 +5,11 @@ may differ, and ``tests/backends/test_kernels.py`` bounds that difference from t
 
 Two kinds of twin live here:
 - for generation, Numba kernels on bfloat16 weights kept as stored (the Talker's and the code predictor's
-  matrix-vector products read half the bytes): ``linear`` and ``decoder_layer_step``, on Numba's
-  parallel loops, and a prompt's products on the AMX tile registers where the processor has them (and the
-  codec decoder's residual units and the encoder's residual blocks: float32 products on exact bf16 parts;
-  and the speaker encoder's TDNNs, Res2Nets and pooling conv where its weights are bf16 values, as released);
+  matrix-vector products read half the bytes): ``linear``, ``decoder_layer_step`` and a step's whole stack in
+  one call (``decoder_stack_step``), on Numba's parallel loops, and a prompt's products on the AMX tile
+  registers where the processor has them (and the codec decoder's residual units and the encoder's residual
+  blocks: float32 products on exact bf16 parts; and the speaker encoder's TDNNs, Res2Nets and pooling conv
+  where its weights are bf16 values, as released);
 - for the codecs, pieces of time that run side by side on Python threads, BLAS held to one thread per call
   meanwhile (``run_pieces``): ``conv1d`` and ``conv_transpose1d`` as one matrix product per piece, the
   decoder's residual unit and the encoder's residual block each in one call, SnakeBeta (NumPy's float32
