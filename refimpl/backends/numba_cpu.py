@@ -1815,26 +1815,26 @@ def _decoder_step_bf16(
     return out_rc
 
 
+STEP_TENSORS = (  # a layer's tensors in the order of _decoder_step_bf16's arguments
+    *("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    *("self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.o_proj.weight"),
+    *("post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"),
+)
+STEP_MATRICES = tuple(j for j, name in enumerate(STEP_TENSORS) if name.endswith("_proj.weight"))  # their bf16 words
+
+
 def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last_only: bool = False):
     """``transformer.decoder_layer_step`` (one Qwen3 layer, a few new positions of one row, bf16 weights, a
     ``KVCache`` with room for them) in one Numba call; ``last_only``: the output at the last position
     alone, computed for it alone."""
-    a, m = lw.sub("self_attn."), lw.sub("mlp.")
+    tensors = [lw[name] for name in STEP_TENSORS]
+    for j in STEP_MATRICES:
+        tensors[j] = tensors[j].bits
     n = cache.length
     T, C = x_btc.shape[1], x_btc.shape[2]
     out_tc = _decoder_step_bf16(
         np.ascontiguousarray(x_btc, dtype=np.float32).reshape(T, C),
-        lw["input_layernorm.weight"],
-        a["q_proj.weight"].bits,
-        a["k_proj.weight"].bits,
-        a["v_proj.weight"].bits,
-        a["q_norm.weight"],
-        a["k_norm.weight"],
-        a["o_proj.weight"].bits,
-        lw["post_attention_layernorm.weight"],
-        m["gate_proj.weight"].bits,
-        m["up_proj.weight"].bits,
-        m["down_proj.weight"].bits,
+        *tensors,
         np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(T, -1),
         np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(T, -1),
         cache.k[0],
@@ -1865,14 +1865,6 @@ def _decoder_steps_bf16(
             last_first_out if i == L - 1 else 0, tiles,
         )  # fmt: skip
     return x_tc
-
-
-STEP_TENSORS = (  # a layer's tensors in the order of _decoder_step_bf16's arguments
-    *("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    *("self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.o_proj.weight"),
-    *("post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"),
-)
-STEP_MATRICES = tuple(j for j, name in enumerate(STEP_TENSORS) if name.endswith("_proj.weight"))  # their bf16 words
 
 
 @functools.lru_cache(maxsize=16)
