@@ -1823,32 +1823,6 @@ STEP_TENSORS = (  # a layer's tensors in the order of _decoder_step_bf16's argum
 STEP_MATRICES = tuple(j for j, name in enumerate(STEP_TENSORS) if name.endswith("_proj.weight"))  # their bf16 words
 
 
-def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last_only: bool = False):
-    """``transformer.decoder_layer_step`` (one Qwen3 layer, a few new positions of one row, bf16 weights, a
-    ``KVCache`` with room for them) in one Numba call; ``last_only``: the output at the last position
-    alone, computed for it alone."""
-    tensors = [lw[name] for name in STEP_TENSORS]
-    for j in STEP_MATRICES:
-        tensors[j] = tensors[j].bits
-    n = cache.length
-    T, C = x_btc.shape[1], x_btc.shape[2]
-    out_tc = _decoder_step_bf16(
-        np.ascontiguousarray(x_btc, dtype=np.float32).reshape(T, C),
-        *tensors,
-        np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(T, -1),
-        np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(T, -1),
-        cache.k[0],
-        cache.v[0],
-        n,
-        np.float32(eps),
-        numba.get_num_threads(),
-        T - 1 if last_only else 0,
-        USE_TILES,
-    )
-    cache.length = n + T
-    return out_tc.reshape((1, out_tc.shape[0], C))
-
-
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _decoder_steps_bf16(
     x_tc, ln1_l, q_l, k_l, v_l, qn_l, kn_l, o_l, ln2_l, gate_l, up_l, down_l, cos_td, sin_td, k_l_gsd, v_l_gsd,
@@ -1920,6 +1894,13 @@ def decoder_stack_step(x_btc, layers: list, cfg, cos_btd, sin_btd, caches: list,
     for cache in caches:
         cache.length = n + T
     return out_tc.reshape((1, out_tc.shape[0], C))
+
+
+def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last_only: bool = False):
+    """``transformer.decoder_layer_step`` (one Qwen3 layer, a few new positions of one row, bf16 weights, a
+    ``KVCache`` with room for them) in one Numba call: the stack of this one layer (``decoder_stack_step``);
+    ``last_only``: the output at the last position alone, computed for it alone."""
+    return decoder_stack_step(x_btc, [lw], cfg, cos_btd, sin_btd, [cache], eps, last_only)
 
 
 @numba.njit(cache=True)
