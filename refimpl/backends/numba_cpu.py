@@ -696,7 +696,7 @@ def residual_unit_push(
     w1_m = np.ascontiguousarray(w1_oik.reshape(C, C * K))  # column i * K + k: the order of the stacked taps
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
     out_bct = new_output((B, C, T))
-    if _convs_take_tiles(C, C, T):
+    if _convs_take_tiles(C, C, T, w1_oik, w2_oi1):
         params_6c = np.stack([alpha1, inv_beta1, alpha2, inv_beta2, b1_o, b2_o]).astype(np.float32)
         _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct)
         return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
@@ -882,7 +882,7 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
     out_bct = new_output((B, C, T))
-    if _convs_take_tiles(C, H, T):
+    if _convs_take_tiles(C, H, T, w1_oik, w2_oi1):
         _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
         return out_bct
 
@@ -916,7 +916,7 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     w_m = np.ascontiguousarray(w_oik.reshape(O, C * K))  # column c * K + k: the order of the stacked taps
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
     out_bot = new_output((B, O, T_out))
-    if _convs_take_tiles(C, O, T_out):
+    if _convs_take_tiles(C, O, T_out, w_oik):
         _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot)
         return out_bot
 
@@ -1030,16 +1030,29 @@ def _tdnn_weight_tiles(w_oik):
     O, I, K = w_oik.shape
     if O % 32 or (I * K) % 32 or w_oik.dtype != np.float32:
         return None
-    key = id(w_oik)
-    kept = _TDNN_TILES.get(key)
-    if kept is not None and kept[0]() is w_oik:
-        return kept[1]
+    return _kept_while_read_only(_TDNN_TILES, w_oik, _tdnn_tiles_of)
+
+
+def _tdnn_tiles_of(w_oik):
+    """``_tdnn_weight_tiles`` made (None where some weight is not a bf16 value)."""
+    O, I, K = w_oik.shape
     tiles_usrc = np.empty((O // 16, I * K // 32, 16, 32), np.uint16)
-    if not _bf16_words_into_tiles(np.ascontiguousarray(w_oik).reshape(O, I * K), tiles_usrc):
-        tiles_usrc = None
-    if not w_oik.flags.writeable:
-        _TDNN_TILES[key] = (weakref.ref(w_oik, lambda _, key=key: _TDNN_TILES.pop(key, None)), tiles_usrc)
-    return tiles_usrc
+    ok = _bf16_words_into_tiles(np.ascontiguousarray(w_oik).reshape(O, I * K), tiles_usrc)
+    return tiles_usrc if ok else None
+
+
+def _kept_while_read_only(kept: dict, w, make):
+    """``make(w)``, made once and kept in ``kept`` (id -> (a weak reference to w, the value)) as long as w
+    lives, where w is read-only (a model's weights: the loaders make them so), so that a layout derived from
+    a weight is made at its first use only; made again for each call where w is writable (it may change)."""
+    key = id(w)
+    entry = kept.get(key)
+    if entry is not None and entry[0]() is w:
+        return entry[1]
+    value = make(w)
+    if not w.flags.writeable:
+        kept[key] = (weakref.ref(w, lambda _, key=key: kept.pop(key, None)), value)
+    return value
 
 
 def _taps_on_tiles(x_ct, tiles_usrc, b_o, relu, K, dilation, first, out_ot):
@@ -2594,7 +2607,8 @@ def _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, a, b, out_ct):
 
 TILE_CONV_STEPS = 42  # steps (32 channels of one tap) summed in the tiles before they are stored and reloaded
 UNIT_TILE_VALUES = 96 * 1024  # channels x time steps of a piece on the tiles (C = 96: 1024 steps; 768: 128)
-UNIT_TILES_MIN_STEPS = 1024  # shorter signals (a streaming push) keep the BLAS path: the weights' split is per call
+UNIT_TILES_MIN_STEPS = 1024  # shorter signals keep the BLAS path where the weights are split for each call
+KEPT_TILES_MIN_STEPS = 64  # where their tiles are kept (a model's read-only weights): from 64 steps, on the tiles
 
 
 @numba.njit(cache=True, nogil=True)
@@ -2614,11 +2628,23 @@ def _split_weight_into_tiles(w_oik, o0, o1, tiles_usprj):
                     hi_j[j], mid_j[j], lo_j[j] = _bf16_parts(w_j[j])
 
 
+_WEIGHT_TILES: dict = {}  # id of a read-only conv weight -> (a weak reference to it, its tiles)
+
+
 def _weight_tiles(w_oik):
     """[O / 16, K C / 32, 3, 16, 32]: ``_split_weight_into_tiles`` of the whole weight (O a multiple of 32),
-    its rows shared out over the piece threads in whole tiles."""
+    its rows shared out over the piece threads in whole tiles; kept while the weight lives where it is
+    read-only (``_kept_while_read_only``: a model's weights are split at their first call only, 8-10 ms a
+    call at 768 channels), else split again for each call, into the model's workspace."""
+    if not w_oik.flags.writeable:
+        return _kept_while_read_only(_WEIGHT_TILES, w_oik, lambda w: _split_weight_tiles(w, np.empty))
+    return _split_weight_tiles(w_oik, new_output)
+
+
+def _split_weight_tiles(w_oik, allocate):
+    """``_weight_tiles`` made, into ``allocate(shape, dtype)``."""
     O, C, K = w_oik.shape
-    tiles_usprj = new_output((O // 16, K * C // 32, 3, 16, 32), np.uint16)  # (fresh pages: 25 MB at 768 channels)
+    tiles_usprj = allocate((O // 16, K * C // 32, 3, 16, 32), np.uint16)  # (25 MB at 768 channels)
     n = min(_piece_threads(), O // 16)
     shares = [(16 * (O // 16 * t // n), 16 * (O // 16 * (t + 1) // n)) for t in range(n)]
     run_pieces(lambda o0, o1: _split_weight_into_tiles(w_oik, o0, o1, tiles_usprj), shares)
@@ -2807,8 +2833,8 @@ def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation
 
 
 def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct):
-    """``residual_unit_push``'s pieces on the tiles (``_unit_piece_on_tiles``), side by side, the weights
-    split once per call."""
+    """``residual_unit_push``'s pieces on the tiles (``_unit_piece_on_tiles``), side by side, the weights'
+    tiles those of ``_weight_tiles``."""
     B, C = out_bct.shape[:2]
     K = w1_oik.shape[-1]
     a1, a2 = _weight_tiles(w1_oik), _weight_tiles(w2_oi1)
@@ -2896,8 +2922,8 @@ def _resnet_piece_on_tiles(x_ct, t0, n, a1_tiles, b1_o, a2_tiles, b2_o, dilation
 
 
 def _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct):
-    """``resnet_block_offline``'s pieces on the tiles (``_resnet_piece_on_tiles``), side by side, the weights
-    split once per call."""
+    """``resnet_block_offline``'s pieces on the tiles (``_resnet_piece_on_tiles``), side by side, the weights'
+    tiles those of ``_weight_tiles``."""
     B, C, T = x_bct.shape
     H, _, K = w1_oik.shape
     a1, a2 = _weight_tiles(w1_oik), _weight_tiles(w2_oi1)
@@ -2958,7 +2984,7 @@ def _elu_conv_piece_on_tiles(x_ct, t0, n, a_tiles, b_o, stride, left, out_ot, sc
 
 def _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot):
     """``elu_causal_conv_offline``'s pieces on the tiles (``_elu_conv_piece_on_tiles``), side by side, the
-    weight split once per call."""
+    weight's tiles those of ``_weight_tiles``."""
     B, C, _ = x_bct.shape
     O, _, K = w_oik.shape
     T_out = out_bot.shape[-1]
@@ -2975,12 +3001,15 @@ def _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot):
     )
 
 
-def _convs_take_tiles(C: int, H: int, T: int) -> bool:
+def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
     """Whether convs between C and H channels over T output steps (a residual unit C -> C -> C, a block
-    C -> H -> C, a strided conv C -> H) run on the tiles: granted (``USE_TILES``), whole tiles of channels
-    both ways, and a signal long enough (``UNIT_TILES_MIN_STEPS``) that splitting the weights, once per
-    call, is a small part of it."""
-    return USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= UNIT_TILES_MIN_STEPS
+    C -> H -> C, a strided conv C -> H) with these weights run on the tiles: granted (``USE_TILES``),
+    whole tiles of channels both ways, and a signal long enough that the weights' split is a small part of
+    it: ``KEPT_TILES_MIN_STEPS`` where every weight is read-only (a model's: split once, kept), else
+    ``UNIT_TILES_MIN_STEPS`` (split for this call)."""
+    kept = all(not w.flags.writeable for w in weights)
+    min_steps = min(KEPT_TILES_MIN_STEPS, UNIT_TILES_MIN_STEPS) if kept else UNIT_TILES_MIN_STEPS
+    return USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= min_steps
 
 
 MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)

@@ -773,6 +773,56 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
     assert T < 4 or not np.array_equal(got, blas)
 
 
+def test_conv_weight_tiles_kept_while_read_only():
+    """A conv weight's tiles (``_weight_tiles``): split again for each call where the weight is writable (it
+    may change), made once and kept for a read-only one (a model's weights) and dropped when it dies; the
+    kept tiles are the split of a fresh call, to the bit."""
+    import gc
+
+    w = np.random.default_rng(11).standard_normal((64, 32, 7)).astype(np.float32)
+    fresh = numba_cpu._weight_tiles(w)
+    assert id(w) not in numba_cpu._WEIGHT_TILES and numba_cpu._weight_tiles(w) is not fresh
+    w.flags.writeable = False
+    kept = numba_cpu._weight_tiles(w)
+    assert numba_cpu._weight_tiles(w) is kept and id(w) in numba_cpu._WEIGHT_TILES
+    np.testing.assert_array_equal(kept, fresh)
+    key = id(w)
+    del w
+    gc.collect()
+    assert key not in numba_cpu._WEIGHT_TILES
+
+
+@pytest.mark.parametrize("T", [63, 64, 1023, 1024])
+def test_short_signals_take_the_tiles_only_with_kept_weight_tiles(T):
+    """From ``KEPT_TILES_MIN_STEPS`` steps the convs take the tiles where every weight is read-only (their
+    tiles kept), from ``UNIT_TILES_MIN_STEPS`` where one is writable (split for the call); never for
+    channels that are not whole tiles, nor where the tiles are not granted."""
+    writable, read_only = np.zeros((32, 32, 7), np.float32), np.zeros((32, 32, 1), np.float32)
+    read_only.flags.writeable = False
+    frozen = read_only[:, :, :].reshape(32, 32, 1)
+    tiles, kept_from, split_from = numba_cpu.USE_TILES, numba_cpu.KEPT_TILES_MIN_STEPS, numba_cpu.UNIT_TILES_MIN_STEPS
+    assert numba_cpu._convs_take_tiles(32, 32, T, read_only, frozen) == (tiles and T >= kept_from)
+    assert numba_cpu._convs_take_tiles(32, 32, T, writable, read_only) == (tiles and T >= split_from)
+    assert not numba_cpu._convs_take_tiles(48, 32, T, read_only)
+
+
+@needs_tiles
+def test_decoder_keeps_its_units_tiles_and_runs_a_short_decode_on_them(speech_tokenizers):
+    """A model's decoder (read-only weights) splits its residual units' weights once: after a decode of
+    a few frames their tiles are kept (the units took the tiles below ``UNIT_TILES_MIN_STEPS``), and a second
+    decode gives the same samples, to the bit."""
+    tok = speech_tokenizers["f32"]
+    codes = np.random.default_rng(3).integers(0, 64, size=(3, 16))  # 96 steps in the first block's units
+    units = [w for name, w in tok.decoder_weights.items() if ".block." in name and name.endswith("conv1.conv.weight")]
+    numba_cpu._WEIGHT_TILES.clear()
+    with kernels.use_backend("numba"):
+        first = tok.decode_full(codes)
+        assert units and all(not w.flags.writeable for w in units)
+        takes = [w.shape[0] % 32 == 0 for w in units]
+        assert [id(w) in numba_cpu._WEIGHT_TILES for w in units] == takes
+        np.testing.assert_array_equal(tok.decode_full(codes), first)
+
+
 @needs_tiles
 @settings(max_examples=12, deadline=None)
 @given(
