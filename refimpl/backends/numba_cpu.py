@@ -9,7 +9,8 @@ Two kinds of twin live here:
   one call (``decoder_stack_step``), on Numba's parallel loops, and a prompt's products on the AMX tile
   registers where the processor has them (and the codec decoder's residual units and the encoder's residual
   blocks: float32 products on exact bf16 parts; and the speaker encoder's TDNNs, Res2Nets and pooling conv
-  where its weights are bf16 values, as released);
+  where its weights are bf16 values, as released; a model's read-only weights are laid out for the tiles
+  once and kept, ``_kept_while_read_only``);
 - for the codecs, pieces of time that run side by side on Python threads, BLAS held to one thread per call
   meanwhile (``run_pieces``): ``conv1d`` and ``conv_transpose1d`` as one matrix product per piece, the
   decoder's residual unit and the encoder's residual block each in one call, SnakeBeta (NumPy's float32
@@ -134,6 +135,40 @@ def _discard_damaged_cache() -> None:
 
 
 _discard_damaged_cache()
+
+
+def _survive_unwritable_cache() -> None:
+    """Numba (outside Windows) lets an OSError from writing a cache entry escape from the call that compiled
+    the kernel: a full disk, a file-size limit or a cache directory made read-only would fail a decode whose
+    kernel was compiled and ready.  For this package's kernels, a save that fails is skipped with a one-line
+    warning (the kernel runs; the next process compiles it again); Numba's own write leaves no partial file
+    (a temporary file renamed into place, removed on failure)."""
+    import warnings
+
+    from numba.core.caching import Cache
+
+    save = Cache.save_overload
+    if getattr(save, "refimpl_guard", False):
+        return
+
+    def save_overload(self, sig, data):
+        if not getattr(self._py_func, "__module__", "").startswith("refimpl."):
+            return save(self, sig, data)
+        try:
+            return save(self, sig, data)
+        except OSError as e:
+            warnings.warn(
+                f"could not write the compiled {self._py_func.__name__} into Numba's cache ({e}); it runs, and is "
+                "compiled again by the next process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    save_overload.refimpl_guard = True
+    Cache.save_overload = save_overload
+
+
+_survive_unwritable_cache()
 
 # float sums may be reassociated (that is what lets a dot product use SIMD lanes) and a multiply-add
 # fused; nothing else (no "fast" NaN/inf assumptions)
@@ -1043,16 +1078,27 @@ def _tdnn_tiles_of(w_oik):
 
 def _kept_while_read_only(kept: dict, w, make):
     """``make(w)``, made once and kept in ``kept`` (id -> (a weak reference to w, the value)) as long as w
-    lives, where w is read-only (a model's weights: the loaders make them so), so that a layout derived from
-    a weight is made at its first use only; made again for each call where w is writable (it may change)."""
+    lives, where w is read-only (``_read_only``: a model's weights, the loaders make them so), so that a
+    layout derived from a weight is made at its first use only; made again for each call where w could
+    change."""
     key = id(w)
     entry = kept.get(key)
     if entry is not None and entry[0]() is w:
         return entry[1]
     value = make(w)
-    if not w.flags.writeable:
+    if _read_only(w):
         kept[key] = (weakref.ref(w, lambda _, key=key: kept.pop(key, None)), value)
     return value
+
+
+def _read_only(w) -> bool:
+    """Whether nothing can change w's values through NumPy: w and every array it is a view of are read-only
+    (a read-only view of a writable array is not)."""
+    while isinstance(w, np.ndarray):
+        if w.flags.writeable:
+            return False
+        w = w.base
+    return True
 
 
 def _taps_on_tiles(x_ct, tiles_usrc, b_o, relu, K, dilation, first, out_ot):
@@ -2636,7 +2682,7 @@ def _weight_tiles(w_oik):
     its rows shared out over the piece threads in whole tiles; kept while the weight lives where it is
     read-only (``_kept_while_read_only``: a model's weights are split at their first call only, 8-10 ms a
     call at 768 channels), else split again for each call, into the model's workspace."""
-    if not w_oik.flags.writeable:
+    if _read_only(w_oik):
         return _kept_while_read_only(_WEIGHT_TILES, w_oik, lambda w: _split_weight_tiles(w, np.empty))
     return _split_weight_tiles(w_oik, new_output)
 
@@ -3005,9 +3051,9 @@ def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
     """Whether convs between C and H channels over T output steps (a residual unit C -> C -> C, a block
     C -> H -> C, a strided conv C -> H) with these weights run on the tiles: granted (``USE_TILES``),
     whole tiles of channels both ways, and a signal long enough that the weights' split is a small part of
-    it: ``KEPT_TILES_MIN_STEPS`` where every weight is read-only (a model's: split once, kept), else
-    ``UNIT_TILES_MIN_STEPS`` (split for this call)."""
-    kept = all(not w.flags.writeable for w in weights)
+    it: ``KEPT_TILES_MIN_STEPS`` where every weight is read-only (``_read_only``: a model's, split once and
+    kept), else ``UNIT_TILES_MIN_STEPS`` (split for this call)."""
+    kept = all(_read_only(w) for w in weights)
     min_steps = min(KEPT_TILES_MIN_STEPS, UNIT_TILES_MIN_STEPS) if kept else UNIT_TILES_MIN_STEPS
     return USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= min_steps
 

@@ -354,6 +354,7 @@ def _read_into_huge_pages(path: Path, data_start: int, header: Mapping[str, dict
             copy = arena[at : at + end - begin]
             copy.flags.writeable = False
             out[name] = copy
+    arena.flags.writeable = False  # (nothing writes the copies again: read-only views of a read-only array)
     return out
 
 

@@ -47,3 +47,26 @@ def test_damaged_cache_is_discarded_and_recompiled(tmp_path):
     assert snake_index.stat().st_size > 0  # written again by the recompilation
     third = run(tmp_path)
     assert third.returncode == 0 and "Numba cache" not in third.stderr, third.stderr
+
+
+def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_call(tmp_path):
+    """A file-size limit (as a full disk or quota would) stops Numba writing its cache entries: the kernels
+    still run, each failed save says so in one warning line naming the kernel, and nothing partial is left
+    behind for the next run to trip on."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))  # every cache file is larger
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO))
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600, preexec_fn=limit
+    )
+    assert r.returncode == 0 and r.stdout == "ran\n", r.stderr
+    notes = [line for line in r.stderr.splitlines() if "into Numba's cache" in line]
+    assert any("_snake_rows_into" in line for line in notes) and "Traceback" not in r.stderr, r.stderr
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and ".tmp." in p.name]
+    second = run(tmp_path)  # no limit: compiles what is missing, finds nothing damaged
+    assert second.returncode == 0 and "Numba cache" not in second.stderr, second.stderr

@@ -774,14 +774,19 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
 
 
 def test_conv_weight_tiles_kept_while_read_only():
-    """A conv weight's tiles (``_weight_tiles``): split again for each call where the weight is writable (it
-    may change), made once and kept for a read-only one (a model's weights) and dropped when it dies; the
-    kept tiles are the split of a fresh call, to the bit."""
+    """A conv weight's tiles (``_weight_tiles``): split again for each call where the weight is writable or a
+    read-only view of a writable array (it may change), made once and kept for a read-only one (a model's
+    weights) and dropped when it dies; the kept tiles are the split of a fresh call, to the bit."""
     import gc
 
     w = np.random.default_rng(11).standard_normal((64, 32, 7)).astype(np.float32)
     fresh = numba_cpu._weight_tiles(w)
     assert id(w) not in numba_cpu._WEIGHT_TILES and numba_cpu._weight_tiles(w) is not fresh
+    view = w[:]
+    view.flags.writeable = False  # read-only, but w can still change it
+    assert numba_cpu._weight_tiles(view) is not numba_cpu._weight_tiles(view)
+    assert id(view) not in numba_cpu._WEIGHT_TILES
+    del view
     w.flags.writeable = False
     kept = numba_cpu._weight_tiles(w)
     assert numba_cpu._weight_tiles(w) is kept and id(w) in numba_cpu._WEIGHT_TILES
@@ -795,14 +800,17 @@ def test_conv_weight_tiles_kept_while_read_only():
 @pytest.mark.parametrize("T", [63, 64, 1023, 1024])
 def test_short_signals_take_the_tiles_only_with_kept_weight_tiles(T):
     """From ``KEPT_TILES_MIN_STEPS`` steps the convs take the tiles where every weight is read-only (their
-    tiles kept), from ``UNIT_TILES_MIN_STEPS`` where one is writable (split for the call); never for
-    channels that are not whole tiles, nor where the tiles are not granted."""
+    tiles kept), from ``UNIT_TILES_MIN_STEPS`` where one is writable or a view of a writable array (split
+    for the call); never for channels that are not whole tiles, nor where the tiles are not granted."""
     writable, read_only = np.zeros((32, 32, 7), np.float32), np.zeros((32, 32, 1), np.float32)
     read_only.flags.writeable = False
     frozen = read_only[:, :, :].reshape(32, 32, 1)
     tiles, kept_from, split_from = numba_cpu.USE_TILES, numba_cpu.KEPT_TILES_MIN_STEPS, numba_cpu.UNIT_TILES_MIN_STEPS
     assert numba_cpu._convs_take_tiles(32, 32, T, read_only, frozen) == (tiles and T >= kept_from)
     assert numba_cpu._convs_take_tiles(32, 32, T, writable, read_only) == (tiles and T >= split_from)
+    view_of_writable = writable[:]
+    view_of_writable.flags.writeable = False  # writable through its base
+    assert numba_cpu._convs_take_tiles(32, 32, T, view_of_writable) == (tiles and T >= split_from)
     assert not numba_cpu._convs_take_tiles(48, 32, T, read_only)
 
 
@@ -1540,7 +1548,7 @@ def test_tdnn_tiles_only_for_bf16_weights_of_whole_tiles_and_kept_while_read_onl
     assert numba_cpu._tdnn_weight_tiles(rng.standard_normal((256, 64, 1)).astype(np.float32)) is None
     assert numba_cpu._tdnn_weight_tiles(bf16_values(rng, (272, 64, 1))) is None  # 272 = 17 x 16
     assert numba_cpu._tdnn_weight_tiles(bf16_values(rng, (256, 20, 1))) is None
-    w = bf16_values(rng, (256, 64, 3))
+    w = bf16_values(rng, (256, 64, 3)).copy()  # (its own memory: a view of a writable array is never kept)
     w[5, 7, 2] = np.float32(1.0 + 2.0**-20)  # one weight that is no bf16 value
     assert numba_cpu._tdnn_weight_tiles(w) is None
     w[5, 7, 2] = 1.0
