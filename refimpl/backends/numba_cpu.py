@@ -3052,7 +3052,8 @@ def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
     C -> H -> C, a strided conv C -> H) with these weights run on the tiles: granted (``USE_TILES``),
     whole tiles of channels both ways, and a signal long enough that the weights' split is a small part of
     it: ``KEPT_TILES_MIN_STEPS`` where every weight is read-only (``_read_only``: a model's, split once and
-    kept), else ``UNIT_TILES_MIN_STEPS`` (split for this call)."""
+    kept), else ``UNIT_TILES_MIN_STEPS`` (split for this call).  Kept tiles never wait longer than split ones:
+    ``UNIT_TILES_MIN_STEPS`` set lower (the tiles' tests take every length so) lowers both."""
     kept = all(_read_only(w) for w in weights)
     min_steps = min(KEPT_TILES_MIN_STEPS, UNIT_TILES_MIN_STEPS) if kept else UNIT_TILES_MIN_STEPS
     return USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= min_steps
