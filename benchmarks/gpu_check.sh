@@ -41,17 +41,21 @@
 # The rest (each step's log, the checkpoints' build log, the codes the CPU side compares) stays in
 # GPU_CHECK_WORK (default gpu-results/work/ in the repository; git-ignored).
 #
-# Filling the wheels folder (on a machine WITH network, same Python version and platform as the GPU machine;
-# benchmarks/gpu_wheels/ is git-ignored):
+# Filling the wheels folder (benchmarks/gpu_wheels/ is git-ignored). For the project's device machine (an
+# H200 image with Python 3.12, CuPy, NumPy, SciPy, Numba, PyTorch, tokenizers 0.23, transformers 5 and
+# huggingface_hub 1.x, but no soxr and no official package), these 18 MB were what the first GPU run needed,
+# downloaded on any machine with pip and network:
 #
-#     pip download --dest benchmarks/gpu_wheels soxr tokenizers pytest hypothesis \
-#         transformers==4.57.3 accelerate einops librosa soundfile
-#     pip download --dest benchmarks/gpu_wheels --no-deps qwen-tts==0.1.1
+#     P="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+#        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any"
+#     pip download --no-deps $P -d benchmarks/gpu_wheels soxr transformers==4.57.3 "huggingface_hub<1.0" \
+#         tokenizers==0.22.1 accelerate==1.12.0 librosa soundfile cffi pycparser audioread decorator pooch \
+#         platformdirs
+#     pip download --no-deps -d benchmarks/gpu_wheels qwen-tts==0.1.1
 #
-# (from another machine add  --only-binary=:all: --python-version 3.X --platform manylinux2014_x86_64).
-# Leave out the wheels of what the GPU machine already has (NumPy, SciPy, Numba, PyTorch, CuPy usually): the
-# folder travels with the working tree, and a tool that copies it may limit its size (the project's device
-# tool carries at most 64 MiB: name the folder in its carry list).
+# (transformers 4.57.3 wants huggingface_hub below 1.0 and tokenizers at most 0.23.0; the rest is librosa's
+# and soundfile's). On another machine, download what its Python lacks in the same way.
+#
 # Without the folder, or when pip cannot install, the check runs with what the machine has: the tests skip
 # what they cannot run, and the official side by side is skipped, each saying why.
 #
@@ -163,8 +167,30 @@ EOF
 # pip_install [pip options] PACKAGES...: from the wheels folder only; into the environment, or where that is
 # not writable (pip refuses --user inside a virtual environment), into $SITE (on PYTHONPATH)
 pip_install() {
-    "$PY" -m pip install --no-index --find-links "$WHEELS" --disable-pip-version-check "$@" \
-        || "$PY" -m pip install --no-index --find-links "$WHEELS" --disable-pip-version-check --target "$SITE" "$@"
+    pip_from_wheels "$@" || pip_from_wheels --target "$SITE" "$@"
+}
+
+# pip_from_wheels [pip options] PACKAGES...: one pip install from the wheels folder, without its lines about
+# what is already there (the GPU image has most of what the official package needs: on the first GPU run they
+# were every line of the install step's tail); pip's exit status
+pip_from_wheels() {
+    "$PY" -m pip install --no-index --find-links "$WHEELS" --disable-pip-version-check "$@" 2>&1 \
+        | grep -v '^Requirement already satisfied'
+    return "${PIPESTATUS[0]}"
+}
+
+# installed_versions: the versions this run uses after the install step (the machine step's are from before it)
+installed_versions() {
+    "$PY" - <<'EOF'
+import importlib
+found = []
+for name in ("soxr", "tokenizers", "transformers", "huggingface_hub", "librosa", "qwen_tts"):
+    try:
+        found.append(f"{name} {getattr(importlib.import_module(name), '__version__', '?')}")
+    except Exception as e:
+        found.append(f"{name}: not importable ({type(e).__name__})")
+print("after the install: " + ", ".join(found))
+EOF
 }
 
 install_from_wheels() {
@@ -180,10 +206,11 @@ install_from_wheels() {
     pip_install "transformers==4.57.3" accelerate einops librosa soundfile \
         || echo "could not install the official package's dependencies: no side by side"
     pip_install --no-deps "qwen-tts==0.1.1" || echo "could not install qwen-tts: no side by side"
+    installed_versions
 }
 
 export PY WHEELS REPO SITE PACKAGES
-export -f machine pip_install install_from_wheels   # run by "timeout ... bash -c NAME" below
+export -f machine pip_install pip_from_wheels installed_versions install_from_wheels   # run by "timeout ... bash -c NAME" below
 echo "GPU check of the cupy backend, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), steps $STEPS, results in $RESULTS"
 [ "$DRY_RUN" = 1 ] && echo "DRY RUN: the device steps run on the strict stand-in with the tiny checkpoints"
 step machine 60 bash -c machine

@@ -68,12 +68,19 @@ def test_report(path: Path) -> list:
                 out.append(f"{kind.upper()} {name}")
                 out.extend(f"    {line}" for line in message.splitlines())
         for system_out in case.findall("system-out"):  # what a test printed
-            printed = [line for line in (system_out.text or "").splitlines() if line.strip()]
+            printed = [line for line in (system_out.text or "").splitlines() if line.strip() and not captured(line)]
             out.extend(f"    printed by {case.get('name', '')}: {line}" for line in printed[-10:])
     for reason, names in skipped.items():
         out.append(f"SKIPPED {len(names)}: {reason[:MESSAGE_CHARS]}")
         out.append(f"    {', '.join(names)}")
     return out
+
+
+def captured(line: str) -> bool:
+    """pytest's own separator in a JUnit system-out ("---- Captured Out ----"), not what a test printed (under
+    -s the prints go to the step's log, and the report holds the separator alone)."""
+    words = line.strip().strip("-").split()
+    return line.lstrip().startswith("---") and words[:1] == ["Captured"]
 
 
 def measurements(path: Path) -> list:

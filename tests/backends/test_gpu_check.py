@@ -64,6 +64,8 @@ def test_the_summary_holds_every_step_failure_and_measurement(tmp_path):
         "E assert 1 == 2</failure></testcase>"
         '<testcase classname="tests.backends.test_cuda" name="test_b"><skipped message="no soxr"/></testcase>'
         '<testcase classname="tests.backends.test_cuda" name="test_c"><system-out>cupy backend: H200</system-out>'
+        '</testcase><testcase classname="tests.backends.test_cuda" name="test_d"><system-out>'
+        "-------- Captured Out --------\n\n</system-out>"
         "</testcase></testsuite></testsuites>"
     )
     bench = {"device": {"cupy": "H200"}, "decode": {"float32": {"x_realtime": 61.25, "seconds": 0.163}}}
@@ -86,6 +88,7 @@ def test_the_summary_holds_every_step_failure_and_measurement(tmp_path):
     ):
         assert expected in text, expected
     assert "line 59" not in text  # each step's output is bounded (its last 40 lines)
+    assert "printed by test_d" not in text  # pytest's separator alone is not something a test printed
     assert "no JUnit report" in gpu_summary.summary(tmp_path / "empty", work)
 
 
