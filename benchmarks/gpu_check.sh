@@ -182,13 +182,13 @@ pip_from_wheels() {
 # installed_versions: the versions this run uses after the install step (the machine step's are from before it)
 installed_versions() {
     "$PY" - <<'EOF'
-import importlib
+from importlib import metadata
 found = []
-for name in ("soxr", "tokenizers", "transformers", "huggingface_hub", "librosa", "qwen_tts"):
-    try:
-        found.append(f"{name} {getattr(importlib.import_module(name), '__version__', '?')}")
-    except Exception as e:
-        found.append(f"{name}: not importable ({type(e).__name__})")
+for name in ("soxr", "tokenizers", "transformers", "huggingface-hub", "librosa", "qwen-tts"):
+    try:  # (installed, not imported: the official package imports only with golden/oracle/stubs on its path)
+        found.append(f"{name} {metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        found.append(f"{name}: not installed")
 print("after the install: " + ", ".join(found))
 EOF
 }
