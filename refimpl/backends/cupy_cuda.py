@@ -20,9 +20,12 @@ index arithmetic in NumPy, and runs these twins through the whole pipeline on th
                   of x, else widen + cuBLAS             the device (float32 weights: the reference)
     conv1d        a multiply-add per tap when depthwise,  the reference's formula
                   else the reference (cuBLAS per tap)
+    rms_norm      RawModule ROWS_SOURCE, a block per row   w * x / sqrt(mean(x^2) + eps)
+    apply_rope    RawModule ROWS_SOURCE, one launch        x * cos + rotate_half(x) * sin
 
-A twin exists only where it is faster than the reference or must differ from it.  Every other primitive
-(``softmax``, ``rms_norm``, ``layer_norm``, ``conv_transpose1d``, ``apply_rope``, ...) is the reference itself,
+A twin exists only where it is faster than the reference or must differ from it (a generation step is
+mostly kernel launches: the norm and the rotation are six CuPy operations each as formulas, one launch
+each here).  Every other primitive (``softmax``, ``layer_norm``, ``conv_transpose1d``, ...) is the reference itself,
 whose NumPy calls CuPy runs on device arrays through NumPy's dispatch (``__array_ufunc__``,
 ``__array_function__``): the formula is written once, in ``refimpl/nn.py``.
 
@@ -644,6 +647,130 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
     return attention_formula(q_bhtd, k_bgsd, v_bgsd, allowed, scale)
 
 
+# ----------------------------------------------------------------------------- the norm and the rotation, fused
+
+# A generation step on the device is mostly launches: the reference's RMSNorm is six CuPy operations (x * x,
+# the mean, + eps, the root, the division, * w) and its RoPE five more (the negated half, the
+# concatenation, two products and a sum), four norms and two rotations in each layer of the 103 of a
+# frame.  Each is one kernel here.
+ROWS_SOURCE = r"""
+template <typename T>
+__device__ T rows_warp_sum(T v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// One block per row r of x [R, C] (C-contiguous): thread k sums x[r, c]^2 over c = k, k + blockDim.x, ...
+// in that order, a warp's lanes are summed by the butterfly, thread 0 adds the warps' sums in order; then
+// out[r, c] = w[c] * (x[r, c] / sqrt(sum / C + eps)), the reference's formula.
+template <typename T>
+__global__ void rms_norm_rows(const T* x, const T* w, T* out, int C, T eps) {
+    __shared__ T warp_sums[32];
+    __shared__ T root;
+    const T* row = x + (long long)blockIdx.x * C;
+    T acc = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) acc += row[c] * row[c];
+    acc = rows_warp_sum(acc);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        T total = 0;
+        for (int k = 0; k < blockDim.x / 32; ++k) total += warp_sums[k];
+        root = sqrt(total / (T)C + eps);
+    }
+    __syncthreads();
+    T* out_row = out + (long long)blockIdx.x * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) out_row[c] = w[c] * (row[c] / root);
+}
+
+// out = x * cos + rotate_half(x) * sin for x [B, H, T, D] (C-contiguous; i = ((b H + h) T + t) D + j) and
+// cos, sin [Bc, T, D] with Bc = 1 or B: rotate_half(x)[j] = -x[j + D/2] for j < D/2, x[j - D/2] after.
+template <typename T>
+__global__ void rope_rows(const T* x, const T* cos, const T* sin, T* out, long long n, int H, int Tn, int D,
+                          int cos_batches) {
+    const int half = D / 2;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += step) {
+        const int j = (int)(i % D);
+        const long long row = i / D;
+        const int t = (int)(row % Tn);
+        const long long b = cos_batches == 1 ? 0 : row / ((long long)Tn * H);
+        const long long k = (b * Tn + t) * D + j;
+        const T rotated = j < half ? -x[i + half] : x[i - half];
+        out[i] = x[i] * cos[k] + rotated * sin[k];
+    }
+}
+"""
+ROWS_KERNELS = {
+    np.dtype(np.float32): ("rms_norm_rows<float>", "rope_rows<float>"),
+    np.dtype(np.float64): ("rms_norm_rows<double>", "rope_rows<double>"),
+}
+ROPE_THREADS, ROPE_MAX_BLOCKS = 256, 4096  # a grid-stride loop over the values
+
+
+@functools.lru_cache(maxsize=1)
+def _rows_module():
+    names = tuple(name for pair in ROWS_KERNELS.values() for name in pair)
+    return array_module().RawModule(code=ROWS_SOURCE, name_expressions=names)
+
+
+@functools.lru_cache(maxsize=None)
+def _rows_named(name: str):
+    """The compiled kernel ``name`` of ROWS_SOURCE (the module compiled once, on first use)."""
+    return _rows_module().get_function(name)
+
+
+def rms_norm_threads(C: int) -> int:
+    """Threads of a row's block: a whole number of warps, one value each up to 256 of them."""
+    return min(256, -(-C // 32) * 32)
+
+
+def rms_norm(x, w, eps: float):
+    """``nn.rms_norm``: w * x / sqrt(mean(x^2) + eps) over the last axis, one block of ROWS_SOURCE's
+    ``rms_norm_rows`` per row (the reference's six CuPy operations in one launch); a weight of another dtype or
+    shape runs the reference."""
+    x, w = _on_device(x, w)
+    dtype, C = x.dtype, x.shape[-1]
+    if dtype not in ROWS_KERNELS or w.dtype != dtype or w.shape != (C,) or x.size == 0:
+        return nn.rms_norm.reference(x, w, eps)
+    x_rc = _contiguous(x).reshape(-1, C)
+    out_rc = array_module().empty_like(x_rc)
+    kernel = _rows_named(ROWS_KERNELS[dtype][0])
+    kernel((x_rc.shape[0],), (rms_norm_threads(C),), (x_rc, _contiguous(w), out_rc, np.int32(C), dtype.type(eps)))
+    return out_rc.reshape(x.shape)
+
+
+def apply_rope(x_bhtd, cos_td, sin_td):
+    """``nn.apply_rope``: x * cos + rotate_half(x) * sin, for x [B, H, T, D] and cos, sin [T, D] or [B or 1, 1,
+    T, D] (a layer's q and k): ROWS_SOURCE's ``rope_rows`` in one launch; other shapes run the reference."""
+    x_bhtd, cos_td, sin_td = _on_device(x_bhtd, cos_td, sin_td)
+    dtype = x_bhtd.dtype
+    if dtype not in ROWS_KERNELS or x_bhtd.ndim != 4 or x_bhtd.size == 0 or x_bhtd.shape[-1] % 2:
+        return nn.apply_rope.reference(x_bhtd, cos_td, sin_td)
+    B, H, T, D = x_bhtd.shape
+    cos_batches = _rope_batches(cos_td, B, T, D)
+    if cos_batches is None or sin_td.shape != cos_td.shape or cos_td.dtype != dtype or sin_td.dtype != dtype:
+        return nn.apply_rope.reference(x_bhtd, cos_td, sin_td)
+    x_bhtd = _contiguous(x_bhtd)
+    out_bhtd = array_module().empty_like(x_bhtd)
+    n = x_bhtd.size
+    blocks = min(ROPE_MAX_BLOCKS, -(-n // ROPE_THREADS))
+    sizes = (np.int64(n), np.int32(H), np.int32(T), np.int32(D), np.int32(cos_batches))
+    kernel = _rows_named(ROWS_KERNELS[dtype][1])
+    kernel((blocks,), (ROPE_THREADS,), (x_bhtd, _contiguous(cos_td), _contiguous(sin_td), out_bhtd, *sizes))
+    return out_bhtd
+
+
+def _rope_batches(cos, B: int, T: int, D: int):
+    """How many batches of angles ``rope_rows`` reads for x [B, H, T, D] (1 or B), or None where cos does not
+    broadcast against x as [T, D] or [B or 1, 1, T, D]."""
+    if cos.shape == (T, D):
+        return 1
+    if cos.ndim == 4 and cos.shape[1:] == (1, T, D) and cos.shape[0] in (1, B):
+        return cos.shape[0]
+    return None
+
+
 TWINS = {
     "snake_beta": snake_beta,
     "elu": elu,
@@ -652,4 +779,6 @@ TWINS = {
     "linear": linear,
     "conv1d": conv1d,
     "attention": attention,
+    "rms_norm": rms_norm,
+    "apply_rope": apply_rope,
 }

@@ -71,6 +71,12 @@ def assert_matches_reference(got_device, ref, what: str, terms: int = 1):
 # ----------------------------------------------------------------------------- each twin against its reference
 
 
+def rope_per_batch(dtype):
+    """Angles [2, 1, 9, 64] for two batches at different positions, as a layer hands them to apply_rope."""
+    pairs = [nn.rope_cos_sin(np.arange(9) + shift, 64, 10000.0, dtype) for shift in (0, 5)]
+    return tuple(np.stack([pair[i] for pair in pairs])[:, None] for i in (0, 1))
+
+
 def twin_cases(dtype):
     rng = np.random.default_rng(0)
     r = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
@@ -88,11 +94,13 @@ def twin_cases(dtype):
         "softmax": ((r(4, 50) * 5,), 50),
         "linear": ((x_btc, r(48, 64), r(48)), 64),
         "rms_norm": ((x_btc, r(64), 1e-6), 64),
+        "rms_norm_decode": ((r(2, 3, 1000), r(1000), 1e-6), 1000),
         "layer_norm": ((x_btc, r(64), r(64), 1e-5), 64),
         "conv1d": ((r(2, 32, 100), r(24, 32, 7), r(24), 2, 3, 1), 32 * 7),
         "conv1d_depthwise": ((r(2, 32, 100), r(32, 1, 7), r(32), 1, 1, 32), 7),
         "conv_transpose1d": ((r(2, 32, 50), r(32, 16, 8), r(16), 4), 32 * 2),
         "apply_rope": ((r(2, 4, 9, 64),) + nn.rope_cos_sin(np.arange(9), 64, 10000.0, dtype), 2),
+        "apply_rope_prompt": ((r(2, 4, 9, 64), *rope_per_batch(dtype)), 2),
         "attention_decode": ((q, k, v, decode_mask, 0.125), 64 * 40),
         "attention_prompt": ((prompt_q, k[:1], v[:1], prompt_mask, 0.125), 64 * 40),
     }

@@ -103,6 +103,13 @@ def test_attention_module_compiles_for_both_dtypes(tmp_path):
     nvcc_compile(tmp_path, "attention", cupy_cuda.ATTENTION_SOURCE + f"\nvoid* kernels_to_compile[] = {{{keep}}};\n")
 
 
+@needs_nvcc
+def test_rows_module_compiles_for_both_dtypes(tmp_path):
+    names = [name for pair in cupy_cuda.ROWS_KERNELS.values() for name in pair]
+    keep = ", ".join(f"(void*)&{name}" for name in names)
+    nvcc_compile(tmp_path, "rows", cupy_cuda.ROWS_SOURCE + f"\nvoid* kernels_to_compile[] = {{{keep}}};\n")
+
+
 # ----------------------------------------------------------------------------- the twins' Python code, with NumPy as xp
 
 
@@ -270,7 +277,48 @@ def kernel_emulations(unwrap=lambda emulation: emulation) -> dict:
     for partials, combine in cupy_cuda.ATTENTION_SPLIT_KERNELS.values():
         emulations[partials], emulations[combine] = emulate_attention_split_partials, emulate_attention_split_combine
     emulations["bf16_rows_times"] = emulate_bf16_rows_times
+    for norm, rope in cupy_cuda.ROWS_KERNELS.values():
+        emulations[norm], emulations[rope] = emulate_rms_norm_rows, emulate_rope_rows
     return {name: unwrap(emulation) for name, emulation in emulations.items()}
+
+
+def emulate_rms_norm_rows(grid, block, args):
+    """ROWS_SOURCE's ``rms_norm_rows`` replayed in NumPy: block = row r; thread k sums x[r, c]^2 over c = k,
+    k + threads, ... in that order, each warp's butterfly, the warps' sums added in order by thread 0, then
+    w * (x / sqrt(sum / C + eps)); every row at once, as arrays [R, threads]."""
+    x, w, out, C, eps = args
+    C, R, threads = int(C), grid[0], block[0]
+    assert threads % 32 == 0 and threads <= 1024
+    x_rc = x.reshape(-1)[: R * C].reshape(R, C)
+    lanes = np.zeros((R, threads), dtype=x.dtype)
+    for start in range(0, C, threads):  # the loop "for (c = threadIdx.x; c < C; c += blockDim.x)"
+        stop = min(C, start + threads)
+        lanes[:, : stop - start] += x_rc[:, start:stop] * x_rc[:, start:stop]
+    warps = lanes.reshape(R, threads // 32, 32)
+    for offset in (16, 8, 4, 2, 1):
+        warps = warps + warps[..., np.arange(32) ^ offset]
+    total = np.zeros(R, dtype=x.dtype)
+    for k in range(threads // 32):
+        total = total + warps[:, k, 0]
+    root = np.sqrt(total / x.dtype.type(C) + eps)
+    out.reshape(-1)[: R * C] = (w.reshape(-1)[:C] * (x_rc / root[:, None])).reshape(-1)
+
+
+def emulate_rope_rows(grid, block, args):
+    """ROWS_SOURCE's ``rope_rows`` replayed in NumPy: the grid-stride loop's every index i < n at once, with the
+    kernel's arithmetic for j, the row, t, b and the angle's index k."""
+    x, cos, sin, out, n, H, Tn, D, cos_batches = args
+    n, H, Tn, D, cos_batches = (int(v) for v in (n, H, Tn, D, cos_batches))
+    assert grid[0] * block[0] >= 1
+    i = np.arange(n)
+    j, row = i % D, i // D
+    t = row % Tn
+    b = np.zeros_like(row) if cos_batches == 1 else row // (Tn * H)
+    k = (b * Tn + t) * D + j
+    half = D // 2
+    flat = x.reshape(-1)
+    rotated = np.where(j < half, -flat[np.minimum(i + half, n - 1)], flat[np.maximum(i - half, 0)])
+    out.reshape(-1)[:n] = flat[:n] * cos.reshape(-1)[k] + rotated * sin.reshape(-1)[k]
 
 
 def emulate_bf16_rows_times(grid, block, args):
@@ -300,6 +348,7 @@ def numpy_as_xp(monkeypatch):
     emulations = kernel_emulations()
     monkeypatch.setattr(cupy_cuda, "_attention_named", emulations.__getitem__)
     monkeypatch.setattr(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
+    monkeypatch.setattr(cupy_cuda, "_rows_named", emulations.__getitem__)
     return cupy_cuda
 
 
@@ -353,6 +402,44 @@ def test_formula_twins_equal_the_reference_with_numpy_as_xp(numpy_as_xp, dtype):
             rtol=1e-5 if dtype == np.float32 else 1e-13,
             err_msg=f"conv1d groups={groups}",
         )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 9, 64), (3, 5, 8, 128), (2, 3, 1000), (1, 1, 20)])
+def test_rms_norm_kernel_equals_the_reference(numpy_as_xp, shape, dtype):
+    """The norm's kernel, replayed: rows of one warp, of several, longer than a block (each thread several
+    values), shorter than a warp; within the reference's own rounding of a sum of C squares, against float64."""
+    rng = np.random.default_rng(sum(shape))
+    x, w = (rng.standard_normal(shape) * 3).astype(dtype), rng.standard_normal(shape[-1]).astype(dtype)
+    got = numpy_as_xp.rms_norm(x, w, 1e-6)
+    exact = nn.rms_norm.reference(x.astype(np.float64), w.astype(np.float64), 1e-6)
+    ref = nn.rms_norm.reference(x, w, 1e-6)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    eps = np.finfo(dtype).eps
+    bound = (shape[-1] + 4) * eps * np.abs(exact)  # (the sum's C terms, the root, the division and the product)
+    assert np.all(np.abs(got - exact) <= bound) and np.all(np.abs(ref - exact) <= bound)
+    assert numpy_as_xp.rms_norm(x, w.astype(np.float16), 1e-6).dtype == ref.dtype  # another dtype: the reference
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rope_kernel_equals_the_reference_to_the_bit(numpy_as_xp, dtype):
+    """The rotation's kernel, replayed: x [B, H, T, D] read through a transpose (a layer's q), angles [T, D],
+    [1, 1, T, D] and one set per batch [B, 1, T, D]: the reference's arithmetic, so the same bits; shapes the
+    kernel does not take (angles that would broadcast over the heads, an odd D) run the reference."""
+    rng = np.random.default_rng(5)
+    x_bhtd = rng.standard_normal((2, 9, 4, 64)).astype(dtype).transpose(0, 2, 1, 3)
+    positions = np.stack([np.arange(9), np.arange(3, 12)])
+    cos_td, sin_td = nn.rope_cos_sin(positions[0], 64, 10000.0, dtype)
+    both = [nn.rope_cos_sin(p, 64, 10000.0, dtype) for p in positions]
+    cos_b1td, sin_b1td = (np.stack([pair[i] for pair in both])[:, None] for i in (0, 1))
+    for cos, sin in ((cos_td, sin_td), (cos_td[None, None], sin_td[None, None]), (cos_b1td, sin_b1td)):
+        assert numpy_as_xp._rope_batches(cos, 2, 9, 64) in (1, 2)
+        got = numpy_as_xp.apply_rope(x_bhtd, cos, sin)
+        np.testing.assert_array_equal(got, nn.apply_rope.reference(x_bhtd, cos, sin))
+    assert numpy_as_xp._rope_batches(cos_b1td[:, 0], 2, 9, 64) is None  # [2, T, D] would pair with the heads
+    odd = rng.standard_normal((1, 2, 3, 5)).astype(dtype)
+    cos5, sin5 = rng.standard_normal((3, 5)).astype(dtype), rng.standard_normal((3, 5)).astype(dtype)
+    np.testing.assert_array_equal(numpy_as_xp.apply_rope(odd, cos5, sin5), nn.apply_rope.reference(odd, cos5, sin5))
 
 
 @pytest.mark.parametrize("rows", [1, 3, 17])  # the kernel up to MATVEC_MAX_ROWS = 16, then widen + cuBLAS
@@ -467,6 +554,7 @@ def put_these_twins_on_the_strict_stand_in(setattr_, strict) -> dict:
     emulations = kernel_emulations(launch)
     setattr_(cupy_cuda, "_attention_named", emulations.__getitem__)
     setattr_(cupy_cuda, "_bf16_function", lambda: emulations["bf16_rows_times"])
+    setattr_(cupy_cuda, "_rows_named", emulations.__getitem__)
     formulas = {
         cupy_cuda.SNAKE_BETA: lambda x, alpha, inv_beta: x + inv_beta * np.sin(alpha * x) ** 2,
         cupy_cuda.ELU: nn.elu.reference,
