@@ -63,7 +63,8 @@
 # CPU: the cupy steps run on the strict stand-in device with the committed tiny checkpoints (warm-up, bench),
 # or skip as they would without a GPU (cuda_tests), the builds are stopped after 1 s by their time limits
 # (what is left of them stays under *.partial in GPU_CHECK_WORK/bench-checkpoints/, never under a checkpoint's
-# name), and the summary is written as on the GPU.
+# name), the install step puts what it installs into GPU_CHECK_WORK/site-packages only (never into the
+# environment it runs in), and the summary is written as on the GPU.
 #
 # Environment: PYTHON (default python3), OUT (results folder), REFIMPL_BENCH_DIR (checkpoints, default
 # bench-checkpoints/), GPU_WHEELS (default benchmarks/gpu_wheels), GPU_CHECK_BUDGET_S (default 460),
@@ -165,8 +166,13 @@ EOF
 }
 
 # pip_install [pip options] PACKAGES...: from the wheels folder only; into the environment, or where that is
-# not writable (pip refuses --user inside a virtual environment), into $SITE (on PYTHONPATH)
+# not writable (pip refuses --user inside a virtual environment), into $SITE (on PYTHONPATH). A dry run never
+# touches the environment: into $SITE only (it runs on a developer's machine, in the developer's venv)
 pip_install() {
+    if [ "$DRY_RUN" = 1 ]; then
+        pip_from_wheels --target "$SITE" "$@"
+        return
+    fi
     pip_from_wheels "$@" || pip_from_wheels --target "$SITE" "$@"
 }
 
@@ -209,7 +215,7 @@ install_from_wheels() {
     installed_versions
 }
 
-export PY WHEELS REPO SITE PACKAGES
+export PY WHEELS REPO SITE PACKAGES DRY_RUN
 export -f machine pip_install pip_from_wheels installed_versions install_from_wheels   # run by "timeout ... bash -c NAME" below
 echo "GPU check of the cupy backend, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), steps $STEPS, results in $RESULTS"
 [ "$DRY_RUN" = 1 ] && echo "DRY RUN: the device steps run on the strict stand-in with the tiny checkpoints"

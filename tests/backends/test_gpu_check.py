@@ -138,10 +138,9 @@ def one_module_wheel(folder, name: str):
             wheel.writestr(path, data)
 
 
-@needs_bash
-def test_install_falls_back_to_a_target_folder_on_pythonpath(tmp_path):
-    """Where the environment is not writable (a read-only virtual environment: pip refuses --user there),
-    the install step puts the wheel into GPU_CHECK_WORK/site-packages, which the script puts on PYTHONPATH."""
+def install_the_probe_with_a_read_only_environment(tmp_path, **env):
+    """The install step alone, a one-module wheel in the wheels folder, under a python whose pip cannot install
+    into its environment (as in a read-only one: "Read-only file system") but can with --target."""
     one_module_wheel(tmp_path / "wheels", "refimpl_gpu_check_probe")
     python = tmp_path / "read-only-python"
     python.write_text(
@@ -152,10 +151,28 @@ def test_install_falls_back_to_a_target_folder_on_pythonpath(tmp_path):
         f'exec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)
-    done, out, work = run_check(
+    return run_check(
         tmp_path, 120, GPU_CHECK_STEPS="install", GPU_WHEELS=str(tmp_path / "wheels"),
-        GPU_CHECK_PACKAGES="refimpl_gpu_check_probe", PYTHON=str(python),
+        GPU_CHECK_PACKAGES="refimpl_gpu_check_probe", PYTHON=str(python), **env,
     )  # fmt: skip
+
+
+@needs_bash
+def test_a_dry_run_installs_beside_the_environment_only(tmp_path):
+    """A dry run (on a developer's machine) never installs into the running environment: the wheels go to
+    GPU_CHECK_WORK/site-packages at once (the environment's pip is never asked)."""
+    done, out, work = install_the_probe_with_a_read_only_environment(tmp_path, GPU_CHECK_DRY_RUN="1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (work / "logs" / "install.log").read_text()
+    assert "Read-only file system" not in log and "could not install refimpl_gpu_check_probe" not in log, log
+    assert (work / "site-packages" / "refimpl_gpu_check_probe" / "__init__.py").is_file()
+
+
+@needs_bash
+def test_install_falls_back_to_a_target_folder_on_pythonpath(tmp_path):
+    """Where the environment is not writable (a read-only virtual environment: pip refuses --user there),
+    the install step puts the wheel into GPU_CHECK_WORK/site-packages, which the script puts on PYTHONPATH."""
+    done, out, work = install_the_probe_with_a_read_only_environment(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (work / "logs" / "install.log").read_text()
     assert "Read-only file system" in log and "could not install refimpl_gpu_check_probe" not in log, log
