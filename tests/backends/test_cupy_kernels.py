@@ -114,10 +114,10 @@ def test_rows_module_compiles_for_both_dtypes(tmp_path):
 
 
 def warp_sum(lanes_32):
-    """The butterfly of ``warp_sum`` (__shfl_xor_sync with offsets 16, 8, 4, 2, 1): every lane ends with the sum."""
-    lanes_32 = lanes_32.copy()
+    """The butterfly of ``warp_sum`` (__shfl_xor_sync with offsets 16, 8, 4, 2, 1) over the last axis, a warp's
+    32 lanes (any warps before it side by side): every lane ends with the sum."""
     for offset in (16, 8, 4, 2, 1):
-        lanes_32 = lanes_32 + lanes_32[np.arange(32) ^ offset]
+        lanes_32 = lanes_32 + lanes_32[..., np.arange(32) ^ offset]
     return lanes_32
 
 
@@ -294,9 +294,7 @@ def emulate_rms_norm_rows(grid, block, args):
     for start in range(0, C, threads):  # the loop "for (c = threadIdx.x; c < C; c += blockDim.x)"
         stop = min(C, start + threads)
         lanes[:, : stop - start] += x_rc[:, start:stop] * x_rc[:, start:stop]
-    warps = lanes.reshape(R, threads // 32, 32)
-    for offset in (16, 8, 4, 2, 1):
-        warps = warps + warps[..., np.arange(32) ^ offset]
+    warps = warp_sum(lanes.reshape(R, threads // 32, 32))
     total = np.zeros(R, dtype=x.dtype)
     for k in range(threads // 32):
         total = total + warps[:, k, 0]
@@ -334,8 +332,7 @@ def emulate_bf16_rows_times(grid, block, args):
     for start in range(0, I, 32):  # the loop "for (i = lane; i < I; i += 32)", all lanes side by side
         stop = min(I, start + 32)
         lanes_no32[:, :, : stop - start] += x_ni[:, None, start:stop] * w_oi[None, :covered, start:stop]
-    for offset in (16, 8, 4, 2, 1):  # warp_sum's butterfly: every lane ends with the sum
-        lanes_no32 = lanes_no32 + lanes_no32[..., np.arange(32) ^ offset]
+    lanes_no32 = warp_sum(lanes_no32)
     out.reshape(N, O)[:, :covered] = lanes_no32[..., 0]
 
 
