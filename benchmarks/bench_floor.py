@@ -66,6 +66,26 @@ def frame_words(tts) -> list:
     return [np.asarray(a).view(np.ndarray) for a in arrays]
 
 
+def frame_bytes_as_read(tts) -> list:
+    """``frame_words`` with each matrix the numba backend reads packed (the code predictor's, once packed:
+    ``refimpl.backends.numba_cpu.packed_words``) replaced by the arrays it reads instead (low bytes, codes,
+    the listed words), as 16-bit words: the bytes a frame reads now."""
+    from refimpl.backends import numba_cpu
+    from refimpl.backends.bf16 import BF16Matrix
+
+    packed = {}
+    for weights in (tts.talker.weights, tts.talker.code_predictor.weights):
+        for m in weights.values():
+            p = numba_cpu.packed_words(m) if isinstance(m, BF16Matrix) else None
+            if p is not None:  # (by the address of its words: frame_words gives flat views of them)
+                packed[m.bits.__array_interface__["data"][0]] = (p.low_oi, p.codes_oh, p.rows_e, p.cols_e, p.values_e)
+    out = []
+    for a in frame_words(tts):
+        arrays = packed.get(a.__array_interface__["data"][0])
+        out += [np.ascontiguousarray(b).reshape(-1).view(np.uint16) for b in arrays] if arrays else [a]
+    return [a for a in out if a.size]
+
+
 class ReadKernel:
     """The floor: ``seconds()`` is the best time of ``repeats`` passes over ``arrays`` (flat uint16 words;
     ``frame_words(tts)``: a frame's)."""

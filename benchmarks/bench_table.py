@@ -8,7 +8,9 @@ machine's changing speed falls on both alike:
 
     per frame / floor          our time per frame (Talker step + 15 code-predictor steps, greedy) against
                                the read kernel over the same weights (bench_floor.py), measured around it
-                               (the note: our frame against a pass run after each frame, the same seconds)
+                               (the note: our frame against a pass run after each frame, the same seconds,
+                               and against the read of the bytes a frame reads now, the code predictor's
+                               matrices packed: bench_floor.frame_bytes_as_read)
     end to end / official      generate_custom_voice, greedy, --frames frames, with the codec decode
     first frame / official     the same with max_new_tokens=2: prompt, prefill, one frame, its decode
     codec decoder / official   125 frames (10 s) of random codes
@@ -41,7 +43,13 @@ import time  # noqa: E402
 import common  # noqa: E402, F401  (OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np  # noqa: E402
 from bench_codec_encoder import test_audio  # noqa: E402
-from bench_floor import ReadKernel, frame_words, per_frame_seconds, per_frame_with_reads_between  # noqa: E402
+from bench_floor import (  # noqa: E402
+    ReadKernel,
+    frame_bytes_as_read,
+    frame_words,
+    per_frame_seconds,
+    per_frame_with_reads_between,
+)
 from bench_talker import GREEDY, LANGUAGE, SPEAKER, TEXT  # noqa: E402
 from common import (  # noqa: E402
     REPO,
@@ -167,6 +175,8 @@ def main() -> None:
     frame, n = per_frame_seconds(tts, frames)
     floor = min(floor, kernel.seconds())
     paired, between, _ = per_frame_with_reads_between(tts, frames, kernel)  # (the same seconds: a note)
+    as_read = ReadKernel(frame_bytes_as_read(tts))  # the bytes a frame reads now (the code predictor packed)
+    read_now = as_read.seconds()
     table.add(
         "per frame / floor",
         1000 * frame,
@@ -174,7 +184,8 @@ def main() -> None:
         "ms",
         f"({kernel.nbytes / 1e9:.2f} GB per frame read at {kernel.nbytes / floor / 1e9:.1f} GB/s; {n} frames; "
         f"a pass between frames {1000 * between:.0f} ms, {1000 * paired:.0f} / {1000 * between:.0f} = "
-        f"{paired / between:.2f})",
+        f"{paired / between:.2f}; the {as_read.nbytes / 1e9:.2f} GB it reads now, packed, in "
+        f"{1000 * read_now:.0f} ms: {frame / read_now:.2f})",
     )
 
     # end to end and first frame, with the codec decode; the official's decoded codes are kept

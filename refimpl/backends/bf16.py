@@ -8,7 +8,7 @@ makes them.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
@@ -37,16 +37,19 @@ class BF16Matrix:
     float32 math from half the bytes.  The fast backend's ``linear`` reads the words directly
     (``refimpl/backends/numba_cpu.py``, ``refimpl/backends/cupy_cuda.py``); everything else sees float32:
     ``np.asarray(m)`` widens the whole matrix (host words), ``m[ids]`` only the rows asked for (an embedding
-    lookup), ``m.T`` the transpose (host or device words)."""
+    lookup), ``m.T`` the transpose (host or device words).  ``streamed``: read whole at every generation
+    step and by no prompt (the code predictor's layers and heads), so that the numba backend may read it
+    from a packed copy of its words (``PackedWords``: the same numbers from three quarters of the bytes)."""
 
-    __slots__ = ("bits",)
+    __slots__ = ("bits", "streamed")
     dtype = np.dtype(np.float32)
     ndim = 2
 
-    def __init__(self, bits_oi):  # numpy.ndarray on the host, a device array after upload_weights
+    def __init__(self, bits_oi, streamed: bool = False):  # bits: host words, or a device array (upload_weights)
         if bits_oi.dtype != np.uint16 or bits_oi.ndim != 2 or not bits_oi.flags.c_contiguous:
             raise ValueError(f"BF16Matrix holds C-contiguous uint16 words [O, I], got {bits_oi.dtype} {bits_oi.shape}")
         self.bits = bits_oi
+        self.streamed = streamed
 
     @property
     def shape(self) -> tuple:
@@ -82,6 +85,61 @@ class BF16Matrix:
 
     def __repr__(self) -> str:
         return f"BF16Matrix(shape={self.shape})"
+
+
+def streamed(weights: dict, names) -> dict:
+    """``weights`` with the ``BF16Matrix`` of each of ``names`` marked ``streamed`` (a new matrix over the
+    same words): the matrices a model reads whole at every generation step and in no prompt."""
+    out = dict(weights)
+    for name in names:
+        if isinstance(out.get(name), BF16Matrix):
+            out[name] = BF16Matrix(out[name].bits, streamed=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- packed words
+#
+# A generation step reads every weight of the code predictor from memory, 15 times a frame, and does
+# little arithmetic with each: its time is the bytes read.  Most of a bf16 word's high byte (the sign and
+# the exponent's upper 7 bits) takes few values in a matrix: in a window of 7 consecutive values of those
+# exponent bits lie all but about 1e-4 of the weights of the released sizes' random (normal) matrices.
+# So a packed matrix keeps each word's low byte (the exponent's last bit and the 7 mantissa bits) as it
+# is and its high byte as a 4-bit code: 12 bits a word, lossless, with the few words the codes cannot hold
+# listed apart, row by row, as their float32 values.
+
+PACK_WINDOW = 7  # values of the exponent's upper bits a code holds; codes 7 and 15 are +0 and -0
+
+
+class PackedWords(NamedTuple):
+    """The words of a bf16 matrix [O, I] (I a multiple of 64) in 12 bits each, lossless (``unpack_words``).
+
+    low_oi    uint8 [O, I]      each word's low byte; 0 where its code is 7 or 15
+    codes_oh  uint8 [O, I / 2]  each word's 4-bit code, two a byte: in each block of 64 words, byte j holds
+                                word j's code (low nibble) and word 32 + j's (high nibble)
+    high_64   uint8 [64]        the high byte of each code (16 entries, repeated 4 times: one per 128-bit
+                                lane of a 512-bit vector): code c is sign c // 8 and, for c % 8 < 7, the
+                                exponent's upper bits base + c % 8; codes 7 and 15 are +0 and -0
+    rows_e    int32 [E]         the words a code cannot hold (any other high byte, +-0 excepted), row by row
+    cols_e    int32 [E]         in column order: their row, column and value (in the dense part a code 7
+    values_e  float32 [E]       and a low byte 0: the word 0)"""
+
+    low_oi: np.ndarray
+    codes_oh: np.ndarray
+    high_64: np.ndarray
+    rows_e: np.ndarray
+    cols_e: np.ndarray
+    values_e: np.ndarray
+
+
+def unpack_words(packed: PackedWords) -> np.ndarray:
+    """The bf16 words [O, I] (uint16) of a ``PackedWords``: the high byte of each code above the low byte,
+    then the listed words put back."""
+    O, I = packed.low_oi.shape
+    blocks = packed.codes_oh.reshape(O, I // 64, 32)
+    codes = np.stack([blocks & 15, blocks >> 4], axis=2).reshape(O, I)  # words j, then 32 + j, of each block
+    words = (packed.high_64[codes].astype(np.uint16) << 8) | packed.low_oi
+    words[packed.rows_e, packed.cols_e] = (packed.values_e.view(np.uint32) >> 16).astype(np.uint16)
+    return words
 
 
 def upload_weights(weights: Mapping[str, np.ndarray]) -> dict:

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from .. import backends, nn
-from ..backends.bf16 import upload_weights
+from ..backends.bf16 import streamed, upload_weights
 from ..io.checkpoint import WeightSpec, WeightView, check_weights
 from ..io.config import config_from_dict
 from ..io.validate import check_code_predictor_config
@@ -107,6 +107,14 @@ def code_predictor_weight_spec(cfg: CodePredictorConfig, talker_hidden: int) -> 
     return spec
 
 
+def streamed_weight_names(cfg: CodePredictorConfig, talker_hidden: int) -> list:
+    """The matrices read whole at every step of a frame and in no prompt: the layers' products and the heads
+    (``bf16.BF16Matrix.streamed``: the numba backend reads them packed, 12 bits a word)."""
+    names = [s.name for s in code_predictor_weight_spec(cfg, talker_hidden)]
+    layers = [n for n in names if n.startswith("model.layers.") and n.endswith("_proj.weight")]
+    return layers + [n for n in names if n.startswith("lm_head.")]
+
+
 class CodePredictor:
     """The code predictor network (weights + config); ``dtype`` is the compute dtype."""
 
@@ -115,7 +123,8 @@ class CodePredictor:
         self.cfg = cfg
         self.talker_hidden = talker_hidden
         self.dtype = np.dtype(dtype).type
-        self.weights = upload_weights({k: v.astype(self.dtype, copy=False) for k, v in weights.items()})
+        weights = upload_weights({k: v.astype(self.dtype, copy=False) for k, v in weights.items()})
+        self.weights = streamed(weights, streamed_weight_names(cfg, talker_hidden))
         self.w = WeightView(self.weights)
         self.layers = layer_views(self.weights, "model.layers.", cfg.num_hidden_layers)
         self.n_groups = cfg.num_code_groups - 1  # codes 1..15 of a frame

@@ -1,0 +1,180 @@
+"""The code predictor's packed words (``bf16.PackedWords``): lossless, and the products read from them within
+the float32 bound of the same products read from the words.
+
+Tolerance (as tests/backends/test_kernels.py): a product of n terms summed in float32 in any order is within
+gamma_n * sum|terms| of the exact value (gamma_n ~ n * eps / 2); the packed kernel's sums are measured against
+the float64 product of the same bf16 weights with (n + 1) * eps * sum|terms|, the bound the words' own
+kernel meets (``test_matvec_kernel_of_the_fused_step_is_the_linear_kernel``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_kernels import random_qwen3_layer
+
+from refimpl import backends as kernels
+from refimpl import nn, transformer
+from refimpl.backends import bf16, numba_cpu
+from refimpl.backends.bf16 import BF16Matrix, PackedWords, bf16_bits_to_float32, float32_to_bf16_bits, unpack_words
+
+pytestmark = pytest.mark.skipif(
+    not numba_cpu.PACKED_COMPILED, reason="the packed kernel needs 512-bit byte shuffles (avx512bw)"
+)
+
+EPS = float(np.finfo(np.float32).eps)
+SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-39, 3e38, -2.5e-30, 1.0, -65280.0], np.float32)
+
+
+def random_words(rng, O, I, scale=0.02, special=0.0, values=SPECIAL):
+    """bf16 words of a normal matrix, a fraction ``special`` of them replaced by ``values``."""
+    w = (rng.standard_normal((O, I)) * scale).astype(np.float32)
+    mask = rng.random((O, I)) < special
+    w[mask] = rng.choice(values, size=int(mask.sum()))
+    return float32_to_bf16_bits(w)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.sampled_from([64, 128, 192, 1024]),
+    st.sampled_from([1e-6, 0.02, 1.0, 3e4]),
+    st.sampled_from([0.0, 0.01, 0.5, 1.0]),
+    st.integers(0, 2**31),
+)
+def test_packing_is_lossless(O, I, scale, special, seed):
+    """Every word comes back bit for bit (+0 and -0, subnormals, infinities, NaN payloads, words far outside
+    the window), whatever the matrix's scale and however many words the codes cannot hold."""
+    bits = random_words(np.random.default_rng(seed), O, I, scale, special)
+    packed = numba_cpu.pack_words(bits)
+    assert isinstance(packed, PackedWords)
+    assert packed.low_oi.shape == (O, I) and packed.codes_oh.shape == (O, I // 2) and packed.high_64.shape == (64,)
+    np.testing.assert_array_equal(unpack_words(packed), bits)
+    rows, cols = packed.rows_e.astype(np.int64), packed.cols_e.astype(np.int64)
+    assert np.all(np.diff(rows * I + cols) > 0)  # listed row by row, in column order, each once
+
+
+def test_the_window_holds_the_most_words_and_zeros_need_no_list():
+    """The 7 high-byte values of the window are the 7 consecutive ones holding the most words; +0 and -0
+    are codes 7 and 15 (never listed); the words outside the window are listed with their exact values."""
+    rng = np.random.default_rng(3)
+    bits = random_words(rng, 8, 128, scale=0.02)
+    bits[0, :4] = [0x0000, 0x8000, 0x0000, 0x8000]
+    bits[1, 5] = 0x7F80  # +inf
+    bits[2, 6] = 0x0001  # the smallest subnormal
+    packed = numba_cpu.pack_words(bits)
+    high = (bits >> 8) & 0x7F
+    counts = np.bincount(high[(bits & 0x7FFF) != 0], minlength=128)
+    base = packed.high_64[0]
+    assert counts[base : base + bf16.PACK_WINDOW].sum() == max(counts[b : b + 7].sum() for b in range(122))
+    assert list(packed.high_64[:16]) == [base + k for k in range(7)] + [0] + [128 + base + k for k in range(7)] + [128]
+    listed = set(zip(packed.rows_e.tolist(), packed.cols_e.tolist()))
+    assert (1, 5) in listed and (2, 6) in listed and not {(0, j) for j in range(4)} & listed
+    assert np.isinf(packed.values_e[packed.cols_e == 5][0]) and packed.values_e[packed.cols_e == 6][0] == 2.0**-133
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("O, I", [(1, 64), (37, 128), (256, 1024), (96, 3072)])
+@pytest.mark.parametrize("special", [0.0, 0.02])
+def test_packed_products_within_the_bound(N, O, I, special):
+    """x @ words^T from the packed words, for 1 to 9 rows of x (the 1-row kernel and the 4-row blocks), is
+    within (I + 1) eps sum|terms| of the float64 product of the same weights, and non-finite exactly where
+    that product is: a NaN stays a NaN, an infinity the same infinity, except that an infinity of x that
+    meets a listed word gives NaN (the dense part holds 0 in its place: 0 x inf)."""
+    rng = np.random.default_rng(N * 1000 + O + I)
+    bits = random_words(rng, O, I, special=special, values=SPECIAL[np.abs(SPECIAL) < 1e30])  # (no float32 overflow)
+    x = rng.standard_normal((N, I)).astype(np.float32)
+    if special:
+        x[0, 3] = np.inf
+    out = np.full((N, O), np.nan, np.float32)
+    numba_cpu._packed_products_into(x, numba_cpu.pack_words(bits), out)
+    w64, x64 = bf16_bits_to_float32(bits).astype(np.float64), x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact, scale = x64 @ w64.T, np.abs(x64) @ np.abs(w64).T
+    finite = np.isfinite(exact)
+    np.testing.assert_array_equal(np.isfinite(out), finite)
+    assert np.all(np.isnan(out[np.isnan(exact)]))
+    np.testing.assert_array_equal(out[np.isinf(out)], exact[np.isinf(out)])
+    out, exact = np.where(finite, out, 0), np.where(finite, exact, 0)  # (the non-finite ones compared above)
+    assert np.all(np.abs(out - exact)[finite] <= (I + 1) * EPS * scale[finite])
+
+
+def test_linear_reads_a_streamed_matrix_packed_and_keeps_the_packing():
+    """``linear`` of a few rows and a streamed matrix runs the packed kernel on the packing made at its first
+    use and kept while the words live (read-only); a matrix not streamed, columns not a multiple of 64,
+    or ``USE_PACKED`` off read the words as they are."""
+    rng = np.random.default_rng(5)
+    bits = random_words(rng, 64, 128)
+    bits.flags.writeable = False
+    m = BF16Matrix(bits, streamed=True)
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    first = numba_cpu.packed_words(m)
+    assert first is not None and numba_cpu.packed_words(m) is first
+    expect = np.empty((2, 64), np.float32)
+    numba_cpu._packed_products_into(x, first, expect)
+    np.testing.assert_array_equal(numba_cpu.linear(x, m), expect)
+    assert numba_cpu.packed_words(BF16Matrix(bits)) is None
+    assert numba_cpu.packed_words(BF16Matrix(np.ascontiguousarray(bits[:, :96]), streamed=True)) is None
+
+
+def test_packing_turned_off_reads_the_words(monkeypatch):
+    monkeypatch.setattr(numba_cpu, "USE_PACKED", False)
+    assert numba_cpu.packed_words(BF16Matrix(random_words(np.random.default_rng(1), 64, 64), streamed=True)) is None
+
+
+def streamed_layer(layer_view):
+    """The layer's matrices marked streamed (the same words)."""
+    from refimpl.io.checkpoint import WeightView
+
+    names = [name for name in layer_view.weights if isinstance(layer_view.weights[name], BF16Matrix)]
+    return WeightView(bf16.streamed(layer_view.weights, names), layer_view.prefix)
+
+
+@pytest.mark.parametrize("n_cached", [0, 3])
+@pytest.mark.parametrize("T", [1, 2])
+def test_fused_layer_on_packed_words_equals_the_layer(n_cached, T):
+    """The fused layer step of a streamed layer (every product from packed words) against the composition
+    transformer_layer in float32, both measured against the float64 layer of the same bf16 weights: within
+    twice the composition's error plus the float32 rounding of the longest reduction (as the words' own
+    fused layer, tests/backends/test_kernels.py); the keys and values cached likewise."""
+    C, H, G, D, F = 64, 4, 2, 16, 128
+    eps = 1e-6
+    results = {}
+    for kind in ("packed", "words", "float32", "float64"):
+        dtype = np.float64 if kind == "float64" else np.float32
+        lw, cfg = random_qwen3_layer(np.random.default_rng(11), C, H, G, D, F, dtype)
+        if kind == "packed":
+            lw = streamed_layer(lw)
+        x = np.random.default_rng(12).standard_normal((1, T, C)).astype(dtype)
+        cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, dtype)
+        cache = transformer.KVCache(1, G, D, dtype, capacity=4)
+        cache.append(*np.random.default_rng(13).standard_normal((2, 1, G, n_cached, D)).astype(dtype))
+        cache.reserve(T)
+        step = numba_cpu.decoder_layer_step if kind in ("packed", "words") else transformer.decoder_layer_step.reference
+        with kernels.use_backend("numpy"):
+            y = step(x, lw, cfg, cos[None], sin[None], cache, eps)
+        keys, values = cache.k[:, :, : n_cached + T], cache.v[:, :, : n_cached + T]
+        results[kind] = [a.astype(np.float64) for a in (y, keys, values)]
+    if T == 1:  # (another kernel's sums: not the words' path)
+        assert not np.array_equal(results["packed"][0], results["words"][0])
+    for i, what in enumerate(("output", "keys", "values")):
+        exact = results["float64"][i]
+        floor = 2 * F * EPS * np.max(np.abs(exact))
+        bound = 2 * np.max(np.abs(results["float32"][i] - exact)) + floor
+        assert np.max(np.abs(results["packed"][i] - exact)) <= bound, what
+
+
+def test_the_code_predictor_streams_its_layers_and_heads_only():
+    """Its layers' products and its heads are marked streamed; its embeddings, norms and the projection
+    from the talker's width are not (they are read by rows, or are vectors, or are one product a frame)."""
+    from refimpl.tts.code_predictor import CodePredictorConfig, code_predictor_weight_spec, streamed_weight_names
+
+    cfg = CodePredictorConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=16)
+    names = set(streamed_weight_names(cfg, talker_hidden=96))
+    spec = {s.name for s in code_predictor_weight_spec(cfg, 96)}
+    assert names <= spec
+    assert {n for n in spec if n.startswith("lm_head.")} <= names
+    assert "model.layers.1.mlp.down_proj.weight" in names and "model.layers.0.self_attn.q_proj.weight" in names
+    assert not {n for n in names if "embedding" in n or "norm" in n or "small_to_mtp" in n}
