@@ -115,7 +115,9 @@ class PackedWords(NamedTuple):
 
     low_oi    uint8 [O, I]      each word's low byte; 0 where its code is 7 or 15
     codes_oh  uint8 [O, I / 2]  each word's 4-bit code, two a byte: in each block of 64 words, byte j holds
-                                word j's code (low nibble) and word 32 + j's (high nibble)
+                                the code of the word stored at place j (low nibble) and at 32 + j (high)
+                                Both hold a block's words in ``stored_order``: the order in which 512-bit
+                                unpacks (bytes to words to float32, within 128-bit lanes) give them back.
     high_64   uint8 [64]        the high byte of each code (16 entries, repeated 4 times: one per 128-bit
                                 lane of a 512-bit vector): code c is sign c // 8 and, for c % 8 < 7, the
                                 exponent's upper bits base + c % 8; codes 7 and 15 are +0 and -0
@@ -131,13 +133,26 @@ class PackedWords(NamedTuple):
     values_e: np.ndarray
 
 
+def stored_order() -> np.ndarray:
+    """order[p] = the word of a block of 64 stored at place p: place 16 j + 4 k + t holds word 16 k + 4 j + t
+    (j, k, t < 4).  Unpacking 64 bytes into words within each 128-bit lane (low bytes 0..7, then 8..15, of
+    lane j) and the words into float32 (words 0..3, then 4..7) gives floats of places 16 j + 4 k + t for
+    k = 0, 1, 2, 3 in four vectors, lane 4 j + t of vector k: in this order they are words 16 k + 4 j + t,
+    the natural order of the four vectors.  (Its own inverse.)"""
+    p = np.arange(64)
+    return 16 * ((p // 4) % 4) + 4 * (p // 16) + p % 4
+
+
 def unpack_words(packed: PackedWords) -> np.ndarray:
     """The bf16 words [O, I] (uint16) of a ``PackedWords``: the high byte of each code above the low byte,
-    then the listed words put back."""
+    each block back in the natural order, then the listed words put back."""
     O, I = packed.low_oi.shape
     blocks = packed.codes_oh.reshape(O, I // 64, 32)
-    codes = np.stack([blocks & 15, blocks >> 4], axis=2).reshape(O, I)  # words j, then 32 + j, of each block
-    words = (packed.high_64[codes].astype(np.uint16) << 8) | packed.low_oi
+    codes = np.stack([blocks & 15, blocks >> 4], axis=2).reshape(O, I)  # places j, then 32 + j, of each block
+    stored = (packed.high_64[codes].astype(np.uint16) << 8) | packed.low_oi
+    words = np.empty_like(stored).reshape(O, I // 64, 64)
+    words[:, :, stored_order()] = stored.reshape(O, I // 64, 64)
+    words = words.reshape(O, I)
     words[packed.rows_e, packed.cols_e] = (packed.values_e.view(np.uint32) >> 16).astype(np.uint16)
     return words
 

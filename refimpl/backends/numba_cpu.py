@@ -3066,9 +3066,9 @@ def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
 # ----------------------------------------------------------------------------- packed words (the code predictor)
 # ``bf16.PackedWords``: a streamed matrix's words in 12 bits, lossless.  A generation step's products are
 # bound by the bytes they read, so a quarter fewer bytes is a quarter less time where the words are rebuilt
-# faster than memory delivers them: 64 a block by a few 512-bit instructions (``_packed_row_dots``: one byte
-# shuffle looks up 64 high bytes, one more interleaves them with the low bytes into words), where the same
-# rebuild written as a loop over single words compiled to as many instructions as it saved in bytes.
+# faster than memory delivers them: 64 a block by a dozen 512-bit instructions (``_packed_row_dots``: one
+# byte shuffle looks up 64 high bytes, unpacks make words and floats of them), where the same rebuild
+# written as a loop over single words compiled to as many instructions as it saved in bytes.
 
 PACKED_COMPILED = "+avx512bw" in _compile_features()  # the 64-byte shuffles of _packed_row_dots
 USE_PACKED = PACKED_COMPILED and os.environ.get("REFIMPL_PACKED", "1").strip() != "0"
@@ -3098,18 +3098,25 @@ def _word_code(w, base):
 
 @numba.njit(cache=True)
 def _pack_rows(bits_oi, base, low_oi, codes_oh, counts_o):
-    """The dense part of ``PackedWords`` (low bytes, codes) and each row's count of listed words."""
+    """The dense part of ``PackedWords`` (low bytes, codes, each block's words in the stored order) and each
+    row's count of listed words."""
     O, I = bits_oi.shape
     for o in range(O):
         n = 0
         for b in range(I // 64):
             for j in range(32):
-                c0, l0, e0 = _word_code(bits_oi[o, 64 * b + j], base)
-                c1, l1, e1 = _word_code(bits_oi[o, 64 * b + 32 + j], base)
+                c0, l0, e0 = _word_code(bits_oi[o, 64 * b + _stored_word(j)], base)
+                c1, l1, e1 = _word_code(bits_oi[o, 64 * b + _stored_word(32 + j)], base)
                 codes_oh[o, 32 * b + j] = c0 | (c1 << 4)
                 low_oi[o, 64 * b + j], low_oi[o, 64 * b + 32 + j] = l0, l1
                 n += e0 + e1
         counts_o[o] = n
+
+
+@numba.njit(inline="always")
+def _stored_word(p):
+    """The word of a block at stored place p (``bf16.stored_order``)."""
+    return 16 * ((p // 4) % 4) + 4 * (p // 16) + p % 4
 
 
 @numba.njit(cache=True)
@@ -3165,9 +3172,12 @@ def _row_dots_intrinsic(R: int):
     """An intrinsic ``(x_ni, n0, low_i, codes_h, high_64, out_no, o)``: out[n0 + r, o] = sum_i x[n0 + r, i] *
     word_i for r < R, the words of one packed row (its dense part: the listed words are added apart) rebuilt
     64 at a time in 512-bit vectors: the 32 code bytes split into 64 codes (low nibbles, high nibbles), the
-    64 high bytes looked up by one byte shuffle (``vpshufb``, the 16-entry table in each 128-bit lane), the
-    low and high bytes interleaved into 64 words, each word shifted into the upper half of a float32 (the
-    bf16 widening), and each row's 64 products summed in 64 lanes; the lanes summed by halves at the end."""
+    64 high bytes looked up by one byte shuffle (``vpshufb``, the 16-entry table in each 128-bit lane), low
+    and high bytes unpacked into words and the words, above zero words, into float32 (the bf16 widening),
+    both within 128-bit lanes (``vpunpck*``: 6 instructions, where interleaving the bytes across the whole
+    vector and widening the words took 10; the block's words are stored in the order this gives back,
+    ``bf16.stored_order``), and each row's 64 products summed in 64 lanes; the lanes summed by halves at the
+    end."""
 
     @intrinsic
     def row_dots(typingctx, x_ni, n0, low_i, codes_h, high_64, out_no, o):
@@ -3209,10 +3219,21 @@ def _row_dots_intrinsic(R: int):
             codes64 = builder.shuffle_vector(low_nibbles, high_nibbles, ir.Constant(_vector(_I32, 64), list(range(64))))
             high_bytes = builder.call(shuffle_fn, [table, codes64])
             low_bytes = load(lp, builder.mul(b, ir.Constant(_I64, 64)), _vector(_I8, 64))
-            pairs = ir.Constant(_vector(_I32, 128), [k for j in range(64) for k in (j, 64 + j)])
-            words = builder.bitcast(builder.shuffle_vector(low_bytes, high_bytes, pairs), _vector(_I16, 64))
-            wide = builder.shl(builder.zext(words, _vector(_I32, 64)), ir.Constant(_vector(_I32, 64), [16] * 64))
-            w = builder.bitcast(wide, _vector(_F32, 64))
+            halves = []  # words of bytes 0..7, then 8..15 of each 128-bit lane (vpunpcklbw, vpunpckhbw)
+            for first in (0, 8):
+                mask = [k for j in range(4) for i in range(first, first + 8) for k in (16 * j + i, 64 + 16 * j + i)]
+                pairs = builder.shuffle_vector(low_bytes, high_bytes, ir.Constant(_vector(_I32, 64), mask))
+                halves.append(builder.bitcast(pairs, _vector(_I16, 32)))
+            no_words = ir.Constant(_vector(_I16, 32), [0] * 32)
+            quarters = []  # each word above a zero word: its float32 (vpunpcklwd, vpunpckhwd)
+            for words in halves:
+                for first in (0, 4):
+                    mask = [k for j in range(4) for i in range(first, first + 4) for k in (i, 32 + 8 * j + i)]
+                    widened = builder.shuffle_vector(no_words, words, ir.Constant(_vector(_I32, 32), mask))
+                    quarters.append(builder.bitcast(widened, _vector(_F32, 16)))
+            halves_f = [builder.shuffle_vector(a, b, ir.Constant(_vector(_I32, 32), list(range(32)))) for a, b in
+                        (quarters[:2], quarters[2:])]  # fmt: skip
+            w = builder.shuffle_vector(*halves_f, ir.Constant(_vector(_I32, 64), list(range(64))))
             column_bytes = builder.mul(b, ir.Constant(_I64, 256))
             new_sums = []
             for r in range(R):

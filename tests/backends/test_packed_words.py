@@ -56,6 +56,20 @@ def test_packing_is_lossless(O, I, scale, special, seed):
     assert np.all(np.diff(rows * I + cols) > 0)  # listed row by row, in column order, each once
 
 
+def test_a_block_is_stored_in_the_order_the_unpacks_give_back():
+    """Place 16 j + 4 k + t holds word 16 k + 4 j + t: a permutation, its own inverse, the packer's too; and
+    the words of a block come back in that order from the kernel's lane-wise unpacks (a NumPy replay: bytes
+    into words, lanes' low halves then high halves; words into floats likewise)."""
+    order = bf16.stored_order()
+    np.testing.assert_array_equal(np.sort(order), np.arange(64))
+    np.testing.assert_array_equal(order[order], np.arange(64))
+    assert [numba_cpu._stored_word(p) for p in range(64)] == order.tolist()
+    places = np.arange(64).reshape(4, 16)  # [128-bit lane j, byte]: the place each byte holds
+    words = [places[:, :8], places[:, 8:]]  # vpunpcklbw, vpunpckhbw: [lane, word]
+    floats = [w[:, first : first + 4].reshape(-1) for w in words for first in (0, 4)]  # vpunpck{l,h}wd
+    np.testing.assert_array_equal(order[np.concatenate(floats)], np.arange(64))
+
+
 def test_the_window_holds_the_most_words_and_zeros_need_no_list():
     """The 7 high-byte values of the window are the 7 consecutive ones holding the most words; +0 and -0
     are codes 7 and 15 (never listed); the words outside the window are listed with their exact values."""
