@@ -101,29 +101,31 @@ def streamed(weights: dict, names) -> dict:
 #
 # A generation step reads every weight of the code predictor from memory, 15 times a frame, and does
 # little arithmetic with each: its time is the bytes read.  Most of a bf16 word's high byte (the sign and
-# the exponent's upper 7 bits) takes few values in a matrix: in a window of 7 consecutive values of those
-# exponent bits lie all but about 1e-4 of the weights of the released sizes' random (normal) matrices.
+# the exponent's upper 7 bits) takes few values in a matrix: in a window of 8 consecutive values of those
+# exponent bits lie all but about 4e-5 of the weights of the released sizes' random (normal) matrices.
 # So a packed matrix keeps each word's low byte (the exponent's last bit and the 7 mantissa bits) as it
 # is and its high byte as a 4-bit code: 12 bits a word, lossless, with the few words the codes cannot hold
 # listed apart, row by row, as their float32 values.
 
-PACK_WINDOW = 7  # values of the exponent's upper bits a code holds; codes 7 and 15 are +0 and -0
+PACK_WINDOW = 8  # values of the exponent's upper bits the codes hold (with the sign: 16 codes)
 
 
 class PackedWords(NamedTuple):
     """The words of a bf16 matrix [O, I] (I a multiple of 64) in 12 bits each, lossless (``unpack_words``).
 
-    low_oi    uint8 [O, I]      each word's low byte; 0 where its code is 7 or 15
+    low_oi    uint8 [O, I]      each word's low byte (0 for a listed word)
     codes_oh  uint8 [O, I / 2]  each word's 4-bit code, two a byte: in each block of 64 words, byte j holds
                                 the code of the word stored at place j (low nibble) and at 32 + j (high)
                                 Both hold a block's words in ``stored_order``: the order in which 512-bit
                                 unpacks (bytes to words to float32, within 128-bit lanes) give them back.
     high_64   uint8 [64]        the high byte of each code (16 entries, repeated 4 times: one per 128-bit
-                                lane of a 512-bit vector): code c is sign c // 8 and, for c % 8 < 7, the
-                                exponent's upper bits base + c % 8; codes 7 and 15 are +0 and -0
-    rows_e    int32 [E]         the words a code cannot hold (any other high byte, +-0 excepted), row by row
-    cols_e    int32 [E]         in column order: their row, column and value (in the dense part a code 7
-    values_e  float32 [E]       and a low byte 0: the word 0)"""
+                                lane of a 512-bit vector): code c is sign c // 8 and the exponent's upper
+                                bits base + c % 8
+    rows_e    int32 [E]         the words the codes cannot hold (any other high byte: +-0, subnormals,
+    cols_e    int32 [E]         infinities, NaN and what lies outside the window), row by row in column
+    values_e  float32 [E]       order: their row, column and value.  Their place in the dense part holds
+                                code 0 and low byte 0, the word ``high_64[0] << 8``, which the products
+                                take back out."""
 
     low_oi: np.ndarray
     codes_oh: np.ndarray

@@ -3077,7 +3077,7 @@ PACKED_BLOCK = 64  # words a block: the columns of a packed matrix are a multipl
 
 @numba.njit(cache=True)
 def _high_byte_counts(bits_oi):
-    """counts[v] = the words whose high byte, sign aside, is v (the word 0 and -0 not counted)."""
+    """counts[v] = the words whose high byte, sign aside, is v (+0 and -0 not counted: always listed)."""
     counts = np.zeros(128, np.int64)
     for w in bits_oi.reshape(-1):
         if w & 0x7FFF:
@@ -3087,13 +3087,11 @@ def _high_byte_counts(bits_oi):
 
 @numba.njit(inline="always")
 def _word_code(w, base):
-    """(code, low byte, listed) of one word for the window base .. base + 6 (``bf16.PackedWords``)."""
+    """(code, low byte, listed) of one word for the window base .. base + 7 (``bf16.PackedWords``)."""
     k, sign = np.int64((w >> 8) & 0x7F) - base, np.uint8(w >> 15)
-    if 0 <= k < 7:
+    if 0 <= k < 8 and w & 0x7FFF:  # (+-0 in the window's place: only if base is 0, listed like the others)
         return np.uint8(k) | (sign << 3), np.uint8(w & 0xFF), False
-    if w & 0x7FFF == 0:  # +0 or -0: codes 7, 15
-        return np.uint8(7) | (sign << 3), np.uint8(0), False
-    return np.uint8(7), np.uint8(0), True
+    return np.uint8(0), np.uint8(0), True
 
 
 @numba.njit(cache=True)
@@ -3133,18 +3131,18 @@ def _list_words(bits_oi, base, rows_e, cols_e, values_e):
 
 
 def pack_words(bits_oi) -> PackedWords:
-    """``bf16.PackedWords`` of the words [O, I] (I a multiple of ``PACKED_BLOCK``): the window of 7 high-byte
+    """``bf16.PackedWords`` of the words [O, I] (I a multiple of ``PACKED_BLOCK``): the window of 8 high-byte
     values (sign aside) that holds the most words, the others listed."""
     O, I = bits_oi.shape
     counts = _high_byte_counts(bits_oi)
-    held = np.convolve(counts, np.ones(PACK_WINDOW, np.int64), mode="valid")  # held[b]: words in b .. b + 6
+    held = np.convolve(counts, np.ones(PACK_WINDOW, np.int64), mode="valid")  # held[b]: words in b .. b + 7
     base = int(np.argmax(held))
     low_oi, codes_oh, row_counts = np.empty((O, I), np.uint8), np.empty((O, I // 2), np.uint8), np.empty(O, np.int64)
     _pack_rows(bits_oi, base, low_oi, codes_oh, row_counts)
     E = int(row_counts.sum())
     rows_e, cols_e, values_e = np.empty(E, np.int32), np.empty(E, np.int32), np.empty(E, np.float32)
     _list_words(bits_oi, base, rows_e, cols_e, values_e)
-    high_16 = [(c // 8) << 7 | (0 if c % 8 == 7 else base + c % 8) for c in range(16)]
+    high_16 = [(c // 8) << 7 | (base + c % 8) for c in range(16)]
     return PackedWords(low_oi, codes_oh, np.array(high_16 * 4, np.uint8), rows_e, cols_e, values_e)
 
 
@@ -3292,8 +3290,9 @@ def _packed_row_dots(x_ni, low_i, codes_h, high_64, out_no, o):
 def _packed_products_into(x_ni, packed, out_no):
     """out = x @ words^T for a packed matrix (``bf16.PackedWords``) and a few rows of x (C-contiguous
     float32): parallel over the weight rows, each read once for all rows of x (row o + 8's low bytes and
-    codes asked for meanwhile) by ``_packed_row_dots``; then the listed words added, in their order (in the
-    parallel loop, row by row, they took a tenth of its time)."""
+    codes asked for meanwhile) by ``_packed_row_dots``; then for each listed word its product added and the
+    placeholder's taken back out, in their order (in the parallel loop, row by row, they took a tenth of
+    its time)."""
     low_oi, codes_oh, high_64, rows_e, cols_e, values_e = packed
     O, I = low_oi.shape
     low_words, code_words = low_oi.reshape(-1), codes_oh.reshape(-1)
@@ -3307,10 +3306,11 @@ def _packed_products_into(x_ni, packed, out_no):
             _row_dots_1(x_ni, 0, low_oi[o], codes_oh[o], high_64, out_no, o)
         else:
             _packed_row_dots(x_ni, low_oi[o], codes_oh[o], high_64, out_no, o)
+    placeholder = _bf16_to_f32(np.uint16(high_64[0]) << np.uint16(8))  # (a listed word's place, code 0)
     for e in range(rows_e.shape[0]):
         o, c, v = rows_e[e], cols_e[e], values_e[e]
         for n in range(x_ni.shape[0]):
-            out_no[n, o] += x_ni[n, c] * v
+            out_no[n, o] += x_ni[n, c] * v - x_ni[n, c] * placeholder
 
 
 def _matrix_rows(w):

@@ -70,9 +70,10 @@ def test_a_block_is_stored_in_the_order_the_unpacks_give_back():
     np.testing.assert_array_equal(order[np.concatenate(floats)], np.arange(64))
 
 
-def test_the_window_holds_the_most_words_and_zeros_need_no_list():
-    """The 7 high-byte values of the window are the 7 consecutive ones holding the most words; +0 and -0
-    are codes 7 and 15 (never listed); the words outside the window are listed with their exact values."""
+def test_the_window_holds_the_most_words_and_the_others_are_listed():
+    """The 8 high-byte values of the window are the 8 consecutive ones holding the most words (sign aside);
+    +0 and -0, an infinity, a subnormal are listed with their exact values, and their place in the dense
+    part holds code 0 and low byte 0."""
     rng = np.random.default_rng(3)
     bits = random_words(rng, 8, 128, scale=0.02)
     bits[0, :4] = [0x0000, 0x8000, 0x0000, 0x8000]
@@ -82,11 +83,16 @@ def test_the_window_holds_the_most_words_and_zeros_need_no_list():
     high = (bits >> 8) & 0x7F
     counts = np.bincount(high[(bits & 0x7FFF) != 0], minlength=128)
     base = packed.high_64[0]
-    assert counts[base : base + bf16.PACK_WINDOW].sum() == max(counts[b : b + 7].sum() for b in range(122))
-    assert list(packed.high_64[:16]) == [base + k for k in range(7)] + [0] + [128 + base + k for k in range(7)] + [128]
-    listed = set(zip(packed.rows_e.tolist(), packed.cols_e.tolist()))
-    assert (1, 5) in listed and (2, 6) in listed and not {(0, j) for j in range(4)} & listed
-    assert np.isinf(packed.values_e[packed.cols_e == 5][0]) and packed.values_e[packed.cols_e == 6][0] == 2.0**-133
+    assert counts[base : base + bf16.PACK_WINDOW].sum() == max(counts[b : b + 8].sum() for b in range(121))
+    assert list(packed.high_64[:16]) == [base + k for k in range(8)] + [128 + base + k for k in range(8)]
+    np.testing.assert_array_equal(packed.high_64, np.tile(packed.high_64[:16], 4))
+    listed = list(zip(packed.rows_e.tolist(), packed.cols_e.tolist()))
+    assert {(0, 0), (0, 1), (0, 2), (0, 3), (1, 5), (2, 6)} <= set(listed)
+    values = dict(zip(listed, packed.values_e.tolist()))
+    assert values[1, 5] == np.inf and values[2, 6] == 2.0**-133 and values[0, 0] == 0.0
+    assert np.signbit(values[0, 1]) and not np.signbit(values[0, 0])
+    place = {int(w): p for p, w in enumerate(bf16.stored_order())}[5]  # where word 5 of a block is stored
+    assert packed.low_oi[1, place] == 0 and (packed.codes_oh[1, place % 32] >> (4 * (place // 32))) & 15 == 0
 
 
 @pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 9])
