@@ -37,6 +37,7 @@ import math
 import operator
 import os
 import platform
+import sys
 import tempfile
 import threading
 import weakref
@@ -72,7 +73,10 @@ def _choose_cache_dir() -> None:
 
 
 def _prefer_512_bit_vectors() -> None:
-    """Let LLVM use the full 512-bit vectors of AVX-512 processors (unless the user set the CPU features)."""
+    """Let LLVM use the full 512-bit vectors of AVX-512 processors (unless the user set the CPU features).
+    Numba reads the setting when it is imported; a program that imported it before this module has its
+    configuration read again (its first compilation has not happened yet in a program that compiles nothing
+    of its own first: a script importing numba first ran a 20-frame generation in 3.8 s against 3.25 s)."""
     if os.environ.get("NUMBA_CPU_FEATURES") or os.environ.get("NUMBA_CPU_NAME"):
         return
     import llvmlite.binding as llvm
@@ -81,6 +85,8 @@ def _prefer_512_bit_vectors() -> None:
     if "+avx512f" in features.split(","):
         os.environ["NUMBA_CPU_NAME"] = llvm.get_host_cpu_name()
         os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+        if "numba" in sys.modules:  # imported before us: read the environment again
+            sys.modules["numba"].core.config.reload_config()
 
 
 _choose_cache_dir()

@@ -1427,6 +1427,32 @@ def test_a_second_process_loads_the_kernels_instead_of_compiling(tmp_path):
     assert "data saved to" not in runs[1].stdout and "data loaded from" in runs[1].stdout
 
 
+@pytest.mark.skipif("+avx512f" not in numba_cpu._compile_features(), reason="a processor without 512-bit vectors")
+def test_a_program_importing_numba_first_still_gets_512_bit_vectors(tmp_path):
+    """Numba reads the CPU features when it is imported: a program that imports it before refimpl's backend
+    compiles with 512-bit vectors all the same (the backend has Numba read its configuration again), its
+    own kernels included; without the backend, LLVM's default prefers 256-bit ones on most of these
+    processors (on this VM's Xeon: ymm only)."""
+    code = (
+        "import sys, numba, numpy as np\n"
+        "if sys.argv[1] == 'refimpl':\n"
+        "    from refimpl.backends import numba_cpu\n"
+        "@numba.njit(fastmath=True)\n"
+        "def squares(a):\n"
+        "    s = np.float32(0)\n"
+        "    for i in range(a.size):\n"
+        "        s += a[i] * a[i]\n"
+        "    return s\n"
+        "squares(np.ones(64, np.float32))\n"
+        "print('zmm' in next(iter(squares.inspect_asm().values())))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+    env.update(NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO))
+    run = subprocess.run([sys.executable, "-c", code, "refimpl"], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     B=st.integers(1, 2),
