@@ -3101,20 +3101,16 @@ def _word_code(w, base):
 
 
 @numba.njit(cache=True)
-def _pack_rows(bits_oi, base, low_oi, codes_oh, counts_o):
-    """The dense part of ``PackedWords`` (low bytes, codes, each block's words in the stored order) and each
-    row's count of listed words."""
+def _pack_rows(bits_oi, base, low_oi, codes_oh):
+    """The dense part of ``PackedWords``: low bytes and codes, each block's words in the stored order."""
     O, I = bits_oi.shape
     for o in range(O):
-        n = 0
         for b in range(I // 64):
             for j in range(32):
-                c0, l0, e0 = _word_code(bits_oi[o, 64 * b + _stored_word(j)], base)
-                c1, l1, e1 = _word_code(bits_oi[o, 64 * b + _stored_word(32 + j)], base)
+                c0, l0, _ = _word_code(bits_oi[o, 64 * b + _stored_word(j)], base)
+                c1, l1, _ = _word_code(bits_oi[o, 64 * b + _stored_word(32 + j)], base)
                 codes_oh[o, 32 * b + j] = c0 | (c1 << 4)
                 low_oi[o, 64 * b + j], low_oi[o, 64 * b + 32 + j] = l0, l1
-                n += e0 + e1
-        counts_o[o] = n
 
 
 @numba.njit(inline="always")
@@ -3143,9 +3139,9 @@ def pack_words(bits_oi) -> PackedWords:
     counts = _high_byte_counts(bits_oi)
     held = np.convolve(counts, np.ones(PACK_WINDOW, np.int64), mode="valid")  # held[b]: words in b .. b + 7
     base = int(np.argmax(held))
-    low_oi, codes_oh, row_counts = np.empty((O, I), np.uint8), np.empty((O, I // 2), np.uint8), np.empty(O, np.int64)
-    _pack_rows(bits_oi, base, low_oi, codes_oh, row_counts)
-    E = int(row_counts.sum())
+    low_oi, codes_oh = np.empty((O, I), np.uint8), np.empty((O, I // 2), np.uint8)
+    _pack_rows(bits_oi, base, low_oi, codes_oh)
+    E = bits_oi.size - int(held[base])  # the words outside the window, and +-0
     rows_e, cols_e, values_e = np.empty(E, np.int32), np.empty(E, np.int32), np.empty(E, np.float32)
     _list_words(bits_oi, base, rows_e, cols_e, values_e)
     high_16 = [(c // 8) << 7 | (base + c % 8) for c in range(16)]
