@@ -698,7 +698,8 @@ def main(argv=None) -> int:
     say = Reporter(getattr(args, "quiet", False))
     args.dtype_np = np.float64 if getattr(args, "dtype", "float32") == "float64" else np.float32
     try:
-        if getattr(args, "output", None) is not None and args.command != "golden":  # golden -o names a directory
+        # golden's and conformance make's -o name a directory
+        if getattr(args, "output", None) is not None and args.command not in ("golden", "conformance"):
             check_output_path(args.output)
         with (
             warnings.catch_warnings(),

@@ -280,17 +280,17 @@ def read_npy_header(f, name: str, what: str = "codes") -> tuple:
         raise InputError(f"cannot read {what} from {name}: not a .npy file ({e or 'empty file'})") from None
 
 
-def check_npy_header(data: bytes, name: str) -> None:
+def check_npy_header(data: bytes, name: str, what: str = "codes") -> None:
     """The .npy header's shape and dtype must fit the bytes that follow it (a header claiming more would
     make numpy allocate the claimed size before finding out)."""
     f = io.BytesIO(data)
-    shape, _, dtype = read_npy_header(f, name)
+    shape, _, dtype = read_npy_header(f, name, what)
     if dtype.hasobject:
-        raise InputError(f"cannot read codes from {name}: it holds Python objects, not integer codes")
+        raise InputError(f"cannot read {what} from {name}: it holds Python objects, not numbers")
     need = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if need > len(data) - f.tell():
         raise InputError(
-            f"cannot read codes from {name}: its header claims shape {tuple(shape)} of {dtype} "
+            f"cannot read {what} from {name}: its header claims shape {tuple(shape)} of {dtype} "
             f"({need} bytes) but the file holds only {len(data) - f.tell()} (truncated file?)"
         )
 

@@ -624,7 +624,10 @@ def add_golden_parser(sub, common) -> None:
 
 
 def add_commands(sub, common) -> None:
-    """The three subcommands, for ``refimpl.cli.build_parser``."""
+    """The port author's subcommands, for ``refimpl.cli.build_parser``."""
+    from .conformance.commands import add_conformance_parser
+
     add_trace_parser(sub, common)
     add_compare_parser(sub)
     add_golden_parser(sub, common)
+    add_conformance_parser(sub)

@@ -397,7 +397,9 @@ def trace_generation(tts, stage: str, *, attention: bool = False, decoder: bool 
 
     ``decoder`` (default True): the generated codes (forced: the forced ones) are then decoded with
     ``decode_full`` under the codec decoder's names (``decoder.*``, ``decoder`` the waveform; ``:N`` per item
-    of a batch); at the released size that is about 40 MB a frame.  ``attention``: the post-RoPE q/k and
+    of a batch); at the released size that is about 40 MB a frame.  ``refimpl.waveform.{i}`` is the audio
+    the API returns (the official decode; in ICL mode with the reference's share cut), in the compute
+    dtype.  ``attention``: the post-RoPE q/k and
     attention probabilities of every layer too (large).  In a voice clone in ICL mode the reference's codec
     encode is recorded too (``encoder.*``)."""
     log = CallLog()

@@ -325,20 +325,24 @@ class Qwen3TTS:
         codes = self.generate_codes_from_layouts(
             layouts, vectors, settings, rng, eos_id, self.last_trace, record, progress=progress, forced_codes=forced
         )
-        return self._finish(codes, return_codes, ref_codes, progress)
+        return self._finish(codes, return_codes, ref_codes, progress, record)
 
-    def _finish(self, codes: list, return_codes: bool, ref_codes: list | None = None, progress=None):
+    def _finish(
+        self, codes: list, return_codes: bool, ref_codes: list | None = None, progress=None, record=NULL_RECORDER
+    ):
+        """The audio of each item's codes, float32 as the official returns it; ``record`` receives it in the
+        compute dtype (``refimpl.waveform.{i}``)."""
         wavs = []
         for i, c in enumerate(codes):
             ref = None if ref_codes is None else ref_codes[i]
             if ref is None:
-                wavs.append(np.asarray(self.speech_tokenizer.decode(c, progress=progress), dtype=np.float32))
-                continue
-            # voice clone ICL: decode reference + new codes together, then cut the reference's share
-            both = np.concatenate([np.asarray(ref, dtype=np.int64), c], axis=0)
-            wav = np.asarray(self.speech_tokenizer.decode(both, progress=progress), dtype=np.float32)
-            cut = int(len(ref) / max(len(both), 1) * wav.shape[0])
-            wavs.append(wav[cut:])
+                wav = self.speech_tokenizer.decode(c, progress=progress)
+            else:  # voice clone ICL: decode reference + new codes together, then cut the reference's share
+                both = np.concatenate([np.asarray(ref, dtype=np.int64), c], axis=0)
+                wav = self.speech_tokenizer.decode(both, progress=progress)
+                wav = wav[int(len(ref) / max(len(both), 1) * wav.shape[0]) :]
+            record.extra(f"waveform.{i}", wav)
+            wavs.append(np.asarray(wav, dtype=np.float32))
         sr = int(self.speech_tokenizer.sample_rate)
         return (wavs, sr, codes) if return_codes else (wavs, sr)
 

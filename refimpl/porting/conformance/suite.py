@@ -1,0 +1,488 @@
+"""Making and reading a conformance suite: the cases, their inputs in plain formats, the reference traces in
+float64 and float32, and the manifest (docs/conformance.md).
+
+    SUITE/
+      manifest.json                 the suite's version, the versions it agrees with, the checkpoints' hashes,
+                                    the tolerance table, every case (inputs, options, outputs, references)
+      README.md                     for the port author: what to run, what to dump, how to name it
+      checkpoints/<kind>/           the checkpoints the cases run on (only for the embedded tiny ones)
+      cases/<name>/case.json        the case's own entry of the manifest
+      cases/<name>/<inputs>         codes.npy, audio.wav, ref_audio.wav, uniforms.npy
+      cases/<name>/reference.float64.safetensors, reference.float32.safetensors
+
+A case asks the port for a few plain outputs (``codes``, ``waveform``, ``x_vector``; ``.0``/``.1`` per item
+of a batch) and takes any other tensor the port dumps under the official names (``refimpl trace``'s keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ...io.files import MAX_JSON_BYTES, InputError, parse_json, plain_file_name, read_limited, write_atomically
+from .. import trace_files
+from ..compare import EPS, F64_REL, NOISE_FACTOR, NOISE_RATIO, PRECISIONS
+
+__all__ = [
+    "SUITE_FORMAT",
+    "SUITE_VERSION",
+    "CASES",
+    "Case",
+    "make_suite",
+    "read_manifest",
+    "SuiteError",
+]
+
+SUITE_FORMAT = "qwen3-tts-conformance-suite"
+SUITE_VERSION = 1  # raised whenever a case, an input, an option or a tolerance changes
+# the official implementation every reference of this version agrees with (docs/golden.md, docs/parity.md)
+AGREES_WITH = {"qwen-tts": "0.1.1", "transformers": "4.57.3", "torch": "2.13.0"}
+EMBEDDED = Path(__file__).resolve().parents[2] / "data"
+EMBEDDED_CHECKPOINTS = {
+    "customvoice": "default-customvoice",
+    "base": "default-base",
+    "voicedesign": "default-voicedesign",
+}
+MODEL_KINDS = {"custom_voice": "customvoice", "base": "base", "voice_design": "voicedesign"}
+REFERENCE_FILES = {"float64": "reference.float64.safetensors", "float32": "reference.float32.safetensors"}
+
+
+class SuiteError(InputError):
+    """A suite that cannot be used: a missing or malformed manifest, case or reference file."""
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    stage: str  # the ``refimpl trace`` stage it exercises
+    checkpoint: str  # customvoice / base / voicedesign
+    title: str
+    covers: str  # the official behaviour it pins down (docs/official_behaviours.md)
+    options: dict = dataclasses.field(default_factory=dict)  # the Python API's keywords
+    outputs: tuple = ()  # the plain outputs the port is asked for
+
+
+GREEDY = {"do_sample": False, "subtalker_dosample": False}
+SHORT = 12  # max_new_tokens: 11 frames without an EOS (the official length convention)
+TEXT = "Hello from the conformance suite."
+
+CASES = (
+    Case("codec-decode", "codec-decode", "customvoice", "Codec decode, one causal pass",
+         "the decoder's forward over every frame (decoder.* traced)", {"frames": 4}, ("waveform",)),
+    Case("codec-decode-chunked", "codec-decode", "customvoice", "Codec decode, the official 300/25 chunking",
+         "Qwen3TTSTokenizer.decode: chunks of 300 frames with 25 frames of left context, trimmed",
+         {"frames": 330, "decode": "official"}, ("waveform",)),
+    Case("codec-decode-stream", "codec-decode", "customvoice", "Codec decode, exact stream in 1/2/4-frame pushes",
+         "a streamed decode that carries the decoder's whole state: equal to the one-pass decode",
+         {"frames": 40, "pushes": [1, 2, 4]}, ("waveform",)),
+    Case("codec-encode", "codec-encode", "customvoice", "Codec encode, 24 kHz",
+         "the encoder and its split RVQ", {"seconds": 0.6, "sample_rate": 24000}, ("codes",)),
+    Case("codec-encode-16k", "codec-encode", "customvoice", "Codec encode, 16 kHz resampled",
+         "resampling to 24 kHz as the official (soxr HQ)", {"seconds": 0.6, "sample_rate": 16000}, ("codes",)),
+    Case("speaker", "speaker", "base", "Speaker encoder x-vector",
+         "the 128-bin log mel front end and the ECAPA-TDNN", {"seconds": 2.0, "sample_rate": 24000}, ("x_vector",)),
+    Case("say-greedy", "say", "customvoice", "Custom voice, greedy, non-streaming text feed",
+         "greedy under the official rules: repetition penalty, min_new_tokens, suppressed ids, the length",
+         dict(GREEDY, text=TEXT, max_new_tokens=SHORT), ("codes", "waveform")),
+    Case("say-streaming-feed", "say", "customvoice", "Custom voice, greedy, streaming text feed",
+         "the text fed one token per frame (non_streaming_mode=False)",
+         dict(GREEDY, text=TEXT, max_new_tokens=SHORT, non_streaming_mode=False), ("codes", "waveform")),
+    Case("say-batch", "say", "customvoice", "Custom voice, a batch of two with left padding",
+         "two prompts of different lengths, the shorter padded on the left",
+         dict(GREEDY, text=[TEXT, "Two."], max_new_tokens=SHORT), ("codes.0", "codes.1", "waveform.0", "waveform.1")),
+    Case("say-sampled", "say", "customvoice", "Custom voice, sampled, with the recorded uniforms",
+         "top-k/top-p/temperature sampling replayed from uniforms.npy (docs/port_authors.md)",
+         dict(text=TEXT, max_new_tokens=SHORT, seed=7), ("codes", "waveform")),
+    Case("design-greedy", "design", "voicedesign", "Voice design, greedy",
+         "the instruct prompt", dict(GREEDY, text=TEXT, instruct="A calm, deep voice.", max_new_tokens=SHORT),
+         ("codes", "waveform")),
+    Case("clone-x-vector", "clone", "base", "Voice clone, x-vector only",
+         "the reference's x-vector in the prompt", dict(GREEDY, text=TEXT, x_vector_only_mode=True,
+                                                        max_new_tokens=SHORT), ("codes", "waveform")),
+    Case("clone-icl", "clone", "base", "Voice clone, in-context (reference text and codes)",
+         "the reference's codes and text continued; the waveform cut after decoding both",
+         dict(GREEDY, text=TEXT, ref_text="This is the reference.", max_new_tokens=SHORT), ("codes", "waveform")),
+)  # fmt: skip
+
+
+def output_keys(case: Case) -> dict:
+    """Plain output name -> the reference trace's key it is compared with."""
+    keys = {}
+    for out in case.outputs:
+        name, _, item = out.partition(".")
+        item = item or "0"
+        if name == "waveform":
+            keys[out] = "decoder" if case.name == "codec-decode" else f"refimpl.waveform.{item}"
+        elif name == "codes":
+            keys[out] = f"refimpl.codes.{item}"
+        elif name == "x_vector":
+            keys[out] = "speaker_encoder"
+    return keys
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def speech_like(seconds: float, sr: int, seed: int) -> np.ndarray:
+    """A deterministic voiced signal: a gliding harmonic tone with a syllable envelope and a little noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(round(seconds * sr))) / sr
+    f0 = 140 + 30 * np.sin(2 * np.pi * 1.3 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / sr
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3.1 * t) ** 2
+    return (0.15 * voiced * envelope + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def random_codes(frames: int, codebook_size: int, groups: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, codebook_size, size=(frames, groups), dtype=np.int64)
+
+
+def case_seed(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+
+
+# ----------------------------------------------------------------------------- references
+
+
+class Models:
+    """The checkpoints of a suite, loaded once per (kind, dtype)."""
+
+    def __init__(self, directories: dict):
+        self.directories = directories  # kind -> Path
+        self.loaded = {}
+
+    def tts(self, kind: str, dtype):
+        from ...tts.model import Qwen3TTS
+
+        key = ("tts", kind, np.dtype(dtype).name)
+        if key not in self.loaded:
+            self.loaded[key] = Qwen3TTS.from_pretrained(self.directories[kind], dtype=dtype)
+        return self.loaded[key]
+
+    def tokenizer(self, kind: str, dtype):
+        from ...codec.speech_tokenizer import SpeechTokenizer
+
+        key = ("tokenizer", kind, np.dtype(dtype).name)
+        if key not in self.loaded:
+            self.loaded[key] = SpeechTokenizer.from_pretrained(self.directories[kind], dtype=dtype)
+        return self.loaded[key]
+
+
+def case_inputs(case: Case, models: Models) -> dict:
+    """The case's input arrays: name -> (array, sample rate or None)."""
+    seed = case_seed(case.name)
+    opts = case.options
+    if case.stage == "codec-decode":
+        tok = models.tokenizer(case.checkpoint, np.float64)
+        return {"codes": (random_codes(opts["frames"], tok.codebook_size, tok.num_quantizers, seed), None)}
+    if case.stage in ("codec-encode", "speaker"):
+        return {"audio": (speech_like(opts["seconds"], opts["sample_rate"], seed), opts["sample_rate"])}
+    if case.stage == "clone":
+        return {"ref_audio": (speech_like(0.8, 24000, seed), 24000)}
+    return {}
+
+
+def generation_keywords(case: Case, inputs: dict) -> dict:
+    kwargs = {k: v for k, v in case.options.items()}
+    if "ref_audio" in inputs:
+        kwargs["ref_audio"] = inputs["ref_audio"]
+    if case.stage == "say":
+        kwargs.setdefault("speaker", None)
+    return kwargs
+
+
+def reference_trace(case: Case, models: Models, inputs: dict, dtype, random_draws=None) -> trace_files.Trace:
+    """Run the case in ``dtype`` and return its trace (the outputs of ``output_keys`` included)."""
+    opts = case.options
+    if case.stage == "codec-decode":
+        tok = models.tokenizer(case.checkpoint, dtype)
+        codes = inputs["codes"][0]
+        if case.name == "codec-decode":
+            return trace_files.trace_codec_decode(tok, codes)
+        if opts.get("decode") == "official":  # also the exact one-pass decode: the 'decode=exact' behaviour
+            items = [("refimpl.waveform.0", tok.decode(codes)), ("refimpl.waveform_exact.0", tok.decode_full(codes))]
+        else:
+            items = [("refimpl.waveform.0", stream_decode(tok, codes, opts["pushes"]))]
+        meta = trace_files.base_metadata(
+            case.stage, tok.directory, tok.dtype, {"codes_sha256": trace_files.array_hash(codes), **opts}
+        )
+        return trace_files.Trace(items, meta)
+    if case.stage == "codec-encode":
+        tok = models.tokenizer(case.checkpoint, dtype)
+        audio, sr = inputs["audio"]
+        trace = trace_files.trace_codec_encode(tok, audio, sr)
+        trace.items.append(("refimpl.codes.0", np.asarray(tok.encode(audio, sr), dtype=np.int64)))
+        return trace
+    tts = models.tts(case.checkpoint, dtype)
+    if case.stage == "speaker":
+        return trace_files.trace_speaker(tts, *inputs["audio"])
+    kwargs = generation_keywords(case, inputs)
+    if case.stage == "say" and kwargs.get("speaker") is None:
+        first = tts.get_supported_speakers()[0]
+        kwargs["speaker"] = [first] * len(kwargs["text"]) if isinstance(kwargs["text"], list) else first
+    if random_draws is not None:
+        kwargs["random_draws"] = random_draws
+    return trace_files.trace_generation(tts, case.stage, decoder=False, **kwargs)
+
+
+def stream_decode(tok, codes: np.ndarray, pushes: list) -> np.ndarray:
+    """Push ``codes`` through ``tok.stream()`` in pushes of the sizes of ``pushes``, the last repeated."""
+    stream, pieces, t, i = tok.stream(), [], 0, 0
+    while t < len(codes):
+        n = pushes[min(i, len(pushes) - 1)]
+        pieces.append(stream.push(codes[t : t + n]))
+        t, i = t + n, i + 1
+    return np.concatenate(pieces)
+
+
+# ----------------------------------------------------------------------------- the tolerance table
+
+
+def tolerance_table() -> dict:
+    """The rule of ``refimpl.porting.compare.tolerance`` as numbers: per precision and network, the
+    allowed max |port - reference| as a fraction of scale = max(1, max |reference|)."""
+    table = {"float64": {"all": F64_REL}}
+    for precision in PRECISIONS[1:]:
+        eps = EPS[precision]
+        table[precision] = {
+            net: NOISE_FACTOR * ratio * eps + NOISE_FACTOR * eps for net, ratio in NOISE_RATIO[precision].items()
+        }
+    return table
+
+
+# ----------------------------------------------------------------------------- making a suite
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve_checkpoints(model_dirs: list | None) -> tuple:
+    """({kind: directory}, embedded?): the embedded tiny checkpoints, or the given ones by their type."""
+    if not model_dirs:
+        return {kind: EMBEDDED / name for kind, name in EMBEDDED_CHECKPOINTS.items()}, True
+    from ...io.checkpoint import read_config
+
+    found = {}
+    for d in model_dirs:
+        kind = MODEL_KINDS.get(read_config(d).get("tts_model_type"))
+        if kind is None:
+            raise InputError(f"{d}: config.json's tts_model_type is not one of {sorted(MODEL_KINDS)}")
+        if kind in found:
+            raise InputError(f"two checkpoints of type {kind}: {found[kind]} and {d}")
+        found[kind] = Path(d)
+    return found, False
+
+
+def checkpoint_entry(directory: Path, copied_to: str | None) -> dict:
+    return {
+        "name": directory.name,
+        "path": copied_to,
+        "weights_sha256": trace_files.weights_hash(directory),
+        "config_sha256": sha256_of(directory / "config.json"),
+    }
+
+
+def make_suite(out_dir, model_dirs: list | None = None, progress=None, log=print) -> dict:
+    """Write a conformance suite to ``out_dir`` (created; must be empty or absent) and return its manifest.
+    ``model_dirs``: checkpoints by type (any of CustomVoice, Base, VoiceDesign); without them the embedded
+    tiny checkpoints, copied into the suite.  Cases whose checkpoint is not given are left out."""
+    from ..._version import __version__
+
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"cannot make a suite in {out}: it exists and is not an empty directory")
+    directories, embedded = resolve_checkpoints(model_dirs)
+    # the codec cases run on the CustomVoice checkpoint's speech tokenizer, else on any (they are the same)
+    codec_kind = "customvoice" if "customvoice" in directories else next(iter(directories))
+    models = Models(directories)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    checkpoints = {}
+    for kind, directory in directories.items():
+        copied = None
+        if embedded:
+            copied = f"checkpoints/{kind}"
+            shutil.copytree(directory, out / copied)
+        checkpoints[kind] = checkpoint_entry(directory, copied)
+    cases = []
+    selected = [c for c in CASES if c.checkpoint in directories or c.stage.startswith("codec")]
+    for case in progress(selected, "making cases") if progress else selected:
+        if case.stage.startswith("codec"):
+            case = dataclasses.replace(case, checkpoint=codec_kind)
+        cases.append(make_case(case, models, out / "cases" / case.name))
+    manifest = {
+        "format": SUITE_FORMAT,
+        "version": SUITE_VERSION,
+        "made_by": {"refimpl": __version__, "seconds": round(time.perf_counter() - t0, 1)},
+        "agrees_with": AGREES_WITH,
+        "checkpoints": checkpoints,
+        "tolerances": tolerance_table(),
+        "behaviours": BEHAVIOURS,
+        "cases": cases,
+    }
+    write_atomically(out / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+    from .readme import suite_readme
+
+    write_atomically(out / "README.md", suite_readme(manifest).encode("utf-8"))
+    return manifest
+
+
+# the official behaviours a port may choose differently, and the choice graded by default (the first)
+BEHAVIOURS = {
+    "length": {
+        "official": "max_new_tokens - 1 frames when no EOS comes",
+        "natural": "max_new_tokens frames: the common frames are compared",
+    },
+    "decode": {
+        "official": "over 300 frames: chunks of 300 with 25 frames of left context",
+        "exact": "one causal pass (or an exact stream) whatever the length",
+    },
+}
+
+
+def make_case(case: Case, models: Models, directory: Path) -> dict:
+    """Write one case's inputs and references; return its manifest entry."""
+    from ...io.audio import write_wav
+
+    directory.mkdir(parents=True)
+    inputs = case_inputs(case, models)
+    files = {}
+    for name, (array, sr) in inputs.items():
+        if sr is None:
+            files[name] = f"{name}.npy"
+            np.save(directory / files[name], array)
+        else:
+            files[name] = f"{name}.wav"
+            write_wav(directory / files[name], array, sr, sample_format="float")
+            inputs[name] = read_back_wav(directory / files[name])  # the reference runs on what the port reads
+    ref64 = reference_trace(case, models, inputs, np.float64)
+    draws = ref64["refimpl.random_draws"] if "refimpl.random_draws" in ref64.keys else None
+    if draws is not None and draws.size:
+        files["uniforms"] = "uniforms.npy"
+        np.save(directory / files["uniforms"], draws)
+    else:
+        draws = None
+    ref32 = reference_trace(case, models, inputs, np.float32, random_draws=draws)
+    check_codes_agree(case, ref64, ref32)
+    references = {}
+    for precision, trace in (("float64", ref64), ("float32", ref32)):
+        references[precision] = REFERENCE_FILES[precision]
+        trace.save(directory / references[precision])
+    entry = {
+        "name": case.name,
+        "stage": case.stage,
+        "title": case.title,
+        "covers": case.covers,
+        "checkpoint": case.checkpoint,
+        "inputs": files,
+        "options": {k: v for k, v in case.options.items()},
+        "outputs": output_keys(case),
+        "references": references,
+        "frames": frames_of(ref64, case),
+        "sha256": {f: sha256_of(directory / f) for f in sorted(set(files.values()) | set(references.values()))},
+    }
+    write_atomically(directory / "case.json", (json.dumps(entry, indent=1) + "\n").encode("utf-8"))
+    return entry
+
+
+def read_back_wav(path: Path) -> tuple:
+    from ...io.audio import read_wav
+
+    audio, sr = read_wav(path)
+    return audio, sr
+
+
+def frames_of(trace, case: Case) -> list | None:
+    """The generated frames per item (generation cases), as the reference made them."""
+    codes = [trace[k] for k in trace.keys if k.startswith("refimpl.codes.")]
+    return [int(c.shape[0]) for c in codes] if codes else None
+
+
+def check_codes_agree(case: Case, ref64, ref32) -> None:
+    """The float32 reference's codes must equal the float64 one's: a case on a near tie would grade a
+    correct float32 port as failing, so it has no place in the suite."""
+    for key in ref64.keys:
+        if key.startswith("refimpl.codes."):
+            if not np.array_equal(ref64[key], ref32[key]):
+                raise RuntimeError(f"case {case.name}: the float32 and float64 codes differ ({key}): a near tie")
+
+
+# ----------------------------------------------------------------------------- reading a suite
+
+
+MANIFEST_KEYS = ("format", "version", "agrees_with", "checkpoints", "tolerances", "behaviours", "cases")
+CASE_KEYS = ("name", "stage", "title", "inputs", "options", "outputs", "references")
+
+
+def read_manifest(suite_dir) -> dict:
+    """The manifest of ``suite_dir``, checked: its format and version, every case's name and file names
+    plain names of files inside the suite (nothing outside SUITE is ever read), outputs a map of names."""
+    suite = Path(suite_dir)
+    if not suite.is_dir():
+        raise SuiteError(f"{suite} is not a directory (a suite is the folder 'refimpl conformance make' wrote)")
+    path = suite / "manifest.json"
+    if not path.is_file():
+        raise SuiteError(f"{suite} has no manifest.json: not a conformance suite")
+    raw = read_limited(path, MAX_JSON_BYTES, f"the manifest {path}", SuiteError, regular_only=True)
+    manifest = parse_json(raw, f"the manifest {path}", SuiteError)
+    if not isinstance(manifest, dict) or manifest.get("format") != SUITE_FORMAT:
+        raise SuiteError(f"{path} is not a conformance suite's manifest (format must be {SUITE_FORMAT!r})")
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise SuiteError(f"{path}: missing {missing}")
+    version = manifest["version"]
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SUITE_VERSION:
+        raise SuiteError(
+            f"{path}: suite version {version!r} is not one this refimpl reads (1 to {SUITE_VERSION}): "
+            "grade it with the refimpl that made it, or make the suite again"
+        )
+    if not isinstance(manifest["cases"], list) or not manifest["cases"]:
+        raise SuiteError(f"{path}: cases must be a non-empty list")
+    names = set()
+    for i, case in enumerate(manifest["cases"]):
+        check_case_entry(case, f"{path}: case {i}")
+        if case["name"] in names:
+            raise SuiteError(f"{path}: two cases named {case['name']!r}")
+        names.add(case["name"])
+    return manifest
+
+
+def check_case_entry(case, where: str) -> None:
+    if not isinstance(case, dict):
+        raise SuiteError(f"{where} is not a JSON object")
+    missing = [k for k in CASE_KEYS if k not in case]
+    if missing:
+        raise SuiteError(f"{where}: missing {missing}")
+    if not plain_file_name(case["name"]):
+        raise SuiteError(f"{where}: name {case['name']!r} is not a plain file name")
+    where = f"{where} ({case['name']})"
+    for field in ("inputs", "references", "outputs", "options"):
+        if not isinstance(case[field], dict):
+            raise SuiteError(f"{where}: {field} must be a JSON object")
+    for field in ("inputs", "references"):
+        for k, f in case[field].items():
+            if not plain_file_name(f):
+                raise SuiteError(f"{where}: {field}.{k} {f!r} is not a plain file name inside the case's folder")
+    for precision in case["references"]:
+        if precision not in PRECISIONS:
+            raise SuiteError(f"{where}: reference precision {precision!r} is not one of {PRECISIONS}")
+    if "float64" not in case["references"]:
+        raise SuiteError(f"{where}: no float64 reference")
+    for out, key in case["outputs"].items():
+        if not (plain_file_name(out) and isinstance(key, str) and key):
+            raise SuiteError(f"{where}: outputs must map plain names to reference keys, got {out!r}: {key!r}")
