@@ -449,16 +449,18 @@ def format_report(report: dict) -> str:
         + ", ".join(f"{k}={v}" for k, v in report["behaviours"].items()),
         "",
     ]
-    width = max(len(c["name"]) for c in report["cases"])
-    lines.append(f"{'case':<{width}}  {'result':<8} {'tensors':>9}  {'codes':<22} {'waveform':<22} first failure")
+    rows = [("case", "result", "tensors", "codes", "waveform", "first failure")]
     for c in report["cases"]:
         compared = c["coverage"]["compared"] if c["coverage"] else 0
         failed = sum(not t["ok"] for t in c["tensors"])
         tensors = f"{compared - failed}/{compared}" if c["coverage"] else "-"
-        lines.append(
-            f"{c['name']:<{width}}  {c['status'].upper().replace('_', ' '):<8} {tensors:>9}  "
-            f"{codes_cell(c['codes']):<22} {wave_cell(c['waveform']):<22} {c['first_failure'] or '-'}"
+        status = c["status"].upper().replace("_", " ")
+        rows.append(
+            (c["name"], status, tensors, codes_cell(c["codes"]), wave_cell(c["waveform"]), c["first_failure"] or "-")
         )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths)) + "  " + r[5])
     lines.append("")
     for c in report["cases"]:
         if c["status"] != "pass" and c["message"]:
