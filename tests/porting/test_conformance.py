@@ -250,8 +250,11 @@ def test_the_command_line(made, tmp_path, capsys):
     suite_dir, manifest = made
     results = tmp_path / "results"
     write_outputs(results, cases_of(manifest)["speaker"], reference(suite_dir, "speaker"))
-    assert main(["conformance", "grade", str(suite_dir), str(results), "--json"]) == 0
+    html = tmp_path / "report.html"
+    assert main(["conformance", "grade", str(suite_dir), str(results), "--json", "--html", str(html)]) == 0
     report = json.loads(capsys.readouterr().out)
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "speaker" in page and "http://" not in page
     assert report["counts"]["passed"] == 1 and report["counts"]["not_run"] == len(manifest["cases"]) - 1
     assert main(["conformance", "grade", str(suite_dir), str(tmp_path / "absent")]) == 2
     assert "unusable input" in capsys.readouterr().err

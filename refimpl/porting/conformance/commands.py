@@ -8,7 +8,6 @@ import sys
 import time
 
 from ...backends import BACKENDS
-from ...io.files import write_atomically
 from ..compare import PRECISIONS
 
 __all__ = ["add_conformance_parser"]
@@ -46,9 +45,9 @@ def cmd_grade(args, say) -> int:
         print(f"refimpl conformance grade: unusable input: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if args.html:
-        from .report_html import render_html
+        from .report_html import write_html
 
-        write_atomically(args.html, render_html(report).encode("utf-8"))
+        write_html(report, args.html)
     if args.json:
         print(json.dumps(json_safe(report), indent=1))
     else:
