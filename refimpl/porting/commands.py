@@ -290,7 +290,7 @@ def cmd_compare(args, say) -> int:
     report = compare_traces(reference, candidate, args.precision)
     report.notes[:0] = notes
     report.metadata_mismatches = mismatches
-    if not report.rows and not report.shape_mismatches:
+    if not report.rows:
         hint = prefix_hint(reference.keys, candidate.keys)
         print(
             "refimpl compare: unusable input: the two traces have no key in common" + (f" ({hint})" if hint else ""),
@@ -323,8 +323,9 @@ def add_compare_parser(sub) -> None:
         help="compare two traces key by key; find the first divergence",
         description="Compare CANDIDATE with REFERENCE tensor by tensor in execution order. "
         "Exit 0: every common tensor within tolerance; 1: something fails (the first failure in "
-        "execution order is marked; differing codes get their frame, codebook and verdict); 2: unusable "
-        "input (also: the metadata say another checkpoint, input or precision, unless --force).",
+        "execution order is marked, a shape mismatch included; differing codes get their frame, codebook and "
+        "verdict, a waveform its first divergent frame and sample); 2: unusable input (also: the metadata say "
+        "another checkpoint, input or precision, unless --force; a differing max_new_tokens is only a note).",
     )
     c.add_argument("reference", metavar="REFERENCE")
     c.add_argument("candidate", metavar="CANDIDATE")

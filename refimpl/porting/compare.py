@@ -12,6 +12,26 @@ has only two dumps, uses the measured bound noise <= ratio * eps * scale, with `
 |official_p - official_f64| / (eps * scale) over every module output of each network on the tiny
 checkpoints (``golden/oracle/record_trace_keys.py`` -> ``golden/trace/precision_noise.json``,
 copied into ``NOISE_RATIO``).  Integer arrays (codes, ids) must be equal.
+
+Frames.  A trace's frame count T (per item) is the rows of its codes ``refimpl.codes.{i}`` (else
+``refimpl.forced_codes.{i}``, else the metadata's ``input.frames``, else the waveform ``decoder``'s
+samples / 1920).  Tensors indexed by generated frame have a time axis (``time_axes``): the codes and
+forced codes their rows, ``refimpl.random_draws`` its only axis, the codec decoder's tensors (``decoder``,
+``decoder.*``, ``refimpl.decoder.*``) the time axis of their official layout (channels-first: the last;
+channels-last, the pre-transformer, the codebook rows ``project_out`` and the ConvNeXt's ``norm`` /
+``pwconv1`` / ``act`` / ``pwconv2``: axis 1; attention details [B, H, T, S]: axis 2 and the mask [T, T]
+both).  A time axis of length L maps k steps to a frame, k the largest divisor of 1920 (every rate in the
+decoder divides the 24 kHz hop of 1920 samples) with T * k <= L; steps past T * k (the r < k tail steps
+of an untrimmed transposed conv, T * k + r long) belong to the last frame; a tail of k or more steps means
+the axis does not fit T (no frame errors).  Codes: k = 1 (L = T); the draws: L // T.
+Per frame, a row records the max abs error and the first frame (and step along the time axis: for the
+waveform the 24 kHz sample) out of the row's tolerance.
+
+Two runs of another length.  When the frame counts differ and the shorter run reached its length cap
+(T >= max_new_tokens - 1, from the metadata's ``generation`` or ``input``: the official API's
+max_new_tokens - 1 frames, or a port's max_new_tokens), a frame-indexed tensor whose shapes differ only
+along its time axes by exactly (T_long - T_short) * k is compared over the T_short frames both have
+(``Row.compared_frames``).  Any other shape difference is a failing row (``Row.shape_mismatch``).
 """
 
 from __future__ import annotations
@@ -29,6 +49,7 @@ __all__ = [
     "check_against_oracle",
     "OracleCheck",
     "Row",
+    "FrameDivergence",
     "Report",
     "compare_traces",
     "metadata_mismatches",
@@ -128,27 +149,59 @@ class Row:
     ok: bool
     exact: bool = False  # an integer tensor: must be equal
     differing: int = 0  # elements that differ (integer tensors) / are out of tolerance (float)
+    frame_errors: list | None = None  # max abs error per frame (tensors with a time axis), else None
+    first_frame: int | None = None  # the first frame whose error exceeds ``tol``
+    first_sample: int | None = None  # its first step out of tolerance along the time axis (float tensors;
+    # for the waveform a 24 kHz sample), None for integer tensors
+    shape_mismatch: list | None = None  # [reference shape, candidate shape]: not compared, fails (no errors: nan)
+    compared_frames: int | None = None  # set when only the first frames were compared (runs of another length)
+    frame_steps: int | None = None  # steps of the time axis per frame (1920 for the waveform, 1 for codes)
+
+
+@dataclasses.dataclass
+class FrameDivergence:
+    """The first divergent frame of a tensor with a time axis (the waveform, a decoder tensor), when no
+    code differs: ``Report.first_divergence`` then."""
+
+    key: str
+    frame: int
+    sample: int | None  # the first step out of tolerance along the time axis (the waveform: a sample)
+    error: float  # that frame's max abs error
+    tolerance: float
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["error"] = d["error"] if math.isfinite(d["error"]) else None
+        return d
 
 
 @dataclasses.dataclass
 class Report:
     precision: str
-    rows: list  # one Row per common key with equal shapes, reference order
+    rows: list  # one Row per common key, reference (execution) order; a shape mismatch is a failing row
     missing_in_candidate: list
     missing_in_reference: list
-    shape_mismatches: list  # [key, reference shape, candidate shape]
+    shape_mismatches: list  # [key, reference shape, candidate shape] (also rows, with ``shape_mismatch``)
     reference_total: int = 0  # tensors of the reference
-    notes: list = dataclasses.field(default_factory=list)  # how keys were matched (maps, squeezed axes)
+    notes: list = dataclasses.field(default_factory=list)  # how keys were matched (maps, squeezed axes, lengths)
     metadata_mismatches: list = dataclasses.field(default_factory=list)  # [field, reference, candidate]
     divergences: list = dataclasses.field(default_factory=list)  # diagnose.Divergence, first first
 
     @property
     def first_failure(self) -> Row | None:
+        """The first row, in execution order, whose shape or values fail."""
         return next((r for r in self.rows if not r.ok), None)
 
     @property
     def first_divergence(self):
-        return self.divergences[0] if self.divergences else None
+        """The first differing code (a ``diagnose.Divergence``: frame, codebook, verdict); when no code
+        differs, the first failure's first divergent frame if it has a time axis (a ``FrameDivergence``)."""
+        if self.divergences:
+            return self.divergences[0]
+        row = self.first_failure
+        if row is None or row.first_frame is None:
+            return None
+        return FrameDivergence(row.key, row.first_frame, row.first_sample, row.frame_errors[row.first_frame], row.tol)
 
     @property
     def passed(self) -> bool:
@@ -157,7 +210,11 @@ class Report:
     @property
     def covered(self) -> int:
         """Reference tensors the candidate has (compared or with another shape)."""
-        return len(self.rows) + len(self.shape_mismatches)
+        return len(self.rows)
+
+    @property
+    def compared(self) -> int:
+        return sum(r.shape_mismatch is None for r in self.rows)
 
     def exit_status(self) -> int:
         return 0 if self.passed else 1
@@ -165,7 +222,7 @@ class Report:
     def coverage_line(self) -> str:
         line = (
             f"the candidate covers {self.covered} of {self.reference_total or self.covered} reference tensors, "
-            f"{len(self.rows)} compared"
+            f"{self.compared} compared"
         )
         if self.shape_mismatches:
             line += f", {len(self.shape_mismatches)} with another shape"
@@ -182,7 +239,7 @@ class Report:
             "coverage": {
                 "reference": self.reference_total,
                 "covered": self.covered,
-                "compared": len(self.rows),
+                "compared": self.compared,
             },
             "metadata_mismatches": self.metadata_mismatches,
             "notes": self.notes,
@@ -211,36 +268,25 @@ class Report:
         if shown and shown[0] is not self.rows[0]:
             lines.append(f"... ({self.rows.index(shown[0])} rows before)")
         for r in shown:
-            mark = "FAIL  <- first divergence" if r is first else ("ok" if r.ok else "FAIL")
-            if r.exact:
-                cos = "integer"
-                if not r.ok:
-                    mark += f" ({r.differing} of {int(np.prod(r.shape))} differ)"
-            else:
-                cos = f"{r.cosine:10.6f}"
-            lines.append(
-                f"{r.key:<{width}}  {str(tuple(r.shape)):<18} {r.max_abs:10.3e} {r.relative:10.3e} "
-                f"{cos:>10} {r.tol:10.3e}  {mark}"
-            )
+            lines.append(row_line(r, width, r is first))
         hidden = len(self.rows) - len(shown)
         if hidden:
             lines.append(f"... ({hidden} of {len(self.rows)} rows not shown)")
         lines.append("")
-        lines.append(
-            f"{sum(r.ok for r in self.rows)} of {len(self.rows)} compared tensors pass ({self.precision} rule)"
-        )
+        compared = [r for r in self.rows if r.shape_mismatch is None]
+        line = f"{sum(r.ok for r in compared)} of {len(compared)} compared tensors pass ({self.precision} rule)"
+        if self.shape_mismatches:
+            line += f"; {len(self.shape_mismatches)} with another shape fail"
+        lines.append(line)
         if first is not None:
-            lines.append(f"first divergence (execution order): {first.key}")
+            where = where_it_fails(first)
+            lines.append(f"first divergence (execution order): {first.key}" + (f": {where}" if where else ""))
         for d in self.divergences[:1] if not failures else self.divergences:
             lines.append(f"first divergent code: {d.describe()}" if d is self.divergences[0] else f"  {d.describe()}")
         if len(self.divergences) > 1 and not failures:
             judged = [d.verdict for d in self.divergences if d.verdict]
             counts = ", ".join(f"{v} {judged.count(v)}" for v in sorted(set(judged)))
             lines.append(f"{len(self.divergences)} differing codes in all ({counts}; --failures lists them)")
-        for key, a, b in self.shape_mismatches[: None if list_missing else 8]:
-            lines.append(f"shape mismatch: {key}: reference {tuple(a)}, candidate {tuple(b)}")
-        if len(self.shape_mismatches) > 8 and not list_missing:
-            lines.append(f"... {len(self.shape_mismatches)} shape mismatches in all (--list-missing lists them)")
         for what, keys in (
             ("missing in candidate", self.missing_in_candidate),
             ("missing in reference", self.missing_in_reference),
@@ -257,6 +303,38 @@ class Report:
             lines.append(f"metadata differs: {field}: reference {short(a)}, candidate {short(b)}")
         lines += [f"note: {n}" for n in self.notes]
         return lines
+
+
+def where_it_fails(r: Row) -> str:
+    """``shape: reference ..., candidate ...`` for a shape mismatch, ``first divergent frame F (sample S)``
+    for a failing row with a time axis, else ""."""
+    if r.shape_mismatch is not None:
+        a, b = r.shape_mismatch
+        return f"shape: reference {tuple(a)}, candidate {tuple(b)}"
+    if r.first_frame is None:
+        return ""
+    where = f"first divergent frame {r.first_frame}"
+    if r.first_sample is None or r.frame_steps == 1:
+        return where
+    return where + f" ({'sample' if r.frame_steps == SAMPLES_PER_FRAME else 'step'} {r.first_sample})"
+
+
+def row_line(r: Row, width: int, first: bool) -> str:
+    mark = "FAIL  <- first divergence" if first else ("ok" if r.ok else "FAIL")
+    where = where_it_fails(r) if not r.ok else ""
+    if r.shape_mismatch is not None:
+        numbers = f"{'-':>10} {'-':>10} {'-':>10} {'-':>10}"
+        return f"{r.key:<{width}}  {str(tuple(r.shape)):<18} {numbers}  {mark}: {where}"
+    if r.exact:
+        cos = "integer"
+        if not r.ok:
+            mark += f" ({r.differing} of {int(np.prod(r.shape))} differ)"
+    else:
+        cos = f"{r.cosine:10.6f}"
+    return (
+        f"{r.key:<{width}}  {str(tuple(r.shape)):<18} {r.max_abs:10.3e} {r.relative:10.3e} "
+        f"{cos:>10} {r.tol:10.3e}  {mark}" + (f"; {where}" if where else "")
+    )
 
 
 def short(value, n: int = 60) -> str:
@@ -283,13 +361,19 @@ def cosine_similarity(a, b) -> float:
     return float(a @ b) / (na * nb)
 
 
-def compare_row(key: str, ref, cand, precision: str) -> Row:
+def compare_row(key: str, ref, cand, precision: str, time: tuple | None = None) -> Row:
+    """One row; ``time`` = (axis, steps per frame, frames): also the per-frame errors along that axis."""
     ref, cand = np.asarray(ref), np.asarray(cand)
     exact = ref.dtype.kind in "iub" or cand.dtype.kind in "iub"
     if exact:
         max_abs = max_abs_diff(ref, cand)
         differing = int(np.count_nonzero(ref != cand))
-        return Row(key, list(ref.shape), max_abs, max_abs / scale_of(ref), None, 0.0, differing == 0, True, differing)
+        row = Row(key, list(ref.shape), max_abs, max_abs / scale_of(ref), None, 0.0, differing == 0, True, differing)
+        if time is not None:
+            err = np.abs(ref.astype(np.float64) - cand.astype(np.float64))
+            row.frame_errors, row.first_frame, _ = frame_errors(err, *time, 0.0)
+            row.frame_steps = time[1] if row.frame_errors is not None else None
+        return row
     ref64, cand64 = ref.astype(np.float64), cand.astype(np.float64)
     finite = np.isfinite(ref64)
     same_nonfinite = np.array_equal(np.isfinite(cand64), finite) and np.array_equal(ref64[~finite], cand64[~finite])
@@ -298,31 +382,226 @@ def compare_row(key: str, ref, cand, precision: str) -> Row:
     cos = cosine_similarity(ref64[finite], cand64[finite]) if finite.any() else 1.0
     ok = same_nonfinite and max_abs <= tol
     differing = int(np.count_nonzero(np.abs(ref64[finite] - cand64[finite]) > tol)) + int(not same_nonfinite)
-    return Row(key, list(ref.shape), max_abs, max_abs / scale_of(ref64[finite]), cos, tol, bool(ok), False, differing)
+    row = Row(key, list(ref.shape), max_abs, max_abs / scale_of(ref64[finite]), cos, tol, bool(ok), False, differing)
+    if time is not None:
+        with np.errstate(invalid="ignore"):
+            err = np.abs(ref64 - cand64)
+        same = (ref64 == cand64) | (np.isnan(ref64) & np.isnan(cand64))
+        err = np.where(same, 0.0, np.where(np.isnan(err), np.inf, err))  # a non-finite mismatch: inf
+        row.frame_errors, row.first_frame, row.first_sample = frame_errors(err, *time, tol)
+        row.frame_steps = time[1] if row.frame_errors is not None else None
+    return row
+
+
+def frame_errors(err, axis: int, k: int, frames: int, tol: float) -> tuple:
+    """(max abs error per frame, first frame over ``tol``, first step over it along ``axis``) of an error
+    array whose ``axis`` maps ``k`` steps to a frame (steps past ``frames * k``: the last frame)."""
+    steps = np.moveaxis(err, axis, 0).reshape(err.shape[axis], -1)
+    if steps.shape[1] == 0 or steps.shape[0] < frames * k or frames < 1:
+        return None, None, None
+    steps = steps.max(axis=1)
+    per_frame = np.maximum.reduceat(steps, np.arange(frames) * k)
+    over = np.flatnonzero(steps > tol)
+    if not over.size:
+        return per_frame.tolist(), None, None
+    first = int(over[0])
+    return per_frame.tolist(), min(first // k, frames - 1), first
+
+
+# ----------------------------------------------------------------------------- frames and lengths
+
+SAMPLES_PER_FRAME = 1920  # the codec's hop at 24 kHz (12.5 frames a second)
+FRAME_DIVISORS = [d for d in range(1, SAMPLES_PER_FRAME + 1) if SAMPLES_PER_FRAME % d == 0]  # the decoder's rates
+CODES_KEYS = ("codes.", "forced_codes.")
+# the ConvNeXt modules of the codec decoder's upsampling that work channels-last ([B, T, C])
+CONVNEXT_CHANNELS_LAST = (".1.norm", ".1.pwconv1", ".1.act", ".1.pwconv2")
+
+
+def base_name(key: str) -> str:
+    """The key without the ``refimpl.`` prefix and the ``:N`` call suffix."""
+    name = key.split(":")[0]
+    return name[len("refimpl.") :] if name.startswith("refimpl.") else name
+
+
+def time_axes(key: str, shape) -> tuple:
+    """The axes of ``shape`` indexed by generated frame (the module docstring), the frame axis first; ()
+    for a tensor with none (or a map's selection ``key[...]``)."""
+    name, n = base_name(key), len(shape)
+    if "[" in key or n == 0:
+        return ()
+    if name.startswith(CODES_KEYS):
+        return (n - 2,) if n >= 2 else ()
+    if name == "random_draws":
+        return (0,) if n == 1 else ()
+    if not (name == "decoder" or name.startswith("decoder.")):
+        return ()
+    if name.endswith(".attention_mask"):
+        return (n - 2, n - 1) if n >= 2 else ()
+    if name.endswith(".attn_probs"):
+        return (2, 3) if n == 4 else ()
+    if name.endswith((".q_rope", ".k_rope")):
+        return (2,) if n == 4 else ()
+    channels_last = (
+        name.startswith("decoder.pre_transformer")
+        or (name.startswith("decoder.quantizer.") and name.endswith(".project_out"))
+        or (name.startswith("decoder.upsample.") and name.endswith(CONVNEXT_CHANNELS_LAST))
+    )
+    return (1,) if channels_last and n >= 2 else (n - 1,)
+
+
+def steps_per_frame(key: str, length: int, frames: int) -> int | None:
+    """k of the module docstring: how many steps of a time axis ``length`` long make a frame; None when
+    the axis does not fit ``frames`` (its tail past frames * k would be a frame or more)."""
+    if frames < 1 or length < frames:
+        return None
+    name = base_name(key)
+    if name.startswith(CODES_KEYS):
+        return 1 if length == frames else None
+    if name == "random_draws":
+        k = length // frames
+    else:
+        k = max(d for d in FRAME_DIVISORS if d * frames <= length)
+    return k if length - frames * k < k else None
+
+
+def item_of(key: str) -> int | None:
+    """The batch item a frame-indexed key belongs to (codes ``.{i}``, a decoder call ``:i``); None: all."""
+    name, _, call = key.partition(":")
+    base = base_name(name)
+    for prefix in CODES_KEYS:
+        if base.startswith(prefix):
+            rest = base[len(prefix) :]
+            return int(rest) if rest.isdigit() else 0
+    if base == "decoder" or base.startswith("decoder."):
+        return int(call) if call.isdigit() else 0
+    return None
+
+
+def frame_counts(trace) -> dict:
+    """{item: frames} of a trace (the module docstring); {} when it says nothing about its frames."""
+    counts = {}
+    for prefix in ("refimpl.codes.", "refimpl.forced_codes."):
+        for key, array in trace.items:
+            rest = key[len(prefix) :] if key.startswith(prefix) else ""
+            if rest.isdigit() and np.ndim(array) >= 2:
+                counts.setdefault(int(rest), int(np.shape(array)[-2]))
+    if counts:
+        return counts
+    inputs = trace.metadata.get("input")
+    frames = inputs.get("frames") if isinstance(inputs, dict) else None
+    if isinstance(frames, int) and not isinstance(frames, bool) and frames >= 0:
+        return {0: frames}
+    for key, array in trace.items:
+        shape = np.shape(array)
+        if key.split(":")[0] == "decoder" and shape and all(d == 1 for d in shape[:-1]):
+            if shape[-1] % SAMPLES_PER_FRAME == 0:
+                counts[item_of(key)] = shape[-1] // SAMPLES_PER_FRAME
+    return counts
+
+
+def length_cap(metadata: dict) -> int | None:
+    """max_new_tokens of a generation trace (``generation``, else ``input``), None if it records none."""
+    for field in ("generation", "input"):
+        value = metadata.get(field)
+        cap = value.get("max_new_tokens") if isinstance(value, dict) else None
+        if isinstance(cap, int) and not isinstance(cap, bool):
+            return cap
+    return None
+
+
+class Lengths:
+    """The frame counts of two traces and whether their lengths differ legitimately (the shorter run
+    reached its max_new_tokens: the module docstring)."""
+
+    def __init__(self, reference, candidate):
+        self.ref, self.cand = frame_counts(reference), frame_counts(candidate)
+        self.caps = (length_cap(reference.metadata), length_cap(candidate.metadata))
+
+    def frames(self, key: str) -> tuple:
+        """(reference frames, candidate frames) of the key's item (None where unknown)."""
+        item = item_of(key)
+        if item is None:
+            return (max(self.ref.values(), default=None), max(self.cand.values(), default=None))
+        return self.ref.get(item), self.cand.get(item)
+
+    def capped(self, frames: tuple) -> bool:
+        """The frame counts differ and the shorter run stopped at its length cap."""
+        a, b = frames
+        if a is None or b is None or a == b:
+            return False
+        short, cap = (a, self.caps[0]) if a < b else (b, self.caps[1])
+        return cap is not None and short >= cap - 1
+
+    def time(self, key: str, shape) -> tuple | None:
+        """(axis, steps per frame, frames) of a tensor of equal shapes on both sides, or None."""
+        axes = time_axes(key, shape)
+        frames = next((f for f in self.frames(key) if f is not None), None) if axes else None
+        if frames is None:
+            return None
+        k = steps_per_frame(key, shape[axes[0]], frames)
+        return None if k is None else (axes[0], k, frames)
+
+    def prefix(self, key: str, ref_shape, cand_shape) -> tuple | None:
+        """(slices, (axis, k, common frames)) when the two shapes differ only along the key's time axes,
+        by what the two runs' frame counts explain; None otherwise (a shape mismatch)."""
+        frames = self.frames(key)
+        if not self.capped(frames) or len(ref_shape) != len(cand_shape):
+            return None
+        axes = time_axes(key, ref_shape)
+        (long_shape, long_frames), (short_shape, common) = sorted(
+            [(ref_shape, frames[0]), (cand_shape, frames[1])], key=lambda side: -side[1]
+        )
+        others = [i for i in range(len(ref_shape)) if i not in axes]
+        if not axes or common < 1 or any(ref_shape[i] != cand_shape[i] for i in others):
+            return None
+        slices, steps = [slice(None)] * len(ref_shape), []
+        for axis in axes:
+            k = steps_per_frame(key, long_shape[axis], long_frames)
+            if k is None or long_shape[axis] - short_shape[axis] != (long_frames - common) * k:
+                return None
+            slices[axis] = slice(0, common * k)
+            steps.append(k)
+        return tuple(slices), (axes[0], steps[0], common)
 
 
 def compare_traces(reference, candidate, precision: str = "float32", diagnose: bool = True) -> Report:
-    """Compare two ``trace_files.Trace`` objects key by key, in the reference's execution order.  Shapes that
-    differ only by singleton axes ([T, H] against [1, T, H]) are compared squeezed, with a note.  With
-    ``diagnose``, differing codes (``refimpl.codes.{i}``) get their (frame, codebook) and verdict
-    (``refimpl.porting.diagnose``)."""
+    """Compare two ``trace_files.Trace`` objects key by key, in the reference's execution order: one row per
+    common key, a shape mismatch a failing row in its place.  Shapes that differ only by singleton axes
+    ([T, H] against [1, T, H]) are compared squeezed, with a note; runs of another length (a length cap)
+    over the frames both have (the module docstring), with a note.  Tensors with a time axis get their
+    per-frame errors and first divergent frame.  With ``diagnose``, differing codes (``refimpl.codes.{i}``)
+    get their (frame, codebook) and verdict (``refimpl.porting.diagnose``)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     cand = dict(candidate.items)
     ref_keys = set(reference.keys)
-    rows, mismatches, squeezed = [], [], []
+    lengths = Lengths(reference, candidate)
+    rows, mismatches, squeezed, prefixed = [], [], [], []
     for key, ref in reference.items:
         if key not in cand:
             continue
         c = cand[key]
-        if tuple(np.shape(ref)) != tuple(np.shape(c)):
-            if np.squeeze(ref).shape != np.squeeze(c).shape:
-                mismatches.append([key, list(np.shape(ref)), list(np.shape(c))])
-                continue
+        ref_shape, cand_shape = tuple(np.shape(ref)), tuple(np.shape(c))
+        if ref_shape != cand_shape and np.squeeze(ref).shape == np.squeeze(c).shape:
             squeezed.append(key)
-            c = np.reshape(c, np.shape(ref))
-        rows.append(compare_row(key, ref, c, precision))
-    notes = []
+            c = np.reshape(c, ref_shape)
+        elif ref_shape != cand_shape:
+            common = lengths.prefix(key, ref_shape, cand_shape)
+            if common is None:
+                mismatches.append([key, list(ref_shape), list(cand_shape)])
+                exact = np.asarray(ref).dtype.kind in "iub" or np.asarray(c).dtype.kind in "iub"
+                nan = math.nan
+                shapes = [list(ref_shape), list(cand_shape)]
+                rows.append(Row(key, shapes[0], nan, nan, None, nan, False, exact, shape_mismatch=shapes))
+                continue
+            slices, time = common
+            row = compare_row(key, np.asarray(ref)[slices], np.asarray(c)[slices], precision, time)
+            row.shape, row.compared_frames = list(ref_shape), time[2]
+            rows.append(row)
+            prefixed.append(key)
+            continue
+        rows.append(compare_row(key, ref, c, precision, lengths.time(key, ref_shape)))
+    notes = length_notes(reference.metadata, candidate.metadata, lengths, prefixed)
     if squeezed:
         notes.append(
             f"{len(squeezed)} tensors differ only by singleton axes and were compared squeezed (e.g. {squeezed[0]})"
@@ -345,23 +624,51 @@ def compare_traces(reference, candidate, precision: str = "float32", diagnose: b
     return report
 
 
+def length_notes(reference: dict, candidate: dict, lengths: Lengths, prefixed: list) -> list:
+    """What the two runs' length caps and frame counts mean for the comparison."""
+    notes = []
+    caps = (length_cap(reference), length_cap(candidate))
+    if None not in caps and caps[0] != caps[1]:
+        notes.append(
+            f"max_new_tokens differs: reference {caps[0]}, candidate {caps[1]} (a length cap, not another input: "
+            "the frames both runs have are compared)"
+        )
+    items = sorted(set(lengths.ref) & set(lengths.cand))
+    for item in items:
+        a, b = lengths.ref[item], lengths.cand[item]
+        if a == b:
+            continue
+        which = "" if items == [0] else f" (item {item})"
+        line = f"the reference has {a} frames and the candidate {b}{which}: "
+        if lengths.capped((a, b)):
+            line += f"{len(prefixed)} tensors indexed by frame were compared over the first {min(a, b)}"
+            line += f" (e.g. {prefixed[0]})" if prefixed else ""
+        else:
+            line += "the shorter run stopped before its max_new_tokens (or names none): a length difference fails"
+        notes.append(line)
+    return notes
+
+
 # ----------------------------------------------------------------------------- metadata and names
 
 # the metadata fields that say two traces are runs of the same thing
 SAME_RUN_FIELDS = ("weights_sha256", "config", "input")
+# fields of ``input`` that only cap a run's length: a note (``length_notes``), not another run
+LENGTH_FIELDS = ("max_new_tokens",)
 
 
 def metadata_mismatches(reference: dict, candidate: dict, precision: str) -> list:
     """[[field, reference value, candidate value]] for every field of ``SAME_RUN_FIELDS`` both traces
-    record and that differs (``input``: its fields both record, one by one), and the candidate's ``dtype``
-    when it is coarser than the precision compared (its rounding would fail the rule)."""
+    record and that differs (``input``: its fields both record, one by one, but the length cap
+    ``max_new_tokens``: ``compare_traces`` notes it and compares the frames both runs have), and the
+    candidate's ``dtype`` when it is coarser than the precision compared (its rounding would fail the rule)."""
     out = []
     for field in SAME_RUN_FIELDS:
         a, b = reference.get(field), candidate.get(field)
         if a is None or b is None:
             continue
         if field == "input" and isinstance(a, dict) and isinstance(b, dict):
-            out += [[f"input.{k}", a[k], b[k]] for k in a if k in b and a[k] != b[k]]
+            out += [[f"input.{k}", a[k], b[k]] for k in a if k in b and a[k] != b[k] and k not in LENGTH_FIELDS]
         elif a != b:
             out.append([field, a, b])
     dtype = candidate.get("dtype")
@@ -412,6 +719,8 @@ def clean_json(value):
 
 def report_json(report: Report) -> str:
     def clean(x):
+        if isinstance(x, list):
+            return [clean(v) for v in x]
         return None if isinstance(x, float) and not math.isfinite(x) else x
 
     data = report.to_json()

@@ -222,7 +222,8 @@ def margin_of(final_1v, r: int, c: int, u: float | None, tol_s: float) -> tuple:
 def diagnose(reference, candidate, report, tolerance_of) -> list:
     """One ``Divergence`` per differing code of every ``refimpl.codes.{i}`` both traces hold: only the first
     (later frames have other histories) unless the reference was teacher-forced, then every one (the first
-    ``MAX_DIAGNOSED`` with a verdict).  ``report``: the ``compare.Report`` of the same two traces;
+    ``MAX_DIAGNOSED`` with a verdict).  Runs of another length cap (the codes row's ``compared_frames``)
+    are compared over the frames both have.  ``report``: the ``compare.Report`` of the same two traces;
     ``tolerance_of(logits)``: the allowed error of a logits array at the precision compared."""
     keys = set(reference.keys)
     cand = dict(candidate.items)
@@ -232,16 +233,19 @@ def diagnose(reference, candidate, report, tolerance_of) -> list:
     forced = bool((reference.metadata.get("generation") or {}).get("forced"))
     settings = generation_settings(reference.metadata)
     eos_id = eos_of(reference.metadata)
+    compared = {r.key: r.compared_frames for r in report.rows}
     out = []
     for key in reference.keys:
         if not key.startswith(CODES_PREFIX) or key not in cand:
             continue
-        ref_codes = as_frames(arrays[key])
-        if ref_codes is None:
+        ref_codes, cand_codes = as_frames(arrays[key]), as_frames(cand[key])
+        if ref_codes is None or cand_codes is None:
             continue
+        if compared.get(key) is not None:  # runs of another length cap: the frames both have
+            ref_codes, cand_codes = ref_codes[: compared[key]], cand_codes[: compared[key]]
         item = int(key[len(CODES_PREFIX) :]) if key[len(CODES_PREFIX) :].isdigit() else 0
         batch = sum(k.startswith(CODES_PREFIX) for k in reference.keys)
-        found = code_divergences(ref_codes, cand[key], eos_id)
+        found = code_divergences(ref_codes, cand_codes, eos_id)
         for n, (frame, codebook, r, c) in enumerate(found if forced else found[:1]):
             d = Divergence(key, frame, codebook, r, c)
             if n < MAX_DIAGNOSED:

@@ -128,7 +128,9 @@ def test_compare_findings_and_unusable_input(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["missing_in_candidate"] == ["speaker_encoder.mfa"]
     assert report["shape_mismatches"] == [["speaker_encoder.fc", [1, 24, 1], [1, 24, 0]]]
-    assert report["first_failure"] is None
+    assert report["first_failure"] == "speaker_encoder.fc"  # a shape mismatch fails in its place
+    (row,) = [r for r in report["rows"] if r["key"] == "speaker_encoder.fc"]
+    assert row["shape_mismatch"] == [[1, 24, 1], [1, 24, 0]] and not row["ok"] and row["max_abs"] is None
     (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00nope!")
     assert main(["compare", str(tmp_path / "junk.safetensors"), str(tmp_path / "port.npz")]) == 2
     assert main(["compare", str(tmp_path / "missing.safetensors"), str(tmp_path / "port.npz")]) == 2
