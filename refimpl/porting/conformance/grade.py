@@ -192,18 +192,20 @@ def grade_case(suite: Path, case: dict, results: Path, precision: str, name_map,
 
 
 def case_verdict(case: dict, reference, candidate, report) -> dict:
-    rows = report.rows
-    mismatched = {k: (a, b) for k, a, b in report.shape_mismatches}
+    rows = report.rows  # in execution order, a shape mismatch failing in its place
+    mismatched = {r.key: r.shape_mismatch for r in rows if r.shape_mismatch is not None}
     tensors = [
-        {"key": r.key, "shape": r.shape, "max_abs": finite(r.max_abs), "tol": r.tol, "ok": bool(r.ok)} for r in rows
+        {
+            "key": r.key,
+            "shape": r.shape,
+            "max_abs": finite(r.max_abs),
+            "tol": finite(r.tol),
+            "ok": bool(r.ok),
+            "shape_mismatch": r.shape_mismatch,
+        }
+        for r in rows
     ]
-    for t in tensors:
-        t["shape_mismatch"] = None
-    order = {k: i for i, k in enumerate(reference.keys)}
-    for key, (a, b) in mismatched.items():
-        tensors.append({"key": key, "shape": a, "max_abs": None, "tol": None, "ok": False, "shape_mismatch": [a, b]})
-    tensors.sort(key=lambda t: order.get(t["key"], len(order)))
-    first = next((t["key"] for t in tensors if not t["ok"]), None)
+    first = report.first_failure.key if report.first_failure is not None else None
     coverage = {
         "reference": len(reference.keys),
         "dumped": len(candidate.keys),
@@ -216,10 +218,10 @@ def case_verdict(case: dict, reference, candidate, report) -> dict:
     cand = dict(candidate.items)
     out["codes"] = codes_report(case, ref, cand, report)
     out["waveform"] = waveform_report(case, ref, cand, rows)
-    if not rows and not mismatched:
+    if not rows:
         hint = f" (its names: {', '.join(candidate.keys[:5])})" if candidate.keys else ""
         return dict(out, status="unusable", message="no tensor of the results has a name of the reference" + hint)
-    passed = report.passed and first is None
+    passed = report.passed
     message = "" if passed else failure_message(first, tensors, out["codes"], out["waveform"], mismatched)
     if report.notes:
         message = "; ".join([message] + report.notes if message else report.notes)
