@@ -107,17 +107,50 @@ def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Tra
 # ----------------------------------------------------------------------------- refimpl trace
 
 
-SAMPLING_FLAGS = ("repetition_penalty", "temperature", "top_k", "top_p")
+# the options whose dest is the Python keyword, passed as given (not given: not passed, the model's default)
+KEYWORD_FLAGS = (
+    "seed",
+    "max_new_tokens",
+    "language",
+    "repetition_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "subtalker_temperature",
+    "subtalker_top_k",
+    "subtalker_top_p",
+    "eos_token_id",
+)
+# --text-feed: how the Talker reads the text (the generate methods' non_streaming_mode)
+TEXT_FEEDS = {"streaming": False, "non-streaming": True}
+
+
+def add_text_feed_option(parser) -> None:
+    """--text-feed, for ``refimpl trace say|design|clone`` and ``refimpl say|design|clone`` alike."""
+    parser.add_argument(
+        "--text-feed",
+        choices=list(TEXT_FEEDS),
+        help="non-streaming: the whole text in the prompt; streaming: its first token in the prompt, the "
+        "others one per generated frame (non_streaming_mode=False; default: the API's, non-streaming for "
+        "say and design, streaming for clone)",
+    )
 
 
 def generation_options(args) -> dict:
-    """The Python keywords of the generation options (as ``refimpl say`` etc.), the replayed draws, the
-    forced codes and the mode's own options."""
-    given = {"seed": args.seed, "max_new_tokens": args.max_new_tokens, "language": args.language}
-    given.update({k: getattr(args, k) for k in SAMPLING_FLAGS})
+    """The Python keywords of the generation options, the replayed draws, the forced codes and the mode's
+    own options.  ``non_streaming_mode`` is always given (--text-feed, else the method's default), so that
+    the trace's metadata say which prompt layout ran."""
+    given = {k: getattr(args, k) for k in KEYWORD_FLAGS}
     opts = {k: v for k, v in given.items() if v is not None}
     if args.greedy:
-        opts.update(do_sample=False, subtalker_dosample=False)
+        opts["do_sample"] = False
+    subtalker_greedy = args.subtalker_greedy
+    if subtalker_greedy is None and args.greedy:
+        subtalker_greedy = True  # --greedy holds for the code predictor too, unless --[no-]subtalker-greedy
+    if subtalker_greedy is not None:
+        opts["subtalker_dosample"] = not subtalker_greedy
+    feed = args.text_feed
+    opts["non_streaming_mode"] = trace_files.text_feed_default(args.stage) if feed is None else TEXT_FEEDS[feed]
     if args.stage == "say":
         opts.update(speaker=args.speaker, instruct=args.instruct)
     elif args.stage == "design":
@@ -163,6 +196,8 @@ def check_replay(replayed, stage: str, text: str, opts: dict, name) -> None:
     now = {k: v for k, v in now.items() if v is not None}
     if "speaker" not in now:  # the default speaker: the model's first, as recorded then
         recorded.pop("speaker", None)
+    # a trace written before the metadata always held non_streaming_mode ran the method's default
+    recorded.setdefault("non_streaming_mode", trace_files.text_feed_default(stage))
     differ = [
         f"{k}: recorded {recorded.get(k)!r}, now {now.get(k)!r}"
         for k in sorted(set(recorded) | set(now))
@@ -205,12 +240,33 @@ def add_trace_parser(sub, common) -> None:
     gen = argparse.ArgumentParser(add_help=False)
     gen.add_argument("--language", metavar="L")
     gen.add_argument("--seed", type=count(0), default=0, help="random seed for sampling, >= 0 (default 0)")
-    gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    add_text_feed_option(gen)
+    gen.add_argument(
+        "--greedy",
+        action="store_true",
+        help="greedy decoding instead of sampling, for the Talker and the code predictor (do_sample=False; "
+        "subtalker_dosample=False unless --no-subtalker-greedy)",
+    )
     gen.add_argument("--max-new-tokens", type=count(1), metavar="N")
     gen.add_argument("--repetition-penalty", type=float, metavar="X")
     gen.add_argument("--temperature", type=float, metavar="T")
     gen.add_argument("--top-k", type=count(0), metavar="K")
     gen.add_argument("--top-p", type=float, metavar="P")
+    gen.add_argument(
+        "--subtalker-greedy",
+        action=argparse.BooleanOptionalAction,
+        help="the code predictor (codes 1..15) greedy, or with --no-subtalker-greedy sampling, whatever "
+        "--greedy says (subtalker_dosample; default: as --greedy)",
+    )
+    gen.add_argument("--subtalker-temperature", type=float, metavar="T", help="the code predictor's temperature")
+    gen.add_argument("--subtalker-top-k", type=count(0), metavar="K", help="the code predictor's top-k")
+    gen.add_argument("--subtalker-top-p", type=float, metavar="P", help="the code predictor's top-p")
+    gen.add_argument(
+        "--eos-token-id",
+        type=count(0),
+        metavar="ID",
+        help="the code 0 that ends the generation (default: the checkpoint's codec_eos_token_id)",
+    )
     gen.add_argument(
         "--force-codes",
         metavar="CODES",
@@ -350,16 +406,21 @@ def add_compare_parser(sub) -> None:
 
 
 # the keywords a case's options may hold, per stage (the Python keywords of the stage, as ``refimpl trace``)
+CALL_OPTIONS = ("non_streaming_mode", "eos_token_id") + trace_files.GENERATION_KEYWORDS
 CASE_OPTIONS = {
     "codec-decode": (),
     "codec-encode": (),
     "speaker": (),
-    "say": ("speaker", "language", "instruct") + trace_files.GENERATION_KEYWORDS,
-    "design": ("language", "instruct") + trace_files.GENERATION_KEYWORDS,
-    "clone": ("language", "ref_audio", "ref_text", "x_vector_only_mode") + trace_files.GENERATION_KEYWORDS,
+    "say": ("speaker", "language", "instruct") + CALL_OPTIONS,
+    "design": ("language", "instruct") + CALL_OPTIONS,
+    "clone": ("language", "ref_audio", "ref_text", "x_vector_only_mode") + CALL_OPTIONS,
 }
 CASE_KEYS = ("name", "stage", "input", "options")
+# the options' types (null, as in the API: the default, except for the booleans); ranges: SamplingSettings
 TEXT_OPTIONS = ("speaker", "language", "instruct", "ref_text")
+BOOLEAN_OPTIONS = ("x_vector_only_mode", "non_streaming_mode", "do_sample", "subtalker_dosample")
+INTEGER_OPTIONS = {"seed": 0, "max_new_tokens": 1, "eos_token_id": 0, "top_k": 0, "subtalker_top_k": 0}
+NUMBER_OPTIONS = ("repetition_penalty", "temperature", "top_p", "subtalker_temperature", "subtalker_top_p")
 MAX_CODE = 2**63 - 1  # inline codes become int64; the codebook range is checked when the case runs
 
 
@@ -472,12 +533,17 @@ def check_case_options(stage: str, options: dict, where: str, base: Path) -> dic
     for key in TEXT_OPTIONS:
         if key in options and not (options[key] is None or isinstance(options[key], str)):
             raise InputError(f"{where}: options.{key} must be a string, got {options[key]!r}")
-    for key, minimum in (("seed", 0), ("max_new_tokens", 1)):
+    for key, minimum in INTEGER_OPTIONS.items():
         value = options.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
             raise InputError(f"{where}: options.{key} must be an integer >= {minimum}, got {value!r}")
-    if "x_vector_only_mode" in options and not isinstance(options["x_vector_only_mode"], bool):
-        raise InputError(f"{where}: options.x_vector_only_mode must be true or false")
+    for key in NUMBER_OPTIONS:
+        value = options.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise InputError(f"{where}: options.{key} must be a number, got {value!r}")
+    for key in BOOLEAN_OPTIONS:
+        if key in options and not isinstance(options[key], bool):
+            raise InputError(f"{where}: options.{key} must be true or false, got {options[key]!r}")
     sampling = {k: v for k, v in options.items() if k in trace_files.GENERATION_KEYWORDS and k != "seed"}
     try:
         SamplingSettings(**sampling).validate()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import stat
@@ -382,12 +383,21 @@ def trace_speaker(tts, audio, sr: int = 24000) -> Trace:
 GENERATE_METHODS = {"say": "generate_custom_voice", "design": "generate_voice_design", "clone": "generate_voice_clone"}
 
 
+def text_feed_default(stage: str) -> bool:
+    """The ``non_streaming_mode`` of the stage's generate method when the call gives none (as the official:
+    True for say and design, False for clone), read from its signature."""
+    from ..tts.model import Qwen3TTS
+
+    return inspect.signature(getattr(Qwen3TTS, GENERATE_METHODS[stage])).parameters["non_streaming_mode"].default
+
+
 def trace_generation(tts, stage: str, *, attention: bool = False, decoder: bool = True, **kwargs) -> Trace:
     """Run ``generate_custom_voice`` (say), ``generate_voice_design`` (design) or ``generate_voice_clone``
     (clone) with ``kwargs``, recording every Talker and code-predictor module call (``talker.*``, with
     ``:N`` per call), the prompt, the scores after each sampling step, the chosen ids, the generated
     codes (``refimpl.codes``, [T, 16] per item: ``refimpl.codes.{i}``) and every random uniform consumed
-    (``refimpl.random_draws``; pass it back as ``random_draws=`` to replay).
+    (``refimpl.random_draws``; pass it back as ``random_draws=`` to replay).  The metadata's ``input``
+    holds the keywords given, and ``non_streaming_mode`` always (the method's default when not given).
 
     ``forced_codes=`` (a [T, 16] array, or one per item: a port's codes) teacher-forces the run: every
     step continues with the forced codes, so each step's logits are those of the port's history;
@@ -403,6 +413,7 @@ def trace_generation(tts, stage: str, *, attention: bool = False, decoder: bool 
     attention probabilities of every layer too (large).  In a voice clone in ICL mode the reference's codec
     encode is recorded too (``encoder.*``)."""
     log = CallLog()
+    kwargs.setdefault("non_streaming_mode", text_feed_default(stage))  # the metadata's input always says it
     forced = kwargs.pop("forced_codes", None)
     if forced is not None:
         forced = [np.asarray(forced)] if np.ndim(forced) == 2 else [np.asarray(c) for c in forced]

@@ -71,6 +71,11 @@ HARD_DEFAULTS = dict(
     max_new_tokens=2048,
 )
 _GEN_KEYS = tuple(HARD_DEFAULTS)
+# the other keywords of every ``generate_*`` and ``stream_*`` call, read by ``_settings`` (in this order), and
+# those that ``_generate`` reads (``trace`` in ``stream_*`` too); tests/porting/test_trace_options.py checks
+# that ``refimpl trace`` reaches every one
+_SETTINGS_KEYS = ("seed", "random_draws", "return_codes", "eos_token_id")
+_GENERATE_KEYS = ("trace", "progress", "forced_codes")
 
 
 @dataclass
@@ -254,15 +259,12 @@ class Qwen3TTS:
 
     def _settings(self, kwargs: dict):
         kwargs = dict(kwargs)
-        seed = kwargs.pop("seed", None)
-        random_draws = kwargs.pop("random_draws", None)
-        return_codes = bool(kwargs.pop("return_codes", False))
-        eos = kwargs.pop("eos_token_id", None)
+        seed, random_draws, return_codes, eos = (kwargs.pop(k, None) for k in _SETTINGS_KEYS)
         unknown = sorted(k for k in kwargs if k not in _GEN_KEYS)
         if unknown:
             raise ValueError(
-                f"unknown generation keyword(s) {unknown}; accepted: {list(_GEN_KEYS)} + seed, "
-                "eos_token_id, return_codes, random_draws, trace"
+                f"unknown generation keyword(s) {unknown}; accepted: {list(_GEN_KEYS)} + "
+                f"{', '.join(_SETTINGS_KEYS)}, trace"
             )
         merged = {}
         for k in _GEN_KEYS:
@@ -271,7 +273,7 @@ class Qwen3TTS:
         settings = SamplingSettings(**merged)
         settings.validate(self.dtype)
         eos_id = self.config.talker_config.codec_eos_token_id if eos is None else int(eos)
-        return settings, UniformDraws(np.random.default_rng(seed), random_draws), return_codes, eos_id
+        return settings, UniformDraws(np.random.default_rng(seed), random_draws), bool(return_codes), eos_id
 
     @on_model_backend
     def generate_codes_from_layouts(
@@ -316,9 +318,8 @@ class Qwen3TTS:
         """The body of every ``generate_*``: the call's options out of ``kwargs`` (trace, progress, forced
         codes, sampling), the prompts from ``make_prompts(record) -> (layouts, speaker vectors, reference
         codes)``, the codes, then the audio (``_finish``)."""
-        record = as_recorder(kwargs.pop("trace", None))
-        progress = kwargs.pop("progress", None)
-        forced = kwargs.pop("forced_codes", None)
+        trace, progress, forced = (kwargs.pop(k, None) for k in _GENERATE_KEYS)
+        record = as_recorder(trace)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         layouts, vectors, ref_codes = make_prompts(record)
         self.last_trace = GenerationTrace(keep_logits=self.keep_logits)

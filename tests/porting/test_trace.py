@@ -92,7 +92,11 @@ def test_compare_passes_against_the_official_hook_dump(stage, tmp_path, capsys):
     assert report["passed"] and report["first_failure"] is None and not report["shape_mismatches"]
     # the official dump records which run it is, as ours does, and the two agree (checked by compare)
     meta = tracing.load_trace(official).metadata
-    for field in ("weights_sha256", "config", "input", "model_dir", "dtype"):
+    ours_input = dict(ours.metadata["input"])
+    if stage == "say":  # the official dump does not record the text feed: it ran the default, as ours did
+        assert ours_input.pop("non_streaming_mode") is tracing.text_feed_default(stage) is True
+    assert meta["input"] == ours_input
+    for field in ("weights_sha256", "config", "model_dir", "dtype"):
         assert meta[field] == ours.metadata[field], field
     assert report["metadata_mismatches"] == []
     not_traced = [k for k, _ in OFFICIAL[stage] if k.split(":")[0].startswith(tracing.NOT_TRACED)]
