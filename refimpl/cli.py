@@ -272,11 +272,15 @@ def load_tts(path: Path, dtype):
 
 
 def generation_kwargs(args) -> dict:
+    from .porting.commands import TEXT_FEEDS
+
     kw = {"seed": args.seed}
     if args.greedy:
         kw.update(do_sample=False, subtalker_dosample=False)
     if args.max_new_tokens is not None:
         kw["max_new_tokens"] = args.max_new_tokens
+    if args.text_feed is not None:
+        kw["non_streaming_mode"] = TEXT_FEEDS[args.text_feed]
     return kw
 
 
@@ -470,6 +474,9 @@ def cmd_info(args, say: Reporter) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # trace, compare, golden: the port author's tools; --text-feed is theirs and the synthesis commands'
+    from .porting.commands import add_commands, add_text_feed_option
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--model",
@@ -504,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--language", metavar="L", help="language name from the checkpoint (default: auto)")
     synth.add_argument("--seed", type=count(0), default=0, help="random seed for sampling, >= 0 (default 0)")
     synth.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    add_text_feed_option(synth)
     synth.add_argument(
         "--max-new-tokens",
         type=count(1),
@@ -607,8 +615,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=cmd_info)
-
-    from .porting.commands import add_commands  # trace, compare, golden: the port author's tools
 
     add_commands(sub, common)
     return p

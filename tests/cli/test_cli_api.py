@@ -109,6 +109,19 @@ def test_greedy_is_the_apis_greedy(tmp_path, capsys, models):
     )
 
 
+def test_text_feed_is_the_apis_non_streaming_mode(tmp_path, capsys, models):
+    """--text-feed streaming|non-streaming is non_streaming_mode False|True (True: say's default); --stream
+    passes the same keywords to stream_*."""
+    tts = models["custom_voice"]
+    call = dict(text=TEXT, speaker="dylan", seed=3, max_new_tokens=6)
+    args = ["say", TEXT, "--seed", 3, "--max-new-tokens", 6]
+    fed = cli_wav(tmp_path, capsys, *args, "--text-feed", "streaming")
+    np.testing.assert_array_equal(fed, api_wav(tts, "generate_custom_voice", non_streaming_mode=False, **call))
+    whole = cli_wav(tmp_path, capsys, *args, "--text-feed", "non-streaming")
+    np.testing.assert_array_equal(whole, api_wav(tts, "generate_custom_voice", **call))
+    assert not np.array_equal(fed, whole)
+
+
 def test_instruct_reaches_the_model(tmp_path, capsys, models):
     tts = models["custom_voice"]  # a 1.7B CustomVoice model: it reads instruct
     ours = cli_wav(tmp_path, capsys, "say", TEXT, "--instruct", "Speak slowly.", "--seed", 2, "--max-new-tokens", 6)
