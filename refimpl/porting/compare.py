@@ -16,7 +16,8 @@ copied into ``NOISE_RATIO``).  Integer arrays (codes, ids) must be equal.
 Frames.  A trace's frame count T (per item) is the rows of its codes ``refimpl.codes.{i}`` (else
 ``refimpl.forced_codes.{i}``, else the metadata's ``input.frames``, else the waveform ``decoder``'s
 samples / 1920).  Tensors indexed by generated frame have a time axis (``time_axes``): the codes and
-forced codes their rows, ``refimpl.random_draws`` its only axis, the codec decoder's tensors (``decoder``,
+forced codes their rows, ``refimpl.random_draws`` its only axis, the API's audio ``refimpl.waveform.{i}``
+its samples, the codec decoder's tensors (``decoder``,
 ``decoder.*``, ``refimpl.decoder.*``) the time axis of their official layout (channels-first: the last;
 channels-last, the pre-transformer, the codebook rows ``project_out`` and the ConvNeXt's ``norm`` /
 ``pwconv1`` / ``act`` / ``pwconv2``: axis 1; attention details [B, H, T, S]: axis 2 and the mask [T, T]
@@ -433,6 +434,8 @@ def time_axes(key: str, shape) -> tuple:
         return (n - 2,) if n >= 2 else ()
     if name == "random_draws":
         return (0,) if n == 1 else ()
+    if name.startswith("waveform."):  # the audio the API returns, [N] at 24 kHz
+        return (n - 1,)
     if not (name == "decoder" or name.startswith("decoder.")):
         return ()
     if name.endswith(".attention_mask"):
@@ -468,7 +471,7 @@ def item_of(key: str) -> int | None:
     """The batch item a frame-indexed key belongs to (codes ``.{i}``, a decoder call ``:i``); None: all."""
     name, _, call = key.partition(":")
     base = base_name(name)
-    for prefix in CODES_KEYS:
+    for prefix in CODES_KEYS + ("waveform.",):
         if base.startswith(prefix):
             rest = base[len(prefix) :]
             return int(rest) if rest.isdigit() else 0

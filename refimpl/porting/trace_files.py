@@ -430,6 +430,9 @@ def trace_generation(tts, stage: str, *, attention: bool = False, decoder: bool 
         codes = chosen_codes(log, len(forced), [c.shape[0] for c in forced], tts.talker.cfg.num_code_groups)
     for i, c in enumerate(codes):
         log[f"{EXTRA_PREFIX}codes.{i}"] = c
+    # the API's audio last, after the codes it is made of (the model records it when it decodes them)
+    audio = [(k, v) for k, v in log.calls if k.startswith(f"{EXTRA_PREFIX}waveform.")]
+    log.calls = [(k, v) for k, v in log.calls if not k.startswith(f"{EXTRA_PREFIX}waveform.")] + audio
     kwargs.pop("forced_codes", None)
     inputs = {k: v for k, v in kwargs.items() if isinstance(v, (str, int, float, bool, list, type(None)))}
     if "ref_audio" in kwargs and isinstance(kwargs["ref_audio"], tuple):
