@@ -188,10 +188,24 @@ def grade_case(suite: Path, case: dict, results: Path, precision: str, name_map,
         return dict(entry, status="unusable", message=f"the results are a run of another input or checkpoint: {what}")
     report = compare_traces(reference, candidate, precision)
     report.notes[:0] = notes
-    return dict(entry, **case_verdict(case, reference, candidate, report))
+    return dict(entry, **case_verdict(case, reference, candidate, report, behaviours))
 
 
-def case_verdict(case: dict, reference, candidate, report) -> dict:
+def length_verdict(codes: dict | None, behaviours: dict) -> str | None:
+    """Under the official length convention the port's frames must be the reference's (compare itself only
+    notes a differing length cap and compares the common frames)."""
+    if not codes or behaviours.get("length") != "official":
+        return None
+    ref, port = codes["frames_reference"], codes["frames_candidate"]
+    if ref == port:
+        return None
+    return (
+        f"the port gives {port} frames where the official gives {ref} (max_new_tokens - 1 without an EOS; "
+        "--behaviour length=natural grades a port that gives max_new_tokens)"
+    )
+
+
+def case_verdict(case: dict, reference, candidate, report, behaviours: dict) -> dict:
     rows = report.rows  # in execution order, a shape mismatch failing in its place
     mismatched = {r.key: r.shape_mismatch for r in rows if r.shape_mismatch is not None}
     tensors = [
@@ -221,8 +235,11 @@ def case_verdict(case: dict, reference, candidate, report) -> dict:
     if not rows:
         hint = f" (its names: {', '.join(candidate.keys[:5])})" if candidate.keys else ""
         return dict(out, status="unusable", message="no tensor of the results has a name of the reference" + hint)
-    passed = report.passed
+    wrong_length = length_verdict(out["codes"], behaviours)
+    passed = report.passed and wrong_length is None
     message = "" if passed else failure_message(first, tensors, out["codes"], out["waveform"], mismatched)
+    if wrong_length:
+        message = wrong_length if report.passed else f"{message}; {wrong_length}"
     if report.notes:
         message = "; ".join([message] + report.notes if message else report.notes)
     return dict(out, status="pass" if passed else "fail", message=message)
