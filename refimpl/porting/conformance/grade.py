@@ -71,7 +71,9 @@ def read_results(results: Path, name: str) -> trace_files.Trace | None:
     folder = results / name
     for suffix in (".safetensors", ".npz"):
         single = results / (name + suffix)
-        if single.is_file() and inside(single, results):
+        if single.is_file() or single.is_symlink():
+            if not inside(single, results):
+                raise ResultsError(f"{single} leads outside {results} (a symbolic link?)")
             return trace_files.load_trace(single)
     if not folder.is_dir():
         return None

@@ -161,6 +161,11 @@ class Models:
         self.directories = directories  # kind -> Path
         self.loaded = {}
 
+    def keep_only(self, kind: str | None, dtype=None) -> None:
+        """Drop every model but those of checkpoint ``kind`` in ``dtype`` (None: drop all)."""
+        name = None if dtype is None else np.dtype(dtype).name
+        self.loaded = {k: v for k, v in self.loaded.items() if k[1] == kind and name in (None, k[2])}
+
     def tts(self, kind: str, dtype):
         from ...tts.model import Qwen3TTS
 
@@ -320,11 +325,30 @@ def make_suite(out_dir, model_dirs: list | None = None, progress=None, log=print
             shutil.copytree(directory, out / copied)
         checkpoints[kind] = checkpoint_entry(directory, copied)
     cases = []
-    selected = [c for c in CASES if c.checkpoint in directories or c.stage.startswith("codec")]
-    for case in progress(selected, "making cases") if progress else selected:
-        if case.stage.startswith("codec"):
-            case = dataclasses.replace(case, checkpoint=codec_kind)
-        cases.append(make_case(case, models, out / "cases" / case.name))
+    selected = [
+        dataclasses.replace(c, checkpoint=codec_kind) if c.stage.startswith("codec") else c
+        for c in CASES
+        if c.checkpoint in directories or c.stage.startswith("codec")
+    ]
+    # checkpoint by checkpoint, every float64 reference and then every float32 one: one model in memory at a
+    # time (at the released sizes a 1.7B model takes 14 GB in float64)
+    work = [
+        (kind, dtype, c)
+        for kind in directories
+        for dtype in (np.float64, np.float32)
+        for c in selected
+        if c.checkpoint == kind
+    ]
+    started = {}
+    for kind, dtype, case in progress(work, "making cases") if progress else work:
+        models.keep_only(kind, dtype)
+        directory = out / "cases" / case.name
+        if dtype is np.float64:
+            started[case.name] = start_case(case, models, directory)
+        else:
+            cases.append(finish_case(case, models, directory, started.pop(case.name)))
+    models.keep_only(None)
+    cases.sort(key=lambda c: [x.name for x in CASES].index(c["name"]))
     manifest = {
         "format": SUITE_FORMAT,
         "version": SUITE_VERSION,
@@ -355,8 +379,8 @@ BEHAVIOURS = {
 }
 
 
-def make_case(case: Case, models: Models, directory: Path) -> dict:
-    """Write one case's inputs and references; return its manifest entry."""
+def start_case(case: Case, models: Models, directory: Path) -> dict:
+    """Write one case's inputs and its float64 reference; return what ``finish_case`` needs."""
     from ...io.audio import write_wav
 
     directory.mkdir(parents=True)
@@ -377,12 +401,17 @@ def make_case(case: Case, models: Models, directory: Path) -> dict:
         np.save(directory / files["uniforms"], draws)
     else:
         draws = None
-    ref32 = reference_trace(case, models, inputs, np.float32, random_draws=draws)
-    check_codes_agree(case, ref64, ref32)
-    references = {}
-    for precision, trace in (("float64", ref64), ("float32", ref32)):
-        references[precision] = REFERENCE_FILES[precision]
-        trace.save(directory / references[precision])
+    ref64.save(directory / REFERENCE_FILES["float64"])
+    codes = {k: v for k, v in ref64.items if k.startswith("refimpl.codes.")}
+    return {"inputs": inputs, "files": files, "draws": draws, "codes": codes, "frames": frames_of(ref64, case)}
+
+
+def finish_case(case: Case, models: Models, directory: Path, started: dict) -> dict:
+    """Write the case's float32 reference (the same uniforms) and case.json; return its manifest entry."""
+    ref32 = reference_trace(case, models, started["inputs"], np.float32, random_draws=started["draws"])
+    check_codes_agree(case, started["codes"], ref32)
+    ref32.save(directory / REFERENCE_FILES["float32"])
+    files = started["files"]
     entry = {
         "name": case.name,
         "stage": case.stage,
@@ -392,9 +421,9 @@ def make_case(case: Case, models: Models, directory: Path) -> dict:
         "inputs": files,
         "options": {k: v for k, v in case.options.items()},
         "outputs": output_keys(case),
-        "references": references,
-        "frames": frames_of(ref64, case),
-        "sha256": {f: sha256_of(directory / f) for f in sorted(set(files.values()) | set(references.values()))},
+        "references": dict(REFERENCE_FILES),
+        "frames": started["frames"],
+        "sha256": {f: sha256_of(directory / f) for f in sorted(set(files.values()) | set(REFERENCE_FILES.values()))},
     }
     write_atomically(directory / "case.json", (json.dumps(entry, indent=1) + "\n").encode("utf-8"))
     return entry
@@ -413,13 +442,12 @@ def frames_of(trace, case: Case) -> list | None:
     return [int(c.shape[0]) for c in codes] if codes else None
 
 
-def check_codes_agree(case: Case, ref64, ref32) -> None:
+def check_codes_agree(case: Case, codes64: dict, ref32) -> None:
     """The float32 reference's codes must equal the float64 one's: a case on a near tie would grade a
     correct float32 port as failing, so it has no place in the suite."""
-    for key in ref64.keys:
-        if key.startswith("refimpl.codes."):
-            if not np.array_equal(ref64[key], ref32[key]):
-                raise RuntimeError(f"case {case.name}: the float32 and float64 codes differ ({key}): a near tie")
+    for key, codes in codes64.items():
+        if not np.array_equal(codes, ref32[key]):
+            raise RuntimeError(f"case {case.name}: the float32 and float64 codes differ ({key}): a near tie")
 
 
 # ----------------------------------------------------------------------------- reading a suite
