@@ -230,6 +230,16 @@ def test_unusable_results_and_suites(made, tmp_path):
     with pytest.raises(suite.SuiteError, match="suite version"):
         grade.grade_suite(broken, results)
     data["version"] = suite.SUITE_VERSION
+    for field, value, message in (
+        ("agrees_with", ["qwen-tts"], "agrees_with must be a JSON object"),
+        ("cases", [{"name": "x", "stage": 1}], "missing"),
+        ("cases", [dict(data["cases"][0], title=["t"])], "title must be a string"),
+        ("cases", [dict(data["cases"][0], sha256=["00"])], "sha256 must be a JSON object"),
+        ("cases", [dict(data["cases"][0], frames=[True])], "frames must be a list"),
+    ):
+        manifest_path.write_text(json.dumps(dict(data, **{field: value})))
+        with pytest.raises(suite.SuiteError, match=message):
+            grade.grade_suite(broken, results)
     data["cases"][0]["references"]["float64"] = "../../manifest.json"
     manifest_path.write_text(json.dumps(data))
     with pytest.raises(suite.SuiteError, match="not a plain file name"):

@@ -479,6 +479,9 @@ def read_manifest(suite_dir) -> dict:
             f"{path}: suite version {version!r} is not one this refimpl reads (1 to {SUITE_VERSION}): "
             "grade it with the refimpl that made it, or make the suite again"
         )
+    for field in ("agrees_with", "checkpoints", "tolerances", "behaviours"):
+        if not isinstance(manifest[field], dict):
+            raise SuiteError(f"{path}: {field} must be a JSON object, found a JSON {type(manifest[field]).__name__}")
     if not isinstance(manifest["cases"], list) or not manifest["cases"]:
         raise SuiteError(f"{path}: cases must be a non-empty list")
     names = set()
@@ -499,9 +502,19 @@ def check_case_entry(case, where: str) -> None:
     if not plain_file_name(case["name"]):
         raise SuiteError(f"{where}: name {case['name']!r} is not a plain file name")
     where = f"{where} ({case['name']})"
-    for field in ("inputs", "references", "outputs", "options"):
-        if not isinstance(case[field], dict):
+    for field in ("stage", "title"):
+        if not isinstance(case[field], str):
+            raise SuiteError(f"{where}: {field} must be a string")
+    for field in ("inputs", "references", "outputs", "options", "sha256"):
+        if not isinstance(case.get(field, {}), dict):
             raise SuiteError(f"{where}: {field} must be a JSON object")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in case.get("sha256", {}).items()):
+        raise SuiteError(f"{where}: sha256 must map file names to hex digests")
+    frames = case.get("frames")
+    if frames is not None and not (
+        isinstance(frames, list) and all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in frames)
+    ):
+        raise SuiteError(f"{where}: frames must be a list of frame counts")
     for field in ("inputs", "references"):
         for k, f in case[field].items():
             if not plain_file_name(f):
