@@ -285,3 +285,15 @@ def test_the_docs_tolerance_table_is_the_rule():
         cells = [float(c) for c in row.strip("|").split("|")[1:]]
         for net, cell in zip(columns, cells):
             assert cell == pytest.approx(table[precision][net], rel=0.05), (precision, net)
+
+
+def test_a_waveform_of_another_length_is_still_judged_by_its_values(made, tmp_path):
+    """Half the amplitude and one frame too many: wrong from frame 0, not only where the lengths part."""
+    suite_dir, manifest = made
+    ref = reference(suite_dir, "codec-decode-stream")
+    wav = np.squeeze(ref["refimpl.waveform.0"])
+    write_outputs(tmp_path, cases_of(manifest)["codec-decode-stream"], ref, waveform=np.r_[wav / 2, np.zeros(1920)])
+    result, _ = graded(suite_dir, tmp_path, "codec-decode-stream")
+    assert result["status"] == "fail" and result["waveform"]["first_divergent_frame"] == 0
+    assert result["waveform"]["tol"] > 0 and "(7680,)" not in result["message"]
+    assert "the port's shape (78720,), the reference's (76800,)" in result["message"], result["message"]

@@ -302,7 +302,7 @@ def checkpoint_entry(directory: Path, copied_to: str | None) -> dict:
     }
 
 
-def make_suite(out_dir, model_dirs: list | None = None, progress=None, log=print) -> dict:
+def make_suite(out_dir, model_dirs: list | None = None, progress=None) -> dict:
     """Write a conformance suite to ``out_dir`` (created; must be empty or absent) and return its manifest.
     ``model_dirs``: checkpoints by type (any of CustomVoice, Base, VoiceDesign); without them the embedded
     tiny checkpoints, copied into the suite.  Cases whose checkpoint is not given are left out."""
