@@ -24,7 +24,7 @@ from ..io.files import (
 )
 from ..io.validate import count
 from . import trace_files
-from .compare import PRECISIONS, compare_traces, metadata_mismatches, prefix_hint, report_json
+from .compare import NOISE_SIZES, PRECISIONS, compare_traces, metadata_mismatches, prefix_hint, report_json
 from .name_maps import load_map
 
 __all__ = ["add_commands", "run_case", "run_cases", "read_cases"]
@@ -343,7 +343,7 @@ def cmd_compare(args, say) -> int:
         print(f"refimpl compare: unusable input: {e}", file=sys.stderr)
         return 2
     mismatches = metadata_mismatches(reference.metadata, candidate.metadata, args.precision)
-    report = compare_traces(reference, candidate, args.precision)
+    report = compare_traces(reference, candidate, args.precision, size=args.noise)
     report.notes[:0] = notes
     report.metadata_mismatches = mismatches
     if not report.rows:
@@ -390,6 +390,13 @@ def add_compare_parser(sub) -> None:
         choices=PRECISIONS,
         default="float32",
         help="what the candidate computes in (sets the tolerance; default float32)",
+    )
+    c.add_argument(
+        "--noise",
+        choices=list(NOISE_SIZES),
+        default="tiny",
+        help="whose measured official noise the tolerance allows: the tiny checkpoints' (default) or the "
+        "released size's (use it for full-size checkpoints; docs/conformance.md)",
     )
     c.add_argument("--json", action="store_true", help="machine-readable report")
     c.add_argument(

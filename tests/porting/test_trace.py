@@ -245,6 +245,23 @@ def test_noise_ratios_are_the_measured_ones():
             assert ratio <= NOISE_RATIO[precision][network] <= ratio + 0.1, (precision, network)
 
 
+def test_released_noise_ratios_are_the_measured_ones():
+    """The released-size float32 ratios are the largest official noise measured there (decoder: every module
+    of a 4-frame decode; talker: every Talker and code-predictor call of a 3-frame generation); the rest
+    keep their tiny-checkpoint ratio."""
+    from refimpl.porting.compare import NOISE_RATIO_RELEASED
+
+    measured = json.loads((TRACE_GOLDEN / "precision_noise_released.json").read_text())
+    decoder = max(part["official"]["max"] for part in measured["codec_decode"]["summary"].values())
+    talker = max(part["official"]["max"] for part in measured["say"]["all_calls"]["summary"].values())
+    released = NOISE_RATIO_RELEASED["float32"]
+    assert decoder <= released["decoder"] <= decoder + 0.1 and talker <= released["talker"] <= talker + 0.1
+    assert {k: v for k, v in released.items() if k not in ("decoder", "talker")} == {
+        k: v for k, v in NOISE_RATIO["float32"].items() if k not in ("decoder", "talker")
+    }
+    assert released["decoder"] > 5 * NOISE_RATIO["float32"]["decoder"]  # why the released table exists
+
+
 def write_cases(tmp_path) -> str:
     np.save(tmp_path / "codes.npy", INPUTS["codes"])
     cases = [

@@ -8,7 +8,7 @@ import sys
 import time
 
 from ...backends import BACKENDS
-from ..compare import PRECISIONS
+from ..compare import NOISE_SIZES, PRECISIONS
 
 __all__ = ["add_conformance_parser"]
 
@@ -28,7 +28,7 @@ def cmd_make(args, say) -> int:
     from .suite import make_suite
 
     t0 = time.perf_counter()
-    manifest = make_suite(args.output, args.model, progress=say.progress)
+    manifest = make_suite(args.output, args.model, progress=say.progress, noise=args.noise)
     say(
         f"made conformance suite version {manifest['version']}: {len(manifest['cases'])} cases in "
         f"{time.perf_counter() - t0:.1f} s -> {args.output}/manifest.json (README.md says what to run)"
@@ -96,6 +96,13 @@ def add_conformance_parser(sub) -> None:
     m.add_argument("-o", "--output", required=True, metavar="OUTDIR")
     m.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors")
     m.add_argument("--backend", choices=BACKENDS, default=None, help="as for the other commands (refimpl info)")
+    m.add_argument(
+        "--noise",
+        choices=list(NOISE_SIZES),
+        default=None,
+        help="whose measured official float32 noise the tolerances allow: tiny (default for the embedded "
+        "checkpoints) or released (default with --model)",
+    )
     m.add_argument(
         "--model",
         action="append",

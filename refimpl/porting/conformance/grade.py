@@ -156,7 +156,9 @@ def trim_to_reference_frames(reference, candidate) -> list:
     return notes
 
 
-def grade_case(suite: Path, case: dict, results: Path, precision: str, name_map, behaviours: dict) -> dict:
+def grade_case(
+    suite: Path, case: dict, results: Path, precision: str, name_map, behaviours: dict, size: str = "tiny"
+) -> dict:
     """One case's entry of the report (the fields of ``report_html``'s contract)."""
     entry = {
         "name": case["name"],
@@ -188,9 +190,9 @@ def grade_case(suite: Path, case: dict, results: Path, precision: str, name_map,
     if mismatches:
         what = "; ".join(f"{f}: reference {a!r}, results {b!r}"[:200] for f, a, b in mismatches)
         return dict(entry, status="unusable", message=f"the results are a run of another input or checkpoint: {what}")
-    report = compare_traces(reference, candidate, precision)
+    report = compare_traces(reference, candidate, precision, size=size)
     report.notes[:0] = notes
-    return dict(entry, **case_verdict(case, reference, candidate, report, behaviours))
+    return dict(entry, **case_verdict(case, reference, candidate, report, behaviours, size))
 
 
 def length_verdict(codes: dict | None, behaviours: dict) -> str | None:
@@ -207,7 +209,7 @@ def length_verdict(codes: dict | None, behaviours: dict) -> str | None:
     )
 
 
-def case_verdict(case: dict, reference, candidate, report, behaviours: dict) -> dict:
+def case_verdict(case: dict, reference, candidate, report, behaviours: dict, size: str = "tiny") -> dict:
     rows = report.rows  # in execution order, a shape mismatch failing in its place
     mismatched = {r.key: r.shape_mismatch for r in rows if r.shape_mismatch is not None}
     tensors = [
@@ -233,7 +235,7 @@ def case_verdict(case: dict, reference, candidate, report, behaviours: dict) -> 
     ref = dict(reference.items)
     cand = dict(candidate.items)
     out["codes"] = codes_report(case, ref, cand, report)
-    out["waveform"] = waveform_report(case, ref, cand, report.precision)
+    out["waveform"] = waveform_report(case, ref, cand, report.precision, size)
     if not rows:
         hint = f" (its names: {', '.join(candidate.keys[:5])})" if candidate.keys else ""
         return dict(out, status="unusable", message="no tensor of the results has a name of the reference" + hint)
@@ -353,7 +355,7 @@ def codes_report(case: dict, ref: dict, cand: dict, report) -> dict | None:
     }
 
 
-def waveform_report(case: dict, ref: dict, cand: dict, precision: str) -> dict | None:
+def waveform_report(case: dict, ref: dict, cand: dict, precision: str, size: str = "tiny") -> dict | None:
     """SNR, the error of every 1920-sample frame against the waveform's tolerance (``compare.tolerance``:
     the same as its row's, also when the lengths differ and the row holds none), the first divergent frame
     and sample, the spectrogram difference."""
@@ -365,7 +367,7 @@ def waveform_report(case: dict, ref: dict, cand: dict, precision: str) -> dict |
     b = np.asarray(cand[key], dtype=np.float64).ravel()
     n = min(a.size, b.size)
     err = np.abs(a[:n] - b[:n])
-    tol = tolerance(a, precision, network=network_of(key))
+    tol = tolerance(a, precision, network=network_of(key), size=size)
     frames = -(-n // SAMPLES_PER_FRAME)
     frame_errors = [float(err[f * SAMPLES_PER_FRAME : (f + 1) * SAMPLES_PER_FRAME].max()) for f in range(frames)]
     over = np.flatnonzero(err > tol)
@@ -440,7 +442,8 @@ def grade_suite(suite_dir, results_dir, precision: str = "float32", map_path=Non
         raise ResultsError(f"{results} is not a directory (RESULTS holds one folder per case)")
     chosen = parse_behaviours(behaviours)
     name_map = name_maps.load_map(map_path) if map_path else None
-    cases = [grade_case(suite, case, results, precision, name_map, chosen) for case in manifest["cases"]]
+    size = manifest.get("noise", "tiny")  # the measured noise its tolerances allow (suite.make_suite)
+    cases = [grade_case(suite, case, results, precision, name_map, chosen, size) for case in manifest["cases"]]
     counts = {
         "cases": len(cases),
         "passed": sum(c["status"] == "pass" for c in cases),
@@ -460,6 +463,7 @@ def grade_suite(suite_dir, results_dir, precision: str = "float32", map_path=Non
         },
         "results": results.name,
         "precision": precision,
+        "noise": size,
         "behaviours": chosen,
         "passed": counts["passed"] > 0 and counts["failed"] == 0 and counts["unusable"] == 0,
         "counts": counts,

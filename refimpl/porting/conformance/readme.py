@@ -55,8 +55,8 @@ def suite_readme(manifest: dict) -> str:
         "",
         "## Tolerances",
         "",
-        "The allowed max |port - reference| of a tensor, as a fraction of max(1, max |reference|); codes",
-        "must be equal.",
+        "The allowed max |port - reference| of a tensor, as a fraction of max(1, max |reference|), for the",
+        f"official model's float32 noise measured on {manifest.get('noise', 'tiny')} checkpoints; codes must be equal.",
         "",
         "| precision | " + " | ".join(sorted({n for t in manifest["tolerances"].values() for n in t})) + " |",
     ]

@@ -27,7 +27,7 @@ import numpy as np
 
 from ...io.files import MAX_JSON_BYTES, InputError, parse_json, plain_file_name, read_limited, write_atomically
 from .. import trace_files
-from ..compare import EPS, F64_REL, NOISE_FACTOR, NOISE_RATIO, PRECISIONS
+from ..compare import EPS, F64_REL, NOISE_FACTOR, NOISE_SIZES, PRECISIONS
 
 __all__ = [
     "SUITE_FORMAT",
@@ -253,14 +253,14 @@ def stream_decode(tok, codes: np.ndarray, pushes: list) -> np.ndarray:
 # ----------------------------------------------------------------------------- the tolerance table
 
 
-def tolerance_table() -> dict:
-    """The rule of ``refimpl.porting.compare.tolerance`` as numbers: per precision and network, the
-    allowed max |port - reference| as a fraction of scale = max(1, max |reference|)."""
+def tolerance_table(size: str = "tiny") -> dict:
+    """The rule of ``refimpl.porting.compare.tolerance`` as numbers for checkpoints of ``size``: per precision
+    and network, the allowed max |port - reference| as a fraction of scale = max(1, max |reference|)."""
     table = {"float64": {"all": F64_REL}}
     for precision in PRECISIONS[1:]:
         eps = EPS[precision]
         table[precision] = {
-            net: NOISE_FACTOR * ratio * eps + NOISE_FACTOR * eps for net, ratio in NOISE_RATIO[precision].items()
+            net: NOISE_FACTOR * ratio * eps + NOISE_FACTOR * eps for net, ratio in NOISE_SIZES[size][precision].items()
         }
     return table
 
@@ -302,16 +302,21 @@ def checkpoint_entry(directory: Path, copied_to: str | None) -> dict:
     }
 
 
-def make_suite(out_dir, model_dirs: list | None = None, progress=None) -> dict:
+def make_suite(out_dir, model_dirs: list | None = None, progress=None, noise: str | None = None) -> dict:
     """Write a conformance suite to ``out_dir`` (created; must be empty or absent) and return its manifest.
     ``model_dirs``: checkpoints by type (any of CustomVoice, Base, VoiceDesign); without them the embedded
-    tiny checkpoints, copied into the suite.  Cases whose checkpoint is not given are left out."""
+    tiny checkpoints, copied into the suite.  Cases whose checkpoint is not given are left out.  ``noise``:
+    whose measured official noise the suite's tolerances allow (``compare.NOISE_SIZES``): by default
+    "tiny" for the embedded checkpoints, "released" for given ones."""
     from ..._version import __version__
 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"cannot make a suite in {out}: it exists and is not an empty directory")
     directories, embedded = resolve_checkpoints(model_dirs)
+    noise = noise or ("tiny" if embedded else "released")
+    if noise not in NOISE_SIZES:
+        raise InputError(f"noise must be one of {list(NOISE_SIZES)}, not {noise!r}")
     # the codec cases run on the CustomVoice checkpoint's speech tokenizer, else on any (they are the same)
     codec_kind = "customvoice" if "customvoice" in directories else next(iter(directories))
     models = Models(directories)
@@ -355,7 +360,8 @@ def make_suite(out_dir, model_dirs: list | None = None, progress=None) -> dict:
         "made_by": {"refimpl": __version__, "seconds": round(time.perf_counter() - t0, 1)},
         "agrees_with": AGREES_WITH,
         "checkpoints": checkpoints,
-        "tolerances": tolerance_table(),
+        "noise": noise,
+        "tolerances": tolerance_table(noise),
         "behaviours": BEHAVIOURS,
         "cases": cases,
     }
@@ -482,6 +488,8 @@ def read_manifest(suite_dir) -> dict:
     for field in ("agrees_with", "checkpoints", "tolerances", "behaviours"):
         if not isinstance(manifest[field], dict):
             raise SuiteError(f"{path}: {field} must be a JSON object, found a JSON {type(manifest[field]).__name__}")
+    if manifest.get("noise", "tiny") not in NOISE_SIZES:
+        raise SuiteError(f"{path}: noise must be one of {list(NOISE_SIZES)}, not {manifest.get('noise')!r}")
     if not isinstance(manifest["cases"], list) or not manifest["cases"]:
         raise SuiteError(f"{path}: cases must be a non-empty list")
     names = set()
