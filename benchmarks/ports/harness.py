@@ -1,0 +1,183 @@
+"""What every port's script shares: its own virtual environment, a suite, its checkpoints, a child process
+with a time and a memory limit, and the grade (benchmarks/ports/README.md).
+
+A port runs only in its own environment, under ``benchmarks/ports/.envs/<name>/`` (git-ignored): the pinned
+package from PyPI, nothing of it in the project's environment and none of its code in the repository. The
+port's script runs with the project's Python, makes that environment, sends each case to a worker script
+that runs in it, and grades what the worker wrote with ``refimpl conformance grade``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO))
+
+ENVS = HERE / ".envs"
+TAIL = 4000  # characters of a failed child's output kept in the record
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+# ----------------------------------------------------------------------------- the port's environment
+
+
+def ensure_venv(name: str, requirement: str, module: str, version: str) -> Path:
+    """The Python of ``ENVS/name``, a virtual environment holding ``requirement`` (installed once, from a
+    wheel only: a port that needs building from source is not the published package), checked by importing
+    ``module`` and reading its ``__version__``."""
+    env = ENVS / name
+    python = env / "bin" / "python"
+    done = env / ".installed"
+    if not (done.is_file() and done.read_text() == requirement and python.exists()):
+        shutil.rmtree(env, ignore_errors=True)
+        print(f"making {env} with {requirement} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"]
+        subprocess.run(pip + ["--only-binary", ":all:", requirement], check=True)
+        done.write_text(requirement)
+    found = subprocess.run(
+        [str(python), "-I", "-c", f"import {module}; print({module}.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if found != version:
+        raise SystemExit(f"{env}: {module} {found} is installed where {version} was pinned: delete {env}")
+    return python
+
+
+def limits(memory_bytes: int):
+    """The preexec of a child: an address-space limit and no core file."""
+
+    def apply():
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+def run_limited(argv: list, timeout_s: float, memory_bytes: int, env: dict | None = None) -> dict:
+    """Run ``argv`` in its own process group under the limits; never raises for what the child does.
+    Returns {"rc", "seconds", "timed_out", "output"} (the last TAIL characters of stdout and stderr)."""
+    t0 = time.perf_counter()
+    child = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=env,
+        start_new_session=True,
+        preexec_fn=limits(memory_bytes),
+    )
+    timed_out = False
+    try:
+        output, _ = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(child.pid, signal.SIGKILL)  # the child and anything it started
+        output, _ = child.communicate()
+    rc = child.returncode
+    if rc is not None and rc < 0:
+        output += f"\n[killed by signal {signal.Signals(-rc).name}]"
+    return {"rc": rc, "seconds": round(time.perf_counter() - t0, 2), "timed_out": timed_out, "output": output[-TAIL:]}
+
+
+def child_env(threads: int) -> dict:
+    """A plain environment for a port's process: the thread counts fixed, nothing of the project's."""
+    keep = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
+    n = str(threads)
+    return dict(keep, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, MKL_NUM_THREADS=n)
+
+
+# ----------------------------------------------------------------------------- the suite and its checkpoints
+
+
+def ensure_suite(suite: Path, model_dirs: list) -> dict:
+    """The manifest of ``suite``, made first (``refimpl conformance make``) when the folder has none."""
+    from refimpl.porting.conformance.suite import make_suite, read_manifest
+
+    if not (suite / "manifest.json").is_file():
+        print(f"making the conformance suite {suite} ...", flush=True)
+        t0 = time.perf_counter()
+        make_suite(suite, model_dirs or None, log=print)
+        print(f"made in {time.perf_counter() - t0:.0f} s", flush=True)
+    return read_manifest(suite)
+
+
+def checkpoint_dirs(suite: Path, manifest: dict, model_dirs: list) -> dict:
+    """kind -> the checkpoint directory a case of that kind ran on: the suite's own copy (a suite of the
+    embedded checkpoints), else the ``--model`` directory whose weights have the hash the suite recorded."""
+    from refimpl.porting.trace_files import weights_hash
+
+    found, hashes = {}, {}
+    for kind, entry in manifest["checkpoints"].items():
+        if entry.get("path"):
+            found[kind] = suite / entry["path"]
+            continue
+        for d in model_dirs:
+            hashes.setdefault(d, weights_hash(d))
+            if hashes[d] == entry["weights_sha256"]:
+                found[kind] = Path(d)
+    return found
+
+
+def reference_input(suite: Path, case: dict) -> dict:
+    """The ``input`` of the case's float64 reference metadata (the speaker a say case ran with, ...), read
+    from the header alone."""
+    from refimpl.io.checkpoint import read_safetensors_header
+    from refimpl.porting.trace_files import METADATA_KEY
+
+    path = suite / "cases" / case["name"] / case["references"]["float64"]
+    _, metadata, _ = read_safetensors_header(path)
+    return json.loads(metadata.get(METADATA_KEY, "{}")).get("input", {})
+
+
+def text_feed(case: dict) -> str | None:
+    """'streaming' or 'non-streaming': the text feed the case's reference ran with (None: not a generation)."""
+    from refimpl.porting.trace_files import GENERATE_METHODS, text_feed_default
+
+    if case["stage"] not in GENERATE_METHODS:
+        return None
+    options = case["options"]
+    non_streaming = options.get("non_streaming_mode", text_feed_default(case["stage"]))
+    return "non-streaming" if non_streaming else "streaming"
+
+
+# ----------------------------------------------------------------------------- the grade
+
+
+def grade(suite: Path, results: Path, precision: str, behaviours: list) -> tuple:
+    """(report, its text): ``refimpl conformance grade`` in this process; the JSON and the HTML report are
+    written beside the cases, as ``RESULTS/report.json`` and ``RESULTS/report.html``."""
+    from refimpl.porting.conformance.commands import json_safe
+    from refimpl.porting.conformance.grade import format_report, grade_suite
+    from refimpl.porting.conformance.report_html import write_html
+
+    report = grade_suite(suite, results, precision, None, behaviours)
+    (results / "report.json").write_text(json.dumps(json_safe(report), indent=1) + "\n")
+    write_html(report, results / "report.html")
+    return report, format_report(report)
+
+
+def machine() -> dict:
+    return {
+        "python": platform.python_version(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_1min": round(load_average(), 2),
+    }

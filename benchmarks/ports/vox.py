@@ -1,0 +1,234 @@
+"""The vox port (``vox-tts`` 0.19.5 from PyPI, a C++ engine) graded by the conformance suite, in one command:
+
+    python benchmarks/ports/vox.py --suite /tmp/suite --results /tmp/vox-results
+    python benchmarks/ports/vox.py --suite /tmp/suite-06b --results /tmp/vox-06b --model DIR-0.6B-CustomVoice
+
+1. the suite: ``--suite`` is used as it is, or made there first (``refimpl conformance make``, with the
+   ``--model`` checkpoints when given, else the tiny embedded ones);
+2. vox's environment: ``benchmarks/ports/.envs/vox-tts-0.19.5/`` (git-ignored), ``pip install vox-tts==0.19.5``
+   from a wheel; nothing of vox enters the project's environment;
+3. each checkpoint the cases need, converted by vox's own converter (``python -m vox build``) into a ``.tmod``
+   cached beside the environment; weights stored in bfloat16 are converted as bf16 (exact), others as f32;
+4. each case vox supports, in its own process (``vox_worker.py`` in vox's environment) under a time and a
+   memory limit: greedy (``temperature=0, sub_temperature=0``), the streaming text feed (the only one vox
+   implements), the official 300/25 decode (``decoder_mode="reference"``), 2 threads; what it gives goes
+   to ``RESULTS/<case>/`` under the suite's plain names. A case that crashes or hangs is recorded with its
+   message and the others go on; a case vox cannot run is left out (the card says "not run") and the
+   reason printed;
+5. ``refimpl conformance grade SUITE RESULTS --precision float32 --behaviour length=natural`` (vox computes
+   in float32 with bf16 or f32 weights; it takes ``max_frames``, the frames it returns, and its converter
+   sets it from ``max_new_tokens``, so it gives max_new_tokens frames, one more than the official), printed,
+   with ``RESULTS/report.json``, ``report.html`` and ``vox-run.json`` (what ran, how long, the load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+
+PACKAGE, VERSION = "vox-tts", "0.19.5"
+ENV_NAME = f"{PACKAGE}-{VERSION}"
+WORKER = harness.HERE / "vox_worker.py"
+PRECISION = "float32"  # vox widens bf16 / f32 weights to float32 and computes in float32 on the CPU
+BEHAVIOURS = ["length=natural", "decode=official"]
+GIB = 1 << 30
+
+NO_DECODE = (
+    "vox decodes only the codes it generates: its Python API takes text, not codes, and the wheel has no "
+    "command line (the source distribution's `vox verify` decodes a dump's codes)"
+)
+NON_STREAMING = "the non-streaming text feed (non_streaming_mode=True): vox implements only the streaming feed"
+BATCH = "a batch of prompts: a vox session synthesizes one text (synthesize_many runs texts apart, unpadded)"
+SAMPLED = "sampling replayed from recorded uniforms: vox draws from its own Philox generator"
+NEEDS_BASE = "vox encodes audio only when it clones a voice, which needs a Base checkpoint, and the suite has none"
+
+
+def plan_case(case: dict, dirs: dict, include_non_streaming: bool, same_tokenizer: bool) -> tuple:
+    """(action for vox_worker, checkpoint kind) or (None, why vox cannot run the case)."""
+    stage, options = case["stage"], case["options"]
+    if stage == "codec-decode":
+        return None, NO_DECODE
+    if stage in ("codec-encode", "speaker"):
+        if "base" not in dirs:
+            return None, NEEDS_BASE
+        if stage == "codec-encode" and not same_tokenizer:
+            return None, "the Base checkpoint's speech tokenizer is not the one the case ran on"
+        return ("encode" if stage == "codec-encode" else "speaker"), "base"
+    reasons = []
+    if harness.text_feed(case) == "non-streaming" and not include_non_streaming:
+        reasons.append(NON_STREAMING)
+    if isinstance(options.get("text"), list):
+        reasons.append(BATCH)
+    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
+        reasons.append(SAMPLED)
+    if reasons:
+        return None, "; ".join(reasons)
+    return ("clone" if stage == "clone" else "say"), case["checkpoint"]
+
+
+def checkpoint_dtype(directory: Path) -> str:
+    """bf16 when every floating tensor of the checkpoint is stored in bfloat16 (the conversion is exact), else f32."""
+    from refimpl.io.checkpoint import read_safetensors_header
+
+    dtypes = set()
+    for f in sorted(directory.glob("*.safetensors")):
+        header, _, _ = read_safetensors_header(f)
+        dtypes |= {h["dtype"] for h in header.values() if h["dtype"].startswith(("F", "BF"))}
+    return "bf16" if dtypes == {"BF16"} else "f32"
+
+
+def convert(python: Path, kind: str, directory: Path, sha: str, dtype: str, args) -> tuple:
+    """(the .tmod, the conversion's record): ``python -m vox build``, cached by weights hash and dtype."""
+    models = harness.ENVS / ENV_NAME / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    tmod = models / f"{kind}-{sha[:16]}-{dtype}.tmod"
+    record = {"kind": kind, "checkpoint": directory.name, "dtype": dtype, "tmod": tmod.name}
+    if tmod.is_file():
+        return tmod, dict(record, cached=True)
+    partial = tmod.with_name(tmod.name + ".partial")
+    argv = [str(python), "-I", "-m", "vox", "build", "--model", str(directory), "--dtype", dtype, "-o", str(partial)]
+    print(f"converting {directory.name} ({kind}) with vox's converter, --dtype {dtype} ...", flush=True)
+    run = harness.run_limited(argv, args.timeout * 3, args.memory_gib * GIB, harness.child_env(args.threads))
+    record.update(command="python -m vox build --model DIR --dtype " + dtype, seconds=run["seconds"])
+    if run["rc"] != 0 or not partial.is_file():
+        partial.unlink(missing_ok=True)
+        return None, dict(record, error=run["output"].strip() or f"exit status {run['rc']}", timed_out=run["timed_out"])
+    os.replace(partial, tmod)
+    return tmod, record
+
+
+def job_of(case: dict, action: str, tmod: Path, out: Path, reference: dict, args) -> dict:
+    options, case_dir = case["options"], Path(args.suite) / "cases" / case["name"]
+    job = {"case": case["name"], "action": action, "model": str(tmod), "threads": args.threads, "out": str(out)}
+    if action in ("encode", "speaker"):
+        return dict(job, ref_audio=str(case_dir / case["inputs"]["audio"]))
+    job.update(text=options["text"], language=options.get("language") or "auto")
+    job["max_frames"] = options["max_new_tokens"]  # vox's converter maps max_new_tokens to max_frames
+    if action == "say":
+        job.update(speaker=reference.get("speaker") or options.get("speaker"), instruct=options.get("instruct"))
+    else:
+        job.update(ref_audio=str(case_dir / case["inputs"]["ref_audio"]), ref_text=options.get("ref_text"))
+        job["x_vector_only"] = bool(options.get("x_vector_only_mode"))
+    return job
+
+
+def tokenizer_hash(directory: Path) -> str:
+    from refimpl.porting.trace_files import weights_hash
+
+    return weights_hash(directory / "speech_tokenizer")
+
+
+def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
+    suite, results = Path(args.suite), Path(args.results)
+    codec_kind = next((c["checkpoint"] for c in manifest["cases"] if c["stage"].startswith("codec")), None)
+    same = "base" in dirs and codec_kind in dirs and tokenizer_hash(dirs["base"]) == tokenizer_hash(dirs[codec_kind])
+    record = {"port": f"{PACKAGE} {VERSION}", "machine": harness.machine(), "conversions": {}, "cases": {}}
+    tmods = {}
+    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
+    jobs = Path(tempfile.mkdtemp(prefix="vox-jobs-"))
+    try:
+        for case in manifest["cases"]:
+            name = case["name"]
+            if name not in wanted:
+                continue
+            out = results / name
+            shutil.rmtree(out, ignore_errors=True)
+            action, kind = plan_case(case, dirs, args.include_non_streaming, same)
+            if action is None:
+                record["cases"][name] = {"status": "not run", "reason": kind}
+                continue
+            if kind not in tmods:
+                sha = manifest["checkpoints"][kind]["weights_sha256"]
+                dtype = args.dtype if args.dtype != "auto" else checkpoint_dtype(dirs[kind])
+                tmods[kind], record["conversions"][kind] = convert(python, kind, dirs[kind], sha, dtype, args)
+            if tmods[kind] is None:
+                record["cases"][name] = {"status": "failed", "message": "the conversion failed (see conversions)"}
+                continue
+            job = job_of(case, action, tmods[kind], out, harness.reference_input(suite, case), args)
+            (jobs / f"{name}.json").write_text(json.dumps(job))
+            print(f"{name}: vox {action} ...", flush=True)
+            argv = [str(python), "-I", str(WORKER), str(jobs / f"{name}.json")]
+            run = harness.run_limited(argv, args.timeout, args.memory_gib * GIB, harness.child_env(args.threads))
+            entry = {"status": "ran", "action": action, "seconds": run["seconds"]}
+            if harness.text_feed(case) == "non-streaming":
+                entry["note"] = "run with vox's streaming feed; the reference used the non-streaming feed"
+            if run["rc"] != 0:
+                what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
+                entry.update(status="failed", message=f"{what}: {run['output'].strip()[-600:]}")
+                shutil.rmtree(out, ignore_errors=True)  # a half-written case is not graded
+            else:
+                entry["vox"] = json.loads((out / ".vox-case.json").read_text())
+            record["cases"][name] = entry
+    finally:
+        shutil.rmtree(jobs, ignore_errors=True)
+    record["machine"]["load_average_1min_after"] = round(harness.load_average(), 2)
+    return record
+
+
+def summary(record: dict) -> list:
+    lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
+    lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
+    for kind, c in record["conversions"].items():
+        how = "cached" if c.get("cached") else f"{c.get('seconds')} s"
+        lines.append(f"  convert {kind} ({c['checkpoint']}, --dtype {c['dtype']}): {c.get('error') or how}")
+    for name, c in record["cases"].items():
+        if c["status"] == "not run":
+            lines.append(f"  {name}: not run: {c['reason']}")
+        elif c["status"] == "failed":
+            lines.append(f"  {name}: FAILED TO RUN: {c['message']}")
+        else:
+            v = c["vox"]
+            steps = [f"load {v['load_s']} s"]
+            steps += [f"voice {v['voice_s']} s"] if c["action"] != "say" else []
+            steps += [f"synthesize {v['synthesize_s']} s ({v['frames']:g} frames)"] if "synthesize_s" in v else []
+            note = f"; {c['note']}" if c.get("note") else ""
+            lines.append(f"  {name}: vox {c['action']} in {c['seconds']} s ({', '.join(steps)}){note}")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", required=True, help="a conformance suite (made there first when absent)")
+    ap.add_argument("--results", required=True, help="RESULTS: one folder per case, the reports")
+    ap.add_argument("--model", action="append", default=[], help="checkpoint directory (repeat): a suite's checkpoints")
+    ap.add_argument("--dtype", choices=["auto", "f32", "bf16"], default="auto", help="vox build --dtype (auto: exact)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per case (the conversion gets 3 times that)")
+    ap.add_argument("--memory-gib", type=int, default=12, help="address-space limit of each vox process")
+    ap.add_argument("--cases", nargs="*", help="only these cases")
+    ap.add_argument(
+        "--include-non-streaming",
+        action="store_true",
+        help="also run the non-streaming-feed cases with vox's streaming feed (they fail: the report shows where)",
+    )
+    args = ap.parse_args(argv)
+    args.model = [Path(m) for m in args.model]
+    suite, results = Path(args.suite), Path(args.results)
+    manifest = harness.ensure_suite(suite, args.model)
+    dirs = harness.checkpoint_dirs(suite, manifest, args.model)
+    python = harness.ensure_venv(ENV_NAME, f"{PACKAGE}=={VERSION}", "vox", VERSION)
+    results.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    record = run_cases(python, manifest, dirs, args)
+    record.update(seconds=round(time.perf_counter() - t0, 1), behaviours=BEHAVIOURS, precision=PRECISION)
+    (results / "vox-run.json").write_text(json.dumps(record, indent=1) + "\n")
+    report, text = harness.grade(suite, results, PRECISION, BEHAVIOURS)
+    print(text)
+    print("\n".join(summary(record)))
+    print(f"reports: {results / 'report.html'}, {results / 'report.json'}, {results / 'vox-run.json'}")
+    from refimpl.porting.conformance.grade import exit_status
+
+    crashed = any(c["status"] == "failed" for c in record["cases"].values())
+    return max(exit_status(report), 1 if crashed else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
