@@ -162,7 +162,8 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
                 entry["note"] = "run with vox's streaming feed; the reference used the non-streaming feed"
             if run["rc"] != 0:
                 what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
-                entry.update(status="failed", message=f"{what}: {run['output'].strip()[-600:]}")
+                last = (run["output"].strip().splitlines() or [""])[-1]  # the error, after a traceback
+                entry.update(status="failed", message=f"{what}: {last}", output=run["output"])
                 shutil.rmtree(out, ignore_errors=True)  # a half-written case is not graded
             else:
                 entry["vox"] = json.loads((out / ".vox-case.json").read_text())
