@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -99,8 +100,7 @@ def read_results(results: Path, name: str) -> trace_files.Trace | None:
             dump = trace_files.load_trace(path)
             items += dump.items
             metadata = metadata or dump.metadata
-    keys = [k for k, _ in items]
-    twice = sorted({k for k in keys if keys.count(k) > 1})
+    twice = sorted(k for k, n in Counter(k for k, _ in items).items() if n > 1)
     if twice:
         raise ResultsError(f"{folder}: tensor(s) {twice[:5]} given twice (two files, or a file and a dump)")
     return trace_files.Trace(items, metadata)
