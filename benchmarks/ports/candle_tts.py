@@ -1,0 +1,325 @@
+"""The candle-tts port (``candle-tts`` 0.1.3 from PyPI: Rust and candle, descended from qwen3-tts-rs) graded
+by the conformance suite, in one command:
+
+    python benchmarks/ports/candle_tts.py --suite /tmp/suite --results /tmp/candle-results
+
+1. the suite: ``--suite`` is used as it is, or made there first (``refimpl conformance make``, with the
+   ``--model`` checkpoints when given, else the tiny embedded ones);
+2. candle-tts's environment: ``benchmarks/ports/.envs/candle-tts-0.1.3/`` (git-ignored),
+   ``pip install candle-tts==0.1.3`` from a wheel (it needs no NumPy); nothing of it enters the project's
+   environment;
+3. no conversion: candle-tts reads the Hugging Face folder itself (``Engine.load(DIR, "qwen3", "cpu")``);
+4. each case it supports, in its own process (``candle_tts_worker.py`` in its environment) under a time and
+   a memory limit. Its Python route is the Base model's voice clone only: ``Engine.extract_voice(pcm,
+   sample_rate, transcript)`` returns a voice JSON whose payload holds ``speaker_embedding`` (the x-vector)
+   and, with a transcript, ``ref_codes`` (the codec encoder's codes of the reference, [T, 16]);
+   ``Engine.synthesize(text, voice, options)`` gives the audio. Greedy: options ``{"seed": 0,
+   "temperature": 0, "max_tokens": max_new_tokens, "language": ...}`` (temperature 0 is argmax; there is no
+   separate option for the code predictor). The clone cases give ``waveform.npy``, ``speaker_encoder.npy``
+   and, in context, the reference's codes under the encoder quantizer's per-layer keys; the speaker case
+   ``x_vector.npy``; the codec-encode cases ``codes.npy`` (the ``ref_codes`` of a clone in context with a
+   placeholder transcript). A case that crashes or hangs is recorded with its message and the others go on;
+   a case candle-tts cannot run is left out (the card says "not run") and the reason printed;
+5. ``refimpl conformance grade SUITE RESULTS --precision float32`` (candle-tts computes in float32 on the
+   CPU, and the suite's tiny weights are stored in float32), printed, with ``RESULTS/report.json``,
+   ``report.html`` and ``candle-tts-run.json`` (what ran, how long, the load).
+
+**candle-tts hard-codes the released sizes** (measured with 0.1.3 on the tiny checkpoints): the codec
+decoder's transformer must have 8 layers (``Missing weight: decoder.pre_transformer.layers.4...``), the
+codec encoder is built from a fixed Mimi configuration (``shape mismatch for encoder.layers.0.conv.weight,
+expected: [64, 1, 7], got: [4, 1, 7]``), and ``synthesize`` takes only a 1024-value x-vector (``Qwen prompt
+requires 1024 finite speaker values``). The Talker, the code predictor and the speaker encoder are built
+from config.json. So on the tiny suite the clone and codec-encode cases run on the suite's checkpoint as it
+is and fail to load, recorded with candle-tts's message; the speaker case runs on an **x-vector view** of the
+Base checkpoint (``--no-xvector-view`` turns it off): the same files, hard-linked, except
+``speech_tokenizer/model.safetensors``, whose codec encoder is left out (candle-tts then loads without one;
+its x-vector route never needs it) and whose decoder transformer layers are repeated up to the 8 it loads
+(never run: extracting a voice decodes nothing). The speaker encoder's weights are the suite's, untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+
+PACKAGE, VERSION = "candle-tts", "0.1.3"
+ENV_NAME = f"{PACKAGE}-{VERSION}"
+WORKER = harness.HERE / "candle_tts_worker.py"
+PRECISION = "float32"  # candle-tts computes in float32 on the CPU (its default CPU dtype; no option)
+BEHAVIOURS: list = []  # the official defaults: no generation or decode case of the tiny suite runs (see below)
+GIB = 1 << 30
+CANDLE_DECODER_LAYERS = 8  # the codec decoder transformer's layers candle-tts 0.1.3 loads, whatever config.json says
+PLACEHOLDER_REF_TEXT = "reference"  # cloning in context needs a transcript; the codes do not depend on it
+SEMANTIC = "refimpl.encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codes"
+ACOUSTIC = "refimpl.encoder.quantizer.acoustic_residual_vector_quantizer.layers.{}.codes"
+
+NO_DECODE = "candle-tts decodes only the codes it generates: its Python API takes text, not codes"
+BASE_ONLY = (
+    "candle-tts's Python route is the Base model's voice clone only (extract_voice + synthesize): no preset "
+    "speaker (CustomVoice) and no instruct (VoiceDesign)"
+)
+BATCH = "a batch of prompts: synthesize takes one text"
+SAMPLED = "sampling replayed from recorded uniforms: candle-tts draws from its own seeded generator"
+NEEDS_BASE = "candle-tts encodes audio only in extract_voice, which needs a Base checkpoint, and the suite has none"
+
+
+def plan_case(case: dict, dirs: dict, same_tokenizer: bool) -> tuple:
+    """(action for candle_tts_worker, checkpoint kind) or (None, why candle-tts cannot run the case)."""
+    stage, options = case["stage"], case["options"]
+    if stage == "codec-decode":
+        return None, NO_DECODE
+    if stage in ("codec-encode", "speaker"):
+        if "base" not in dirs:
+            return None, NEEDS_BASE
+        if stage == "codec-encode" and not same_tokenizer:
+            return None, "the Base checkpoint's speech tokenizer is not the one the case ran on"
+        return ("encode" if stage == "codec-encode" else "speaker"), "base"
+    reasons = [] if stage == "clone" else [BASE_ONLY]
+    if isinstance(options.get("text"), list):
+        reasons.append(BATCH)
+    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
+        reasons.append(SAMPLED)
+    if reasons:
+        return None, "; ".join(reasons)
+    return "clone", case["checkpoint"]
+
+
+def xvector_view(directory: Path, sha: str) -> tuple:
+    """(the folder, what was changed): ``directory`` with its codec encoder left out and its codec decoder
+    transformer's layers repeated up to the CANDLE_DECODER_LAYERS that candle-tts loads; every other file
+    hard-linked (or copied). Made once, beside the environment, by weights hash."""
+    from refimpl.io.checkpoint import read_safetensors_file, write_safetensors_file
+
+    view = harness.ENVS / ENV_NAME / "views" / f"xvector-{sha[:16]}"
+    tokenizer = directory / "speech_tokenizer" / "model.safetensors"
+    header_names = _tensor_names(tokenizer)
+    prefix = "decoder.pre_transformer.layers."
+    layers = sorted({int(n[len(prefix) :].split(".")[0]) for n in header_names if n.startswith(prefix)})
+    changes = {"encoder_left_out": sum(n.startswith("encoder.") for n in header_names), "decoder_layers": len(layers)}
+    if (view / ".made").is_file():
+        return view, dict(changes, cached=True)
+    shutil.rmtree(view, ignore_errors=True)
+    partial = view.with_name(view.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    for src in sorted(directory.rglob("*")):
+        dst = partial / src.relative_to(directory)
+        if src.is_dir():
+            dst.mkdir(parents=True, exist_ok=True)
+        elif src != tokenizer:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, dst)  # a hard link: the view outlives a suite that is moved or deleted
+            except OSError:
+                shutil.copy2(src, dst)
+    tensors = read_safetensors_file(tokenizer)  # float32 (the speech tokenizers' own dtype), read-only views
+    kept = {n: t for n, t in tensors.items() if not n.startswith("encoder.")}
+    for name, t in tensors.items():
+        if name.startswith(prefix):
+            i, rest = name[len(prefix) :].split(".", 1)
+            for j in range(len(layers), CANDLE_DECODER_LAYERS):
+                if layers[j % len(layers)] == int(i):
+                    kept[f"{prefix}{j}.{rest}"] = t
+    (partial / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
+    write_safetensors_file(partial / "speech_tokenizer" / "model.safetensors", kept, dtype="keep")
+    (partial / ".made").write_text(json.dumps(changes) + "\n")
+    os.replace(partial, view)
+    return view, changes
+
+
+def _tensor_names(path: Path) -> list:
+    from refimpl.io.checkpoint import read_safetensors_header
+
+    header, _, _ = read_safetensors_header(path)
+    return list(header)
+
+
+def read_pcm(path: Path) -> tuple:
+    """(samples as a list of floats, sample rate) of a suite's input WAV, mono."""
+    from refimpl.io.audio import read_wav
+
+    samples, rate = read_wav(path)
+    if samples.ndim != 1:
+        raise SystemExit(f"{path}: {samples.shape[1]} channels; the suite's inputs are mono")
+    return [float(v) for v in samples], int(rate)
+
+
+def job_of(case: dict, action: str, model: Path, out: Path) -> dict:
+    options, case_dir = case["options"], Path(case["_suite"]) / "cases" / case["name"]
+    job = {"case": case["name"], "action": action, "model": str(model), "out": str(out)}
+    audio = case["inputs"]["ref_audio" if action == "clone" else "audio"]
+    job["pcm"], job["sample_rate"] = read_pcm(case_dir / audio)
+    if action == "speaker":
+        return dict(job, transcript=None)
+    if action == "encode":
+        return dict(job, transcript=PLACEHOLDER_REF_TEXT)
+    job["transcript"] = None if options.get("x_vector_only_mode") else options.get("ref_text")
+    job["text"] = options["text"]
+    language = options.get("language") or "auto"
+    job["options"] = {"seed": 0, "temperature": 0, "max_tokens": options["max_new_tokens"], "language": language}
+    return job
+
+
+def write_outputs(action: str, given: dict, out: Path) -> None:
+    """The suite's plain names from what the worker wrote (``.candle-case.json``)."""
+    import numpy as np
+
+    voice = given["voice"]
+    x_vector = np.asarray(voice["speaker_embedding"], dtype=np.float32)
+    if action == "speaker":
+        np.save(out / "x_vector.npy", x_vector)
+    elif action == "encode":
+        np.save(out / "codes.npy", np.asarray(voice["ref_codes"], dtype=np.int64))
+    else:
+        np.save(out / "speaker_encoder.npy", x_vector[None])
+        if voice.get("ref_codes"):
+            codes = np.asarray(voice["ref_codes"], dtype=np.int64)  # [T, 16]: codebook 0 semantic, 1..15 acoustic
+            np.save(out / f"{SEMANTIC}.npy", codes[None, :, 0])
+            for j in range(1, codes.shape[1]):
+                np.save(out / f"{ACOUSTIC.format(j - 1)}.npy", codes[None, :, j])
+        if given["sample_rate"] != 24000:
+            raise ValueError(f"candle-tts gave audio at {given['sample_rate']} Hz; the suite's is 24 kHz")
+        np.save(out / "waveform.npy", np.asarray(given["samples"], dtype=np.float32))
+
+
+def tokenizer_hash(directory: Path) -> str:
+    from refimpl.porting.trace_files import weights_hash
+
+    return weights_hash(directory / "speech_tokenizer")
+
+
+def child_env(threads: int) -> dict:
+    return dict(harness.child_env(threads), RAYON_NUM_THREADS=str(threads))
+
+
+def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
+    suite, results = Path(args.suite), Path(args.results)
+    codec_kind = next((c["checkpoint"] for c in manifest["cases"] if c["stage"].startswith("codec")), None)
+    same = "base" in dirs and codec_kind in dirs and tokenizer_hash(dirs["base"]) == tokenizer_hash(dirs[codec_kind])
+    record = {"port": f"{PACKAGE} {VERSION}", "machine": harness.machine(), "views": {}, "cases": {}}
+    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
+    jobs = Path(tempfile.mkdtemp(prefix="candle-jobs-"))
+    try:
+        for case in manifest["cases"]:
+            name = case["name"]
+            if name not in wanted:
+                continue
+            out = results / name
+            shutil.rmtree(out, ignore_errors=True)
+            action, kind = plan_case(case, dirs, same)
+            if action is None:
+                record["cases"][name] = {"status": "not run", "reason": kind}
+                continue
+            model = dirs[kind]
+            entry = {"status": "ran", "action": action, "checkpoint": str(model)}
+            if action == "speaker" and args.xvector_view:
+                sha = manifest["checkpoints"][kind]["weights_sha256"]
+                model, changes = xvector_view(dirs[kind], sha)
+                record["views"][kind] = dict(changes, folder=str(model))
+                entry.update(checkpoint=str(model), view="x-vector view of " + kind)
+            job = job_of(dict(case, _suite=str(suite)), action, model, out)
+            (jobs / f"{name}.json").write_text(json.dumps(job))
+            print(f"{name}: candle-tts {action} ...", flush=True)
+            argv = [str(python), "-I", str(WORKER), str(jobs / f"{name}.json")]
+            run = harness.run_limited(argv, args.timeout, args.memory_gib * GIB, child_env(args.threads))
+            entry["seconds"] = run["seconds"]
+            if run["rc"] == 0:
+                given = json.loads((out / ".candle-case.json").read_text())
+                try:
+                    write_outputs(action, given, out)
+                except (KeyError, TypeError, ValueError) as e:  # the voice JSON or audio is not what we read
+                    run.update(rc=1, output=f"{run['output']}\nreading candle-tts's output: {e!r}")
+                else:
+                    given.pop("samples", None)
+                    entry["candle"] = {k: v for k, v in given.items() if k != "voice"}
+                    entry["candle"]["voice_sizes"] = {k: _size(v) for k, v in given["voice"].items()}
+            if run["rc"] != 0:
+                what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
+                lines = run["output"].strip().splitlines()
+                # the error line: the last one naming an error, before a Rust backtrace when there is one
+                last = next((x for x in reversed(lines) if "Error" in x), lines[-1] if lines else "")
+                entry.update(status="failed", message=f"{what}: {last.strip()}", output=run["output"])
+                shutil.rmtree(out, ignore_errors=True)  # a half-written case is not graded
+            record["cases"][name] = entry
+    finally:
+        shutil.rmtree(jobs, ignore_errors=True)
+    record["machine"]["load_average_1min_after"] = round(harness.load_average(), 2)
+    return record
+
+
+def _size(value):
+    """The shape of a voice payload field, for the record: [rows, columns], [n], or the value itself."""
+    if isinstance(value, list):
+        return [len(value), len(value[0])] if value and isinstance(value[0], list) else [len(value)]
+    return value
+
+
+def summary(record: dict) -> list:
+    lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
+    lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
+    for kind, v in record["views"].items():
+        how = "cached" if v.get("cached") else "made"
+        lines.append(
+            f"  x-vector view of {kind} ({how}): {v['encoder_left_out']} codec encoder tensors left out, "
+            f"decoder transformer's {v['decoder_layers']} layers repeated to {CANDLE_DECODER_LAYERS}"
+        )
+    for name, c in record["cases"].items():
+        if c["status"] == "not run":
+            lines.append(f"  {name}: not run: {c['reason']}")
+        elif c["status"] == "failed":
+            lines.append(f"  {name}: FAILED TO RUN ({c['seconds']} s): {c['message']}")
+        else:
+            v = c["candle"]
+            steps = [f"load {v['load_s']} s", f"voice {v['voice_s']} s"]
+            steps += [f"synthesize {v['synthesize_s']} s"] if "synthesize_s" in v else []
+            view = f"; {c['view']}" if c.get("view") else ""
+            lines.append(f"  {name}: candle-tts {c['action']} in {c['seconds']} s ({', '.join(steps)}){view}")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", required=True, help="a conformance suite (made there first when absent)")
+    ap.add_argument("--results", required=True, help="RESULTS: one folder per case, the reports")
+    ap.add_argument("--model", action="append", default=[], help="checkpoint directory (repeat): a suite's checkpoints")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per case")
+    ap.add_argument("--memory-gib", type=int, default=12, help="address-space limit of each candle-tts process")
+    ap.add_argument("--cases", nargs="*", help="only these cases")
+    ap.add_argument(
+        "--no-xvector-view",
+        dest="xvector_view",
+        action="store_false",
+        help="run the speaker case on the suite's checkpoint as it is (it fails to load where candle-tts's "
+        "hard-coded codec sizes are not the checkpoint's)",
+    )
+    args = ap.parse_args(argv)
+    args.model = [Path(m) for m in args.model]
+    suite, results = Path(args.suite), Path(args.results)
+    manifest = harness.ensure_suite(suite, args.model)
+    dirs = harness.checkpoint_dirs(suite, manifest, args.model)
+    python = harness.ensure_venv(ENV_NAME, f"{PACKAGE}=={VERSION}", "candle_tts", VERSION)
+    results.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    record = run_cases(python, manifest, dirs, args)
+    record.update(seconds=round(time.perf_counter() - t0, 1), behaviours=BEHAVIOURS, precision=PRECISION)
+    (results / "candle-tts-run.json").write_text(json.dumps(record, indent=1) + "\n")
+    report, text = harness.grade(suite, results, PRECISION, BEHAVIOURS)
+    print(text)
+    print("\n".join(summary(record)))
+    print(f"reports: {results / 'report.html'}, {results / 'report.json'}, {results / 'candle-tts-run.json'}")
+    from refimpl.porting.conformance.grade import exit_status
+
+    crashed = any(c["status"] == "failed" for c in record["cases"].values())
+    return max(exit_status(report), 1 if crashed else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
