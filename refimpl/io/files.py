@@ -14,7 +14,8 @@ Input.  Every file the tools read goes through three checks before its content i
 - ``read_limited``: the size is bounded before reading: a regular file larger than the limit is refused
   from its size, anything else (a pipe, a terminal, ``/dev/zero``) is read up to the limit and refused
   past it, a directory is refused;
-- ``parse_json``: JSON nested deeper than ``MAX_JSON_DEPTH`` is an error (not a RecursionError);
+- ``parse_json``: JSON nested deeper than ``MAX_JSON_DEPTH`` is an error (not a RecursionError), and so is
+  an integer of more than ``MAX_JSON_INT_DIGITS`` digits (not Python's own ValueError, which names no file);
 - ``plain_file_name``: a name that comes from input and becomes part of an output or input path is a
   plain file name (no folder part, no ``..``, not absolute).
 
@@ -48,6 +49,7 @@ __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_INPUT_BYTES",
+    "MAX_JSON_INT_DIGITS",
 ]
 
 
@@ -151,6 +153,7 @@ def write_atomically(path, data) -> None:
 MAX_JSON_BYTES = 100_000_000  # a JSON file (config, index, tokenizer) or header: the safetensors limit
 MAX_JSON_DEPTH = 64  # released configs nest 4 levels, trace metadata (a config inside) 7
 MAX_INPUT_BYTES = 1 << 28  # 256 MiB: a codes file, a cases file, text on standard input
+MAX_JSON_INT_DIGITS = 4300  # Python's default limit of int(str): no JSON number we read has more than 20
 
 
 def read_limited(source, limit: int, what: str, error=InputError, regular_only: bool = False) -> bytes:
@@ -211,24 +214,47 @@ def json_depth_at_most(value, limit: int) -> bool:
 
 
 def _unique_keys(pairs):
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise _RepeatedKey(next(k for k in keys if keys.count(k) > 1))
-    return dict(pairs)
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen = set()
+        raise _RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return value
 
 
 class _RepeatedKey(Exception):
     pass
 
 
+class _LongInteger(Exception):
+    pass
+
+
+def _json_integer(text: str) -> int:
+    """A JSON integer, refused past ``MAX_JSON_INT_DIGITS`` digits before it is converted (Python's own
+    limit, ``sys.set_int_max_str_digits``, depends on the environment and names no file; without a limit
+    the conversion is quadratic in the digits)."""
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_JSON_INT_DIGITS:
+        raise _LongInteger(digits)
+    try:
+        return int(text)
+    except ValueError:  # PYTHONINTMAXSTRDIGITS set lower than our limit
+        raise _LongInteger(digits) from None
+
+
 def parse_json(text, what: str, error=InputError, max_depth: int = MAX_JSON_DEPTH, unique_keys: bool = False):
     """``json.loads`` with every failure one ``error`` naming ``what``: malformed JSON, text that is not
     UTF-8, nesting deeper than ``max_depth`` (Python's decoder would raise RecursionError past ~1000),
-    and with ``unique_keys`` an object that repeats a key (``json`` would keep the last silently)."""
+    an integer of more than ``MAX_JSON_INT_DIGITS`` digits, and with ``unique_keys`` an object that
+    repeats a key (``json`` would keep the last silently)."""
     try:
-        value = json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None)
+        value = json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None, parse_int=_json_integer)
     except _RepeatedKey as e:
         raise error(f"{what}: the key {e.args[0]!r} appears twice in one object") from None
+    except _LongInteger as e:
+        raise error(
+            f"{what}: a JSON integer of {e.args[0]} digits (at most {MAX_JSON_INT_DIGITS} digits are read)"
+        ) from None
     except json.JSONDecodeError as e:
         raise error(f"{what} is not valid JSON: {e}") from None
     except UnicodeDecodeError as e:

@@ -30,7 +30,7 @@ MEMORY_LIMIT = 3 << 30  # address space of a child: Python, NumPy and Numba fit;
 CODES_16 = [list(range(16))]  # one frame of codes for the tiny codec (codebook 64)
 
 
-def run(*args, memory: int | None = MEMORY_LIMIT, file_size: int | None = None, env=None, stdin=None):
+def run(*args, memory: int | None = MEMORY_LIMIT, file_size: int | None = None, env=None, stdin=None, timeout=300):
     """``refimpl ARGS`` in a fresh process under an address-space (and optionally a file-size) limit."""
 
     def limit():
@@ -45,7 +45,7 @@ def run(*args, memory: int | None = MEMORY_LIMIT, file_size: int | None = None, 
         capture_output=True,
         text=True,
         env=env or ENV,
-        timeout=300,
+        timeout=timeout,
         preexec_fn=limit,
         stdin=stdin,
     )
@@ -397,3 +397,42 @@ def test_replayed_draws_must_be_uniforms(tmp_path):
     )  # fmt: skip
     assert r.returncode == 1 and "random_draws[0] is nan, not a uniform in [0, 1)" in r.stderr, r.stderr
     assert not (tmp_path / "t.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------- JSON integers
+
+
+LONG = "9" * 5000  # digits of an integer past Python's 4300-digit limit of int(str)
+
+
+def test_json_integers_of_thousands_of_digits_name_the_file(tmp_path, capsys):
+    """Python's own "Exceeds the limit (4300 digits) for integer string conversion" names no file: every
+    JSON read (configs, case files, trace headers and metadata, name maps) refuses such an integer as one
+    error naming the file, with the status of that command."""
+    reference = small_trace(tmp_path / "ref.safetensors")
+    header = '{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, ' + LONG + "]}}"
+    (tmp_path / "header.safetensors").write_bytes(safetensors_bytes(header.encode(), bytes(8)))
+    assert_unusable(capsys, reference, tmp_path / "header.safetensors", "header.safetensors", "5000 digits")
+    metadata = '{"__metadata__": {"refimpl.trace": "{\\"order\\": [], \\"x\\": ' + LONG + '}"}}'
+    (tmp_path / "meta.safetensors").write_bytes(safetensors_bytes(metadata.encode()))
+    assert_unusable(capsys, reference, tmp_path / "meta.safetensors", "meta.safetensors", "5000 digits")
+    case = '{"name": "a", "stage": "say", "input": "Hi.", "options": {"speaker": "vivian", "seed": ' + LONG + "}}"
+    cases = write_lines(tmp_path / "cases.jsonl", case)
+    assert main(["golden", "--cases", cases, "-o", str(tmp_path / "out"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert f"refimpl: error: {cases}:1: the line: a JSON integer of 5000 digits" in err, err
+
+
+def test_a_config_integer_of_thousands_of_digits_names_the_file(tmp_path):
+    import shutil
+
+    from conftest import CHECKPOINTS
+
+    model = tmp_path / "m"
+    shutil.copytree(CHECKPOINTS / "tiny-speech-tokenizer", model)
+    text = (model / "config.json").read_text()
+    (model / "config.json").write_text(text.replace("{", '{"huge": ' + LONG + ", ", 1))
+    np.save(tmp_path / "codes.npy", np.zeros((2, 16), np.int64))
+    r = run("codec", "decode", tmp_path / "codes.npy", "-o", tmp_path / "o.wav", "--model", model)
+    assert r.returncode == 1, r.stderr
+    assert "config.json: a JSON integer of 5000 digits" in r.stderr and "Exceeds" not in r.stderr, r.stderr
