@@ -171,7 +171,7 @@ def read_forced_codes(path) -> list:
     if str(path).endswith(".npy"):
         return [read_codes(path)]
     trace = trace_files.load_trace(path)
-    codes = [trace[k] for k in trace.keys if k.startswith("refimpl.codes.")]
+    codes = [v for k, v in trace.items if k.startswith("refimpl.codes.")]
     if not codes:
         raise ValueError(f"{path} is neither a codes .npy nor a trace with refimpl.codes.* tensors")
     return codes

@@ -362,7 +362,7 @@ def summarise(keys: list, groups: int = 4) -> str:
     """The most common module prefixes of ``keys`` (call suffixes dropped), with counts."""
     from collections import Counter
 
-    prefixes = Counter(".".join(k.split(":")[0].split(".")[:3]) for k in keys)
+    prefixes = Counter(".".join(k.split(":", 1)[0].split(".", 3)[:3]) for k in keys)
     parts = [f"{p}* {n}" for p, n in prefixes.most_common(groups)]
     if len(prefixes) > groups:
         parts.append(f"{len(prefixes) - groups} other groups")
@@ -704,23 +704,37 @@ def precision_eps(precision: str) -> float:
     return EPS.get(precision, float(np.finfo(np.float64).eps))
 
 
+HINT_PREFIX_PARTS = 3  # prefixes of at most this many dotted parts are looked for (decoder., talker.model.)
+
+
+def dotted_prefixes(key: str, parts: int = HINT_PREFIX_PARTS):
+    """(prefix, rest) for the first ``parts`` dots of ``key``: ``"a.b.c"`` -> ("a.", "b.c"), ("a.b.", "c").
+    Bounded work per key, whatever its dots (a key of 200,000 dots would otherwise give 200,000 suffixes)."""
+    i = -1
+    for _ in range(parts):
+        i = key.find(".", i + 1)
+        if i < 0:
+            return
+        yield key[: i + 1], key[i + 1 :]
+
+
 def prefix_hint(reference_keys: list, candidate_keys: list) -> str | None:
     """When the candidate's names are the reference's with a prefix added or removed (``decoder.``), say so."""
     from collections import Counter
 
     ref = set(reference_keys)
-    prefix_of = {}  # a reference key's every dotted suffix -> the prefix before it
+    prefix_of = {}  # a reference key's dotted suffixes (after at most HINT_PREFIX_PARTS parts) -> the prefix
     for r in reference_keys:
-        for i, ch in enumerate(r):
-            if ch == ".":
-                prefix_of.setdefault(r[i + 1 :], r[: i + 1])
+        for prefix, rest in dotted_prefixes(r):
+            prefix_of.setdefault(rest, prefix)
     found = Counter()
     for k in candidate_keys:
         if k in prefix_of:
             found["add " + prefix_of[k]] += 1
-        head, _, rest = k.partition(".")
-        if rest in ref:
-            found["strip " + head + "."] += 1
+        for prefix, rest in dotted_prefixes(k):
+            if rest in ref:
+                found["strip " + prefix] += 1
+                break
     if not found:
         return None
     ((how, n),) = found.most_common(1)

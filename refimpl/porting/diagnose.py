@@ -121,7 +121,7 @@ def step_key(keys: set, base: str, n: int) -> str | None:
 def generation_settings(metadata: dict) -> sampling.SamplingSettings:
     g = dict(metadata.get("generation") or {})
     fields = {f.name for f in dataclasses.fields(sampling.SamplingSettings)}
-    return sampling.SamplingSettings(**{k: v for k, v in g.items() if k in fields})
+    return sampling.SamplingSettings(**{k: v for k, v in g.items() if k in fields and v is not None})
 
 
 def eos_of(metadata: dict) -> int | None:
@@ -225,17 +225,19 @@ def diagnose(reference, candidate, report, tolerance_of) -> list:
     ``MAX_DIAGNOSED`` with a verdict).  Runs of another length cap (the codes row's ``compared_frames``)
     are compared over the frames both have.  ``report``: the ``compare.Report`` of the same two traces;
     ``tolerance_of(logits)``: the allowed error of a logits array at the precision compared."""
-    keys = set(reference.keys)
+    ref_keys = reference.keys  # (a Trace builds the list on each call)
+    keys = set(ref_keys)
     cand = dict(candidate.items)
     arrays = dict(reference.items)  # key -> array (a Trace looks keys up one by one)
-    order = {k: i for i, k in enumerate(reference.keys)}
+    order = {k: i for i, k in enumerate(ref_keys)}
+    batch = sum(k.startswith(CODES_PREFIX) for k in ref_keys)
     failing = [r.key for r in report.rows if not r.ok and not r.exact and not is_sampling_key(r.key)]
     forced = bool((reference.metadata.get("generation") or {}).get("forced"))
     settings = generation_settings(reference.metadata)
     eos_id = eos_of(reference.metadata)
     compared = {r.key: r.compared_frames for r in report.rows}
     out = []
-    for key in reference.keys:
+    for key in ref_keys:
         if not key.startswith(CODES_PREFIX) or key not in cand:
             continue
         ref_codes, cand_codes = as_frames(arrays[key]), as_frames(cand[key])
@@ -244,7 +246,6 @@ def diagnose(reference, candidate, report, tolerance_of) -> list:
         if compared.get(key) is not None:  # runs of another length cap: the frames both have
             ref_codes, cand_codes = ref_codes[: compared[key]], cand_codes[: compared[key]]
         item = int(key[len(CODES_PREFIX) :]) if key[len(CODES_PREFIX) :].isdigit() else 0
-        batch = sum(k.startswith(CODES_PREFIX) for k in reference.keys)
         found = code_divergences(ref_codes, cand_codes, eos_id)
         for n, (frame, codebook, r, c) in enumerate(found if forced else found[:1]):
             d = Divergence(key, frame, codebook, r, c)

@@ -51,6 +51,7 @@ __all__ = [
     "METADATA_KEY",
     "STAGES",
     "NOT_TRACED",
+    "MAX_KEY_CHARS",
 ]
 
 METADATA_KEY = "refimpl.trace"
@@ -129,6 +130,18 @@ class TraceError(InputError):
     """A trace file cannot be used: not safetensors or npz, malformed, or holding non-numeric tensors."""
 
 
+# a trace key is a module path with a call suffix (the longest official one has 70 characters); a longer
+# key is refused when the trace is loaded, so that the work per key (names, prefixes, maps) stays bounded
+MAX_KEY_CHARS = 1024
+
+
+def check_key(path, name: str) -> None:
+    if len(name) > MAX_KEY_CHARS:
+        raise TraceError(
+            f"{path}: tensor name {name[:40]!r}... is {len(name)} characters long, over the limit of {MAX_KEY_CHARS}"
+        )
+
+
 # deflate cannot expand data by more than about 1032 times: an npz member claiming more is a lie (or a
 # zip bomb), refused before it is decompressed
 MAX_DEFLATE_RATIO = 1100
@@ -169,6 +182,7 @@ def load_trace(path) -> Trace:
         if not metadata.get("order"):  # the file's own order (offsets)
             metadata["order"] = sorted(header, key=lambda k: header[k]["data_offsets"][0])
     for name, array in arrays.items():
+        check_key(path, name)
         if array.dtype.kind not in NUMERIC_KINDS:
             raise TraceError(f"{path}: tensor {name!r} has dtype {array.dtype}, not a number (bool, int, float)")
     order = list(dict.fromkeys(k for k in metadata.get("order", []) if k in arrays))
@@ -178,16 +192,79 @@ def load_trace(path) -> Trace:
 
 
 def trace_metadata(raw, path) -> dict:
-    """The metadata JSON of a trace (None: none recorded): an object whose ``order``, if given, lists names."""
+    """The metadata JSON of a trace (None: none recorded): an object whose ``order``, if given, lists names,
+    and whose fields that refimpl reads have their types (``check_metadata``)."""
     if raw is None:
         return {}
     metadata = parse_json(raw, f"{path}: trace metadata", TraceError)
     if not isinstance(metadata, dict):
-        raise TraceError(f"{path}: the trace metadata must be a JSON object, found a JSON {type(metadata).__name__}")
+        raise TraceError(f"{path}: the trace metadata must be a JSON object, found a JSON {json_type(metadata)}")
     order = metadata.get("order")
     if order is not None and not (isinstance(order, list) and all(isinstance(k, str) for k in order)):
         raise TraceError(f"{path}: the trace metadata's order must be a list of tensor names")
+    check_metadata(metadata, path)
     return metadata
+
+
+JSON_TYPES = {dict: "object", list: "list", str: "string", bool: "boolean", int: "integer", float: "number"}
+
+
+def json_type(value) -> str:
+    return "null" if value is None else JSON_TYPES.get(type(value), type(value).__name__)
+
+
+# The metadata fields refimpl reads (compare, diagnose, --replay, the conformance grader) and what each must
+# be when present and not null; anything else in the metadata is kept and never interpreted.
+METADATA_OBJECTS = ("config", "input", "generation")
+METADATA_STRINGS = ("stage", "dtype", "producer", "model_dir", "weights_sha256")
+# (object, field, least value) of the counts read from inside them
+METADATA_COUNTS = (
+    ("input", "frames", 0),
+    ("input", "eos_token_id", 0),
+    ("input", "max_new_tokens", 1),
+    ("generation", "max_new_tokens", 1),
+    ("generation", "min_new_tokens", 0),
+)
+
+
+def is_count(value, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def check_metadata(metadata: dict, path) -> None:
+    """The types of the metadata fields refimpl reads: one ``TraceError`` naming the file and the field
+    (a trace's metadata comes from outside: a port's dump, an edited file)."""
+
+    def bad(field: str, what: str, value):
+        found = json_type(value)
+        raise TraceError(f"{path}: the trace metadata's {field} must be {what} (or null), found a JSON {found}")
+
+    for field in METADATA_STRINGS:
+        if metadata.get(field) is not None and not isinstance(metadata[field], str):
+            bad(field, "a string", metadata[field])
+    for field in METADATA_OBJECTS:
+        if metadata.get(field) is not None and not isinstance(metadata[field], dict):
+            bad(field, "a JSON object", metadata[field])
+    for parent, field, least in METADATA_COUNTS:
+        value = (metadata.get(parent) or {}).get(field)
+        if value is not None and not is_count(value, least):
+            bad(f"{parent}.{field}", f"an integer >= {least}", value)
+    talker = (metadata.get("config") or {}).get("talker_config")
+    if talker is not None and not isinstance(talker, dict):
+        bad("config.talker_config", "a JSON object", talker)
+    eos = (talker or {}).get("codec_eos_token_id")
+    if eos is not None and not is_count(eos):
+        bad("config.talker_config.codec_eos_token_id", "an integer >= 0", eos)
+    generation = metadata.get("generation") or {}
+    if generation.get("forced") is not None and not isinstance(generation["forced"], bool):
+        bad("generation.forced", "true or false", generation["forced"])
+    from ..sampling import SamplingSettings
+
+    fields = {f.name for f in dataclasses.fields(SamplingSettings)}
+    try:
+        SamplingSettings(**{k: v for k, v in generation.items() if k in fields and v is not None}).validate()
+    except ValueError as e:
+        raise TraceError(f"{path}: the trace metadata's generation: {e}") from None
 
 
 SAFETENSORS_DTYPES = {code: stored.str for code, stored in STORED_DTYPES.items() if code != "BF16"}
@@ -218,6 +295,7 @@ def read_npz_trace(path) -> tuple:
     with archive:
         for member in archive.infolist():
             name = member.filename[:-4] if member.filename.endswith(".npy") else member.filename
+            check_key(path, name)
             where = f"{path}: member {member.filename!r}"
             if name in arrays:
                 raise TraceError(f"{where} appears twice")

@@ -399,6 +399,82 @@ def test_replayed_draws_must_be_uniforms(tmp_path):
     assert not (tmp_path / "t.safetensors").exists()
 
 
+# ----------------------------------------------------------------------------- trace keys and metadata
+
+
+@pytest.mark.parametrize("fmt, dots", [("safetensors", 200_000), ("npz", 30_000)])  # a zip name: < 64 KiB
+def test_a_key_of_200000_dots_is_refused_in_bounded_memory(tmp_path, fmt, dots):
+    """One key of 200,000 dots (a 400 KB file): its every dotted suffix would be 40 GB of strings (compare's
+    prefix hint built them); keys are at most 1024 characters, refused when the trace is loaded."""
+    small_trace(tmp_path / f"ref.{fmt}")
+    Trace([("a." * dots, np.ones(2, np.float32))], {}).save(tmp_path / f"dots.{fmt}")
+    assert (tmp_path / f"dots.{fmt}").stat().st_size < 1_000_000
+    for pair in ((f"ref.{fmt}", f"dots.{fmt}"), (f"dots.{fmt}", f"ref.{fmt}")):
+        r = run("compare", *(tmp_path / name for name in pair), timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert f"{2 * dots} characters long, over the limit of 1024" in r.stderr, r.stderr
+        assert "MemoryError" not in r.stderr, r.stderr
+
+
+def test_the_prefix_hint_looks_at_a_few_dotted_parts_of_a_key():
+    """Work per key is bounded by its length, whatever its dots: the hint tries prefixes of at most three
+    parts (``decoder.``, ``talker.model.``)."""
+    from refimpl.porting.compare import dotted_prefixes, prefix_hint
+
+    assert list(dotted_prefixes("a." * 500)) == [("a.", "a." * 499), ("a.a.", "a." * 498), ("a.a.a.", "a." * 497)]
+    ref = ["decoder.pre_conv", "decoder.upsample.0.1.norm", "decoder"]
+    assert "prefix 'decoder.' added" in prefix_hint(ref, ["pre_conv", "upsample.0.1.norm"])
+    assert "prefix 'model.' removed" in prefix_hint(ref, ["model.decoder.pre_conv", "model.decoder"])
+
+
+BAD_METADATA = [
+    ({"config": "Qwen3-TTS"}, "the trace metadata's config must be a JSON object (or null), found a JSON string"),
+    ({"generation": [1, 2]}, "the trace metadata's generation must be a JSON object (or null), found a JSON list"),
+    ({"input": ["Hi."]}, "the trace metadata's input must be a JSON object (or null), found a JSON list"),
+    ({"stage": 3}, "the trace metadata's stage must be a string"),
+    ({"input": {"frames": "7"}}, "the trace metadata's input.frames must be an integer >= 0"),
+    ({"input": {"eos_token_id": True}}, "the trace metadata's input.eos_token_id must be an integer >= 0"),
+    ({"config": {"talker_config": [1]}}, "the trace metadata's config.talker_config must be a JSON object"),
+    ({"config": {"talker_config": {"codec_eos_token_id": -1}}}, "config.talker_config.codec_eos_token_id"),
+    ({"generation": {"temperature": "hot"}}, "generation: temperature must be a positive number, got 'hot'"),
+    ({"generation": {"top_k": 1.5}}, "generation: top_k must be a non-negative integer, got 1.5"),
+    ({"generation": {"forced": "yes"}}, "the trace metadata's generation.forced must be true or false"),
+]
+
+
+@pytest.mark.parametrize("metadata, fragment", BAD_METADATA)
+def test_metadata_of_the_wrong_types_is_unusable_input(tmp_path, capsys, metadata, fragment):
+    """Compare and diagnose read ``config``, ``input`` and ``generation``: a string or a list there (a
+    port's hand-written metadata) is one error naming the file and the field, never an internal error.  The
+    codes differ, so that the diagnosis of the first divergent code reads the metadata too."""
+    codes = np.arange(32).reshape(2, 16)
+    items = [("talker.codec_head:0", np.ones((1, 2, 8), np.float32)), ("refimpl.codes.0", codes)]
+    reference = Trace(items, {"stage": "say"}).save(tmp_path / "ref.safetensors")
+    bad = Trace([items[0], ("refimpl.codes.0", codes + 1)], dict(metadata)).save(tmp_path / "bad.safetensors")
+    assert_unusable(capsys, reference, bad, "bad.safetensors", fragment)
+    assert_unusable(capsys, bad, reference, "bad.safetensors", fragment)
+    with pytest.raises(TraceError, match="bad.safetensors: the trace metadata"):
+        load_trace(bad)
+
+
+@pytest.fixture(scope="module")
+def sampled_trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sampled") / "say.safetensors"
+    assert main(["trace", "say", "Hi.", "--speaker", "vivian", "--max-new-tokens", "3", "-q", "-o", str(path)]) == 0
+    return load_trace(path)
+
+
+@pytest.mark.parametrize("metadata, fragment", BAD_METADATA[:3])
+def test_replay_of_a_trace_whose_metadata_have_the_wrong_types(tmp_path, capsys, sampled_trace, metadata, fragment):
+    """``trace --replay`` reads the recorded ``input`` and ``stage``: one error (status 1) naming the field."""
+    Trace(sampled_trace.items, dict(sampled_trace.metadata, **metadata)).save(tmp_path / "bad.safetensors")
+    args = ["trace", "say", "Hi.", "--speaker", "vivian", "--max-new-tokens", "3", "-q"]
+    assert main([*args, "--replay", str(tmp_path / "bad.safetensors"), "-o", str(tmp_path / "t.safetensors")]) == 1
+    err = capsys.readouterr().err
+    assert "refimpl: error:" in err and fragment in err and "internal error" not in err, err
+    assert not (tmp_path / "t.safetensors").exists()
+
+
 # ----------------------------------------------------------------------------- JSON integers
 
 
@@ -436,3 +512,65 @@ def test_a_config_integer_of_thousands_of_digits_names_the_file(tmp_path):
     r = run("codec", "decode", tmp_path / "codes.npy", "-o", tmp_path / "o.wav", "--model", model)
     assert r.returncode == 1, r.stderr
     assert "config.json: a JSON integer of 5000 digits" in r.stderr and "Exceeds" not in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------- scale
+
+LAYER_MODULES = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+
+
+def generation_like(n: int, seed: int = 0) -> Trace:
+    """``n`` small tensors named as a generation trace names them (per-call ``:N`` suffixes, the sampling
+    scores, the codes and draws), as 25 frames at the released size make about 40,000."""
+    rng = np.random.default_rng(seed)
+    items, call = [], 0
+    while len(items) < n - 2:
+        for layer in range(5):
+            for module in LAYER_MODULES:
+                items.append((f"talker.code_predictor.model.layers.{layer}.{module}:{call}", rng.random(8)))
+        items.append((f"refimpl.talker.code_predictor.sampling.logits:{call}", rng.random((1, 8))))
+        call += 1
+    items = items[: n - 2] + [
+        ("refimpl.codes.0", rng.integers(0, 8, (25, 16))),
+        ("refimpl.random_draws", rng.random(400)),
+    ]
+    return Trace(items, {"stage": "say", "generation": {"do_sample": True, "seed": 0}})
+
+
+def compare_cost(tmp_path, n: int) -> float:
+    """CPU seconds of what ``refimpl compare`` does with two traces of ``n`` tensors (the candidate's codes
+    differ at one frame): load both, compare (with the diagnosis of the differing code), the table, the
+    JSON, a name map, the prefix hint."""
+    import time
+
+    from refimpl.porting.compare import compare_traces, prefix_hint, report_json
+    from refimpl.porting.name_maps import NameMap
+
+    reference = generation_like(n)
+    candidate = Trace([(k, v.copy()) for k, v in reference.items], reference.metadata)
+    candidate.items[-2][1][7, 0] += 1
+    reference.save(tmp_path / f"ref{n}.safetensors")
+    candidate.save(tmp_path / f"cand{n}.npz")
+    name_map = NameMap({"strip_prefix": "port.", "tensors": {"blk.{i}.q:{n}": "talker.model.layers.{i}.q:{n}"}})
+    t0 = time.process_time()
+    reference, candidate = load_trace(tmp_path / f"ref{n}.safetensors"), load_trace(tmp_path / f"cand{n}.npz")
+    report = compare_traces(reference, candidate)
+    assert report.first_divergence.frame == 7 and len(report.rows) == n
+    report.format(), report_json(report)
+    name_map.apply(reference, candidate)
+    assert "prefix 'port.' added" in prefix_hint([f"port.{k}" for k in reference.keys], candidate.keys)
+    return time.process_time() - t0
+
+
+def test_compare_of_40000_tensors_is_linear(tmp_path, monkeypatch):
+    """A 25-frame generation at the released size records about 40,000 tensors; everything compare does
+    with them must be linear in their number (a set rebuilt per key made loading quadratic).  Loosely: 4
+    times the tensors may cost up to 8 times the CPU time (quadratic work would cost 16 times), and no step
+    looks a key up by ``Trace.__getitem__`` (a linear search per call)."""
+    lookups = []
+    original = Trace.__getitem__
+    monkeypatch.setattr(Trace, "__getitem__", lambda self, key: lookups.append(key) or original(self, key))
+    small = min(compare_cost(tmp_path, 10_000) for _ in range(2))
+    large = compare_cost(tmp_path, 40_000)
+    assert large < 8 * small, (small, large)
+    assert lookups == []

@@ -444,7 +444,7 @@ def read_back_wav(path: Path) -> tuple:
 
 def frames_of(trace, case: Case) -> list | None:
     """The generated frames per item (generation cases), as the reference made them."""
-    codes = [trace[k] for k in trace.keys if k.startswith("refimpl.codes.")]
+    codes = [v for k, v in trace.items if k.startswith("refimpl.codes.")]
     return [int(c.shape[0]) for c in codes] if codes else None
 
 
