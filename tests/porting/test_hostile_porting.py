@@ -492,6 +492,15 @@ def test_json_integers_of_thousands_of_digits_name_the_file(tmp_path, capsys):
     metadata = '{"__metadata__": {"refimpl.trace": "{\\"order\\": [], \\"x\\": ' + LONG + '}"}}'
     (tmp_path / "meta.safetensors").write_bytes(safetensors_bytes(metadata.encode()))
     assert_unusable(capsys, reference, tmp_path / "meta.safetensors", "meta.safetensors", "5000 digits")
+    (tmp_path / "map.json").write_text('{"tensors": {"a": {"key": "a", "reshape": [' + LONG + "]}}}")
+    assert main(["compare", str(reference), str(reference), "--map", str(tmp_path / "map.json")]) == 2
+    err = capsys.readouterr().err
+    assert "map.json: a JSON integer of 5000 digits" in err and "Exceeds" not in err, err
+    if sys.version_info >= (3, 11):
+        (tmp_path / "map.toml").write_text("x = " + LONG + "\n")
+        assert main(["compare", str(reference), str(reference), "--map", str(tmp_path / "map.toml")]) == 2
+        err = capsys.readouterr().err
+        assert "map.toml: an integer of more than 4300 digits" in err and "Exceeds" not in err, err
     case = '{"name": "a", "stage": "say", "input": "Hi.", "options": {"speaker": "vivian", "seed": ' + LONG + "}}"
     cases = write_lines(tmp_path / "cases.jsonl", case)
     assert main(["golden", "--cases", cases, "-o", str(tmp_path / "out"), "-q"]) == 1
@@ -512,6 +521,167 @@ def test_a_config_integer_of_thousands_of_digits_names_the_file(tmp_path):
     r = run("codec", "decode", tmp_path / "codes.npy", "-o", tmp_path / "o.wav", "--model", model)
     assert r.returncode == 1, r.stderr
     assert "config.json: a JSON integer of 5000 digits" in r.stderr and "Exceeds" not in r.stderr, r.stderr
+
+
+def test_a_million_digit_integer_is_refused_without_converting_it(tmp_path):
+    """PYTHONINTMAXSTRDIGITS=0 lifts Python's limit, and int() of a million digits takes minutes (quadratic):
+    the integer is refused from its length, before any conversion."""
+    reference = small_trace(tmp_path / "ref.safetensors")
+    (tmp_path / "map.json").write_text('{"tensors": {"a": {"key": "a", "reshape": [' + "7" * 1_000_000 + "]}}}")
+    r = run(
+        "compare",
+        reference,
+        reference,
+        "--map",
+        tmp_path / "map.json",
+        env=dict(ENV, PYTHONINTMAXSTRDIGITS="0"),
+        timeout=60,
+    )
+    assert r.returncode == 2 and "a JSON integer of 1000000 digits" in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------- name maps
+
+
+def map_file(tmp_path, data) -> str:
+    (tmp_path / "map.json").write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return str(tmp_path / "map.json")
+
+
+def test_adjacent_placeholders_are_refused_not_backtracked(tmp_path):
+    """8 adjacent placeholders against a key of 1000 digits: a regular expression tries every way to
+    split the digits (about 10^17); a placeholder must be separated from the next by text with a
+    non-digit, so that a name splits one way only.  A map that obeys it matches long keys at once."""
+    Trace([("1" * 1000, np.ones(2, np.float32))], {}).save(tmp_path / "port.safetensors")
+    reference = small_trace(tmp_path / "ref.safetensors")
+    pattern = "".join("{%s}" % chr(ord("a") + i) for i in range(8)) + "x"
+    r = run(
+        "compare",
+        reference,
+        tmp_path / "port.safetensors",
+        "--map",
+        map_file(tmp_path, {"tensors": {pattern: "a"}}),
+        timeout=120,
+    )
+    assert r.returncode == 2 and "placeholders must be separated by text that is not only digits" in r.stderr, r.stderr
+    assert "tensors['{a}{b}{c}" in r.stderr, r.stderr
+    key = "".join(f"{d}." for d in ["1" * 100] * 8)  # 8 runs of 100 digits
+    Trace([(key + "y", np.ones(2, np.float32))], {}).save(tmp_path / "port.safetensors")
+    pattern = "".join("{p%d}." % i for i in range(8))
+    r = run(
+        "compare",
+        reference,
+        tmp_path / "port.safetensors",
+        "--map",
+        map_file(tmp_path, {"tensors": {pattern + "x": "a"}}),
+        timeout=120,
+    )
+    assert r.returncode == 2 and "no key in common" in r.stderr, r.stderr
+
+
+def test_a_key_template_of_a_million_placeholders_is_not_expanded(tmp_path):
+    """A 3 MB map whose key repeats {i} a million times, against a key of 1000 digits: a gigabyte per key
+    if expanded (out of memory under 2 GiB); a key is at most 1024 characters, checked before it is built
+    (in the map, and for every key a map makes)."""
+    reference = small_trace(tmp_path / "ref.safetensors")
+    Trace([("t" + "9" * 1000, np.ones(2, np.float32))], {}).save(tmp_path / "port.safetensors")
+    path = map_file(tmp_path, {"tensors": {"t{i}": "{i}" * 1_000_000}})
+    assert os.path.getsize(path) > 3_000_000
+    r = run("compare", reference, tmp_path / "port.safetensors", "--map", path, timeout=120, memory=2 << 30)
+    assert r.returncode == 2 and "tensors['t{i}']: the key is 3000000 characters long" in r.stderr, r.stderr
+    assert "MemoryError" not in r.stderr
+    r = run(
+        "compare",
+        reference,
+        tmp_path / "port.safetensors",
+        "--map",
+        map_file(tmp_path, {"tensors": {"t{i}": "{i}" * 300}}),
+    )
+    assert r.returncode == 2, r.stderr
+    assert "tensors['t{i}']: the key for 't9999" in r.stderr and "would be 300000 characters long" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "select, fragment",
+    [
+        ("0:2:0", "has a step of 0"),
+        ("1:2:3:4", "is not an integer"),
+        ("x", "'x' is not an integer"),
+        ("1.5", "is not an integer"),
+        ("9" * 20, "is not an integer (at most 19 digits)"),
+        ("\u0663", "is not an integer"),  # an Arabic-Indic three, which int() takes
+        ("1_0", "is not an integer"),
+        ("0,,1", "an empty item"),
+        (", ".join(["0"] * 65), "has 65 items; an array has at most 64 axes"),
+        ("..., ...", "at most one '...'"),
+        ("0" * 300, "over 200 characters"),
+        ("", "a selector is a non-empty string"),
+        (5, "a selector is a non-empty string"),
+        ("0, 0, 0, 0", "does not fit 'a' of shape (2, 3)"),
+        ("5", "does not fit 'a' of shape (2, 3)"),
+    ],
+)
+def test_every_selector_error_names_the_map_entry(tmp_path, capsys, select, fragment):
+    reference = small_trace(tmp_path / "ref.safetensors")
+    Trace([("port_a", np.ones(3, np.float32))], {}).save(tmp_path / "port.safetensors")
+    path = map_file(tmp_path, {"tensors": {"port_a": {"key": "a", "select": select}}})
+    assert main(["compare", str(reference), str(tmp_path / "port.safetensors"), "--map", path]) == 2
+    err = capsys.readouterr().err
+    assert "refimpl compare: unusable input: map.json: tensors['port_a']: " in err and fragment in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "reshape, fragment",
+    [
+        ([0], "reshape is a list of at most 64 positive sizes"),
+        ([-1, -1], "with at most one -1"),
+        ([1.5], "not [1.5]"),
+        ([2**63], "positive sizes"),
+        ([1] * 65, "at most 64"),
+        ("3", "not '3'"),
+        ([7], "'port_a' of shape (3,) cannot be reshaped to [7]"),
+    ],
+)
+def test_every_reshape_error_names_the_map_entry(tmp_path, capsys, reshape, fragment):
+    reference = small_trace(tmp_path / "ref.safetensors")
+    Trace([("port_a", np.ones(3, np.float32))], {}).save(tmp_path / "port.safetensors")
+    path = map_file(tmp_path, {"tensors": {"port_a": {"key": "a", "reshape": reshape}}})
+    assert main(["compare", str(reference), str(tmp_path / "port.safetensors"), "--map", path]) == 2
+    err = capsys.readouterr().err
+    assert "map.json: tensors['port_a']: " in err and fragment in err, err
+
+
+def test_the_bounds_of_a_map():
+    from refimpl.porting.name_maps import MAX_ENTRIES, NameMap
+
+    for data, fragment in [
+        ({"add_prefix": "x" * 2000}, "add_prefix is over the limit of 1024 characters"),
+        ({"tensors": {"x" * 1025: "a"}}, "the pattern is 1025 characters long"),
+        ({"tensors": {".".join("{p%d}" % i for i in range(9)): "a"}}, "9 placeholders, over the limit of 8"),
+        ({"tensors": {f"layer{j}.{{i}}": "a{i}" for j in range(17)}}, "over 16 patterns differ from it only in"),
+        ({"tensors": {f"k{j}": "a" for j in range(MAX_ENTRIES + 1)}}, f"over the limit of {MAX_ENTRIES}"),
+        ({"tensors": {"a": {"key": "b", **{f"extra{j}": 1 for j in range(1000)}}}}, "and 995 more"),
+    ]:
+        with pytest.raises(ValueError, match=fragment):
+            NameMap(data)
+    m = NameMap({"add_prefix": "p" * 1000})
+    with pytest.raises(ValueError, match="add_prefix makes 'abcdefghijklmnopqrstuvwxyz' 1026 characters long"):
+        m.rename("abcdefghijklmnopqrstuvwxyz")
+
+
+def test_the_first_entry_of_the_map_that_matches_wins():
+    """Literal names are looked up and patterns grouped by skeleton; the map's order still decides."""
+    from refimpl.porting.name_maps import NameMap
+
+    m = NameMap(
+        {"tensors": {"blk.{i}.x": "a.{i}", "blk.7.x": "seven", "blk.8.x": "eight", "blk.{i}0.x{j}": "b{i}.{j}"}}
+    )
+    assert m.rename("blk.7.x")[0] == "a.7"
+    assert m.rename("blk.120.x03")[0] == "b12.3" and m.rename("blk.00.x1")[0] == "b0.1"
+    assert m.rename("blk.x")[0] == "blk.x"
+    m = NameMap({"tensors": {"blk.7.x": "seven", "blk.{i}.x": "a.{i}"}})
+    assert m.rename("blk.7.x")[0] == "seven" and m.rename("blk.07.x")[0] == "a.7"
 
 
 # ----------------------------------------------------------------------------- scale

@@ -125,4 +125,4 @@ def test_bad_maps_get_one_clear_error(reference, tmp_path, capsys):
     reference.save(tmp_path / "ref.safetensors")
     ref = str(tmp_path / "ref.safetensors")
     assert main(["compare", ref, ref, "--map", str(tmp_path / "m.json")]) == 2
-    assert "m.json: not JSON" in capsys.readouterr().err
+    assert "m.json is not valid JSON" in capsys.readouterr().err
