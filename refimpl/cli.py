@@ -21,6 +21,7 @@ import numpy as np
 
 from . import __version__
 from .backends import BACKENDS, active_backend, use_backend
+from .environment import check_switches, switch
 from .io.files import MAX_INPUT_BYTES, load_npy_codes, read_limited, user_cache_dir, write_atomically
 from .io.hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
 from .io.validate import count
@@ -694,6 +695,15 @@ def settle_standard_streams() -> None:
         )
 
 
+def debug_requested() -> bool:
+    """REFIMPL_DEBUG=1: an internal error shows its traceback (a value that is not a switch was refused at
+    the start)."""
+    try:
+        return switch("REFIMPL_DEBUG")
+    except ValueError:
+        return False
+
+
 def main(argv=None) -> int:
     settle_standard_streams()
     parser = build_parser()
@@ -704,6 +714,7 @@ def main(argv=None) -> int:
     say = Reporter(getattr(args, "quiet", False))
     args.dtype_np = np.float64 if getattr(args, "dtype", "float32") == "float64" else np.float32
     try:
+        check_switches()  # a REFIMPL_ switch that is not 1 or 0: one error before any work
         # golden's and conformance make's -o name a directory
         if getattr(args, "output", None) is not None and args.command not in ("golden", "conformance"):
             check_output_path(args.output)
@@ -730,7 +741,7 @@ def main(argv=None) -> int:
         print("refimpl: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug, not a user error: still one line, unless REFIMPL_DEBUG asks for the traceback
-        if os.environ.get("REFIMPL_DEBUG"):
+        if debug_requested():
             raise
         print(
             f"refimpl: internal error: {type(e).__name__}: {e} (set REFIMPL_DEBUG=1 for the traceback; "

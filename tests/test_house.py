@@ -25,7 +25,7 @@ LAYERS = [
     ("the backend registry", ["backends", "backends.bf16", "backends.strict_device", "backends.host_memory"]),
 ]
 # standard-library helpers any layer may use: they import nothing of the package
-LEAVES = {"io.files", "_version"}
+LEAVES = {"io.files", "_version", "environment"}
 
 
 def module_name(path: Path) -> str:

@@ -27,6 +27,11 @@ Which backend is active:
     1. ``with refimpl.use_backend("numba"): ...``      (innermost wins)
     2. the environment variable ``REFIMPL_BACKEND=numpy|numba|cupy``
     3. otherwise "auto" (``AUTO_RULE``, implemented by ``backend_for_call`` alone).
+
+The numba backend is checked like a device backend (its module's ``available()``): with Numba's JIT turned
+off (``NUMBA_DISABLE_JIT=1``, Numba's debugging switch) its kernels cannot run.  Asked for by name that is
+one ``BackendUnavailable``; under "auto" the numpy reference runs for every dtype instead, with one warning
+(``auto_fallback``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import contextvars
 import functools
 import importlib
 import os
+import warnings
 
 import numpy as np
 from scipy import special as host_special
@@ -64,6 +70,7 @@ __all__ = [
     "model_scope",
     "on_model_backend",
     "iterate_on_model_backend",
+    "auto_fallback",
 ]
 
 _ENV = "REFIMPL_BACKEND"
@@ -80,16 +87,26 @@ class BackendUnavailable(RuntimeError, ValueError):
 
 class Backend:
     """One backend: its ``name``, the module that provides it (``module_name``; None for "numpy", whose
-    primitives are the references themselves), whether its arrays live on a device (``on_device``) and
-    whether users are offered it (``offered``; the test stand-in is not).
+    primitives are the references themselves), whether its arrays live on a device (``on_device``),
+    whether its module's ``available()`` must pass before it is used (``checked``: every device backend,
+    and numba) and whether users are offered it (``offered``; the test stand-in is not).
 
-    The module is imported on first use (``load``), a device backend's only after its ``available()``
-    passed, so that importing refimpl never imports CuPy or Numba."""
+    The module is imported on first use (``load``), so that importing refimpl never imports CuPy or
+    Numba; a checked backend's module is kept only once its ``available()`` passed."""
 
-    def __init__(self, name: str, module_name: str | None = None, *, on_device: bool = False, offered: bool = True):
+    def __init__(
+        self,
+        name: str,
+        module_name: str | None = None,
+        *,
+        on_device: bool = False,
+        checked: bool = False,
+        offered: bool = True,
+    ):
         self.name = name
         self.module_name = module_name
         self.on_device = on_device
+        self.checked = checked or on_device
         self.offered = offered
         self._module = None
 
@@ -97,23 +114,23 @@ class Backend:
         return f"Backend({self.name!r}, {self.module_name!r}, on_device={self.on_device})"
 
     def load(self):
-        """The backend's module, imported (and for a device backend, its ``available()`` passed): one
-        ``BackendUnavailable`` naming what is missing otherwise.  None for "numpy"."""
+        """The backend's module, imported (and for a checked backend, its ``available()`` passed): one
+        ``BackendUnavailable`` naming what is missing otherwise (a ValueError naming the variable for a
+        setting of the environment it cannot run with).  None for "numpy"."""
         if self._module is None and self.module_name is not None:
             try:
                 module = importlib.import_module(self.module_name)
             except ImportError as e:
                 raise BackendUnavailable(f"backend {self.name!r}: its module could not be imported ({e})") from None
-            if self.on_device:
+            if self.checked:
                 module.available()
             self._module = module
         return self._module
 
     def check(self) -> None:
-        """``BackendUnavailable`` unless this backend can run here.  A device backend is loaded (its library
-        and a device are needed); a host backend's module is a declared dependency, imported when a twin first
-        runs."""
-        if self.on_device:
+        """``BackendUnavailable`` unless this backend can run here: a checked backend is loaded (a device
+        backend needs its library and a device; numba, its JIT)."""
+        if self.checked:
             self.load()
 
     @property
@@ -157,7 +174,7 @@ REGISTRY = {
     b.name: b
     for b in (
         Backend("numpy"),
-        Backend("numba", "refimpl.backends.numba_cpu"),
+        Backend("numba", "refimpl.backends.numba_cpu", checked=True),
         Backend("cupy", "refimpl.backends.cupy_cuda", on_device=True),
         Backend("strict", "refimpl.backends.strict_device", on_device=True, offered=False),
     )
@@ -201,14 +218,35 @@ def device_module(name: str):
 
 
 def active_backend() -> tuple:
-    """(backend name or "auto", why): what the primitives use now."""
+    """(backend name or "auto", why): what the primitives use now ("auto" says so when the numba backend
+    turned out unavailable and the numpy reference runs instead: ``auto_fallback``)."""
     requested = _requested.get()
     if requested is not None:
         return requested
     env = os.environ.get(_ENV, "").strip()
     if env:
         return _check_name(env, f"environment variable {_ENV}"), f"environment variable {_ENV}"
-    return "auto", AUTO_RULE
+    return "auto", AUTO_RULE if not _auto_fast.get(
+        "why"
+    ) else f"the numpy reference for every dtype: {_auto_fast['why']}"
+
+
+# "auto"'s backend for float32: numba, unless it is unavailable ({"name": ..., "why": ...} once decided)
+_auto_fast: dict = {}
+
+
+def auto_fallback() -> str:
+    """The backend "auto" runs float32 calls on: "numba", or "numpy" when the numba backend is unavailable
+    (``BackendUnavailable``: Numba's JIT turned off, Numba missing), said once in a ``RuntimeWarning``.  A
+    Numba setting it cannot run with (a ValueError naming the variable) is raised, not fallen back from."""
+    if "name" not in _auto_fast:
+        try:
+            REGISTRY["numba"].check()
+            _auto_fast.update(name="numba", why="")
+        except BackendUnavailable as e:
+            _auto_fast.update(name="numpy", why=str(e))
+            warnings.warn(f"{e}; the numpy reference runs instead (slower)", RuntimeWarning, stacklevel=3)
+    return _auto_fast["name"]
 
 
 def device_backend() -> str | None:
@@ -332,13 +370,16 @@ def backend_for_call(requested: str, first) -> str:
     the call's first argument.  The one place that decides it:
 
     - "auto" (``AUTO_RULE``): a float32 first argument (or complex64, a float32 spectrum) runs the numba
-      twins (the fast everyday mode); anything else (float64: the oracle mode) the numpy reference, so
-      that the oracle mode stays the plain formulas unless a backend is asked for;
+      twins (the fast everyday mode; the numpy reference where numba cannot run: ``auto_fallback``);
+      anything else (float64: the oracle mode) the numpy reference, so that the oracle mode stays the
+      plain formulas unless a backend is asked for;
     - a device backend given a host ``numpy.ndarray`` (the sampling arithmetic on a downloaded row) runs
       the numpy reference on the host;
     - otherwise the requested backend."""
     if requested == "auto":
-        return "numba" if getattr(first, "dtype", None) in FAST_DTYPES else "numpy"
+        if getattr(first, "dtype", None) not in FAST_DTYPES:
+            return "numpy"
+        return _auto_fast.get("name") or auto_fallback()
     if isinstance(first, np.ndarray) and REGISTRY[requested].on_device:
         return "numpy"
     return requested

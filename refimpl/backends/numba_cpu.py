@@ -48,7 +48,9 @@ import numpy as np
 import scipy.special
 import threadpoolctl
 
+from ..environment import switch
 from ..io.files import user_cache_dir
+from . import BackendUnavailable
 from .host_memory import new_output
 
 
@@ -89,6 +91,86 @@ def _prefer_512_bit_vectors() -> None:
             sys.modules["numba"].core.config.reload_config()
 
 
+# The Numba settings checked before Numba reads them (docs/limits.md#the-environment).  Numba itself warns
+# with a traceback and goes on without a value it cannot parse; 100,000 threads crash its thread pool
+# (segmentation fault); a feature without its + or - fails an LLVM assertion, which aborts the process; an
+# unknown processor or feature makes LLVM print a warning at every compilation (and an unknown processor
+# without +64bit in the features is a fatal LLVM error).
+CHECKED_SETTINGS = (
+    "NUMBA_DISABLE_JIT",
+    "NUMBA_NUM_THREADS",
+    "NUMBA_THREADING_LAYER",
+    "NUMBA_CPU_NAME",
+    "NUMBA_CPU_FEATURES",
+)
+THREADING_LAYERS = ("default", "safe", "forksafe", "threadsafe", "tbb", "omp", "workqueue")  # Numba's names
+MAX_THREADS = max(1024, 4 * (os.cpu_count() or 1))
+
+
+def _check_numba_settings() -> None:
+    """One ValueError naming the variable for a Numba setting this backend cannot run with; an empty one is
+    removed (unset, as for the REFIMPL_ switches: Numba would warn that it cannot parse it)."""
+    import re
+
+    for name in CHECKED_SETTINGS:
+        if name in os.environ and not os.environ[name].strip():
+            del os.environ[name]
+    env = os.environ
+    for name in ("NUMBA_DISABLE_JIT", "NUMBA_NUM_THREADS"):
+        if name in env:
+            try:
+                int(env[name])  # as Numba reads them
+            except ValueError:
+                raise ValueError(f"environment variable {name}={env[name][:40]!r} is not a whole number") from None
+    if "NUMBA_NUM_THREADS" in env and not 1 <= int(env["NUMBA_NUM_THREADS"]) <= MAX_THREADS:
+        raise ValueError(
+            f"environment variable NUMBA_NUM_THREADS={env['NUMBA_NUM_THREADS']!r}: the numba backend runs 1 to "
+            f"{MAX_THREADS} threads"
+        )
+    if "NUMBA_THREADING_LAYER" in env and env["NUMBA_THREADING_LAYER"] not in THREADING_LAYERS:
+        raise ValueError(
+            f"environment variable NUMBA_THREADING_LAYER={env['NUMBA_THREADING_LAYER'][:40]!r} is not one of "
+            f"Numba's threading layers ({', '.join(THREADING_LAYERS)})"
+        )
+    features = env.get("NUMBA_CPU_FEATURES")
+    if features is not None and not all(re.fullmatch(r"[+-][A-Za-z0-9_.-]+", f) for f in features.split(",")):
+        raise ValueError(
+            f"environment variable NUMBA_CPU_FEATURES={features[:60]!r}: a comma-separated list of +feature and "
+            "-feature (e.g. +avx2,-prefer-256-bit)"
+        )
+    if "NUMBA_CPU_NAME" in env or features is not None:
+        complaint = _llvm_complaint(env.get("NUMBA_CPU_NAME"), features)
+        if complaint:
+            name = "NUMBA_CPU_NAME" if "processor" in complaint else "NUMBA_CPU_FEATURES"
+            raise ValueError(f"environment variable {name}={env[name][:60]!r}: LLVM says {complaint!r}")
+
+
+def _llvm_complaint(cpu: str | None, features: str | None) -> str | None:
+    """LLVM's warning about processor ``cpu`` with ``features`` (None: the host's), or None if it knows
+    both.  LLVM writes the warning on file descriptor 2 when the target machine is made; it is caught there."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    cpu = cpu if cpu is not None else llvm.get_host_cpu_name()
+    features = features if features is not None else llvm.get_host_cpu_features().flatten()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no standard error: nothing to catch the warning with
+        return None
+    with tempfile.TemporaryFile() as caught:
+        try:
+            sys.stderr.flush()
+            os.dup2(caught.fileno(), 2)
+            llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        lines = caught.read(1 << 16).decode("utf-8", "replace").splitlines()
+    return next((line for line in lines if "not a recognized" in line), None)
+
+
+_check_numba_settings()
 _choose_cache_dir()
 _prefer_512_bit_vectors()
 
@@ -100,6 +182,17 @@ from numba.extending import intrinsic, overload  # noqa: E402
 
 from .. import nn  # noqa: E402
 from .bf16 import PACK_WINDOW, BF16Matrix, PackedWords  # noqa: E402
+
+
+def available() -> None:
+    """BackendUnavailable when Numba does not compile: ``NUMBA_DISABLE_JIT`` (its debugging switch, or
+    ``disable_jit`` in a ``.numba_config.yaml``) makes every kernel run as Python, and the twins' intrinsics
+    (bit casts, vector shuffles, tile instructions) cannot run as Python."""
+    if numba.config.DISABLE_JIT:
+        raise BackendUnavailable(
+            "backend 'numba': Numba's JIT is turned off (NUMBA_DISABLE_JIT), and the numba kernels cannot run "
+            "as Python (unset NUMBA_DISABLE_JIT to use them)"
+        )
 
 
 def _discard_damaged_cache() -> None:
@@ -2243,11 +2336,12 @@ _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # 
 
 
 def _compile_features() -> set:
-    """The CPU features Numba compiles for (``NUMBA_CPU_FEATURES``, which ``_prefer_512_bit_vectors`` sets
-    from the host's, or the host's)."""
+    """The CPU features Numba compiles for: its ``CPU_FEATURES`` (``NUMBA_CPU_FEATURES``, which
+    ``_prefer_512_bit_vectors`` sets from the host's; none for ``NUMBA_CPU_NAME=generic``), else the host's."""
     import llvmlite.binding as llvm
 
-    return set((os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()).split(","))
+    configured = numba.core.config.CPU_FEATURES
+    return set((configured if configured is not None else llvm.get_host_cpu_features().flatten()).split(","))
 
 
 TILES_COMPILED = {"+amx-tile", "+amx-bf16"} <= _compile_features()  # else the tile intrinsics emit nothing
@@ -2256,7 +2350,7 @@ TILES_COMPILED = {"+amx-tile", "+amx-bf16"} <= _compile_features()  # else the t
 def _tiles_granted() -> bool:
     """Whether this process may use the tile registers: compiled for them, on x86-64 Linux, granted by the
     kernel, and not turned off (``REFIMPL_AMX=0``)."""
-    if not TILES_COMPILED or os.environ.get("REFIMPL_AMX", "1").strip() == "0":
+    if not TILES_COMPILED or not switch("REFIMPL_AMX"):
         return False
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return False
@@ -3077,7 +3171,7 @@ def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
 # written as a loop over single words compiled to as many instructions as it saved in bytes.
 
 PACKED_COMPILED = "+avx512bw" in _compile_features()  # the 64-byte shuffles of _packed_row_dots
-USE_PACKED = PACKED_COMPILED and os.environ.get("REFIMPL_PACKED", "1").strip() != "0"
+USE_PACKED = PACKED_COMPILED and switch("REFIMPL_PACKED")
 PACKED_BLOCK = 64  # words a block: the columns of a packed matrix are a multiple of it
 
 

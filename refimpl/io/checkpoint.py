@@ -28,6 +28,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ..backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
+from ..environment import switch
 from .files import MAX_JSON_BYTES, InputError, atomic_output, parse_json, plain_file_name, read_limited
 
 __all__ = [
@@ -316,7 +317,7 @@ _HUGE_PAGES_ENV = "REFIMPL_HUGE_PAGES"
 def huge_pages_enabled() -> bool:
     """Whether bfloat16 matrices are read into anonymous memory backed by 2 MB huge pages (Linux, where
     ``madvise(MADV_HUGEPAGE)`` exists; ``REFIMPL_HUGE_PAGES=0`` keeps them memory-mapped instead)."""
-    return hasattr(mmap, "MADV_HUGEPAGE") and os.environ.get(_HUGE_PAGES_ENV, "1").strip() != "0"
+    return hasattr(mmap, "MADV_HUGEPAGE") and switch(_HUGE_PAGES_ENV)
 
 
 def _read_into_huge_pages(path: Path, data_start: int, header: Mapping[str, dict], names: list) -> dict:

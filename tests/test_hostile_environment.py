@@ -1,0 +1,219 @@
+"""The environment under hostile settings: every REFIMPL_* variable the package reads and the NUMBA_* ones a
+user may set give their documented behaviour (the table of docs/limits.md#the-environment) or one clear
+error naming the variable, never an internal error, a crash or a traceback.  Each case runs refimpl in a
+fresh process (Numba reads its settings once, when it is imported) under a 3 GiB address space."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from refimpl import environment
+
+# the caller's own Numba and refimpl settings are not part of a case
+BASE = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "REFIMPL_"))}
+BASE["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+MEMORY_LIMIT = 3 << 30
+JIT_OFF = "backend 'numba': Numba's JIT is turned off (NUMBA_DISABLE_JIT)"
+
+
+def run(*args, env: dict, python: str | None = None, cwd=None):
+    """``refimpl ARGS`` (or ``python -c PYTHON``) in a fresh process with ``env`` added to the environment."""
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+    command = [sys.executable, "-c", python] if python else [sys.executable, "-m", "refimpl", *map(str, args)]
+    return subprocess.run(
+        command, capture_output=True, text=True, env=dict(BASE, **env), timeout=300, preexec_fn=limit, cwd=cwd
+    )
+
+
+def assert_one_line_error(r, *fragments):
+    assert r.returncode == 1, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("refimpl: error:")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def codes(tmp_path_factory):
+    path = tmp_path_factory.mktemp("codes") / "codes.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 64, (3, 16)))
+    return path
+
+
+# ----------------------------------------------------------------------------- NUMBA_DISABLE_JIT
+
+SAY = ["say", "Hello there.", "--max-new-tokens", "4", "--seed", "1"]
+
+
+@pytest.mark.parametrize("command", ["say", "codec decode"])
+def test_jit_turned_off_runs_the_numpy_reference_with_one_warning(tmp_path, codes, command):
+    """NUMBA_DISABLE_JIT=1 (Numba's debugging switch) made every numba kernel run as Python, where its
+    intrinsics cannot: an internal error.  Under the default backend the numpy reference runs instead (the
+    same output as --backend numpy), said once on stderr; status 0."""
+    args = SAY if command == "say" else ["codec", "decode", codes]
+    r = run(*args, "-o", tmp_path / "off.wav", env={"NUMBA_DISABLE_JIT": "1"})
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and JIT_OFF in warnings[0] and "the numpy reference runs instead" in warnings[0]
+    assert run(*args, "-o", tmp_path / "numpy.wav", "--backend", "numpy", "-q", env={}).returncode == 0
+    assert (tmp_path / "off.wav").read_bytes() == (tmp_path / "numpy.wav").read_bytes()
+
+
+def test_jit_turned_off_and_the_numba_backend_asked_for_is_an_error(tmp_path, codes):
+    """Asked for by name (--backend numba, REFIMPL_BACKEND=numba, use_backend): one error, status 1."""
+    off = {"NUMBA_DISABLE_JIT": "1"}
+    assert_one_line_error(run(*SAY, "-o", tmp_path / "o.wav", "--backend", "numba", env=off), JIT_OFF)
+    both = dict(off, REFIMPL_BACKEND="numba")
+    assert_one_line_error(run("codec", "decode", codes, "-o", tmp_path / "o.wav", env=both), JIT_OFF)
+    script = "import refimpl\ntry:\n    refimpl.use_backend('numba').__enter__()\nexcept ValueError as e:\n    print(e)"
+    r = run(env=off, python=script)
+    assert r.returncode == 0 and JIT_OFF in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_jit_turned_off_in_a_numba_config_file(tmp_path, codes):
+    """Numba also reads ``disable_jit`` from a .numba_config.yaml in the working directory: the same."""
+    pytest.importorskip("yaml")
+    (tmp_path / ".numba_config.yaml").write_text("disable_jit: 1\n")
+    r = run("codec", "decode", codes, "-o", tmp_path / "o.wav", env={}, cwd=tmp_path)
+    assert r.returncode == 0 and JIT_OFF in r.stderr, r.stderr
+
+
+def test_the_trace_metadata_say_which_backend_ran(tmp_path):
+    from refimpl.porting.trace_files import load_trace
+
+    args = ["trace", "say", "Hi.", "--max-new-tokens", "3", "-q", "-o", tmp_path / "t.safetensors"]
+    assert run(*args, env={"NUMBA_DISABLE_JIT": "1"}).returncode == 0
+    backend, why = load_trace(tmp_path / "t.safetensors").metadata["backend"]
+    assert backend == "auto" and why.startswith("the numpy reference for every dtype: ") and JIT_OFF in why
+
+
+# ----------------------------------------------------------------------------- other Numba settings
+
+
+@pytest.mark.parametrize(
+    "variable, value, fragment",
+    [
+        ("NUMBA_DISABLE_JIT", "yes", "NUMBA_DISABLE_JIT='yes' is not a whole number"),
+        ("NUMBA_NUM_THREADS", "0", "NUMBA_NUM_THREADS='0': the numba backend runs 1 to"),
+        ("NUMBA_NUM_THREADS", "-2", "NUMBA_NUM_THREADS='-2'"),
+        ("NUMBA_NUM_THREADS", "four", "NUMBA_NUM_THREADS='four' is not a whole number"),
+        ("NUMBA_NUM_THREADS", "100000", "NUMBA_NUM_THREADS='100000'"),  # Numba's pool: a segmentation fault
+        ("NUMBA_THREADING_LAYER", "fast", "NUMBA_THREADING_LAYER='fast' is not one of Numba's threading layers"),
+        ("NUMBA_CPU_FEATURES", "avx2", "NUMBA_CPU_FEATURES='avx2': a comma-separated list of +feature"),  # abort
+        ("NUMBA_CPU_FEATURES", "+avx2,,+fma", "a comma-separated list of +feature"),
+        ("NUMBA_CPU_FEATURES", "+nonsense", "'+nonsense' is not a recognized feature"),
+        ("NUMBA_CPU_NAME", "pentium9", "'pentium9' is not a recognized processor"),
+        ("NUMBA_CPU_NAME", "host", "'host' is not a recognized processor"),
+    ],
+)
+def test_numba_settings_it_cannot_run_with_are_one_error(tmp_path, codes, variable, value, fragment):
+    """Numba itself warns with a traceback and drops a value it cannot parse, crashes on 100,000 threads,
+    aborts in an LLVM assertion on a feature without its sign, and has LLVM print a warning at every
+    compilation for a processor it does not know: each is one error naming the variable, before any work."""
+    r = run("codec", "decode", codes, "-o", tmp_path / "o.wav", env={variable: value})
+    assert_one_line_error(r, f"environment variable {variable}", fragment)
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_numba_settings_that_work(tmp_path, codes):
+    """One thread, a threading layer by name, an empty value (unset, not Numba's warning), a cache
+    directory that cannot be one (Numba caches in its next place): the same audio as without them."""
+    assert run("codec", "decode", codes, "-o", tmp_path / "plain.wav", "-q", env={}).returncode == 0
+    (tmp_path / "file").write_text("not a directory")
+    for env in (
+        {"NUMBA_NUM_THREADS": "1", "NUMBA_THREADING_LAYER": "workqueue"},
+        {"NUMBA_NUM_THREADS": "", "NUMBA_DISABLE_JIT": "0"},
+        {"NUMBA_CACHE_DIR": str(tmp_path / "file")},
+    ):
+        r = run("codec", "decode", codes, "-o", tmp_path / "o.wav", env=env)
+        assert r.returncode == 0 and "warning" not in r.stderr, (env, r.stderr)
+        assert (tmp_path / "o.wav").read_bytes() == (tmp_path / "plain.wav").read_bytes(), env
+
+
+def test_a_generic_processor_compiles_no_special_instructions():
+    """NUMBA_CPU_NAME=generic: Numba compiles with no CPU features, and the backend knows it (no AMX tiles,
+    no packed words) instead of assuming the host's."""
+    script = "from refimpl.backends import numba_cpu as n; print(n.TILES_COMPILED, n.PACKED_COMPILED)"
+    r = run(env={"NUMBA_CPU_NAME": "generic"}, python=script)
+    assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------- REFIMPL_ switches
+
+
+@pytest.mark.parametrize("variable", sorted(environment.SWITCHES))
+def test_a_switch_that_is_not_1_or_0_is_one_error(tmp_path, variable):
+    """REFIMPL_AMX=flase kept the default silently (only "0" counted): every switch takes 1 or 0 (true/false,
+    yes/no, on/off) and anything else is refused before any work."""
+    r = run("say", "Hi.", "-o", tmp_path / "o.wav", env={variable: "flase"})
+    assert_one_line_error(r, f"environment variable {variable}='flase': expected 1 or 0")
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_switch_values(monkeypatch):
+    for value, expected in [("1", True), (" ON ", True), ("yes", True), ("0", False), ("False", False), ("", True)]:
+        monkeypatch.setenv("REFIMPL_AMX", value)
+        assert environment.switch("REFIMPL_AMX") is expected, value
+    monkeypatch.delenv("REFIMPL_AMX")
+    assert environment.switch("REFIMPL_AMX") is True and environment.switch("REFIMPL_DEBUG") is False
+
+
+INTERNAL_ERROR = textwrap.dedent(
+    """
+    import sys, refimpl.cli as c
+    c.cmd_info = lambda args, say: 1 / 0
+    p = c.build_parser
+    def patched():
+        parser = p()
+        for action in parser._subparsers._group_actions:
+            action.choices["info"].set_defaults(func=c.cmd_info)
+        return parser
+    c.build_parser = patched
+    sys.argv = ["refimpl", "info"]
+    sys.exit(c.main())
+    """
+)
+
+
+@pytest.mark.parametrize("value, traceback", [("1", True), ("0", False), ("", False)])
+def test_refimpl_debug_shows_the_traceback_of_an_internal_error(value, traceback):
+    """REFIMPL_DEBUG=0 used to show the traceback too (any value did)."""
+    r = run(env={"REFIMPL_DEBUG": value}, python=INTERNAL_ERROR)
+    assert ("Traceback" in r.stderr) is traceback, r.stderr
+    assert (r.returncode, "refimpl: internal error: ZeroDivisionError" in r.stderr) == (
+        (1, False) if traceback else (3, True)
+    )
+
+
+def test_an_unknown_backend_name_is_one_error(tmp_path):
+    r = run("say", "Hi.", "-o", tmp_path / "o.wav", env={"REFIMPL_BACKEND": "fast"})
+    assert_one_line_error(r, "environment variable REFIMPL_BACKEND: unknown backend 'fast'")
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def test_every_variable_the_package_reads_is_in_the_table():
+    """The one table of docs/limits.md lists every REFIMPL_* and NUMBA_* name in the package's code."""
+    names = set()
+    for path in (REPO / "refimpl").rglob("*.py"):
+        names |= set(re.findall(r"\b((?:REFIMPL|NUMBA)_[A-Z_]+[A-Z])\b", path.read_text()))
+    text = (REPO / "docs" / "limits.md").read_text()
+    table = text[text.index("## The environment") :]
+    table = table[: table.find("\n## ", 1) if "\n## " in table[1:] else len(table)]
+    rows = {m for line in table.splitlines() if line.startswith("|") for m in re.findall(r"`([A-Z_]+)", line)}
+    assert names - rows == set(), "not in the table of docs/limits.md: " + ", ".join(sorted(names - rows))
+    assert set(environment.SWITCHES) <= rows
