@@ -38,6 +38,8 @@ import numpy as np
 
 __all__ = [
     "InputError",
+    "Signalled",
+    "signals_raise",
     "atomic_output",
     "write_atomically",
     "read_limited",
@@ -67,7 +69,7 @@ def _default_mode() -> int:
     return 0o666 & ~umask
 
 
-class _Signalled(BaseException):
+class Signalled(BaseException):
     """SIGTERM or SIGHUP arrived during an atomic write (raised by the handler, caught by the writer)."""
 
     def __init__(self, signum: int):
@@ -79,8 +81,8 @@ CLEANUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") 
 
 
 @contextlib.contextmanager
-def _signals_raise():
-    """Within the block, SIGTERM and SIGHUP raise ``_Signalled`` (so that ``finally`` clauses run); the
+def signals_raise():
+    """Within the block, SIGTERM and SIGHUP raise ``Signalled`` (so that ``finally`` clauses run); the
     previous handlers are restored after it.  Ignored signals stay ignored (``nohup``); outside the main
     thread (where Python cannot set handlers) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
@@ -89,7 +91,7 @@ def _signals_raise():
     previous = {}
 
     def handler(signum, frame):
-        raise _Signalled(signum)
+        raise Signalled(signum)
 
     try:
         for signum in CLEANUP_SIGNALS:
@@ -120,7 +122,7 @@ def atomic_output(path):
     name = os.path.basename(path)[:200]  # the temporary name must stay under the 255-byte limit
     tmp = None
     try:
-        with _signals_raise():
+        with signals_raise():
             try:
                 fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + name + ".", suffix=".tmp")
                 with os.fdopen(fd, "wb") as f:
@@ -134,7 +136,7 @@ def atomic_output(path):
                 if tmp is not None:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
-    except _Signalled as e:
+    except Signalled as e:
         # the handlers are restored: deliver the signal again (the default action ends the process here)
         signal.raise_signal(e.signum)
         raise InterruptedError(4, f"interrupted by signal {e.signum} while writing", path) from None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -16,10 +17,12 @@ import numpy as np
 from ..io.files import (
     MAX_INPUT_BYTES,
     InputError,
+    Signalled,
     load_npy_codes,
     parse_json,
     plain_file_name,
     read_limited,
+    signals_raise,
     write_atomically,
 )
 from ..io.validate import count
@@ -605,6 +608,12 @@ def run_case_or_fail(model, case: dict, out_dir: str, fmt: str, dtype: str) -> d
         }
 
 
+WORKER_DIED = (
+    "its worker process died before the case finished (killed from outside, or by the system when memory ran "
+    "out), and again when the case ran alone"
+)
+
+
 def run_cases(
     model,
     cases: list,
@@ -615,29 +624,101 @@ def run_cases(
     dask_address: str | None = None,
     *,
     progress=None,
+    note=None,
+    run=None,
 ) -> list:
     """Every case in parallel: ``jobs`` local processes (concurrent.futures), or the workers of the Dask
     scheduler at ``dask_address`` (dask.distributed).  Returns the index entries in case order; a case
     that failed has ``error`` (and no file) instead of ``file``.
-    ``progress``: None or ``progress(iterable, desc) -> iterable``, wrapped around the finished cases."""
+    ``progress``: None or ``progress(iterable, desc) -> iterable``, wrapped around the finished cases;
+    ``note``: None or ``note(text)``, told when cases run again.  ``run`` (tests): what runs one case in a
+    worker, ``run_case_or_fail`` by default.
+
+    A worker process that dies (killed from outside, or by the system when memory runs out) loses the
+    cases in flight: those and the cases not started yet run again, each alone in a fresh process, and a
+    case whose process dies again is listed as failed (``WORKER_DIED``).  SIGTERM or SIGHUP (or Ctrl-C)
+    to this process stops every worker first (a trace being written removes its temporary file), so that
+    none goes on writing after the command has ended."""
     args = [(str(model) if model else None, case, str(out_dir), fmt, dtype) for case in cases]
     progress = progress or (lambda iterable, desc: iterable)
+    run = run or run_case_or_fail
     if dask_address:
         try:
             from distributed import Client
         except ImportError:
             raise ValueError("--dask needs dask.distributed: pip install 'qwen3-tts-refimpl[dask]'") from None
         with Client(dask_address) as client:
-            futures = [client.submit(run_case_or_fail, *a, pure=False) for a in args]
-            return [f.result() for f in progress(futures, "tracing cases")]  # in case order
+            futures = [client.submit(run, *a, pure=False) for a in args]
+            return [dask_result(f, case) for f, case in zip(progress(futures, "tracing cases"), cases)]
     if jobs <= 1:
-        return list(progress((run_case_or_fail(*a) for a in args), "tracing cases"))
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+        return list(progress((run(*a) for a in args), "tracing cases"))
+    entries = in_processes(run, args, jobs, progress)
+    lost = [i for i, e in enumerate(entries) if e is None]
+    if lost and note:
+        note(f"note: a worker process died; {len(lost)} case(s) it lost or had not started run again, each alone")
+    for i in lost:  # alone, each in a fresh process: a case that kills its worker again is named
+        entries[i] = in_processes(run, [args[i]], 1, lambda iterable, desc: iterable)[0] or failed_entry(
+            cases[i], WORKER_DIED
+        )
+    return entries
 
+
+def failed_entry(case: dict, error: str, internal: bool = False) -> dict:
+    return {"name": case.get("name"), "stage": case.get("stage"), "error": error, "internal": internal}
+
+
+def dask_result(future, case: dict) -> dict:
+    """A Dask future's index entry; a worker that died (``KilledWorker``) or a lost connection fails the
+    case, not the corpus."""
+    try:
+        return future.result()
+    except Exception as e:  # raised by Dask about the worker, not by the case (run_case_or_fail catches those)
+        return failed_entry(case, f"the Dask worker failed: {type(e).__name__}: {' '.join(str(e).split())}")
+
+
+def in_processes(run, args: list, jobs: int, progress) -> list:
+    """``run(*a)`` for every ``a`` of ``args`` in ``jobs`` spawned processes; the entries in order, None for
+    a case whose worker process died first."""
+    import gc
+    import multiprocessing
+    import signal
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    stopped, futures = None, []
     # spawned, not forked: a fork of a process whose Numba kernels already started OpenMP threads is unsafe
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(progress(pool.map(run_case_or_fail, *zip(*args)), "tracing cases"))
+        try:
+            with signals_raise():
+                futures = [pool.submit(run, *a) for a in args]
+                for _ in progress(as_completed(futures), "tracing cases"):
+                    pass
+        except (Signalled, KeyboardInterrupt) as e:
+            stop_workers(pool)
+            stopped = e
+    if stopped is not None:
+        del pool, futures  # the pool's queues released now (their semaphores), not left to the tracker
+        gc.collect()
+        if isinstance(stopped, Signalled):  # the handlers are restored: the default action ends the process here
+            signal.raise_signal(stopped.signum)
+            raise InterruptedError(4, f"interrupted by signal {stopped.signum}") from None
+        raise stopped
+    return [None if isinstance(f.exception(), BrokenProcessPool) else f.result() for f in futures]
+
+
+def stop_workers(pool) -> None:
+    """End the worker processes of a ``ProcessPoolExecutor`` now (SIGTERM, then SIGKILL after 10 s) and wait
+    for them: ``shutdown`` would wait for the cases they are running."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's pool keeps them there
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def cmd_golden(args, say) -> int:
@@ -661,6 +742,7 @@ def cmd_golden(args, say) -> int:
         args.jobs,
         args.dask,
         progress=functools.partial(say.progress, total=len(cases)),
+        note=say,
     )
     done = [e for e in entries if "error" not in e]
     failed = [e for e in entries if "error" in e]

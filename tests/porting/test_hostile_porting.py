@@ -6,6 +6,7 @@ stays bounded by the input, and nothing is written outside ``-o``."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -15,7 +16,9 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -373,6 +376,109 @@ def test_endless_cases_and_codes_files_are_refused_in_bounded_memory(tmp_path, w
         r = run("trace", "codec-decode", "/dev/zero", "-o", tmp_path / "t.safetensors", "-q")
     assert r.returncode == 1, r.stderr
     assert "over the limit of 268435456 bytes" in r.stderr and "MemoryError" not in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------- refimpl golden: its workers
+
+SLOW_CASES = [
+    {"name": f"c{i}", "stage": "say", "input": f"A sentence long enough to take a while, number {i}.",
+     "options": {"speaker": "vivian", "max_new_tokens": 60, "seed": i}}
+    for i in range(4)
+]  # fmt: skip
+
+
+def children(pid: int) -> list:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat_file.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def start_golden(tmp_path, jobs: int = 2):
+    """``refimpl golden --jobs`` on SLOW_CASES in a fresh process, and its worker processes once they run."""
+    cases = write_lines(tmp_path / "cases.jsonl", *SLOW_CASES)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))  # noqa: E731
+    command = [sys.executable, "-m", "refimpl", "golden", "--cases", cases, "-o", str(tmp_path / "out"), "--jobs"]
+    main_process = subprocess.Popen([*command, str(jobs)], stderr=subprocess.PIPE, text=True, env=ENV, preexec_fn=limit)
+    for _ in range(600):
+        workers = [c for c in children(main_process.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+        if len(workers) == jobs:
+            return main_process, workers
+        time.sleep(0.1)
+    main_process.kill()
+    raise AssertionError("no workers started")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_golden_stops_its_workers(tmp_path, signum):
+    """SIGTERM to ``refimpl golden --jobs 2`` used to leave its two workers running: they finished their
+    cases, wrote them after the command had ended, and then waited forever with a model in memory.  Now
+    the workers end first, the command ends by the signal, and nothing is written afterwards."""
+    main_process, workers = start_golden(tmp_path)
+    time.sleep(2)
+    main_process.send_signal(signum)
+    assert main_process.wait(timeout=120) == -signum, main_process.stderr.read()
+    assert "leaked" not in main_process.stderr.read()  # the pool's semaphores were released
+    time.sleep(1)
+    assert not any(alive(w) for w in workers)
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    time.sleep(5)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == written
+    assert not any(name.endswith(".tmp") for name in written) and "index.json" not in written
+
+
+def test_a_worker_that_dies_loses_no_case(tmp_path):
+    """A worker killed while it runs (SIGKILL: what the system's out-of-memory killer sends) broke the
+    pool: every case not finished was lost and the command an internal error.  The lost cases run again,
+    each alone; the corpus is whole."""
+    main_process, workers = start_golden(tmp_path)
+    time.sleep(2)
+    os.kill(workers[0], signal.SIGKILL)
+    assert main_process.wait(timeout=300) == 0, main_process.stderr.read()
+    assert "note: a worker process died;" in main_process.stderr.read()
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert [c["name"] for c in index["cases"]] == ["c0", "c1", "c2", "c3"] and index["failed"] == []
+    for entry in index["cases"]:
+        assert load_trace(tmp_path / "out" / entry["file"]).keys[-1].startswith("refimpl.")
+
+
+KILLER = """
+import os, signal
+
+def run(model, case, out_dir, fmt, dtype):
+    if case["name"] == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"name": case["name"], "stage": case["stage"], "file": case["name"] + ".safetensors"}
+"""
+
+
+def test_a_case_that_kills_its_worker_every_time_is_named(tmp_path, monkeypatch):
+    """A case whose process dies again when it runs alone is listed as failed (the others are done)."""
+    from refimpl.porting.commands import WORKER_DIED, run_cases
+
+    (tmp_path / "killer.py").write_text(KILLER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import killer
+
+    cases = [{"name": n, "stage": "say"} for n in ("a", "die", "b", "c")]
+    notes = []
+    entries = run_cases(None, cases, tmp_path, jobs=2, run=killer.run, note=notes.append)
+    assert [e["name"] for e in entries] == ["a", "die", "b", "c"]
+    assert entries[1] == {"name": "die", "stage": "say", "error": WORKER_DIED, "internal": False}
+    assert all(e["file"] == e["name"] + ".safetensors" for i, e in enumerate(entries) if i != 1)
+    assert len(notes) == 1 and "run again, each alone" in notes[0]
 
 
 # ----------------------------------------------------------------------------- refimpl trace arguments
