@@ -35,10 +35,11 @@ def load_average() -> float:
 # ----------------------------------------------------------------------------- the port's environment
 
 
-def ensure_venv(name: str, requirement: str, module: str, version: str) -> Path:
-    """The Python of ``ENVS/name``, a virtual environment holding ``requirement`` (installed once, from a
-    wheel only: a port that needs building from source is not the published package), checked by importing
-    ``module`` and reading its ``__version__``."""
+def ensure_venv(name: str, requirement: str, module: str, version: str, distribution: str | None = None) -> Path:
+    """The Python of ``ENVS/name``, a virtual environment holding ``requirement`` (one or more pinned
+    requirements separated by spaces, installed once, from wheels only: a port that needs building from
+    source is not the published package), checked by importing ``module`` and reading its ``__version__``,
+    or the installed version of ``distribution`` where the module has none."""
     env = ENVS / name
     python = env / "bin" / "python"
     done = env / ".installed"
@@ -47,10 +48,13 @@ def ensure_venv(name: str, requirement: str, module: str, version: str) -> Path:
         print(f"making {env} with {requirement} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"]
-        subprocess.run(pip + ["--only-binary", ":all:", requirement], check=True)
+        subprocess.run(pip + ["--only-binary", ":all:", *requirement.split()], check=True)
         done.write_text(requirement)
+    check = f"import {module}; print({module}.__version__)"
+    if distribution:
+        check = f"import {module}, importlib.metadata as m; print(m.version({distribution!r}))"
     found = subprocess.run(
-        [str(python), "-I", "-c", f"import {module}; print({module}.__version__)"],
+        [str(python), "-I", "-c", check],
         capture_output=True,
         text=True,
         check=True,

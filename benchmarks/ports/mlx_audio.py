@@ -1,0 +1,207 @@
+"""The mlx-audio port (``mlx-audio`` 0.6.2 with ``mlx`` / ``mlx-cpu`` 0.32.4 from PyPI, MLX on the CPU)
+graded by the conformance suite, in one command:
+
+    python benchmarks/ports/mlx_audio.py --suite /tmp/suite --results /tmp/mlx-results
+    python benchmarks/ports/mlx_audio.py --suite /tmp/suite-06b --results /tmp/mlx-06b --model DIR-0.6B-CustomVoice
+
+1. the suite: ``--suite`` is used as it is, or made there first (``refimpl conformance make``, with the
+   ``--model`` checkpoints when given, else the tiny embedded ones);
+2. mlx-audio's environment: ``benchmarks/ports/.envs/mlx-audio-0.6.2/`` (git-ignored), the three pinned
+   wheels; nothing of it enters the project's environment;
+3. no conversion: mlx-audio has no converter; ``load_model`` reads the Hugging Face folder and transposes
+   the conv weights as it loads them;
+4. each case mlx-audio supports, in its own process (``mlx_audio_worker.py`` in its environment) under a
+   time and a memory limit: greedy (``temperature=0``), the non-streaming text feed (mlx-audio always
+   prefills the whole text), the weights widened to float32 (``--dtype float32``, the default); what it
+   gives goes to ``RESULTS/<case>/`` under the suite's plain names: the audio its API returns and the codes
+   caught at the input of its ``speech_tokenizer.decode``. A case that crashes or hangs is recorded with its
+   message and the others go on; a case mlx-audio cannot run is left out and the reason printed;
+5. ``refimpl conformance grade SUITE RESULTS --precision float32 --behaviour length=natural`` (its
+   ``max_tokens`` is the number of frames it generates, set from ``max_new_tokens``: one frame more than
+   the official), printed, with ``RESULTS/report.json``, ``report.html`` and ``mlx-audio-run.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+
+PACKAGE, VERSION, MLX = "mlx-audio", "0.6.2", "0.32.4"
+REQUIREMENT = f"{PACKAGE}=={VERSION} mlx=={MLX} mlx-cpu=={MLX}"
+ENV_NAME = f"{PACKAGE}-{VERSION}"
+WORKER = harness.HERE / "mlx_audio_worker.py"
+BEHAVIOURS = ["length=natural", "decode=official"]  # max_tokens frames; the 300/25 chunked decode
+GIB = 1 << 30
+
+STREAMING_FEED = "the streaming text feed (non_streaming_mode=False): mlx-audio always prefills the whole text"
+BATCH = "a padded batch of prompts: mlx-audio's batch_generate is not graded by this script"
+SAMPLED = "sampling replayed from recorded uniforms: mlx-audio draws from MLX's own generator"
+NO_BASE = "the suite has no Base checkpoint (mlx-audio's speaker encoder and codec encoder are reached through it)"
+RESAMPLE = "a 16 kHz input: speech_tokenizer.encode takes 24 kHz samples, and the resampling is the caller's"
+CLONE = (
+    "voice clone, whose reference ran the streaming text feed (the official default for clone): mlx-audio "
+    "always prefills the whole text"
+)
+STREAM = "an exact decoder stream: mlx-audio's streaming decode is reached only from a streaming generation"
+
+
+def plan_case(case: dict, dirs: dict, include_streaming_feed: bool) -> tuple:
+    """(action for mlx_audio_worker, checkpoint kind) or (None, why mlx-audio cannot run the case)."""
+    stage, options = case["stage"], case["options"]
+    if stage == "codec-decode":
+        return (None, STREAM) if "pushes" in options else ("decode", case["checkpoint"])
+    if stage == "codec-encode":
+        return (None, RESAMPLE) if options.get("sample_rate") != 24000 else ("encode", case["checkpoint"])
+    if stage == "speaker":
+        return ("speaker", "base") if "base" in dirs else (None, NO_BASE)
+    reasons = []
+    if stage == "clone":
+        reasons.append(CLONE)
+    elif harness.text_feed(case) == "streaming" and not include_streaming_feed:
+        reasons.append(STREAMING_FEED)
+    if isinstance(options.get("text"), list):
+        reasons.append(BATCH)
+    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
+        reasons.append(SAMPLED)
+    if reasons:
+        return None, "; ".join(reasons)
+    return ("design" if stage == "design" else "say"), case["checkpoint"]
+
+
+def job_of(case: dict, action: str, directory: Path, out: Path, reference: dict, args) -> dict:
+    options, case_dir = case["options"], Path(args.suite) / "cases" / case["name"]
+    job = {"case": case["name"], "action": action, "model": str(directory), "dtype": args.dtype, "out": str(out)}
+    if action == "decode":
+        return dict(job, codes=str(case_dir / case["inputs"]["codes"]))
+    if action in ("encode", "speaker"):
+        return dict(job, audio=str(case_dir / case["inputs"]["audio"]))
+    job.update(text=options["text"], language=options.get("language") or "auto", instruct=options.get("instruct"))
+    job["max_tokens"] = options["max_new_tokens"]  # mlx-audio's max_tokens: the frames it generates
+    if action == "say":
+        job["speaker"] = reference.get("speaker") or options.get("speaker")
+    return job
+
+
+def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
+    suite, results = Path(args.suite), Path(args.results)
+    record = {"port": f"{PACKAGE} {VERSION} (mlx {MLX}, CPU)", "machine": harness.machine(), "cases": {}}
+    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
+    jobs = Path(tempfile.mkdtemp(prefix="mlx-audio-jobs-"))
+    try:
+        for case in manifest["cases"]:
+            name = case["name"]
+            if name not in wanted:
+                continue
+            out = results / name
+            shutil.rmtree(out, ignore_errors=True)
+            action, kind = plan_case(case, dirs, args.include_streaming_feed)
+            if action is None:
+                record["cases"][name] = {"status": "not run", "reason": kind}
+                continue
+            if kind not in dirs:
+                record["cases"][name] = {"status": "not run", "reason": f"no {kind} checkpoint (pass --model)"}
+                continue
+            job = job_of(case, action, dirs[kind], out, harness.reference_input(suite, case), args)
+            (jobs / f"{name}.json").write_text(json.dumps(job))
+            print(f"{name}: mlx-audio {action} ...", flush=True)
+            argv = [str(python), "-I", str(WORKER), str(jobs / f"{name}.json")]
+            run = harness.run_limited(argv, args.timeout, args.memory_gib * GIB, harness.child_env(args.threads))
+            entry = {"status": "ran", "action": action, "seconds": run["seconds"]}
+            if harness.text_feed(case) == "streaming":
+                entry["note"] = "run with mlx-audio's non-streaming feed; the reference used the streaming feed"
+            if run["rc"] != 0:
+                what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
+                last = (run["output"].strip().splitlines() or [""])[-1]  # the error, after a traceback
+                entry.update(status="failed", message=f"{what}: {last}", output=run["output"])
+                shutil.rmtree(out, ignore_errors=True)  # a half-written case is not graded
+            else:
+                entry["mlx"] = json.loads((out / ".mlx-case.json").read_text())
+                if "decode_error" in entry["mlx"]:
+                    entry.update(
+                        status="partial", message=f"codes only, the decode failed: {entry['mlx']['decode_error']}"
+                    )
+            record["cases"][name] = entry
+    finally:
+        shutil.rmtree(jobs, ignore_errors=True)
+    record["machine"]["load_average_1min_after"] = round(harness.load_average(), 2)
+    return record
+
+
+def summary(record: dict) -> list:
+    lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
+    lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
+    for name, c in record["cases"].items():
+        if c["status"] == "not run":
+            lines.append(f"  {name}: not run: {c['reason']}")
+        elif c["status"] == "failed":
+            lines.append(f"  {name}: FAILED TO RUN: {c['message']}")
+        else:
+            m = c["mlx"]
+            steps = [f"load {m['load_s']} s", f"run {m['run_s']} s"]
+            steps += [f"{m['frames']:g} frames"] if "frames" in m else []
+            note = "".join(f"; {c[k]}" for k in ("message", "note") if c.get(k))
+            lines.append(f"  {name}: mlx-audio {c['action']} in {c['seconds']} s ({', '.join(steps)}){note}")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", required=True, help="a conformance suite (made there first when absent)")
+    ap.add_argument("--results", required=True, help="RESULTS: one folder per case, the reports")
+    ap.add_argument("--model", action="append", default=[], help="checkpoint directory (repeat): a suite's checkpoints")
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "stored"],
+        default="float32",
+        help="float32: the weights widened after loading (graded by the float32 rule); stored: as mlx-audio "
+        "loads them (bf16 weights compute in bf16: graded by the bfloat16 rule)",
+    )
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per case")
+    ap.add_argument("--memory-gib", type=int, default=12, help="address-space limit of each mlx-audio process")
+    ap.add_argument("--cases", nargs="*", help="only these cases")
+    ap.add_argument(
+        "--include-streaming-feed",
+        action="store_true",
+        help="also run say-streaming-feed with mlx-audio's non-streaming feed (it fails: the report shows where)",
+    )
+    args = ap.parse_args(argv)
+    args.model = [Path(m) for m in args.model]
+    suite, results = Path(args.suite), Path(args.results)
+    manifest = harness.ensure_suite(suite, args.model)
+    dirs = harness.checkpoint_dirs(suite, manifest, args.model)
+    python = harness.ensure_venv(ENV_NAME, REQUIREMENT, "mlx_audio", VERSION, distribution=PACKAGE)
+    results.mkdir(parents=True, exist_ok=True)
+    precision = "float32"
+    if args.dtype == "stored":
+        from refimpl.io.checkpoint import read_safetensors_header
+
+        stored = set()
+        for d in dirs.values():
+            for f in Path(d).glob("*.safetensors"):
+                stored |= {h["dtype"] for h in read_safetensors_header(f)[0].values()}
+        precision = "bfloat16" if "BF16" in stored else "float32"
+    t0 = time.perf_counter()
+    record = run_cases(python, manifest, dirs, args)
+    record.update(seconds=round(time.perf_counter() - t0, 1), behaviours=BEHAVIOURS, precision=precision)
+    record["dtype"] = args.dtype
+    (results / "mlx-audio-run.json").write_text(json.dumps(record, indent=1) + "\n")
+    report, text = harness.grade(suite, results, precision, BEHAVIOURS)
+    print(text)
+    print("\n".join(summary(record)))
+    print(f"reports: {results / 'report.html'}, {results / 'report.json'}, {results / 'mlx-audio-run.json'}")
+    from refimpl.porting.conformance.grade import exit_status
+
+    crashed = any(c["status"] in ("failed", "partial") for c in record["cases"].values())
+    return max(exit_status(report), 1 if crashed else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
