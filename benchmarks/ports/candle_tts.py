@@ -1,7 +1,7 @@
 """The candle-tts port (``candle-tts`` 0.1.3 from PyPI: Rust and candle, descended from qwen3-tts-rs) graded
 by the conformance suite, in one command:
 
-    python benchmarks/ports/candle_tts.py --suite /tmp/suite --results /tmp/candle-results
+    python benchmarks/ports/candle_tts.py --suite ports-runs/suite --results ports-runs/candle-results
 
 1. the suite: ``--suite`` is used as it is, or made there first (``refimpl conformance make``, with the
    ``--model`` checkpoints when given, else the tiny embedded ones);

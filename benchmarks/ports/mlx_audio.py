@@ -1,8 +1,8 @@
 """The mlx-audio port (``mlx-audio`` 0.6.2 with ``mlx`` / ``mlx-cpu`` 0.32.4 from PyPI, MLX on the CPU)
 graded by the conformance suite, in one command:
 
-    python benchmarks/ports/mlx_audio.py --suite /tmp/suite --results /tmp/mlx-results
-    python benchmarks/ports/mlx_audio.py --suite /tmp/suite-06b --results /tmp/mlx-06b --model DIR-0.6B-CustomVoice
+    python benchmarks/ports/mlx_audio.py --suite ports-runs/suite --results ports-runs/mlx-results
+    python benchmarks/ports/mlx_audio.py --suite ports-runs/s06b --results ports-runs/mlx-06b --model DIR-0.6B-CV
 
 1. the suite: ``--suite`` is used as it is, or made there first (``refimpl conformance make``, with the
    ``--model`` checkpoints when given, else the tiny embedded ones);

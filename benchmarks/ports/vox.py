@@ -1,7 +1,7 @@
 """The vox port (``vox-tts`` 0.19.5 from PyPI, a C++ engine) graded by the conformance suite, in one command:
 
-    python benchmarks/ports/vox.py --suite /tmp/suite --results /tmp/vox-results
-    python benchmarks/ports/vox.py --suite /tmp/suite-06b --results /tmp/vox-06b --model DIR-0.6B-CustomVoice
+    python benchmarks/ports/vox.py --suite ports-runs/suite --results ports-runs/vox-results
+    python benchmarks/ports/vox.py --suite ports-runs/s06b --results ports-runs/vox-06b --model DIR-0.6B-CV
 
 1. the suite: ``--suite`` is used as it is, or made there first (``refimpl conformance make``, with the
    ``--model`` checkpoints when given, else the tiny embedded ones);
