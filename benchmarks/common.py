@@ -64,46 +64,62 @@ def _in_child(fn, *args) -> None:
         raise RuntimeError(f"writing a benchmark checkpoint failed (exit code {p.exitcode})")
 
 
-def _write_released_custom_voice(path: Path, seed: int) -> None:
+def _write_released_tts(path: Path, seed: int, tts_model_type: str) -> None:
     """Like ``synthetic.write_tts_model`` with the tiny text tokenizer, but the text embedding keeps its
     released size (151936 x 2048; the tiny tokenizer's ids all lie below it), bf16 on disk like the
-    release (speech_tokenizer/ is linked by the caller)."""
+    release (speech_tokenizer/ is linked by the caller). ``tts_model_type`` "custom_voice" has the
+    released speakers; "base" has none and the 0.6B-Base speaker encoder (enc_dim 1024)."""
     from refimpl.porting import presets, synthetic
 
     path.mkdir(parents=True, exist_ok=True)
     added = synthetic.write_tiny_text_tokenizer(path)
+    base = tts_model_type == "base"
+    talker = presets.RELEASED_TALKER_0_6B if base else presets.RELEASED_TALKER_0_6B_CUSTOMVOICE
     config = {
         "architectures": ["Qwen3TTSForConditionalGeneration"],
         "model_type": "qwen3_tts",
         "tokenizer_type": "qwen3_tts_tokenizer_12hz",
         "tts_model_size": "0b6",
-        "tts_model_type": "custom_voice",
+        "tts_model_type": tts_model_type,
         "im_start_token_id": added["<|im_start|>"],
         "im_end_token_id": added["<|im_end|>"],
         "tts_pad_token_id": added["<tts_pad>"],
         "tts_bos_token_id": added["<tts_text_bos>"],
         "tts_eos_token_id": added["<tts_text_eod>"],
-        "talker_config": presets.preset(presets.RELEASED_TALKER_0_6B_CUSTOMVOICE),
+        "talker_config": presets.preset(talker),
     }
+    if base:
+        config["speaker_encoder_config"] = presets.preset(presets.RELEASED_SPEAKER_ENCODER)
     assert max(added.values()) < config["talker_config"]["text_vocab_size"]
     weights = synthetic.random_weights(synthetic.tts_model_weight_spec(config), seed)
     synthetic.write_checkpoint(path, config, weights, "bfloat16")
     (path / "generation_config.json").write_text(json.dumps(presets.RELEASED_GENERATION_CONFIG, indent=2) + "\n")
 
 
-def released_custom_voice_0_6b(seed: int = 0) -> Path:
-    """A full-size Qwen3-TTS-12Hz-0.6B-CustomVoice directory with seeded random weights (bf16, 1.8 GB,
-    written once) whose speech_tokenizer/ is ``released_speech_tokenizer()``."""
+def _released_tts(name: str, tts_model_type: str, what: str, seed: int) -> Path:
+    """A full-size 0.6B model directory ``CACHE/name`` (written once) whose speech_tokenizer/ links to
+    ``released_speech_tokenizer()``."""
     tokenizer = released_speech_tokenizer()
-    path = written_once(
-        CACHE / "released-0.6b-customvoice",
-        lambda d: _in_child(_write_released_custom_voice, d, seed),
-        "a full-size synthetic 0.6B CustomVoice model",
-    )
+    path = written_once(CACHE / name, lambda d: _in_child(_write_released_tts, d, seed, tts_model_type), what)
     link = path / "speech_tokenizer"
     if not link.exists():
         link.symlink_to(os.path.relpath(tokenizer, path), target_is_directory=True)
     return path
+
+
+def released_custom_voice_0_6b(seed: int = 0) -> Path:
+    """A full-size Qwen3-TTS-12Hz-0.6B-CustomVoice directory with seeded random weights (bf16, 1.8 GB,
+    written once) whose speech_tokenizer/ is ``released_speech_tokenizer()``."""
+    return _released_tts(
+        "released-0.6b-customvoice", "custom_voice", "a full-size synthetic 0.6B CustomVoice model", seed
+    )
+
+
+def released_base_0_6b(seed: int = 0) -> Path:
+    """A full-size Qwen3-TTS-12Hz-0.6B-Base directory with seeded random weights (bf16, 1.83 GB, written once): the
+    Talker without speakers, the released speaker encoder (enc_dim 1024), ``released_speech_tokenizer()``
+    linked as speech_tokenizer/. The port graders' full-size voice-clone, codec-encode and speaker cases."""
+    return _released_tts("released-0.6b-base", "base", "a full-size synthetic 0.6B Base model", seed)
 
 
 def released_speaker_encoder(seed: int = 0) -> Path:
