@@ -55,7 +55,6 @@ ENV_NAME = f"{PACKAGE}-{VERSION}"
 WORKER = harness.HERE / "candle_tts_worker.py"
 PRECISION = "float32"  # candle-tts computes in float32 on the CPU (its default CPU dtype; no option)
 BEHAVIOURS: list = []  # the official defaults: no generation or decode case of the tiny suite runs (see below)
-GIB = 1 << 30
 CANDLE_DECODER_LAYERS = 8  # the codec decoder transformer's layers candle-tts 0.1.3 loads, whatever config.json says
 PLACEHOLDER_REF_TEXT = "reference"  # cloning in context needs a transcript; the codes do not depend on it
 SEMANTIC = "refimpl.encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codes"
@@ -225,10 +224,8 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
                 record["views"][kind] = dict(changes, folder=str(model))
                 entry.update(checkpoint=str(model), view="x-vector view of " + kind)
             job = job_of(dict(case, _suite=str(suite)), action, model, out)
-            (jobs / f"{name}.json").write_text(json.dumps(job))
             print(f"{name}: candle-tts {action} ...", flush=True)
-            argv = [str(python), "-I", str(WORKER), str(jobs / f"{name}.json")]
-            run = harness.run_limited(argv, args.timeout, args.memory_gib * GIB, child_env(args.threads))
+            run = harness.run_job(python, WORKER, jobs, name, job, args, child_env(args.threads))
             entry["seconds"] = run["seconds"]
             if run["rc"] == 0:
                 given = json.loads((out / ".candle-case.json").read_text())
@@ -241,12 +238,9 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
                     entry["candle"] = {k: v for k, v in given.items() if k != "voice"}
                     entry["candle"]["voice_sizes"] = {k: _size(v) for k, v in given["voice"].items()}
             if run["rc"] != 0:
-                what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
                 lines = run["output"].strip().splitlines()
                 # the error line: the last one naming an error, before a Rust backtrace when there is one
-                last = next((x for x in reversed(lines) if "Error" in x), lines[-1] if lines else "")
-                entry.update(status="failed", message=f"{what}: {last.strip()}", output=run["output"])
-                shutil.rmtree(out, ignore_errors=True)  # a half-written case is not graded
+                harness.failed(entry, run, out, next((x for x in reversed(lines) if "Error" in x), None))
             record["cases"][name] = entry
     finally:
         shutil.rmtree(jobs, ignore_errors=True)
@@ -309,16 +303,8 @@ def main(argv=None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     record = run_cases(python, manifest, dirs, args)
-    record.update(seconds=round(time.perf_counter() - t0, 1), behaviours=BEHAVIOURS, precision=PRECISION)
-    (results / "candle-tts-run.json").write_text(json.dumps(record, indent=1) + "\n")
-    report, text = harness.grade(suite, results, PRECISION, BEHAVIOURS)
-    print(text)
-    print("\n".join(summary(record)))
-    print(f"reports: {results / 'report.html'}, {results / 'report.json'}, {results / 'candle-tts-run.json'}")
-    from refimpl.porting.conformance.grade import exit_status
-
-    crashed = any(c["status"] == "failed" for c in record["cases"].values())
-    return max(exit_status(report), 1 if crashed else 0)
+    record["seconds"] = round(time.perf_counter() - t0, 1)
+    return harness.finish("candle-tts", record, suite, results, PRECISION, BEHAVIOURS, summary(record))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+GIB = 1 << 30
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
@@ -176,6 +178,39 @@ def grade(suite: Path, results: Path, precision: str, behaviours: list) -> tuple
     (results / "report.json").write_text(json.dumps(json_safe(report), indent=1) + "\n")
     write_html(report, results / "report.html")
     return report, format_report(report)
+
+
+def run_job(python: Path, worker: Path, jobs: Path, name: str, job: dict, args, env: dict) -> dict:
+    """Write a case's job, run the port's worker on it in a child process under the time and memory limits
+    (``run_limited``); returns that run (rc, timed_out, output, seconds)."""
+    (jobs / f"{name}.json").write_text(json.dumps(job))
+    argv = [str(python), "-I", str(worker), str(jobs / f"{name}.json")]
+    return run_limited(argv, args.timeout, args.memory_gib * GIB, env)
+
+
+def failed(entry: dict, run: dict, out: Path, last: str | None = None) -> None:
+    """Mark ``entry`` failed with the run's one-line reason (``last``: the error line; by default the last
+    line of its output, after a traceback) and remove the half-written case: it is not graded."""
+    what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
+    if last is None:
+        last = (run["output"].strip().splitlines() or [""])[-1]
+    entry.update(status="failed", message=f"{what}: {last.strip()}", output=run["output"])
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def finish(tag: str, record: dict, suite: Path, results: Path, precision: str, behaviours: list, lines: list) -> int:
+    """Write ``RESULTS/<tag>-run.json``, grade, print the report card and ``lines`` (what the script did);
+    the exit status: the grade's, or 1 when a case failed to run (or ran only in part)."""
+    from refimpl.porting.conformance.grade import exit_status
+
+    record.update(behaviours=behaviours, precision=precision)
+    (results / f"{tag}-run.json").write_text(json.dumps(record, indent=1) + "\n")
+    report, text = grade(suite, results, precision, behaviours)
+    print(text)
+    print("\n".join(lines))
+    print(f"reports: {results / 'report.html'}, {results / 'report.json'}, {results / f'{tag}-run.json'}")
+    crashed = any(c["status"] in ("failed", "partial") for c in record["cases"].values())
+    return max(exit_status(report), 1 if crashed else 0)
 
 
 def machine() -> dict:

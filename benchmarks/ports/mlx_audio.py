@@ -38,7 +38,6 @@ REQUIREMENT = f"{PACKAGE}=={VERSION} mlx=={MLX} mlx-cpu=={MLX}"
 ENV_NAME = f"{PACKAGE}-{VERSION}"
 WORKER = harness.HERE / "mlx_audio_worker.py"
 BEHAVIOURS = ["length=natural", "decode=official"]  # max_tokens frames; the 300/25 chunked decode
-GIB = 1 << 30
 
 STREAMING_FEED = "the streaming text feed (non_streaming_mode=False): mlx-audio always prefills the whole text"
 BATCH = "a padded batch of prompts: mlx-audio's batch_generate is not graded by this script"
@@ -109,18 +108,13 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
                 record["cases"][name] = {"status": "not run", "reason": f"no {kind} checkpoint (pass --model)"}
                 continue
             job = job_of(case, action, dirs[kind], out, harness.reference_input(suite, case), args)
-            (jobs / f"{name}.json").write_text(json.dumps(job))
             print(f"{name}: mlx-audio {action} ...", flush=True)
-            argv = [str(python), "-I", str(WORKER), str(jobs / f"{name}.json")]
-            run = harness.run_limited(argv, args.timeout, args.memory_gib * GIB, harness.child_env(args.threads))
+            run = harness.run_job(python, WORKER, jobs, name, job, args, harness.child_env(args.threads))
             entry = {"status": "ran", "action": action, "seconds": run["seconds"]}
             if harness.text_feed(case) == "streaming":
                 entry["note"] = "run with mlx-audio's non-streaming feed; the reference used the streaming feed"
             if run["rc"] != 0:
-                what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
-                last = (run["output"].strip().splitlines() or [""])[-1]  # the error, after a traceback
-                entry.update(status="failed", message=f"{what}: {last}", output=run["output"])
-                shutil.rmtree(out, ignore_errors=True)  # a half-written case is not graded
+                harness.failed(entry, run, out)
             else:
                 entry["mlx"] = json.loads((out / ".mlx-case.json").read_text())
                 if "decode_error" in entry["mlx"]:
@@ -190,17 +184,8 @@ def main(argv=None) -> int:
         precision = "bfloat16" if "BF16" in stored else "float32"
     t0 = time.perf_counter()
     record = run_cases(python, manifest, dirs, args)
-    record.update(seconds=round(time.perf_counter() - t0, 1), behaviours=BEHAVIOURS, precision=precision)
-    record["dtype"] = args.dtype
-    (results / "mlx-audio-run.json").write_text(json.dumps(record, indent=1) + "\n")
-    report, text = harness.grade(suite, results, precision, BEHAVIOURS)
-    print(text)
-    print("\n".join(summary(record)))
-    print(f"reports: {results / 'report.html'}, {results / 'report.json'}, {results / 'mlx-audio-run.json'}")
-    from refimpl.porting.conformance.grade import exit_status
-
-    crashed = any(c["status"] in ("failed", "partial") for c in record["cases"].values())
-    return max(exit_status(report), 1 if crashed else 0)
+    record.update(seconds=round(time.perf_counter() - t0, 1), dtype=args.dtype)
+    return harness.finish("mlx-audio", record, suite, results, precision, BEHAVIOURS, summary(record))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ ENV_NAME = f"{PACKAGE}-{VERSION}"
 WORKER = harness.HERE / "vox_worker.py"
 PRECISION = "float32"  # vox widens bf16 / f32 weights to float32 and computes in float32 on the CPU
 BEHAVIOURS = ["length=natural", "decode=official"]
-GIB = 1 << 30
 
 NO_DECODE = (
     "vox decodes only the codes it generates: its Python API takes text, not codes, and the wheel has no "
@@ -96,7 +95,7 @@ def convert(python: Path, kind: str, directory: Path, sha: str, dtype: str, args
     partial = tmod.with_name(tmod.name + ".partial")
     argv = [str(python), "-I", "-m", "vox", "build", "--model", str(directory), "--dtype", dtype, "-o", str(partial)]
     print(f"converting {directory.name} ({kind}) with vox's converter, --dtype {dtype} ...", flush=True)
-    run = harness.run_limited(argv, args.timeout * 3, args.memory_gib * GIB, harness.child_env(args.threads))
+    run = harness.run_limited(argv, args.timeout * 3, args.memory_gib * harness.GIB, harness.child_env(args.threads))
     record.update(command="python -m vox build --model DIR --dtype " + dtype, seconds=run["seconds"])
     if run["rc"] != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
@@ -153,18 +152,13 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
                 record["cases"][name] = {"status": "failed", "message": "the conversion failed (see conversions)"}
                 continue
             job = job_of(case, action, tmods[kind], out, harness.reference_input(suite, case), args)
-            (jobs / f"{name}.json").write_text(json.dumps(job))
             print(f"{name}: vox {action} ...", flush=True)
-            argv = [str(python), "-I", str(WORKER), str(jobs / f"{name}.json")]
-            run = harness.run_limited(argv, args.timeout, args.memory_gib * GIB, harness.child_env(args.threads))
+            run = harness.run_job(python, WORKER, jobs, name, job, args, harness.child_env(args.threads))
             entry = {"status": "ran", "action": action, "seconds": run["seconds"]}
             if harness.text_feed(case) == "non-streaming":
                 entry["note"] = "run with vox's streaming feed; the reference used the non-streaming feed"
             if run["rc"] != 0:
-                what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
-                last = (run["output"].strip().splitlines() or [""])[-1]  # the error, after a traceback
-                entry.update(status="failed", message=f"{what}: {last}", output=run["output"])
-                shutil.rmtree(out, ignore_errors=True)  # a half-written case is not graded
+                harness.failed(entry, run, out)
             else:
                 entry["vox"] = json.loads((out / ".vox-case.json").read_text())
             record["cases"][name] = entry
@@ -219,16 +213,8 @@ def main(argv=None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     record = run_cases(python, manifest, dirs, args)
-    record.update(seconds=round(time.perf_counter() - t0, 1), behaviours=BEHAVIOURS, precision=PRECISION)
-    (results / "vox-run.json").write_text(json.dumps(record, indent=1) + "\n")
-    report, text = harness.grade(suite, results, PRECISION, BEHAVIOURS)
-    print(text)
-    print("\n".join(summary(record)))
-    print(f"reports: {results / 'report.html'}, {results / 'report.json'}, {results / 'vox-run.json'}")
-    from refimpl.porting.conformance.grade import exit_status
-
-    crashed = any(c["status"] == "failed" for c in record["cases"].values())
-    return max(exit_status(report), 1 if crashed else 0)
+    record["seconds"] = round(time.perf_counter() - t0, 1)
+    return harness.finish("vox", record, suite, results, PRECISION, BEHAVIOURS, summary(record))
 
 
 if __name__ == "__main__":
