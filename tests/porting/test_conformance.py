@@ -323,3 +323,19 @@ def test_a_suite_of_given_checkpoints_allows_the_released_noise(tmp_path):
     (tmp_path / "suite" / "manifest.json").write_text(json.dumps(dict(data, noise="tiny")))
     assert graded(tmp_path / "suite", tmp_path / "results", "codec-decode-stream")[0]["status"] == "fail"
     assert "measured on released checkpoints" in (tmp_path / "suite" / "README.md").read_text()
+
+
+def test_a_waveform_given_as_wav(made, tmp_path):
+    """waveform.wav (float samples, 24 kHz) is read like waveform.npy; another rate is unusable, said so."""
+    from refimpl.io.audio import write_wav
+
+    suite_dir, _ = made
+    ref = reference(suite_dir, "codec-decode-stream")
+    wav = np.squeeze(ref["refimpl.waveform.0"])
+    (tmp_path / "good" / "codec-decode-stream").mkdir(parents=True)
+    write_wav(tmp_path / "good" / "codec-decode-stream" / "waveform.wav", wav, 24000, sample_format="float")
+    assert graded(suite_dir, tmp_path / "good", "codec-decode-stream")[0]["status"] == "pass"
+    (tmp_path / "bad" / "codec-decode-stream").mkdir(parents=True)
+    write_wav(tmp_path / "bad" / "codec-decode-stream" / "waveform.wav", wav, 16000, sample_format="float")
+    case, _ = graded(suite_dir, tmp_path / "bad", "codec-decode-stream")
+    assert case["status"] == "unusable" and "24000 Hz" in case["message"]

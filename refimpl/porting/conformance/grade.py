@@ -59,12 +59,13 @@ def read_array(path: Path) -> np.ndarray:
 
 
 def read_wave(path: Path) -> np.ndarray:
-    from ...io.audio import read_wav
+    """A waveform a port wrote as WAV: mono (channels averaged, as ``refimpl trace`` reads one), at 24 kHz."""
+    from ..commands import read_mono
 
-    audio, sr = read_wav(path)
+    audio, sr = read_mono(path)
     if sr != 24000:
         raise ResultsError(f"{path}: a waveform must be at 24000 Hz, the codec's rate, not {sr} Hz")
-    return audio.mean(axis=1) if audio.ndim == 2 else audio
+    return audio
 
 
 def read_results(results: Path, name: str) -> trace_files.Trace | None:

@@ -387,7 +387,7 @@ BEHAVIOURS = {
 
 def start_case(case: Case, models: Models, directory: Path) -> dict:
     """Write one case's inputs and its float64 reference; return what ``finish_case`` needs."""
-    from ...io.audio import write_wav
+    from ...io.audio import read_wav, write_wav
 
     directory.mkdir(parents=True)
     inputs = case_inputs(case, models)
@@ -399,7 +399,7 @@ def start_case(case: Case, models: Models, directory: Path) -> dict:
         else:
             files[name] = f"{name}.wav"
             write_wav(directory / files[name], array, sr, sample_format="float")
-            inputs[name] = read_back_wav(directory / files[name])  # the reference runs on what the port reads
+            inputs[name] = read_wav(directory / files[name])  # the reference runs on what the port reads
     ref64 = reference_trace(case, models, inputs, np.float64)
     draws = ref64["refimpl.random_draws"] if "refimpl.random_draws" in ref64.keys else None
     if draws is not None and draws.size:
@@ -433,13 +433,6 @@ def finish_case(case: Case, models: Models, directory: Path, started: dict) -> d
     }
     write_atomically(directory / "case.json", (json.dumps(entry, indent=1) + "\n").encode("utf-8"))
     return entry
-
-
-def read_back_wav(path: Path) -> tuple:
-    from ...io.audio import read_wav
-
-    audio, sr = read_wav(path)
-    return audio, sr
 
 
 def frames_of(trace, case: Case) -> list | None:
