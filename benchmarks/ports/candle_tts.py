@@ -39,7 +39,6 @@ its x-vector route never needs it) and whose decoder transformer layers are repe
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -279,14 +278,7 @@ def summary(record: dict) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", required=True, help="a conformance suite (made there first when absent)")
-    ap.add_argument("--results", required=True, help="RESULTS: one folder per case, the reports")
-    ap.add_argument("--model", action="append", default=[], help="checkpoint directory (repeat): a suite's checkpoints")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per case")
-    ap.add_argument("--memory-gib", type=int, default=12, help="address-space limit of each candle-tts process")
-    ap.add_argument("--cases", nargs="*", help="only these cases")
+    ap = harness.port_arguments(__doc__, "candle-tts")
     ap.add_argument(
         "--no-xvector-view",
         dest="xvector_view",
@@ -295,12 +287,8 @@ def main(argv=None) -> int:
         "hard-coded codec sizes are not the checkpoint's)",
     )
     args = ap.parse_args(argv)
-    args.model = [Path(m) for m in args.model]
-    suite, results = Path(args.suite), Path(args.results)
-    manifest = harness.ensure_suite(suite, args.model)
-    dirs = harness.checkpoint_dirs(suite, manifest, args.model)
+    suite, results, manifest, dirs = harness.prepare(args)
     python = harness.ensure_venv(ENV_NAME, f"{PACKAGE}=={VERSION}", "candle_tts", VERSION)
-    results.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     record = run_cases(python, manifest, dirs, args)
     record["seconds"] = round(time.perf_counter() - t0, 1)

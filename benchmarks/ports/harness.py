@@ -9,6 +9,7 @@ that runs in it, and grades what the worker wrote with ``refimpl conformance gra
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -178,6 +179,30 @@ def grade(suite: Path, results: Path, precision: str, behaviours: list) -> tuple
     (results / "report.json").write_text(json.dumps(json_safe(report), indent=1) + "\n")
     write_html(report, results / "report.html")
     return report, format_report(report)
+
+
+def port_arguments(doc: str, port: str) -> argparse.ArgumentParser:
+    """The options every port's script takes; the script adds its own."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", required=True, help="a conformance suite (made there first when absent)")
+    ap.add_argument("--results", required=True, help="RESULTS: one folder per case, the reports")
+    ap.add_argument("--model", action="append", default=[], help="checkpoint directory (repeat): a suite's checkpoints")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per case")
+    ap.add_argument("--memory-gib", type=int, default=12, help=f"address-space limit of each {port} process")
+    ap.add_argument("--cases", nargs="*", help="only these cases")
+    return ap
+
+
+def prepare(args) -> tuple:
+    """(suite, results, manifest, checkpoint dirs) of the parsed options: the suite made where absent, RESULTS
+    created."""
+    args.model = [Path(m) for m in args.model]
+    suite, results = Path(args.suite), Path(args.results)
+    manifest = ensure_suite(suite, args.model)
+    dirs = checkpoint_dirs(suite, manifest, args.model)
+    results.mkdir(parents=True, exist_ok=True)
+    return suite, results, manifest, dirs
 
 
 def run_job(python: Path, worker: Path, jobs: Path, name: str, job: dict, args, env: dict) -> dict:

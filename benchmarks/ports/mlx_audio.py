@@ -23,7 +23,6 @@ graded by the conformance suite, in one command:
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -146,10 +145,7 @@ def summary(record: dict) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", required=True, help="a conformance suite (made there first when absent)")
-    ap.add_argument("--results", required=True, help="RESULTS: one folder per case, the reports")
-    ap.add_argument("--model", action="append", default=[], help="checkpoint directory (repeat): a suite's checkpoints")
+    ap = harness.port_arguments(__doc__, "mlx-audio")
     ap.add_argument(
         "--dtype",
         choices=["float32", "stored"],
@@ -157,22 +153,14 @@ def main(argv=None) -> int:
         help="float32: the weights widened after loading (graded by the float32 rule); stored: as mlx-audio "
         "loads them (bf16 weights compute in bf16: graded by the bfloat16 rule)",
     )
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per case")
-    ap.add_argument("--memory-gib", type=int, default=12, help="address-space limit of each mlx-audio process")
-    ap.add_argument("--cases", nargs="*", help="only these cases")
     ap.add_argument(
         "--include-streaming-feed",
         action="store_true",
         help="also run say-streaming-feed with mlx-audio's non-streaming feed (it fails: the report shows where)",
     )
     args = ap.parse_args(argv)
-    args.model = [Path(m) for m in args.model]
-    suite, results = Path(args.suite), Path(args.results)
-    manifest = harness.ensure_suite(suite, args.model)
-    dirs = harness.checkpoint_dirs(suite, manifest, args.model)
+    suite, results, manifest, dirs = harness.prepare(args)
     python = harness.ensure_venv(ENV_NAME, REQUIREMENT, "mlx_audio", VERSION, distribution=PACKAGE)
-    results.mkdir(parents=True, exist_ok=True)
     precision = "float32"
     if args.dtype == "stored":
         from refimpl.io.checkpoint import read_safetensors_header

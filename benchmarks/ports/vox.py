@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -190,27 +189,16 @@ def summary(record: dict) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", required=True, help="a conformance suite (made there first when absent)")
-    ap.add_argument("--results", required=True, help="RESULTS: one folder per case, the reports")
-    ap.add_argument("--model", action="append", default=[], help="checkpoint directory (repeat): a suite's checkpoints")
+    ap = harness.port_arguments(__doc__, "vox")  # --timeout: a conversion gets 3 times it
     ap.add_argument("--dtype", choices=["auto", "f32", "bf16"], default="auto", help="vox build --dtype (auto: exact)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per case (the conversion gets 3 times that)")
-    ap.add_argument("--memory-gib", type=int, default=12, help="address-space limit of each vox process")
-    ap.add_argument("--cases", nargs="*", help="only these cases")
     ap.add_argument(
         "--include-non-streaming",
         action="store_true",
         help="also run the non-streaming-feed cases with vox's streaming feed (they fail: the report shows where)",
     )
     args = ap.parse_args(argv)
-    args.model = [Path(m) for m in args.model]
-    suite, results = Path(args.suite), Path(args.results)
-    manifest = harness.ensure_suite(suite, args.model)
-    dirs = harness.checkpoint_dirs(suite, manifest, args.model)
+    suite, results, manifest, dirs = harness.prepare(args)
     python = harness.ensure_venv(ENV_NAME, f"{PACKAGE}=={VERSION}", "vox", VERSION)
-    results.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     record = run_cases(python, manifest, dirs, args)
     record["seconds"] = round(time.perf_counter() - t0, 1)
