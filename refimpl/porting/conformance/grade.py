@@ -60,12 +60,12 @@ def read_array(path: Path) -> np.ndarray:
 
 def read_wave(path: Path) -> np.ndarray:
     """A waveform a port wrote as WAV: mono (channels averaged, as ``refimpl trace`` reads one), at 24 kHz."""
-    from ..commands import read_mono
+    from ...io.audio import read_wav
 
-    audio, sr = read_mono(path)
+    audio, sr = read_wav(path)
     if sr != 24000:
         raise ResultsError(f"{path}: a waveform must be at 24000 Hz, the codec's rate, not {sr} Hz")
-    return audio
+    return audio.mean(axis=1) if audio.ndim == 2 else audio
 
 
 def read_results(results: Path, name: str) -> trace_files.Trace | None:
