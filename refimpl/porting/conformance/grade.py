@@ -20,13 +20,20 @@ import numpy as np
 
 from ...io.files import InputError, check_npy_header, read_limited
 from .. import trace_files
-from ..compare import compare_traces, metadata_mismatches, network_of, summarise, tolerance
+from ..compare import (
+    SAMPLES_PER_FRAME,
+    compare_traces,
+    frame_errors,
+    metadata_mismatches,
+    network_of,
+    summarise,
+    tolerance,
+)
 from .suite import BEHAVIOURS, SUITE_FORMAT, SuiteError, read_manifest, sha256_of
 
 __all__ = ["grade_suite", "grade_case", "read_results", "format_report", "ResultsError", "REPORT_FORMAT"]
 
 REPORT_FORMAT = "refimpl-conformance-report"
-SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 Hz
 MAX_RESULT_FILES = 10_000  # files in one case's folder
 MAX_RESULT_BYTES = 1 << 32  # 4 GiB: one case's outputs together (a full-size trace of a few frames)
 
@@ -369,11 +376,12 @@ def waveform_report(case: dict, ref: dict, cand: dict, precision: str, size: str
     n = min(a.size, b.size)
     err = np.abs(a[:n] - b[:n])
     tol = tolerance(a, precision, network=network_of(key), size=size)
-    frames = -(-n // SAMPLES_PER_FRAME)
-    frame_errors = [float(err[f * SAMPLES_PER_FRAME : (f + 1) * SAMPLES_PER_FRAME].max()) for f in range(frames)]
-    over = np.flatnonzero(err > tol)
-    if a.size != b.size and not over.size:
-        over = np.array([n])
+    frames = n // SAMPLES_PER_FRAME  # a last partial frame (an ICL cut's extra sample) counts in the frame before
+    per_frame, first_frame, first_sample = (
+        frame_errors(err, 0, SAMPLES_PER_FRAME, frames, tol) if frames else (None, None, None)
+    )
+    if first_sample is None and a.size != b.size:  # right where both have samples: wrong from the first one missing
+        first_frame, first_sample = n // SAMPLES_PER_FRAME, n
     noise = float(np.sum(err**2))
     return {
         "key": key,
@@ -383,9 +391,9 @@ def waveform_report(case: dict, ref: dict, cand: dict, precision: str, size: str
         "snr_db": None if noise == 0 else round(10 * math.log10(max(float(np.sum(a[:n] ** 2)), 1e-300) / noise), 2),
         "max_abs": float(err.max()) if n else 0.0,
         "tol": tol,
-        "frame_errors": frame_errors,
-        "first_divergent_frame": int(over[0] // SAMPLES_PER_FRAME) if over.size else None,
-        "first_divergent_sample": int(over[0]) if over.size else None,
+        "frame_errors": per_frame or [],
+        "first_divergent_frame": first_frame,
+        "first_divergent_sample": first_sample,
         "spectrogram": spectrogram_difference(a[:n], b[:n]),
     }
 

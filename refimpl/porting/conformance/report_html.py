@@ -34,16 +34,16 @@ import zlib
 import numpy as np
 
 from ...io.files import write_atomically
+from ..compare import SAMPLES_PER_FRAME
+from .grade import CHECK_ORDER  # the report's parts of the network in one order, the grader's
 
 __all__ = ["render_html", "write_html", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "refimpl-conformance-report"
 FORMAT_VERSION = 1
 
-FRAME_SAMPLES = 1920  # one codec frame of the 24 kHz waveform (12.5 frames a second)
 STATUSES = ("pass", "fail", "not_run", "unusable")
 # the summary's check columns, in the order of the pipeline; checks of other names follow in report order
-CHECK_ORDER = ("speaker_encoder", "encoder", "talker", "code_predictor", "codes", "decoder", "waveform", "x_vector")
 MAX_MARKERS = 250  # markers of one plot: more points are drawn as the worst of each run of neighbours
 # a case's tensor table: every tensor up to ALL_LISTED of them; past it the failing tensors and two neighbours
 # on each side (at most MAX_LISTED rows), or where none fails the CLOSEST_LISTED closest to their tolerance
@@ -743,7 +743,7 @@ def frame_error_plot(errors: list, tol: float | None, first_frame) -> str:
     f = Frame(-0.5, n - 0.5, lo, hi, height=200, top=26)
     out = [f.open(f"largest error of each of {n} frames")]
     out += f.y_grid(range(lo, hi + 1, _decade_step(hi - lo)), _pow10_label)
-    out.append(f.x_axis(_nice_ticks(0, n - 1), lambda v: str(int(v)), f"frame ({FRAME_SAMPLES} samples)"))
+    out.append(f.x_axis(_nice_ticks(0, n - 1), lambda v: str(int(v)), f"frame ({SAMPLES_PER_FRAME} samples)"))
     out.append(f.axis_title_y("max |error|"))
     for a in range(0, n, run):
         block = values[a : a + run]
