@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,7 @@ from ..io.hub import resolve_model
 from ..recorder import NULL_RECORDER, Recorder, as_recorder
 from ..sampling import SamplingSettings, UniformDraws
 from .generate import GenerationTrace, generate_codes, iterate_frames
-from .prompt import TTSConfig, build_layout, embed_layout
+from .prompt import PromptLayout, TTSConfig, build_layout, embed_layout
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
 from .text_tokenizer import assistant_prompt, instruct_prompt, load_text_tokenizer, reference_prompt
@@ -77,6 +78,9 @@ _GEN_KEYS = tuple(HARD_DEFAULTS)
 _SETTINGS_KEYS = ("seed", "random_draws", "return_codes", "eos_token_id")
 _GENERATE_KEYS = ("trace", "progress", "forced_codes")
 
+# each mode (the name its ``generate_*`` and ``stream_*`` methods end in) -> the tts_model_type it needs
+MODE_MODEL_TYPES = {"custom_voice": "custom_voice", "voice_design": "voice_design", "voice_clone": "base"}
+
 
 @dataclass
 class VoiceClonePromptItem:
@@ -87,6 +91,20 @@ class VoiceClonePromptItem:
     x_vector_only_mode: bool
     icl_mode: bool
     ref_text: str | None = None
+
+
+@dataclass
+class Prompts:
+    """What a mode makes of its arguments: one entry per text, the same for every mode from there on."""
+
+    layouts: list  # PromptLayout of each text
+    speaker_vectors: list  # the x-vector in each prompt's speaker slot, or None (voice clone only)
+    ref_codes: list  # the reference codes [T_ref, 16] each item's audio is decoded after (ICL), or None
+
+    @classmethod
+    def of_layouts(cls, layouts: list) -> "Prompts":
+        """The prompts of a mode without a reference voice."""
+        return cls(layouts, [None] * len(layouts), [None] * len(layouts))
 
 
 STREAM_CHUNK_FRAMES = (1, 2, 4)  # the default schedule: the first audio after one frame, then 2, then 4 at a time
@@ -138,13 +156,19 @@ def record_layouts(record: Recorder, layouts: list) -> None:
         record.extra(f"talker.prompt.trailing_ids.{i}", np.asarray(lay.trailing_ids, dtype=np.int64))
 
 
-def _no_vectors(layouts: list) -> tuple:
-    """(layouts, no speaker vectors, no reference codes): the prompts of a mode without a reference voice."""
-    return layouts, [None] * len(layouts), None
+def record_draws(record: Recorder, rng) -> None:
+    """Trace the uniforms a run consumed (``refimpl.random_draws``), when ``rng`` keeps them."""
+    if isinstance(rng, UniformDraws):
+        record.extra("random_draws", rng.recorded())
 
 
 class Qwen3TTS:
-    """A Qwen3-TTS model (CustomVoice, VoiceDesign or Base) in NumPy."""
+    """A Qwen3-TTS model (CustomVoice, VoiceDesign or Base) in NumPy.
+
+    Each mode is one method that checks its arguments and turns them into ``Prompts``
+    (``_custom_voice_prompts``, ``_voice_design_prompts``, ``_voice_clone_prompts``; their ``record`` traces
+    what that runs: a voice clone's reference encode); the mode's public ``generate_*`` and ``stream_*``
+    hand that method to the one generation path (``_generate``) or the one streaming path (``_stream``)."""
 
     def __init__(
         self,
@@ -223,6 +247,10 @@ class Qwen3TTS:
         langs = {"auto"} | {str(k).lower() for k in self.config.talker_config.codec_language_id if "dialect" not in k}
         return sorted(langs)
 
+    @property
+    def sample_rate(self) -> int:
+        return int(self.speech_tokenizer.sample_rate)
+
     def _check_languages(self, languages: list) -> None:
         supported = set(self.get_supported_languages())
         bad = [lang for lang in languages if lang is None or str(lang).lower() not in supported]
@@ -242,22 +270,173 @@ class Qwen3TTS:
                 f"{self.tts_model_type!r} (size {self.tts_model_size!r})"
             )
 
-    # ------------------------------------------------------------------ text
+    # ------------------------------------------------------------------ the modes' prompts
+
+    @staticmethod
+    def _texts(text) -> list:
+        """``text`` (a string, or a list: a batch) as a list of non-empty strings."""
+        texts = _as_list(text)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ValueError(f"text[{i}] must be a string, got {type(t).__name__}")
+            if t == "":
+                raise ValueError(f"text[{i}] is empty: there is nothing to say")
+        return texts
 
     def _tokenize(self, text: str) -> np.ndarray:
         return np.asarray(self.text_tokenizer.encode(text), dtype=np.int64)
 
-    @staticmethod
-    def _check_texts(texts: list, what: str = "text") -> None:
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise ValueError(f"{what}[{i}] must be a string, got {type(t).__name__}")
-            if t == "":
-                raise ValueError(f"{what}[{i}] is empty: there is nothing to say")
+    def _layout(
+        self, text: str, language, non_streaming_mode, speaker=None, instruct=None, has_speaker_vector=False, ref=None
+    ) -> PromptLayout:
+        """The prompt of one text (``build_layout``): its chat turn, the language, a preset ``speaker`` or
+        an x-vector's slot, the ``instruct`` turn (None or "": none) and, for an ICL voice clone, the
+        reference's text and codes (``ref``, a ``VoiceClonePromptItem``)."""
+        return build_layout(
+            self.config,
+            self._tokenize(assistant_prompt(text)),
+            language,
+            speaker,
+            has_speaker_vector=has_speaker_vector,
+            instruct_ids=None if instruct in (None, "") else self._tokenize(instruct_prompt(instruct)),
+            ref_ids=None if ref is None else self._tokenize(reference_prompt(ref.ref_text)),
+            ref_codes=None if ref is None else ref.ref_code,
+            non_streaming_mode=non_streaming_mode,
+        )
 
-    # ------------------------------------------------------------------ generation core
+    def _custom_voice_prompts(
+        self, text, speaker, language, instruct, non_streaming_mode, record: Recorder = NULL_RECORDER
+    ) -> Prompts:
+        """CustomVoice: a preset speaker's id in the speaker slot, and the instruct turn (not on 0.6B)."""
+        texts = self._texts(text)
+        if self.tts_model_size is not None and self.tts_model_size in "0b6":  # the official rule, verbatim
+            instruct = None
+        languages, speakers, instructs = _per_text(
+            texts, language=(language, "Auto"), speaker=(speaker, None), instruct=(instruct, "")
+        )
+        self._check_languages(languages)
+        self._check_speakers(speakers)
+        return Prompts.of_layouts(
+            [
+                self._layout(t, lang, non_streaming_mode, speaker=spk, instruct=ins)
+                for t, lang, spk, ins in zip(texts, languages, speakers, instructs)
+            ]
+        )
+
+    def _voice_design_prompts(
+        self, text, instruct, language, non_streaming_mode, record: Recorder = NULL_RECORDER
+    ) -> Prompts:
+        """VoiceDesign: no speaker; the voice is the instruct turn (always used)."""
+        texts = self._texts(text)
+        languages, instructs = _per_text(texts, language=(language, "Auto"), instruct=(instruct, None))
+        self._check_languages(languages)
+        return Prompts.of_layouts(
+            [
+                self._layout(t, lang, non_streaming_mode, instruct=ins)
+                for t, lang, ins in zip(texts, languages, instructs)
+            ]
+        )
+
+    def _voice_clone_prompts(
+        self,
+        text,
+        language,
+        ref_audio,
+        ref_text,
+        x_vector_only_mode,
+        voice_clone_prompt,
+        non_streaming_mode,
+        record: Recorder = NULL_RECORDER,
+    ) -> Prompts:
+        """Voice clone (Base): the reference's x-vector in the speaker slot and, in ICL mode, its text and
+        codes before the new text.  The reference voice is ``voice_clone_prompt``, else made from
+        ``ref_audio`` (``create_voice_clone_prompt``, traced into ``record``)."""
+        texts = self._texts(text)
+        (languages,) = _per_text(texts, language=(language, "Auto"))
+        self._check_languages(languages)
+        items = self._voice_clone_items(ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, record)
+        (items,) = _per_text(texts, prompt=(items, None))
+
+        prompts = Prompts([], [], [])
+        for t, lang, it in zip(texts, languages, items):
+            if not isinstance(it, VoiceClonePromptItem):
+                raise ValueError(f"voice_clone_prompt items must be VoiceClonePromptItem, got {type(it).__name__}")
+            icl = bool(it.icl_mode) and it.ref_code is not None
+            if icl and (it.ref_text is None or it.ref_text == ""):
+                raise ValueError("ref_text is required in ICL mode (x_vector_only_mode=False)")
+            use_vector = bool(it.x_vector_only_mode) or bool(it.icl_mode)
+            layout = self._layout(t, lang, non_streaming_mode, has_speaker_vector=use_vector, ref=it if icl else None)
+            prompts.layouts.append(layout)
+            prompts.speaker_vectors.append(it.ref_spk_embedding if use_vector else None)
+            prompts.ref_codes.append(it.ref_code)
+        return prompts
+
+    # ------------------------------------------------------------------ generation
+
+    @on_model_backend
+    def generate_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True, **kwargs):
+        """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
+        prompts = partial(self._custom_voice_prompts, text, speaker, language, instruct, non_streaming_mode)
+        return self._generate("custom_voice", prompts, kwargs)
+
+    @on_model_backend
+    def generate_voice_design(self, text, instruct, language=None, non_streaming_mode=True, **kwargs):
+        """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
+        prompts = partial(self._voice_design_prompts, text, instruct, language, non_streaming_mode)
+        return self._generate("voice_design", prompts, kwargs)
+
+    @on_model_backend
+    def generate_voice_clone(
+        self,
+        text,
+        language=None,
+        ref_audio=None,
+        ref_text=None,
+        x_vector_only_mode=False,
+        voice_clone_prompt=None,
+        non_streaming_mode=False,
+        **kwargs,
+    ):
+        """Speech in the voice of reference audio (Base models): x-vector only, or ICL (reference text +
+        reference codes continue into the new text)."""
+        prompts = partial(
+            self._voice_clone_prompts,
+            text,
+            language,
+            ref_audio,
+            ref_text,
+            x_vector_only_mode,
+            voice_clone_prompt,
+            non_streaming_mode,
+        )
+        return self._generate("voice_clone", prompts, kwargs)
+
+    def _generate(self, mode: str, make_prompts, kwargs: dict) -> tuple:
+        """The body of every ``generate_*``: the model type the mode needs, the call's options out of
+        ``kwargs`` (trace, progress, forced codes, sampling), the prompts (``make_prompts(record) ->
+        Prompts``), the codes, then the audio (``_finish``)."""
+        self._require_type(MODE_MODEL_TYPES[mode], f"generate_{mode}")
+        trace, progress, forced = (kwargs.pop(k, None) for k in _GENERATE_KEYS)
+        record = as_recorder(trace)
+        settings, rng, return_codes, eos_id = self._settings(kwargs)
+        prompts = make_prompts(record)
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
+        codes = self.generate_codes_from_layouts(
+            prompts.layouts,
+            prompts.speaker_vectors,
+            settings,
+            rng,
+            eos_id,
+            self.last_trace,
+            record,
+            progress=progress,
+            forced_codes=forced,
+        )
+        return self._finish(codes, return_codes, prompts.ref_codes, progress, record)
 
     def _settings(self, kwargs: dict):
+        """The sampling keywords of a ``generate_*`` or ``stream_*`` call (``_GEN_KEYS``, then
+        ``_SETTINGS_KEYS``) -> (SamplingSettings, the random draws, return_codes, the EOS id)."""
         kwargs = dict(kwargs)
         seed, random_draws, return_codes, eos = (kwargs.pop(k, None) for k in _SETTINGS_KEYS)
         unknown = sorted(k for k in kwargs if k not in _GEN_KEYS)
@@ -292,11 +471,7 @@ class Qwen3TTS:
         """The model part of every mode: prompts (as ``PromptLayout``) -> codes [T, 16] per item.
         ``record`` receives the module outputs (``refimpl.porting.trace_files``) and, when ``rng`` is a
         ``UniformDraws``, every uniform consumed as ``refimpl.random_draws``."""
-        cfg = self.config
-        record_layouts(record, layouts)
-        prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors)]
-        trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
-        pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
+        prompts, trailing, pad = self._embed_prompts(layouts, speaker_vectors, record)
         codes = generate_codes(
             self.talker,
             prompts,
@@ -310,32 +485,23 @@ class Qwen3TTS:
             progress=progress,
             forced_codes=forced_codes,
         )
-        if isinstance(rng, UniformDraws):
-            record.extra("random_draws", rng.recorded())
+        record_draws(record, rng)
         return codes
 
-    def _generate(self, kwargs: dict, make_prompts) -> tuple:
-        """The body of every ``generate_*``: the call's options out of ``kwargs`` (trace, progress, forced
-        codes, sampling), the prompts from ``make_prompts(record) -> (layouts, speaker vectors, reference
-        codes)``, the codes, then the audio (``_finish``)."""
-        trace, progress, forced = (kwargs.pop(k, None) for k in _GENERATE_KEYS)
-        record = as_recorder(trace)
-        settings, rng, return_codes, eos_id = self._settings(kwargs)
-        layouts, vectors, ref_codes = make_prompts(record)
-        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
-        codes = self.generate_codes_from_layouts(
-            layouts, vectors, settings, rng, eos_id, self.last_trace, record, progress=progress, forced_codes=forced
-        )
-        return self._finish(codes, return_codes, ref_codes, progress, record)
+    def _embed_prompts(self, layouts: list, speaker_vectors: list, record: Recorder) -> tuple:
+        """The vectors generation starts from: each prompt [T, H] (its speaker slot filled), each text's
+        trailing vectors [N, H] and the tts_pad vector [H]; ``record`` receives the layouts' ids."""
+        record_layouts(record, layouts)
+        prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors)]
+        trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
+        pad = self.talker.embed_text([self.config.tts_pad_token_id])[0]
+        return prompts, trailing, pad
 
-    def _finish(
-        self, codes: list, return_codes: bool, ref_codes: list | None = None, progress=None, record=NULL_RECORDER
-    ):
+    def _finish(self, codes: list, return_codes: bool, ref_codes: list, progress=None, record=NULL_RECORDER):
         """The audio of each item's codes, float32 as the official returns it; ``record`` receives it in the
         compute dtype (``refimpl.waveform.{i}``)."""
         wavs = []
-        for i, c in enumerate(codes):
-            ref = None if ref_codes is None else ref_codes[i]
+        for i, (c, ref) in enumerate(zip(codes, ref_codes)):
             if ref is None:
                 wav = self.speech_tokenizer.decode(c, progress=progress)
             else:  # voice clone ICL: decode reference + new codes together, then cut the reference's share
@@ -344,21 +510,9 @@ class Qwen3TTS:
                 wav = wav[int(len(ref) / max(len(both), 1) * wav.shape[0]) :]
             record.extra(f"waveform.{i}", wav)
             wavs.append(np.asarray(wav, dtype=np.float32))
-        sr = int(self.speech_tokenizer.sample_rate)
-        return (wavs, sr, codes) if return_codes else (wavs, sr)
+        return (wavs, self.sample_rate, codes) if return_codes else (wavs, self.sample_rate)
 
-    # ------------------------------------------------------------------ CustomVoice
-
-    @on_model_backend
-    def generate_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True, **kwargs):
-        """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
-        self._require_type("custom_voice", "generate_custom_voice")
-        return self._generate(
-            kwargs,
-            lambda record: _no_vectors(
-                self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
-            ),
-        )
+    # ------------------------------------------------------------------ streaming
 
     @on_model_backend
     def stream_custom_voice(
@@ -375,45 +529,8 @@ class Qwen3TTS:
         are generated: ``chunk_frames`` frames each (n * 1920 samples), or with a sequence the first chunks'
         sizes, the last one repeated (default (1, 2, 4): the first audio as soon as one frame exists).
         The concatenated chunks are the same samples whatever the sizes."""
-        self._require_type("custom_voice", "stream_custom_voice")
-        record = as_recorder(kwargs.pop("trace", None))
-        settings, rng, _, eos_id = self._settings(kwargs)
-        layouts = self._custom_voice_layouts(text, speaker, language, instruct, non_streaming_mode)
-        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames, record)
-
-    def _custom_voice_layouts(self, text, speaker, language, instruct, non_streaming_mode) -> list:
-        texts = _as_list(text)
-        self._check_texts(texts)
-        if self.tts_model_size is not None and self.tts_model_size in "0b6":  # the official rule, verbatim
-            instruct = None
-        languages, speakers, instructs = _per_text(
-            texts, language=(language, "Auto"), speaker=(speaker, None), instruct=(instruct, "")
-        )
-        self._check_languages(languages)
-        self._check_speakers(speakers)
-        layouts = []
-        for t, lang, spk, ins in zip(texts, languages, speakers, instructs):
-            layouts.append(
-                build_layout(
-                    self.config,
-                    self._tokenize(assistant_prompt(t)),
-                    lang,
-                    spk,
-                    instruct_ids=None if ins in (None, "") else self._tokenize(instruct_prompt(ins)),
-                    non_streaming_mode=non_streaming_mode,
-                )
-            )
-        return layouts
-
-    # ------------------------------------------------------------------ VoiceDesign
-
-    @on_model_backend
-    def generate_voice_design(self, text, instruct, language=None, non_streaming_mode=True, **kwargs):
-        """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
-        self._require_type("voice_design", "generate_voice_design")
-        return self._generate(
-            kwargs, lambda record: _no_vectors(self._voice_design_layouts(text, instruct, language, non_streaming_mode))
-        )
+        prompts = partial(self._custom_voice_prompts, text, speaker, language, instruct, non_streaming_mode)
+        return self._stream("custom_voice", prompts, chunk_frames, kwargs)
 
     @on_model_backend
     def stream_voice_design(
@@ -421,32 +538,72 @@ class Qwen3TTS:
     ):
         """Like ``generate_voice_design`` for ONE text, yielding float32 waveform chunks (see
         ``stream_custom_voice``)."""
-        self._require_type("voice_design", "stream_voice_design")
+        prompts = partial(self._voice_design_prompts, text, instruct, language, non_streaming_mode)
+        return self._stream("voice_design", prompts, chunk_frames, kwargs)
+
+    @on_model_backend
+    def stream_voice_clone(
+        self,
+        text,
+        language=None,
+        ref_audio=None,
+        ref_text=None,
+        x_vector_only_mode=False,
+        voice_clone_prompt=None,
+        non_streaming_mode=False,
+        chunk_frames=STREAM_CHUNK_FRAMES,
+        **kwargs,
+    ):
+        """Like ``generate_voice_clone`` for ONE text, yielding float32 waveform chunks (see
+        ``stream_custom_voice``); in ICL mode the reference codes are pushed through the streaming
+        decoder first as left context and their audio is not yielded."""
+        prompts = partial(
+            self._voice_clone_prompts,
+            text,
+            language,
+            ref_audio,
+            ref_text,
+            x_vector_only_mode,
+            voice_clone_prompt,
+            non_streaming_mode,
+        )
+        return self._stream("voice_clone", prompts, chunk_frames, kwargs)
+
+    def _stream(self, mode: str, make_prompts, chunk_frames, kwargs: dict):
+        """The body of every ``stream_*``, its arguments checked at the call (as ``_generate``; ``kwargs``
+        takes ``trace`` and the sampling keywords), then a generator: frames -> the exact streaming
+        decoder -> float32 chunks (the concatenation equals ``SpeechTokenizer.decode_full`` of the codes,
+        i.e. the official decode up to 300 frames).  ``trace`` receives the generation's trace, as
+        ``generate_codes_from_layouts``."""
+        self._require_type(MODE_MODEL_TYPES[mode], f"stream_{mode}")
         record = as_recorder(kwargs.pop("trace", None))
         settings, rng, _, eos_id = self._settings(kwargs)
-        layouts = self._voice_design_layouts(text, instruct, language, non_streaming_mode)
-        return self._stream(layouts, [None], [None], settings, rng, eos_id, chunk_frames, record)
+        prompts = make_prompts(record)
+        if len(prompts.layouts) != 1:
+            raise ValueError(f"streaming takes one text at a time, got a batch of {len(prompts.layouts)}")
+        sizes = chunk_sizes(chunk_frames)
+        embedded, trailing, pad = self._embed_prompts(prompts.layouts, prompts.speaker_vectors, record)
+        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
+        trace = self.last_trace
+        ref_codes = prompts.ref_codes[0]
 
-    def _voice_design_layouts(self, text, instruct, language, non_streaming_mode) -> list:
-        texts = _as_list(text)
-        self._check_texts(texts)
-        languages, instructs = _per_text(texts, language=(language, "Auto"), instruct=(instruct, None))
-        self._check_languages(languages)
-        layouts = []
-        for t, lang, ins in zip(texts, languages, instructs):
-            layouts.append(
-                build_layout(
-                    self.config,
-                    self._tokenize(assistant_prompt(t)),
-                    lang,
-                    None,
-                    instruct_ids=None if ins in (None, "") else self._tokenize(instruct_prompt(ins)),
-                    non_streaming_mode=non_streaming_mode,
-                )
-            )
-        return layouts
+        def chunks():
+            decoder = self.speech_tokenizer.stream()
+            if ref_codes is not None:
+                decoder.push(np.asarray(ref_codes, dtype=np.int64))  # left context only
+            pending, target = [], next(sizes)
+            for frame in iterate_frames(self.talker, embedded, trailing, pad, settings, eos_id, rng, trace, record):
+                pending.append(frame[0])
+                if len(pending) == target:
+                    yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
+                    pending, target = [], next(sizes)
+            if pending:
+                yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
+            record_draws(record, rng)
 
-    # ------------------------------------------------------------------ Base: voice clone
+        return iterate_on_model_backend(self, chunks())
+
+    # ------------------------------------------------------------------ reference voices (Base: voice clone)
 
     @on_model_backend
     def extract_speaker_embedding(self, audio, sr: int = 24000, trace=None):
@@ -458,22 +615,6 @@ class Qwen3TTS:
         xvec = self.speaker_encoder.embed(audio, sr, record)
         record.output(xvec[None])
         return xvec
-
-    def _load_audio(self, a):
-        if _is_audio_tuple(a):
-            wav, sr = a
-            wav = audio_as_float(wav, "ref_audio")  # int16 / int32 / uint8 PCM scaled to [-1, 1)
-            if wav.ndim > 1:
-                wav = np.mean(wav, axis=-1)
-            return wav.astype(np.float32), check_sample_rate(sr, "ref_audio sample rate")
-        if isinstance(a, np.ndarray):
-            raise ValueError("For numpy waveform input, pass a tuple (audio, sr).")
-        if isinstance(a, (str, Path)):
-            wav, sr = read_wav(a)
-            if wav.ndim > 1:
-                wav = wav.mean(axis=-1)
-            return wav.astype(np.float32), int(sr)
-        raise ValueError(f"Unsupported audio input type: {type(a).__name__}; pass (waveform, sr) or a WAV path")
 
     @on_model_backend
     def create_voice_clone_prompt(self, ref_audio, ref_text=None, x_vector_only_mode=False, trace=None) -> list:
@@ -517,143 +658,18 @@ class Qwen3TTS:
             )
         return items
 
-    @on_model_backend
-    def generate_voice_clone(
-        self,
-        text,
-        language=None,
-        ref_audio=None,
-        ref_text=None,
-        x_vector_only_mode=False,
-        voice_clone_prompt=None,
-        non_streaming_mode=False,
-        **kwargs,
-    ):
-        """Speech in the voice of reference audio (Base models): x-vector only, or ICL (reference text +
-        reference codes continue into the new text)."""
-        self._require_type("base", "generate_voice_clone")
-        return self._generate(
-            kwargs,
-            lambda record: self._voice_clone_layouts(
-                text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, non_streaming_mode, record
-            ),
-        )
-
-    @on_model_backend
-    def stream_voice_clone(
-        self,
-        text,
-        language=None,
-        ref_audio=None,
-        ref_text=None,
-        x_vector_only_mode=False,
-        voice_clone_prompt=None,
-        non_streaming_mode=False,
-        chunk_frames=STREAM_CHUNK_FRAMES,
-        **kwargs,
-    ):
-        """Like ``generate_voice_clone`` for ONE text, yielding float32 waveform chunks (see
-        ``stream_custom_voice``); in ICL mode the reference codes are pushed through the streaming
-        decoder first as left context and their audio is not yielded."""
-        self._require_type("base", "stream_voice_clone")
-        record = as_recorder(kwargs.pop("trace", None))
-        settings, rng, _, eos_id = self._settings(kwargs)
-        layouts, vectors, ref_codes = self._voice_clone_layouts(
-            text, language, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, non_streaming_mode, record
-        )
-        return self._stream(layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames, record)
-
-    def _voice_clone_layouts(
-        self,
-        text,
-        language,
-        ref_audio,
-        ref_text,
-        x_vector_only_mode,
-        voice_clone_prompt,
-        non_streaming_mode,
-        record: Recorder = NULL_RECORDER,
-    ):
-        texts = _as_list(text)
-        self._check_texts(texts)
-        (languages,) = _per_text(texts, language=(language, "Auto"))
-        self._check_languages(languages)
-
+    def _voice_clone_items(self, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, record) -> list:
+        """The reference voices of a voice clone call: ``voice_clone_prompt`` (a list of items, one item, or
+        the dict form), else those ``create_voice_clone_prompt`` makes of ``ref_audio``."""
         if voice_clone_prompt is None:
             if ref_audio is None:
                 raise ValueError("Either `voice_clone_prompt` or `ref_audio` must be provided.")
-            items = self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only_mode, record)
-        elif isinstance(voice_clone_prompt, dict):
-            items = self._items_from_dict(voice_clone_prompt)
-        elif isinstance(voice_clone_prompt, VoiceClonePromptItem):
-            items = [voice_clone_prompt]
-        else:
-            items = list(voice_clone_prompt)
-        (items,) = _per_text(texts, prompt=(items, None))
-
-        layouts, vectors, ref_codes = [], [], []
-        for t, lang, it in zip(texts, languages, items):
-            if not isinstance(it, VoiceClonePromptItem):
-                raise ValueError(f"voice_clone_prompt items must be VoiceClonePromptItem, got {type(it).__name__}")
-            icl = bool(it.icl_mode) and it.ref_code is not None
-            if icl and (it.ref_text is None or it.ref_text == ""):
-                raise ValueError("ref_text is required in ICL mode (x_vector_only_mode=False)")
-            use_vector = bool(it.x_vector_only_mode) or bool(it.icl_mode)
-            layouts.append(
-                build_layout(
-                    self.config,
-                    self._tokenize(assistant_prompt(t)),
-                    lang,
-                    None,
-                    has_speaker_vector=use_vector,
-                    ref_ids=self._tokenize(reference_prompt(it.ref_text)) if icl else None,
-                    ref_codes=it.ref_code if icl else None,
-                    non_streaming_mode=non_streaming_mode,
-                )
-            )
-            vectors.append(it.ref_spk_embedding if use_vector else None)
-            ref_codes.append(it.ref_code if it.ref_code is not None else None)
-        return layouts, vectors, ref_codes
-
-    # ------------------------------------------------------------------ streaming
-
-    @property
-    def sample_rate(self) -> int:
-        return int(self.speech_tokenizer.sample_rate)
-
-    def _stream(
-        self, layouts, vectors, ref_codes, settings, rng, eos_id, chunk_frames, record: Recorder = NULL_RECORDER
-    ):
-        """Generator: frames -> the exact streaming decoder -> float32 chunks (the concatenation equals
-        ``SpeechTokenizer.decode_full`` of the codes, i.e. the official decode up to 300 frames).
-        ``record`` receives the generation's trace, as ``generate_codes_from_layouts``."""
-        if len(layouts) != 1:
-            raise ValueError(f"streaming takes one text at a time, got a batch of {len(layouts)}")
-        sizes = chunk_sizes(chunk_frames)
-        cfg = self.config
-        record_layouts(record, layouts)
-        prompts = [embed_layout(self.talker, layouts[0], vectors[0])]
-        trailing = [self.talker.embed_text(layouts[0].trailing_ids)]
-        pad = self.talker.embed_text([cfg.tts_pad_token_id])[0]
-        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
-        trace = self.last_trace
-
-        def chunks():
-            decoder = self.speech_tokenizer.stream()
-            if ref_codes[0] is not None:
-                decoder.push(np.asarray(ref_codes[0], dtype=np.int64))  # left context only
-            pending, target = [], next(sizes)
-            for frame in iterate_frames(self.talker, prompts, trailing, pad, settings, eos_id, rng, trace, record):
-                pending.append(frame[0])
-                if len(pending) == target:
-                    yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
-                    pending, target = [], next(sizes)
-            if pending:
-                yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)
-            if isinstance(rng, UniformDraws):
-                record.extra("random_draws", rng.recorded())
-
-        return iterate_on_model_backend(self, chunks())
+            return self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only_mode, record)
+        if isinstance(voice_clone_prompt, dict):
+            return self._items_from_dict(voice_clone_prompt)
+        if isinstance(voice_clone_prompt, VoiceClonePromptItem):
+            return [voice_clone_prompt]
+        return list(voice_clone_prompt)
 
     @staticmethod
     def _items_from_dict(d: dict) -> list:
@@ -673,3 +689,19 @@ class Qwen3TTS:
             raise ValueError(
                 f"voice_clone_prompt dict is malformed ({e!r}); pass the list that create_voice_clone_prompt returns"
             ) from None
+
+    def _load_audio(self, a):
+        if _is_audio_tuple(a):
+            wav, sr = a
+            wav = audio_as_float(wav, "ref_audio")  # int16 / int32 / uint8 PCM scaled to [-1, 1)
+            if wav.ndim > 1:
+                wav = np.mean(wav, axis=-1)
+            return wav.astype(np.float32), check_sample_rate(sr, "ref_audio sample rate")
+        if isinstance(a, np.ndarray):
+            raise ValueError("For numpy waveform input, pass a tuple (audio, sr).")
+        if isinstance(a, (str, Path)):
+            wav, sr = read_wav(a)
+            if wav.ndim > 1:
+                wav = wav.mean(axis=-1)
+            return wav.astype(np.float32), int(sr)
+        raise ValueError(f"Unsupported audio input type: {type(a).__name__}; pass (waveform, sr) or a WAV path")
