@@ -26,6 +26,10 @@ torch's ``set_num_threads``); the load average is printed before each row (measu
 shared VM's other work slows the two sides unevenly).  Without the official package (not the oracle
 environment) the official column stays empty.  ``--quick`` (a check that the script runs): 3 frames, one
 repeat, a 2 s codec decode and 2 s encodes.
+
+``--write-results`` records the table as this kind of machine's entry of ``benchmarks/results.json``
+(``results_file.py``; never for ``--quick`` or without the official side); ``python docs/tools/results.py``
+then rewrites the tables of README.md and docs/ that quote it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import time  # noqa: E402
 
 import common  # noqa: E402, F401  (OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np  # noqa: E402
+import results_file  # noqa: E402
 from bench_codec_encoder import test_audio  # noqa: E402
 from bench_floor import (  # noqa: E402
     ReadKernel,
@@ -130,7 +135,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--frames", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="3 frames, one repeat, 2 s of audio: does it run?")
+    ap.add_argument(
+        "--write-results",
+        action="store_true",
+        help="record the table as this machine's entry of benchmarks/results.json (not with --quick)",
+    )
     args = ap.parse_args()
+    if args.quick and args.write_results:
+        ap.error("--write-results records a full run, not --quick")
+    start_load = os.getloadavg()[0]
     frames, repeats = (3, 1) if args.quick else (args.frames, args.repeats)
     decode_frames, seconds = (25, 2.0) if args.quick else (125, 10.0)
 
@@ -316,6 +329,34 @@ def main() -> None:
 
     print()
     print(table.markdown())
+    if args.write_results:
+        write_results(table, start_load, official, torch)
+
+
+def write_results(table: Table, start_load: float, official: bool, torch) -> None:
+    """This machine's entry of benchmarks/results.json, from a full run with the official side."""
+    if not official:
+        print("\nresults not written: without the official package the table has no ratios", flush=True)
+        return
+    import numba
+
+    cpu = results_file.cpu_info()
+    kind = results_file.machine_kind(cpu)
+    threads = {
+        "numba": numba.get_num_threads(),
+        "openblas": int(os.environ["OPENBLAS_NUM_THREADS"]),
+        "torch": torch.get_num_threads(),
+    }
+    rows = [
+        (what, ours, other, ratio, unit, note, TARGETS.get(what)) for what, ours, other, ratio, unit, note in table.rows
+    ]
+    entry = results_file.entry(rows, cpu=cpu, threads=threads, load=start_load, extra={"torch": torch.__version__})
+    results_file.write_entry(kind, entry)
+    print(
+        f"\nwritten: entry {kind!r} of {results_file.RESULTS.relative_to(REPO)}; "
+        "python docs/tools/results.py rewrites the docs' tables from it",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -192,3 +192,74 @@ def test_figure_script_draws_every_committed_figure(tmp_path):
     text = "".join(p.read_text(encoding="utf-8") for p in PAGES)
     unused = [name for name in drawn if f"figures/{name}" not in text]
     assert not unused, f"figures no page shows: {unused}"
+
+
+# --- the speed tables: every figure from benchmarks/results.json -------------------------------------------
+
+results = _load(DOCS / "tools" / "results.py", "docs_results")
+results_file = _load(REPO / "benchmarks" / "results_file.py", "bench_results_file")
+MACHINE_KEYS = {"title", "cpu", "flags", "cpus", "threads", "load", "date", "commit", "source", "rows"}
+
+
+def test_results_file_entries_are_whole_and_their_ratios_their_times():
+    """Each machine names its processor, threads, load, date and source; each row's ratio is its two times'
+    (within their rounding: three or four significant digits each, the ratio to two decimals)."""
+    machines = results.load()
+    assert {"intel-amx", "amd-no-amx"} <= set(machines)
+    for key, m in machines.items():
+        assert MACHINE_KEYS <= set(m), f"{key}: missing {MACHINE_KEYS - set(m)}"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", m["date"]), key
+        assert m["rows"], key
+        for row in m["rows"]:
+            assert {"what", "ours", "against", "unit", "ratio"} <= set(row), (key, row)
+            if row["ours"] is not None and row["against"] is not None:
+                r = row["ours"] / row["against"]
+                assert abs(r - row["ratio"]) <= 0.005 + 0.01 * r, (key, row["what"], r)
+
+
+def test_the_speed_guard_tells_speed_from_sizes():
+    speed = [
+        "decodes 10 s in 2.3 s",
+        "131 ms a frame",
+        "56–77 ms",
+        "at 27 GB/s",
+        "2× faster",
+        "0.41 of the official",
+        "ratio 0.41",
+    ]
+    for text in speed:
+        assert results.stray_speed_figures(text), text
+    sizes = ["10 s of audio", "an 80 ms frame", "2 MB huge pages", "a 0.6B model", "Python ≥ 3.10", "3.3 GB a frame"]
+    for text in sizes:
+        assert not results.stray_speed_figures(text), text
+    marked = "<!-- results: summary intel-amx -->\n| 2.3 s |\n<!-- /results -->\n```\n5 ms\n```\n"
+    assert not results.stray_speed_figures(marked)
+
+
+def test_bench_table_entry_is_written_and_rendered(tmp_path):
+    """What bench_table.py --write-results does, on made-up rows: the machine's entry replaced, the others
+    kept, and the entry rendered like a transcribed one."""
+    path = tmp_path / "results.json"
+    path.write_text('{"machines": {"other": {"kept": true}}}')
+    cpu = results_file.cpu_info(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: A CPU\nflags\t\t: avx512bw amx_tile amx_bf16\n"
+    )
+    assert results_file.machine_kind(cpu) == "intel-amx"
+    rows = [("end to end / official", 2.4612345, 7.2298, 0.34042, "s", "(codes equal)", 0.36)]
+    new = results_file.entry(rows, cpu=cpu, threads={"numba": 2}, load=0.123)
+    results_file.write_entry("intel-amx", new, path)
+    machines = results.load(path)
+    assert machines["other"] == {"kept": True}
+    entry = machines["intel-amx"]
+    assert MACHINE_KEYS <= set(entry) and entry["title"] == "Intel with AMX" and entry["load"] == 0.12
+    assert entry["rows"][0] == {
+        "what": "end to end / official",
+        "ours": 2.461,
+        "against": 7.23,
+        "unit": "s",
+        "ratio": 0.34,
+        "target": 0.36,
+        "note": "(codes equal)",
+    }
+    table = results.render("machine intel-amx", machines)
+    assert "| end to end / official | 2.46 s | 7.23 s | 0.34 | ≤ 0.36 | (codes equal) |" in table
