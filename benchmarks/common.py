@@ -14,8 +14,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "golden" / "oracle" / "stubs"))  # for the official package, if importable
 
 # refimpl before NumPy, as a program that imports refimpl first: refimpl/__init__.py sets OpenBLAS's short idle
-# spin, read when OpenBLAS loads (with the default spin a 20-frame decode took 451 against 389-397 ms:
-# docs/performance.md, eleventh round), so every benchmark importing this module first measures that program
+# spin, read when OpenBLAS loads (with the default spin short decodes are slower: docs/performance.md,
+# "Threads"), so every benchmark importing this module first measures that program
 import refimpl  # noqa: E402, F401
 
 CACHE = Path(os.environ.get("REFIMPL_BENCH_DIR", REPO / "bench-checkpoints"))

@@ -217,6 +217,26 @@ def test_results_file_entries_are_whole_and_their_ratios_their_times():
                 assert abs(r - row["ratio"]) <= 0.005 + 0.01 * r, (key, row["what"], r)
 
 
+def test_marked_tables_are_the_results_file():
+    """A table between <!-- results: ... --> and <!-- /results --> is exactly what docs/tools/results.py renders
+    from benchmarks/results.json (run it after bench_table.py --write-results)."""
+    machines = results.load()
+    marked = {p.relative_to(REPO).as_posix() for p in results.pages() if results.MARKED.search(p.read_text("utf-8"))}
+    assert {"docs/performance.md"} <= marked, marked
+    stale = [p for p in results.pages() if results.rewrite(p.read_text("utf-8"), machines) != p.read_text("utf-8")]
+    assert not stale, (
+        f"stale speed tables, run python docs/tools/results.py: {[str(p.relative_to(REPO)) for p in stale]}"
+    )
+
+
+@pytest.mark.parametrize("name", results.GUARDED)
+def test_speed_is_quoted_only_in_marked_tables(name):
+    """The performance pages quote no time, rate or ratio outside the generated tables, so that
+    the one number a reader sees is the results file's."""
+    stray = results.stray_speed_figures((REPO / name).read_text(encoding="utf-8"))
+    assert not stray, f"{name}: speed figures outside a marked table (line, figure): {stray}"
+
+
 def test_the_speed_guard_tells_speed_from_sizes():
     speed = [
         "decodes 10 s in 2.3 s",
