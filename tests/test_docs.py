@@ -222,7 +222,7 @@ def test_marked_tables_are_the_results_file():
     from benchmarks/results.json (run it after bench_table.py --write-results)."""
     machines = results.load()
     marked = {p.relative_to(REPO).as_posix() for p in results.pages() if results.MARKED.search(p.read_text("utf-8"))}
-    assert {"docs/performance.md"} <= marked, marked
+    assert {"README.md", "docs/performance.md"} <= marked, marked
     stale = [p for p in results.pages() if results.rewrite(p.read_text("utf-8"), machines) != p.read_text("utf-8")]
     assert not stale, (
         f"stale speed tables, run python docs/tools/results.py: {[str(p.relative_to(REPO)) for p in stale]}"
@@ -231,7 +231,7 @@ def test_marked_tables_are_the_results_file():
 
 @pytest.mark.parametrize("name", results.GUARDED)
 def test_speed_is_quoted_only_in_marked_tables(name):
-    """The performance pages quote no time, rate or ratio outside the generated tables, so that
+    """README.md and the performance pages quote no time, rate or ratio outside the generated tables, so that
     the one number a reader sees is the results file's."""
     stray = results.stray_speed_figures((REPO / name).read_text(encoding="utf-8"))
     assert not stray, f"{name}: speed figures outside a marked table (line, figure): {stray}"

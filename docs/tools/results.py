@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results.json"
 # the pages that quote speed only through marked tables
-GUARDED = ("docs/performance.md", "docs/benchmarks.md")
+GUARDED = ("README.md", "docs/performance.md", "docs/benchmarks.md")
 
 MARKED = re.compile(r"(?P<open><!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(?P<close><!-- /results -->)", re.S)
 _NUMBER = r"\d+(?:[.,]\d+)?(?:\s*[–-]\s*\d+(?:\.\d+)?)?"
