@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_warmup.py [--backend cupy|strict]
 
-Every twin of refimpl/backends/cupy_cuda.py and every CuPy operation the stages use is compiled (NVRTC) the
+Every twin of refimpl/backends/cupy_cuda/ and every CuPy operation the stages use is compiled (NVRTC) the
 first time it runs, and CuPy keeps the result on disk (``CUPY_CACHE_DIR``, default ~/.cupy/kernel_cache):
 this runs the tiny committed models once on the device, in float32 and float64 (decode, streaming decode,
 encode, the speaker encoder, greedy generation), so that the parity processes that benchmarks/gpu_check.sh

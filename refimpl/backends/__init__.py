@@ -5,7 +5,7 @@
     numpy    NumPy, on the host                   the plain primitives of refimpl/nn.py (the reference)
     numba    NumPy, on the host                   the CPU twins of refimpl/backends/numba_cpu.py where one
                                                   exists, else the reference
-    cupy     CuPy, on a CUDA GPU                  the twins of refimpl/backends/cupy_cuda.py where one exists,
+    cupy     CuPy, on a CUDA GPU                  the twins of refimpl/backends/cupy_cuda/ where one exists,
                                                   else the reference formulas, run by CuPy on device arrays
 
 A primitive of ``refimpl.nn`` is marked ``@primitive``; at every call it looks up the twin of the

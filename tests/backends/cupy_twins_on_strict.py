@@ -1,5 +1,5 @@
 """A pytest plugin: the strict stand-in backend runs the cupy twins for a whole session (CUDA kernels replayed
-in NumPy, see tests/backends/test_cupy_kernels.py), so that the parity suite checks the twins on a machine
+in NumPy, see tests/backends/cupy_replays.py), so that the parity suite checks the twins on a machine
 without a GPU:
 
     PYTHONPATH=tests/backends python -m pytest -p cupy_twins_on_strict --backend strict \\
@@ -17,7 +17,7 @@ CALLS: dict = {}  # "calls": {twin name: number of calls}, filled as the twins r
 
 
 def pytest_configure(config):
-    from test_cupy_kernels import put_these_twins_on_the_strict_stand_in
+    from cupy_replays import put_these_twins_on_the_strict_stand_in
 
     from refimpl.backends import strict_device
 

@@ -2,7 +2,7 @@
 
 Every test skips, saying what is missing, where CuPy or a CUDA device is not there (the default run
 deselects them all: setup.cfg).  On a GPU:
-- each twin of refimpl/backends/cupy_cuda.py equals its NumPy reference on device arrays (float32, float64);
+- each twin of refimpl/backends/cupy_cuda/ equals its NumPy reference on device arrays (float32, float64);
 - every parity module (golden files of every stage, streaming properties) passes on the cupy backend, in
   float32 and float64 (each module in a ``pytest --backend cupy`` process of its own, all side by side);
 - streaming decoding equals the one-pass decode on the device;
@@ -26,6 +26,8 @@ from conftest import PARITY_MODULES as conftest_parity_modules
 from refimpl import backends as kernels
 from refimpl import nn
 from refimpl.backends import cupy_cuda
+from refimpl.backends.cupy_cuda import attention as cuda_attention
+from refimpl.backends.cupy_cuda import linear as cuda_linear
 
 pytestmark = pytest.mark.cuda
 
@@ -128,22 +130,22 @@ def test_bf16_linear_on_the_device(cp):
     rng = np.random.default_rng(1)
     bits = float32_to_bf16_bits(rng.standard_normal((300, 512)).astype(np.float32))
     w_host, w_device = BF16Matrix(bits), BF16Matrix(cp.asarray(bits))
-    for rows in (1, 4, cupy_cuda.MATVEC_MAX_ROWS + 1):
+    for rows in (1, 4, cuda_linear.MATVEC_MAX_ROWS + 1):
         x = rng.standard_normal((rows, 512)).astype(np.float32)
         ref = nn.linear.reference(x, np.asarray(w_host))
-        assert_matches_reference(cupy_cuda.linear(cp.asarray(x), w_device), ref, f"bf16 linear, {rows} rows", 512)
+        assert_matches_reference(cuda_linear.linear(cp.asarray(x), w_device), ref, f"bf16 linear, {rows} rows", 512)
 
 
 def test_attention_kernel_on_a_long_cache(cp):
     """One query against 5000 cached keys (more than a block's threads many times over), window 4096, GQA 16/8:
-    the keys split over 17 blocks per row (cupy_cuda.attention_splits), then combined."""
+    the keys split over 17 blocks per row (cuda_attention.attention_splits), then combined."""
     rng = np.random.default_rng(2)
     shapes = ((1, 16, 1, 128), (1, 8, 5000, 128), (1, 8, 5000, 128))
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in shapes)
     mask = nn.AttentionMask(np.array([4999]), np.arange(5000), 4096)
     ref = nn.attention.reference(q, k, v, mask, 128**-0.5)
-    assert cupy_cuda.attention_splits(16, 5000) == (17, 295)
-    got = cupy_cuda.attention_rows_kernel(cp.asarray(q), cp.asarray(k), cp.asarray(v), mask, 128**-0.5)
+    assert cuda_attention.attention_splits(16, 5000) == (17, 295)
+    got = cuda_attention.attention_rows_kernel(cp.asarray(q), cp.asarray(k), cp.asarray(v), mask, 128**-0.5)
     assert_matches_reference(got, ref, "attention, 5000 keys", 128 * 4096)
 
 
