@@ -33,6 +33,8 @@ import binascii
 import contextlib
 import os
 import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -78,7 +80,9 @@ IGNORED_BECAUSE = {
     "low_cpu_mem_usage": "refimpl maps the weights it reads without a second copy",
 }
 USED_LOAD_ARGS = ("dtype", "torch_dtype", "revision", "cache_dir", "device_map", "device")
-_NOTED: set = set()
+# what Qwen3TTSTokenizer.encode takes: a WAV path or base64 string, or samples (with ``sr``)
+AudioInput = str | os.PathLike | np.ndarray
+_NOTED: set[str] = set()
 
 
 def note_once(key: str, message: str, stacklevel: int = 4) -> None:
@@ -89,7 +93,7 @@ def note_once(key: str, message: str, stacklevel: int = 4) -> None:
         warnings.warn(message, IgnoredArgumentWarning, stacklevel=stacklevel)
 
 
-def compute_dtype_of(dtype) -> type:
+def compute_dtype_of(dtype: Any) -> type[np.floating]:
     """The official ``dtype=`` (a torch dtype, its name, "auto", or a NumPy dtype) -> float32 or float64.
 
     float32 / float64 map to themselves; bfloat16, float16 and "auto" to float32 with a note (float32 math
@@ -120,7 +124,7 @@ def compute_dtype_of(dtype) -> type:
     return kind.type
 
 
-def load_arguments(kwargs: dict, where: str) -> dict:
+def load_arguments(kwargs: dict[str, Any], where: str) -> dict[str, Any]:
     """Split the official ``from_pretrained`` keyword arguments: returns ``dtype`` (float32 / float64),
     ``revision`` and ``cache_dir``; notes the ignored ones once; TypeError for any other name."""
     unknown = sorted(k for k in kwargs if k not in IGNORED_LOAD_ARGS + USED_LOAD_ARGS)
@@ -146,7 +150,7 @@ def load_arguments(kwargs: dict, where: str) -> dict:
     )
 
 
-def backend_of_device(device) -> str | None:
+def backend_of_device(device: object) -> str | None:
     """The official ``device_map`` / ``device`` -> the backend the model is loaded on.
 
     "cuda", "cuda:0" and "auto" -> "cupy" when the CuPy backend can run here (docs/backends.md); otherwise,
@@ -173,7 +177,7 @@ def backend_of_device(device) -> str | None:
     return None
 
 
-def loaded_on(backend: str | None):
+def loaded_on(backend: str | None) -> contextlib.AbstractContextManager[object]:
     """The context a model is loaded in: ``use_backend(backend)`` for a device, else as it is."""
     if backend is None:
         return contextlib.nullcontext()
@@ -195,7 +199,7 @@ def is_probably_base64(s: str) -> bool:
     return s.startswith("data:audio") or ("/" not in s and "\\" not in s and len(s) > 256)
 
 
-def load_audio_string(s) -> tuple[np.ndarray, int]:
+def load_audio_string(s: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
     """A WAV path or base64 WAV (raw or ``data:audio/wav;base64,...``) -> (float32 mono samples [N], sr).
     A URL is a ValueError: nothing here uses the network."""
     s = os.fspath(s)
@@ -229,7 +233,9 @@ class Qwen3TTSModel(Qwen3TTS):
     device = "cpu"
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "Qwen3TTSModel":
+    def from_pretrained(  # type: ignore[override]  # the official signature: only keyword arguments after the name
+        cls, pretrained_model_name_or_path: str | os.PathLike[str], **kwargs: Any
+    ) -> Qwen3TTSModel:
         """The official signature: a directory, embedded name or cached repo id; ``dtype`` and the
         ignored PyTorch arguments as the module docstring says."""
         args = load_arguments(kwargs, "Qwen3TTSModel")
@@ -239,7 +245,7 @@ class Qwen3TTSModel(Qwen3TTS):
         model.device = "cuda:0" if args["backend"] else "cpu"
         return model
 
-    def _load_audio(self, a):
+    def _load_audio(self, a: object) -> tuple[np.ndarray, int]:
         """A path / base64 string (``load_audio_string``), or as ``Qwen3TTS``: a (waveform, sr) tuple."""
         if isinstance(a, (str, os.PathLike)):
             return load_audio_string(a)
@@ -255,23 +261,23 @@ class Qwen3TTSTokenizerV2EncoderOutput:
     ``enc["audio_codes"]`` or ``enc[0]``; ``keys()``, iteration (over the keys) and ``to_tuple()`` as the
     official."""
 
-    def __init__(self, audio_codes: list):
+    def __init__(self, audio_codes: list[np.ndarray]) -> None:
         self.audio_codes = audio_codes
 
-    def keys(self) -> list:
+    def keys(self) -> list[str]:
         return ["audio_codes"]
 
-    def to_tuple(self) -> tuple:
+    def to_tuple(self) -> tuple[list[np.ndarray]]:
         return (self.audio_codes,)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str | int) -> list[np.ndarray]:
         if isinstance(key, str):
             if key != "audio_codes":
                 raise KeyError(key)
             return self.audio_codes
         return self.to_tuple()[key]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 
     def __len__(self) -> int:
@@ -285,14 +291,14 @@ class Qwen3TTSTokenizerV2EncoderOutput:
 class Qwen3TTSTokenizer:
     """``qwen_tts.Qwen3TTSTokenizer`` (12 Hz) over ``SpeechTokenizer`` (``self.tokenizer``)."""
 
-    def __init__(self, tokenizer: SpeechTokenizer, encoder_attention: str = "full"):
+    def __init__(self, tokenizer: SpeechTokenizer, encoder_attention: str = "full") -> None:
         self.tokenizer = tokenizer
         self.config = tokenizer.config
         self.device = "cpu"
         self.encoder_attention = encoder_attention
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "Qwen3TTSTokenizer":
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str], **kwargs: Any) -> Qwen3TTSTokenizer:
         """A speech-tokenizer directory (or a model directory with speech_tokenizer/), an embedded model
         name or a cached repo id ("Qwen/Qwen3-TTS-Tokenizer-12Hz"); keyword arguments as the official."""
         attention = "sliding" if str(kwargs.get("attn_implementation", "")).startswith("flash_attention") else "full"
@@ -322,12 +328,12 @@ class Qwen3TTSTokenizer:
 
     # ------------------------------------------------------------------ encode
 
-    def load_audio(self, x, target_sr: int) -> np.ndarray:
+    def load_audio(self, x: str | os.PathLike[str], target_sr: int) -> np.ndarray:
         """A WAV path or base64 WAV -> float32 mono samples at ``target_sr`` (the official method)."""
         wav, sr = load_audio_string(x)
         return prepare_audio(wav, sr, int(target_sr), np.float32, "audio")
 
-    def _waveforms(self, audios, sr) -> list:
+    def _waveforms(self, audios: AudioInput | Sequence[AudioInput], sr: int | None) -> list[np.ndarray]:
         """Every accepted input (a path or base64 string, an array with ``sr``, or a list of either kind)
         -> a list of 1-D waveforms at the input sample rate."""
         if isinstance(audios, (str, os.PathLike, np.ndarray)):
@@ -347,7 +353,9 @@ class Qwen3TTSTokenizer:
             raise ValueError("For numpy waveform input, you must provide `sr` (original sampling rate).")
         return [prepare_audio(a, sr, target, dtype, f"audios[{i}]") for i, a in enumerate(audios)]
 
-    def encode(self, audios, sr: int | None = None, return_dict: bool = True):
+    def encode(
+        self, audios: AudioInput | Sequence[AudioInput], sr: int | None = None, return_dict: bool = True
+    ) -> Qwen3TTSTokenizerV2EncoderOutput | tuple[list[np.ndarray]]:
         """Audio -> ``Qwen3TTSTokenizerV2EncoderOutput(audio_codes=[int64 [ceil(N_i / 1920), 16], ...])``
         (``(audio_codes,)`` when ``return_dict=False``), one entry per input, encoded as one batch."""
         wavs = self._waveforms(audios, sr)
@@ -357,7 +365,7 @@ class Qwen3TTSTokenizer:
     # ------------------------------------------------------------------ decode
 
     @staticmethod
-    def _code_list(encoded) -> list:
+    def _code_list(encoded: object) -> list[np.ndarray]:
         """The official decode inputs -> a list of [T, 16] code arrays (-1 rows are padding)."""
         if hasattr(encoded, "audio_codes"):
             codes = encoded.audio_codes
@@ -380,7 +388,7 @@ class Qwen3TTSTokenizer:
             return list(arr)
         raise ValueError(f"audio_codes must be [T, 16], [B, T, 16] or a list of [T, 16]; got shape {arr.shape}")
 
-    def decode(self, encoded) -> tuple:
+    def decode(self, encoded: object) -> tuple[list[np.ndarray], int]:
         """Codes -> ``(wavs, sr)``: a list of float32 waveforms [n_valid_i * 1920] and the output rate.
         Each sequence is decoded as the official does (300-frame chunks, -1 frames are padding)."""
         wavs = [np.asarray(self.tokenizer.decode(c), dtype=np.float32) for c in self._code_list(encoded)]

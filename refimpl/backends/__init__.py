@@ -42,11 +42,17 @@ import functools
 import importlib
 import os
 import warnings
+from collections.abc import Callable, Iterable, Iterator
+from types import ModuleType
+from typing import Any, TypeVar
 
 import numpy as np
 from scipy import special as host_special
 
 from .host_memory import recycled_outputs, workspace_of
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "BACKENDS",
@@ -108,12 +114,12 @@ class Backend:
         self.on_device = on_device
         self.checked = checked or on_device
         self.offered = offered
-        self._module = None
+        self._module: ModuleType | None = None
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r}, {self.module_name!r}, on_device={self.on_device})"
 
-    def load(self):
+    def load(self) -> Any:
         """The backend's module, imported (and for a checked backend, its ``available()`` passed): one
         ``BackendUnavailable`` naming what is missing otherwise (a ValueError naming the variable for a
         setting of the environment it cannot run with).  None for "numpy"."""
@@ -138,20 +144,20 @@ class Backend:
         return self._module is not None
 
     @property
-    def xp(self):
+    def xp(self) -> Any:
         """The NumPy-like namespace this backend's arrays are created with (numpy on the host)."""
         return self.load().xp if self.on_device else np
 
     @property
-    def special(self):
+    def special(self) -> Any:
         """This backend's ``scipy.special`` (the device's own special functions on a device backend)."""
         return self.load().special if self.on_device else host_special
 
-    def owns(self, x) -> bool:
+    def owns(self, x: object) -> bool:
         """True when ``x`` is an array of this (loaded) device backend."""
         return self.on_device and self._module is not None and isinstance(x, self._module.xp.ndarray)
 
-    def to_device(self, x):
+    def to_device(self, x: Any) -> Any:
         """``x`` as an array of this backend: a host array (list, scalar) uploaded to a device backend (the one
         explicit host -> device copy), a device array of its own as it is; ``np.asarray`` on the host."""
         if not self.on_device:
@@ -159,12 +165,12 @@ class Backend:
         module = self.load()
         return x if isinstance(x, module.xp.ndarray) else module.to_device(np.asarray(x))
 
-    def to_host(self, x) -> np.ndarray:
+    def to_host(self, x: Any) -> np.ndarray:
         """``x`` (an array of this backend) as a host ``numpy.ndarray`` (the one explicit device -> host copy)."""
         return self.load().to_host(x) if self.on_device else np.asarray(x)
 
     @functools.cached_property
-    def twins(self) -> dict:
+    def twins(self) -> dict[str, Callable[..., Any]]:
         """{primitive name: twin}: the module's ``TWINS`` table (empty for "numpy")."""
         module = self.load()
         return {} if module is None else dict(module.TWINS)
@@ -182,7 +188,7 @@ REGISTRY = {
 BACKENDS = tuple(name for name, b in REGISTRY.items() if b.offered)  # what users may choose
 TEST_BACKENDS = tuple(name for name, b in REGISTRY.items() if not b.offered)  # accepted by name, never offered
 
-_requested: contextvars.ContextVar = contextvars.ContextVar("refimpl_backend", default=None)
+_requested: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("refimpl_backend", default=None)
 
 
 def backend(name: str) -> Backend:
@@ -199,7 +205,7 @@ def _check_name(name: str, where: str) -> str:
     return name
 
 
-def installed_backends() -> tuple:
+def installed_backends() -> tuple[str, ...]:
     """The backends of ``BACKENDS`` that can run here (a device backend only when its ``available()``
     passes: CuPy installed and a GPU visible)."""
     names = []
@@ -212,12 +218,12 @@ def installed_backends() -> tuple:
     return tuple(names)
 
 
-def device_module(name: str):
+def device_module(name: str) -> Any:
     """The module of device backend ``name``, after its ``available()`` check passed."""
     return REGISTRY[name].load()
 
 
-def active_backend() -> tuple:
+def active_backend() -> tuple[str, str]:
     """(backend name or "auto", why): what the primitives use now ("auto" says so when the numba backend
     turned out unavailable and the numpy reference runs instead: ``auto_fallback``)."""
     requested = _requested.get()
@@ -232,7 +238,7 @@ def active_backend() -> tuple:
 
 
 # "auto"'s backend for float32: numba, unless it is unavailable ({"name": ..., "why": ...} once decided)
-_auto_fast: dict = {}
+_auto_fast: dict[str, str] = {}
 
 
 def auto_fallback() -> str:
@@ -256,7 +262,7 @@ def device_backend() -> str | None:
 
 
 @contextlib.contextmanager
-def use_backend(name: str, reason: str = "refimpl.use_backend()"):
+def use_backend(name: str, reason: str = "refimpl.use_backend()") -> Iterator[str]:
     """Run the enclosed code with the primitives of backend ``name`` ("numpy", "numba" or "cupy");
     ``reason`` is what ``active_backend`` reports as the cause.  A device backend that cannot run here
     raises ``BackendUnavailable`` on entry."""
@@ -276,20 +282,20 @@ def _active() -> Backend:
     return REGISTRY["numpy" if name is None else name]
 
 
-def array_module():
+def array_module() -> Any:
     """The NumPy-like namespace arrays are created with now: ``numpy`` on the host backends, the
     device backend's ``xp`` (``cupy``) on a device backend."""
     return _active().xp
 
 
-def to_device(x):
+def to_device(x: Any) -> Any:
     """``x`` as an array of the active backend: a host array (or list, scalar) is uploaded to a device
     backend (the one explicit host -> device copy); a device array is returned as it is.  On the host
     backends this is ``np.asarray``."""
     return _active().to_device(x)
 
 
-def _owner(x) -> Backend | None:
+def _owner(x: object) -> Backend | None:
     """The loaded device backend whose array ``x`` is, or None."""
     for b in REGISTRY.values():
         if b.owns(x):
@@ -297,7 +303,7 @@ def _owner(x) -> Backend | None:
     return None
 
 
-def to_host(x) -> np.ndarray:
+def to_host(x: Any) -> np.ndarray:
     """``x`` as a host ``numpy.ndarray``: a device array of a loaded device backend is copied down (the
     one explicit device -> host copy); anything else goes through ``np.asarray``."""
     if isinstance(x, np.ndarray):
@@ -306,7 +312,7 @@ def to_host(x) -> np.ndarray:
     return np.asarray(x) if owner is None else owner.to_host(x)
 
 
-def special_module(x):
+def special_module(x: object) -> Any:
     """``scipy.special`` for host arrays, the special functions of the device backend that owns ``x``
     (``cupyx.scipy.special``) otherwise."""
     if isinstance(x, (np.ndarray, np.generic)):
@@ -315,7 +321,7 @@ def special_module(x):
     return host_special if owner is None else owner.special
 
 
-def model_scope(loaded_on: str | None, what: str):
+def model_scope(loaded_on: str | None, what: str) -> contextlib.AbstractContextManager[object]:
     """The backend a model's public method runs under: a model whose weights were uploaded to device
     backend ``loaded_on`` runs there, whatever host backend is active (its weights live on that device);
     a model kept on the host runs under the active host backend.  Asking a model for another device
@@ -336,20 +342,20 @@ def model_scope(loaded_on: str | None, what: str):
     return use_backend(loaded_on, f"the backend {what} was loaded on")
 
 
-def on_model_backend(method):
+def on_model_backend(method: F) -> F:
     """Decorate a public method of a model (an object with ``backend``: the device backend its weights
     were uploaded to, or None): it runs under ``model_scope``, its big host outputs taken from the model's
     workspace (``refimpl/backends/host_memory.py``)."""
 
     @functools.wraps(method)
-    def run(self, *args, **kwargs):
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         with model_scope(self.backend, type(self).__name__), recycled_outputs(workspace_of(self)):
             return method(self, *args, **kwargs)
 
-    return run
+    return run  # type: ignore[return-value]  # functools.wraps: the same signature as ``method``
 
 
-def iterate_on_model_backend(model, items):
+def iterate_on_model_backend(model: Any, items: Iterable[T]) -> Iterator[T]:
     """Iterate ``items`` (a generator of the model's) with every step run under ``model_scope``: a
     ``with`` inside a generator would stay entered while the caller holds a chunk."""
     items = iter(items)
@@ -365,7 +371,7 @@ def iterate_on_model_backend(model, items):
 # ----------------------------------------------------------------------------- primitives and their twins
 
 
-def backend_for_call(requested: str, first) -> str:
+def backend_for_call(requested: str, first: object) -> str:
     """The backend whose twin runs one primitive call, from the requested backend (``active_backend``) and
     the call's first argument.  The one place that decides it:
 
@@ -385,12 +391,12 @@ def backend_for_call(requested: str, first) -> str:
     return requested
 
 
-def twin_of(name: str, backend_name: str):
+def twin_of(name: str, backend_name: str) -> Callable[..., Any] | None:
     """The twin of primitive ``name`` in backend ``backend_name``, or None where it has none (or is numpy)."""
     return REGISTRY[backend_name].twins.get(name)
 
 
-def primitive(reference):
+def primitive(reference: F) -> F:
     """Mark a plain NumPy primitive: a call runs the twin of the same name of the backend
     ``backend_for_call`` chooses, or the reference where that backend has no twin of it, or where the
     twin returns ``NotImplemented`` (a dtype or shape it has no kernel for).  The plain function stays
@@ -398,7 +404,7 @@ def primitive(reference):
     name = reference.__name__
 
     @functools.wraps(reference)
-    def dispatch(*args, **kwargs):
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
         chosen = backend_for_call(active_backend()[0], args[0] if args else None)
         twin = REGISTRY[chosen].twins.get(name)
         if twin is not None:
@@ -407,5 +413,5 @@ def primitive(reference):
                 return result
         return reference(*args, **kwargs)
 
-    dispatch.reference = reference
-    return dispatch
+    dispatch.reference = reference  # type: ignore[attr-defined]
+    return dispatch  # type: ignore[return-value]  # functools.wraps: the same signature as ``reference``

@@ -12,11 +12,14 @@ latent = tok.encode_latent(wav, sr=24000)  # the continuous latent before quanti
 from __future__ import annotations
 
 import math
+import os
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from .. import nn
 from ..backends import device_backend, on_model_backend
@@ -32,6 +35,7 @@ from ..io.checkpoint import (
 )
 from ..io.hub import resolve_model
 from ..io.validate import check_codes, check_finite, check_speech_tokenizer_config, raise_non_finite_stage
+from ..recorder import Recorder
 from . import decoder as codec_decoder
 from . import encoder as codec_encoder
 from . import quantization
@@ -43,8 +47,11 @@ __all__ = ["SpeechTokenizer", "resolve_speech_tokenizer_dir", "Encoded", "prepar
 OFFICIAL_CHUNK_FRAMES = 300
 OFFICIAL_LEFT_CONTEXT_FRAMES = 25
 
+# ``progress=``: None, or a callable ``progress(iterable, desc) -> iterable`` such as ``tqdm.tqdm``
+Progress = Callable[[Iterable[Any], str], Iterable[Any]]
 
-def resolve_speech_tokenizer_dir(path) -> Path:
+
+def resolve_speech_tokenizer_dir(path: str | os.PathLike[str]) -> Path:
     """Accept a speech-tokenizer directory or a full Qwen3-TTS model directory (with speech_tokenizer/)."""
     path = Path(path)
     if not path.exists():
@@ -69,7 +76,9 @@ class SpeechTokenizer:
     ``backend`` remembers it: its methods then run there (NumPy in, NumPy out) whatever host backend is
     active (``refimpl.backends.model_scope``)."""
 
-    def __init__(self, config: dict, decoder_weights: dict, dtype=np.float32, directory: Path | None = None):
+    def __init__(
+        self, config: dict, decoder_weights: dict, dtype: DTypeLike = np.float32, directory: Path | None = None
+    ) -> None:
         self.config = config
         self.dtype = np.dtype(dtype).type
         self.directory = directory
@@ -93,10 +102,12 @@ class SpeechTokenizer:
                 f"decode_upsample_rate {self.samples_per_frame} does not match the product of the decoder's "
                 f"upsampling factors {self.decoder_config.samples_per_frame}"
             )
-        self._encoder = None
+        self._encoder: tuple[codec_encoder.EncoderConfig, dict, Any] | None = None
 
     @classmethod
-    def from_pretrained(cls, path, dtype=np.float32, revision: str | None = None) -> "SpeechTokenizer":
+    def from_pretrained(
+        cls, path: str | os.PathLike[str], dtype: DTypeLike = np.float32, revision: str | None = None
+    ) -> SpeechTokenizer:
         """Load a speech-tokenizer directory, or the speech_tokenizer/ of a model directory.  ``path`` may
         also be an embedded model name or a Hugging Face repo id in the local cache
         (``refimpl.io.hub.resolve_model``)."""
@@ -111,13 +122,13 @@ class SpeechTokenizer:
 
     # ------------------------------------------------------------------ input checking
 
-    def check_codes(self, codes, allow_padding: bool = False, what: str = "codes") -> np.ndarray:
+    def check_codes(self, codes: ArrayLike, allow_padding: bool = False, what: str = "codes") -> np.ndarray:
         """``codes`` as an int64 array [T, num_quantizers] with every code in [0, codebook_size) (or -1 in
         group 0 for a padding frame when ``allow_padding``); ValueError naming the first bad code otherwise."""
         return check_codes(codes, self.num_quantizers, self.codebook_size, allow_padding, what)
 
     @staticmethod
-    def _is_batch(codes) -> bool:
+    def _is_batch(codes: object) -> bool:
         """A list/tuple of [T, Q] sequences (arrays or nested lists) is a batch; a list of frames
         (nested lists [T][Q]) is one sequence; an empty list is an empty batch."""
         if not isinstance(codes, (list, tuple)):
@@ -126,7 +137,7 @@ class SpeechTokenizer:
 
     # ------------------------------------------------------------------ decoding
 
-    def _decode_frames(self, codes_tq: np.ndarray, trace=None):
+    def _decode_frames(self, codes_tq: np.ndarray, trace: Recorder | dict | None = None) -> Any:
         """One causal pass over [T, Q] valid codes -> [T * samples_per_frame] (an array of the backend)."""
         codes_bqt = codes_tq.T[None]
         if codes_tq.shape[0] == 0:
@@ -143,8 +154,15 @@ class SpeechTokenizer:
             )
         return wav[0]
 
+    # (overloads) an array is one sequence, one result; a list or tuple may be a batch, a list of results
+    @overload
+    def decode_full(self, codes: np.ndarray, trace: Recorder | dict | None = None) -> np.ndarray: ...
+    @overload
+    def decode_full(self, codes: Sequence[Any], trace: Recorder | dict | None = None) -> np.ndarray | list[Any]: ...
     @on_model_backend
-    def decode_full(self, codes, trace=None):
+    def decode_full(
+        self, codes: np.ndarray | Sequence[Any], trace: Recorder | dict | None = None
+    ) -> np.ndarray | list[Any]:
         """One causal pass over the whole sequence (no chunking): [T, 16] -> [T * 1920].
         A list of sequences gives a list of waveforms.  ``trace`` (a dict or ``Recorder``) receives every
         module's output (``refimpl.porting.trace_files``)."""
@@ -152,8 +170,12 @@ class SpeechTokenizer:
             return [self.decode_full(c, trace) for c in codes]
         return nn.to_host(self._decode_frames(self.check_codes(codes, allow_padding=False), trace))
 
+    @overload
+    def decode(self, codes: np.ndarray, *, progress: Progress | None = None) -> np.ndarray: ...
+    @overload
+    def decode(self, codes: Sequence[Any], *, progress: Progress | None = None) -> np.ndarray | list[Any]: ...
     @on_model_backend
-    def decode(self, codes, *, progress=None):
+    def decode(self, codes: np.ndarray | Sequence[Any], *, progress: Progress | None = None) -> np.ndarray | list[Any]:
         """Decode like the official ``Qwen3TTSTokenizer.decode``: [T, 16] -> [n_valid * 1920].
 
         Frames whose group-0 code is -1 are padding: they are decoded as code 0 (as the official
@@ -179,13 +201,13 @@ class SpeechTokenizer:
         return nn.to_host(wav[: n_valid * spf])
 
     @on_model_backend
-    def stream(self) -> "DecodeStream":
+    def stream(self) -> DecodeStream:
         """A stateful decoder: ``push(codes [n, 16])`` returns the ``n * 1920`` samples of those frames."""
         return DecodeStream(self)
 
     # ------------------------------------------------------------------ encoding
 
-    def _load_encoder(self):
+    def _load_encoder(self) -> tuple[codec_encoder.EncoderConfig, dict, Any]:
         """Read, check and cache the encoder weights on first use: (config, weights, codebook tables)."""
         if self._encoder is None:
             if "encoder_config" not in self.config:
@@ -211,8 +233,38 @@ class SpeechTokenizer:
     def encoder_valid_num_quantizers(self) -> int:
         return int(self.config.get("encoder_valid_num_quantizers", self.num_quantizers))
 
+    @overload
+    def encode_detailed(
+        self,
+        audio: np.ndarray,
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> Encoded: ...
+    @overload
+    def encode_detailed(
+        self,
+        audio: list[np.ndarray],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> list[Encoded]: ...
+    @overload
+    def encode_detailed(
+        self,
+        audio: Sequence[Any],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> Encoded | list[Encoded]: ...
     @on_model_backend
-    def encode_detailed(self, audio, sr: int | None = None, encoder_attention: str = "full", trace=None):
+    def encode_detailed(
+        self,
+        audio: np.ndarray | Sequence[Any],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> Encoded | list[Encoded]:
         """Encode and return everything: an ``Encoded(codes [T, 16], latent [T, hidden], margins [T, 16])``
         per input (a list for a list input).  ``margins`` is, per code, the distance to the second-nearest
         codebook row minus the distance to the chosen one: a small margin is a near-tie.
@@ -263,7 +315,37 @@ class SpeechTokenizer:
             )
         return results if batch else results[0]
 
-    def encode(self, audio, sr: int | None = None, encoder_attention: str = "full", trace=None):
+    @overload
+    def encode(
+        self,
+        audio: np.ndarray,
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> np.ndarray: ...
+    @overload
+    def encode(
+        self,
+        audio: list[np.ndarray],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> list[np.ndarray]: ...
+    @overload
+    def encode(
+        self,
+        audio: Sequence[Any],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> np.ndarray | list[np.ndarray]: ...
+    def encode(
+        self,
+        audio: np.ndarray | Sequence[Any],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> np.ndarray | list[np.ndarray]:
         """Audio -> codes, like the official ``Qwen3TTSTokenizer.encode``: a 1-D array of N samples at
         ``sr`` Hz -> int64 ``[ceil(N / 1920), 16]``; a list of arrays -> a list (encoded as one batch).
 
@@ -275,14 +357,44 @@ class SpeechTokenizer:
         out = self.encode_detailed(audio, sr, encoder_attention, trace)
         return [e.codes for e in out] if isinstance(out, list) else out.codes
 
-    def encode_latent(self, audio, sr: int | None = None, encoder_attention: str = "full", trace=None):
+    @overload
+    def encode_latent(
+        self,
+        audio: np.ndarray,
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> np.ndarray: ...
+    @overload
+    def encode_latent(
+        self,
+        audio: list[np.ndarray],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> list[np.ndarray]: ...
+    @overload
+    def encode_latent(
+        self,
+        audio: Sequence[Any],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> np.ndarray | list[np.ndarray]: ...
+    def encode_latent(
+        self,
+        audio: np.ndarray | Sequence[Any],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> np.ndarray | list[np.ndarray]:
         """The continuous latent before quantisation, ``[ceil(N / 1920), hidden_size]`` (the transpose of
         the official ``[1, hidden, T]`` downsample output); a list for a list input."""
         out = self.encode_detailed(audio, sr, encoder_attention, trace)
         return [e.latent for e in out] if isinstance(out, list) else out.latent
 
     @staticmethod
-    def _is_audio_batch(audio) -> bool:
+    def _is_audio_batch(audio: object) -> bool:
         return isinstance(audio, (list, tuple)) and len(audio) > 0 and not np.isscalar(audio[0])
 
 
@@ -292,7 +404,9 @@ class Encoded(NamedTuple):
     margins: np.ndarray  # [T, 16] distance to the second-nearest codebook row minus to the nearest
 
 
-def prepare_audio(audio, sr, target_sr: int = 24000, dtype=np.float32, what: str = "audio") -> np.ndarray:
+def prepare_audio(
+    audio: ArrayLike, sr: int | None, target_sr: int = 24000, dtype: DTypeLike = np.float32, what: str = "audio"
+) -> np.ndarray:
     """Check one waveform and bring it to 1-D mono at ``target_sr`` in ``dtype``.
 
     Accepts a 1-D array (or list) of samples (floats; int16 / int32 / uint8 PCM are scaled to [-1, 1) as a
@@ -340,7 +454,7 @@ class DecodeStream:
     those frames.  ``decoder`` is the ``codec_decoder.DecoderStream`` doing the work; its ``state``
     (a ``codec_decoder.DecoderState``) is everything carried between pushes."""
 
-    def __init__(self, tokenizer: SpeechTokenizer):
+    def __init__(self, tokenizer: SpeechTokenizer) -> None:
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend
         self.decoder = codec_decoder.DecoderStream(
@@ -360,7 +474,7 @@ class DecodeStream:
         return self.decoder.state
 
     @on_model_backend
-    def push(self, codes) -> np.ndarray:
+    def push(self, codes: ArrayLike) -> np.ndarray:
         arr = np.asarray(codes)
         if arr.size == 0 and arr.ndim <= 2:
             arr = np.zeros((0, self.tokenizer.num_quantizers), dtype=np.int64)

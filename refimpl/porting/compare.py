@@ -40,8 +40,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:  # for the annotations only
+    from .diagnose import Divergence
+    from .trace_files import Trace
 
 __all__ = [
     "EPS",
@@ -85,7 +92,7 @@ NOISE_SIZES = {"tiny": NOISE_RATIO, "released": NOISE_RATIO_RELEASED}
 NOISE_FACTOR = 4.0
 
 
-def scale_of(ref) -> float:
+def scale_of(ref: ArrayLike) -> float:
     ref = np.asarray(ref)
     return max(1.0, float(np.max(np.abs(ref)))) if ref.size else 1.0
 
@@ -99,7 +106,7 @@ def network_of(key: str) -> str:
 
 
 def tolerance(
-    ref,
+    ref: ArrayLike,
     precision: str,
     noise: float | None = None,
     network: str | None = None,
@@ -116,7 +123,7 @@ def tolerance(
     eps = EPS[precision]
     if noise is None:
         ratios = NOISE_SIZES[size][precision]
-        noise = ratios.get(network, max(ratios.values())) * eps * scale
+        noise = ratios.get(network, max(ratios.values())) * eps * scale  # type: ignore[arg-type]  # None: the largest
     return noise_factor * noise + noise_factor * eps * scale
 
 
@@ -132,13 +139,18 @@ class OracleCheck:
         return self.err32 <= self.tol and self.err64 <= self.tol
 
 
-def max_abs_diff(a, b) -> float:
+def max_abs_diff(a: ArrayLike, b: ArrayLike) -> float:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
 def check_against_oracle(
-    ours, off32, off64, precision: str, noise_factor: float = NOISE_FACTOR, f64_rel: float = F64_REL
+    ours: ArrayLike,
+    off32: ArrayLike,
+    off64: ArrayLike,
+    precision: str,
+    noise_factor: float = NOISE_FACTOR,
+    f64_rel: float = F64_REL,
 ) -> OracleCheck:
     """The parity tests' rule: ``precision`` "f64"/"float64" checks ours against official_f64 only;
     "f32"/"float32" against both, with the noise measured from this golden pair."""
@@ -209,7 +221,7 @@ class Report:
         return next((r for r in self.rows if not r.ok), None)
 
     @property
-    def first_divergence(self):
+    def first_divergence(self) -> Divergence | FrameDivergence | None:
         """The first differing code (a ``diagnose.Divergence``: frame, codebook, verdict); when no code
         differs, the first failure's first divergent frame if it has a time axis (a ``FrameDivergence``)."""
         if self.divergences:
@@ -217,7 +229,8 @@ class Report:
         row = self.first_failure
         if row is None or row.first_frame is None:
             return None
-        return FrameDivergence(row.key, row.first_frame, row.first_sample, row.frame_errors[row.first_frame], row.tol)
+        errors = row.frame_errors[row.first_frame]  # type: ignore[index]  # a first frame comes with the errors
+        return FrameDivergence(row.key, row.first_frame, row.first_sample, errors, row.tol)
 
     @property
     def passed(self) -> bool:
@@ -313,7 +326,7 @@ class Report:
                 lines.append(f"{what}: {len(keys)} tensors ({summarise(keys)}; --list-missing lists them)")
         return "\n".join(lines)
 
-    def header_lines(self) -> list:
+    def header_lines(self) -> list[str]:
         lines = [self.coverage_line()]
         for field, a, b in self.metadata_mismatches:
             lines.append(f"metadata differs: {field}: reference {short(a)}, candidate {short(b)}")
@@ -353,12 +366,12 @@ def row_line(r: Row, width: int, first: bool) -> str:
     )
 
 
-def short(value, n: int = 60) -> str:
+def short(value: object, n: int = 60) -> str:
     text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def summarise(keys: list, groups: int = 4) -> str:
+def summarise(keys: list[str], groups: int = 4) -> str:
     """The most common module prefixes of ``keys`` (call suffixes dropped), with counts."""
     from collections import Counter
 
@@ -369,7 +382,7 @@ def summarise(keys: list, groups: int = 4) -> str:
     return ", ".join(parts)
 
 
-def cosine_similarity(a, b) -> float:
+def cosine_similarity(a: ArrayLike, b: ArrayLike) -> float:
     a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     if na == 0 or nb == 0:
@@ -377,7 +390,14 @@ def cosine_similarity(a, b) -> float:
     return float(a @ b) / (na * nb)
 
 
-def compare_row(key: str, ref, cand, precision: str, time: tuple | None = None, size: str = "tiny") -> Row:
+def compare_row(
+    key: str,
+    ref: ArrayLike,
+    cand: ArrayLike,
+    precision: str,
+    time: tuple[int, int, int] | None = None,
+    size: str = "tiny",
+) -> Row:
     """One row; ``time`` = (axis, steps per frame, frames): also the per-frame errors along that axis."""
     ref, cand = np.asarray(ref), np.asarray(cand)
     exact = ref.dtype.kind in "iub" or cand.dtype.kind in "iub"
@@ -409,7 +429,9 @@ def compare_row(key: str, ref, cand, precision: str, time: tuple | None = None, 
     return row
 
 
-def frame_errors(err, axis: int, k: int, frames: int, tol: float) -> tuple:
+def frame_errors(
+    err: np.ndarray, axis: int, k: int, frames: int, tol: float
+) -> tuple[list[float] | None, int | None, int | None]:
     """(max abs error per frame, first frame over ``tol``, first step over it along ``axis``) of an error
     array whose ``axis`` maps ``k`` steps to a frame (steps past ``frames * k``: the last frame)."""
     steps = np.moveaxis(err, axis, 0).reshape(err.shape[axis], -1)
@@ -439,7 +461,7 @@ def base_name(key: str) -> str:
     return name[len("refimpl.") :] if name.startswith("refimpl.") else name
 
 
-def time_axes(key: str, shape) -> tuple:
+def time_axes(key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The axes of ``shape`` indexed by generated frame (the module docstring), the frame axis first; ()
     for a tensor with none (or a map's selection ``key[...]``)."""
     name, n = base_name(key), len(shape)
@@ -495,9 +517,9 @@ def item_of(key: str) -> int | None:
     return None
 
 
-def frame_counts(trace) -> dict:
+def frame_counts(trace: Trace) -> dict[int, int]:
     """{item: frames} of a trace (the module docstring); {} when it says nothing about its frames."""
-    counts = {}
+    counts: dict[int, int] = {}
     for prefix in ("refimpl.codes.", "refimpl.forced_codes."):
         for key, array in trace.items:
             rest = key[len(prefix) :] if key.startswith(prefix) else ""
@@ -513,7 +535,7 @@ def frame_counts(trace) -> dict:
         shape = np.shape(array)
         if key.split(":")[0] == "decoder" and shape and all(d == 1 for d in shape[:-1]):
             if shape[-1] % SAMPLES_PER_FRAME == 0:
-                counts[item_of(key)] = shape[-1] // SAMPLES_PER_FRAME
+                counts[item_of(key)] = shape[-1] // SAMPLES_PER_FRAME  # type: ignore[index]  # a decoder key's item
     return counts
 
 
@@ -531,18 +553,18 @@ class Lengths:
     """The frame counts of two traces and whether their lengths differ legitimately (the shorter run
     reached its max_new_tokens: the module docstring)."""
 
-    def __init__(self, reference, candidate):
+    def __init__(self, reference: Trace, candidate: Trace) -> None:
         self.ref, self.cand = frame_counts(reference), frame_counts(candidate)
         self.caps = (length_cap(reference.metadata), length_cap(candidate.metadata))
 
-    def frames(self, key: str) -> tuple:
+    def frames(self, key: str) -> tuple[int | None, int | None]:
         """(reference frames, candidate frames) of the key's item (None where unknown)."""
         item = item_of(key)
         if item is None:
             return (max(self.ref.values(), default=None), max(self.cand.values(), default=None))
         return self.ref.get(item), self.cand.get(item)
 
-    def capped(self, frames: tuple) -> bool:
+    def capped(self, frames: tuple[int | None, int | None]) -> TypeGuard[tuple[int, int]]:
         """The frame counts differ and the shorter run stopped at its length cap."""
         a, b = frames
         if a is None or b is None or a == b:
@@ -550,7 +572,7 @@ class Lengths:
         short, cap = (a, self.caps[0]) if a < b else (b, self.caps[1])
         return cap is not None and short >= cap - 1
 
-    def time(self, key: str, shape) -> tuple | None:
+    def time(self, key: str, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
         """(axis, steps per frame, frames) of a tensor of equal shapes on both sides, or None."""
         axes = time_axes(key, shape)
         frames = next((f for f in self.frames(key) if f is not None), None) if axes else None
@@ -559,7 +581,9 @@ class Lengths:
         k = steps_per_frame(key, shape[axes[0]], frames)
         return None if k is None else (axes[0], k, frames)
 
-    def prefix(self, key: str, ref_shape, cand_shape) -> tuple | None:
+    def prefix(
+        self, key: str, ref_shape: tuple[int, ...], cand_shape: tuple[int, ...]
+    ) -> tuple[tuple[slice, ...], tuple[int, int, int]] | None:
         """(slices, (axis, k, common frames)) when the two shapes differ only along the key's time axes,
         by what the two runs' frame counts explain; None otherwise (a shape mismatch)."""
         frames = self.frames(key)
@@ -583,7 +607,7 @@ class Lengths:
 
 
 def compare_traces(
-    reference, candidate, precision: str = "float32", diagnose: bool = True, size: str = "tiny"
+    reference: Trace, candidate: Trace, precision: str = "float32", diagnose: bool = True, size: str = "tiny"
 ) -> Report:
     """Compare two ``trace_files.Trace`` objects key by key, in the reference's execution order: one row per
     common key, a shape mismatch a failing row in its place.  Shapes that differ only by singleton axes
@@ -647,7 +671,7 @@ def compare_traces(
     return report
 
 
-def length_notes(reference: dict, candidate: dict, lengths: Lengths, prefixed: list) -> list:
+def length_notes(reference: dict, candidate: dict, lengths: Lengths, prefixed: list[str]) -> list[str]:
     """What the two runs' length caps and frame counts mean for the comparison."""
     notes = []
     caps = (length_cap(reference), length_cap(candidate))
@@ -680,7 +704,7 @@ SAME_RUN_FIELDS = ("weights_sha256", "config", "input")
 LENGTH_FIELDS = ("max_new_tokens",)
 
 
-def metadata_mismatches(reference: dict, candidate: dict, precision: str) -> list:
+def metadata_mismatches(reference: dict, candidate: dict, precision: str) -> list[list[Any]]:
     """[[field, reference value, candidate value]] for every field of ``SAME_RUN_FIELDS`` both traces
     record and that differs (``input``: its fields both record, one by one, but the length cap
     ``max_new_tokens``: ``compare_traces`` notes it and compares the frames both runs have), and the
@@ -707,7 +731,7 @@ def precision_eps(precision: str) -> float:
 HINT_PREFIX_PARTS = 3  # prefixes of at most this many dotted parts are looked for (decoder., talker.model.)
 
 
-def dotted_prefixes(key: str, parts: int = HINT_PREFIX_PARTS):
+def dotted_prefixes(key: str, parts: int = HINT_PREFIX_PARTS) -> Iterator[tuple[str, str]]:
     """(prefix, rest) for the first ``parts`` dots of ``key``: ``"a.b.c"`` -> ("a.", "b.c"), ("a.b.", "c").
     Bounded work per key, whatever its dots (a key of 200,000 dots would otherwise give 200,000 suffixes)."""
     i = -1
@@ -718,16 +742,18 @@ def dotted_prefixes(key: str, parts: int = HINT_PREFIX_PARTS):
         yield key[: i + 1], key[i + 1 :]
 
 
-def prefix_hint(reference_keys: list, candidate_keys: list) -> str | None:
+def prefix_hint(reference_keys: list[str], candidate_keys: list[str]) -> str | None:
     """When the candidate's names are the reference's with a prefix added or removed (``decoder.``), say so."""
     from collections import Counter
 
     ref = set(reference_keys)
-    prefix_of = {}  # a reference key's dotted suffixes (after at most HINT_PREFIX_PARTS parts) -> the prefix
+    prefix_of: dict[
+        str, str
+    ] = {}  # a reference key's dotted suffixes (after at most HINT_PREFIX_PARTS parts) -> the prefix
     for r in reference_keys:
         for prefix, rest in dotted_prefixes(r):
             prefix_of.setdefault(rest, prefix)
-    found = Counter()
+    found: Counter[str] = Counter()
     for k in candidate_keys:
         if k in prefix_of:
             found["add " + prefix_of[k]] += 1
@@ -746,7 +772,7 @@ def prefix_hint(reference_keys: list, candidate_keys: list) -> str | None:
     )
 
 
-def clean_json(value):
+def clean_json(value: Any) -> Any:
     try:
         json.dumps(value)
         return value
@@ -755,7 +781,7 @@ def clean_json(value):
 
 
 def report_json(report: Report) -> str:
-    def clean(x):
+    def clean(x: Any) -> Any:
         if isinstance(x, list):
             return [clean(v) for v in x]
         return None if isinstance(x, float) and not math.isfinite(x) else x

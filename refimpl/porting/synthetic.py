@@ -32,7 +32,7 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 
-def write_json(path, value, newline: str = "\n", **dumps_options) -> None:
+def write_json(path: str | os.PathLike, value: Any, newline: str = "\n", **dumps_options: Any) -> None:
     """One JSON file of a checkpoint, written atomically (a failed write keeps the previous file)."""
     write_atomically(path, (json.dumps(value, **dumps_options) + newline).encode("utf-8"))
 
@@ -69,8 +69,8 @@ def write_json(path, value, newline: str = "\n", **dumps_options) -> None:
 def random_tensor(spec: WeightSpec, seed: int) -> np.ndarray:
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode("utf-8"))])
     shape = tuple(spec.shape)
-    kind, _, gain = spec.init.partition("*")
-    gain = float(gain) if gain else 1.0
+    kind, _, gain_text = spec.init.partition("*")
+    gain = float(gain_text) if gain_text else 1.0
     if kind == "linear":
         fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
         x = rng.standard_normal(shape) / np.sqrt(fan_in)
@@ -99,7 +99,7 @@ def random_tensor(spec: WeightSpec, seed: int) -> np.ndarray:
     return (gain * x).astype(np.float32)
 
 
-def random_weights(spec: Iterable[WeightSpec], seed: int) -> dict:
+def random_weights(spec: Iterable[WeightSpec], seed: int) -> dict[str, np.ndarray]:
     """Seeded random float32 tensors for every entry of ``spec``."""
     return {s.name: random_tensor(s, seed) for s in spec}
 
@@ -119,7 +119,9 @@ def write_checkpoint(
     if config is not None:
         write_json(directory / "config.json", config, indent=2, sort_keys=True)
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
-    shards, current, current_bytes = [], {}, 0
+    shards: list[dict[str, np.ndarray]] = []
+    current: dict[str, np.ndarray] = {}
+    current_bytes = 0
     for name in sorted(tensors):
         n_bytes = tensors[name].size * itemsize
         if max_shard_bytes is not None and current and current_bytes + n_bytes > max_shard_bytes:
@@ -143,7 +145,7 @@ def write_checkpoint(
     return directory
 
 
-def speech_tokenizer_weight_spec(config: Mapping) -> list:
+def speech_tokenizer_weight_spec(config: Mapping) -> list[WeightSpec]:
     """All tensors of a 12 Hz speech tokenizer checkpoint (``encoder.*`` and ``decoder.*``)."""
 
     spec = [
@@ -270,7 +272,7 @@ The numbers 0 1 2 3 4 5 6 7 8 9 and 3.14159, 2.71828, 1,000,000.
 """
 
 
-def byte_level_vocab(merges) -> dict:
+def byte_level_vocab(merges: Iterable[tuple[str, str]]) -> dict[str, int]:
     """The Qwen2 numbering: the 256 byte symbols by code point (ids 0..255), then one id per merge in
     merge order (id 256 + rank).  Raises if two merges make the same token."""
 
@@ -284,7 +286,7 @@ def byte_level_vocab(merges) -> dict:
     return vocab
 
 
-def _byte_level_words(text: str) -> list:
+def _byte_level_words(text: str) -> list[str]:
     """Pre-tokenise ``text`` the Qwen2 way and write each word in the byte-level alphabet."""
     import unicodedata
 
@@ -299,15 +301,16 @@ def _byte_level_words(text: str) -> list:
     return [w for w, _ in pre.pre_tokenize_str(unicodedata.normalize("NFC", text))]
 
 
-def learn_bpe_merges(text: str, num_merges: int, whole_words=()) -> list:
+def learn_bpe_merges(text: str, num_merges: int, whole_words: Iterable[str] = ()) -> list[tuple[str, str]]:
     """Deterministic BPE training: first the merges that build each of ``whole_words`` left to right,
     then, ``num_merges`` times, the most frequent adjacent pair over the words of ``text`` (ties go
     to the smallest pair in string order; stops early once every word is a single symbol)."""
     from collections import Counter
 
-    merges, made = [], set()
+    merges: list[tuple[str, str]] = []
+    made: set[str] = set()
 
-    def add(a, b):
+    def add(a: str, b: str) -> None:
         merges.append((a, b))
         made.add(a + b)
 
@@ -326,7 +329,7 @@ def learn_bpe_merges(text: str, num_merges: int, whole_words=()) -> list:
     for w in split:  # apply the whole-word merges first
         split[w] = _apply_merges(split[w], merges)
     for _ in range(num_merges):
-        pairs = Counter()
+        pairs: Counter[tuple[str, str]] = Counter()
         for w, count in words.items():
             s = split[w]
             for a, b in zip(s[:-1], s[1:]):
@@ -341,7 +344,7 @@ def learn_bpe_merges(text: str, num_merges: int, whole_words=()) -> list:
     return merges
 
 
-def _apply_merges(symbols: list, merges) -> list:
+def _apply_merges(symbols: list[str], merges: Iterable[tuple[str, str]]) -> list[str]:
     for a, b in merges:
         out, i = [], 0
         while i < len(symbols):
@@ -355,7 +358,12 @@ def _apply_merges(symbols: list, merges) -> list:
     return symbols
 
 
-def write_text_tokenizer(directory: str | os.PathLike, merges, added_tokens, tokenizer_json: bool = False) -> dict:
+def write_text_tokenizer(
+    directory: str | os.PathLike,
+    merges: Sequence[tuple[str, str]],
+    added_tokens: Sequence[tuple[str, bool]],
+    tokenizer_json: bool = False,
+) -> dict[str, int]:
     """Write ``vocab.json``, ``merges.txt`` and ``tokenizer_config.json`` in the released Qwen2 format
     (and ``tokenizer.json`` too when asked).  ``added_tokens`` is a list of (content, special); they take
     the ids after the BPE vocabulary, in order.  Returns {added token: id}."""
@@ -414,7 +422,7 @@ def write_text_tokenizer(directory: str | os.PathLike, merges, added_tokens, tok
 
 def write_tiny_text_tokenizer(
     directory: str | os.PathLike, num_merges: int = 400, tokenizer_json: bool = False
-) -> dict:
+) -> dict[str, int]:
     """The tiny text tokenizer of the synthetic checkpoints: 256 bytes + the merges that make
     "assistant", "user", "system" single tokens + ``num_merges`` merges learned from
     ``TINY_TEXT_CORPUS``, then ``TINY_TEXT_ADDED_TOKENS``.  Deterministic.  Returns {added token: id}
@@ -423,7 +431,9 @@ def write_tiny_text_tokenizer(
     return write_text_tokenizer(directory, merges, TINY_TEXT_ADDED_TOKENS, tokenizer_json=tokenizer_json)
 
 
-def write_speaker_encoder(directory, speaker_encoder_config: dict, seed: int = 0, dtype: str = "float32"):
+def write_speaker_encoder(
+    directory: str | os.PathLike, speaker_encoder_config: dict, seed: int = 0, dtype: str = "float32"
+) -> Path:
     """A standalone synthetic speaker-encoder directory: config.json holding ``speaker_encoder_config``
     (and ``tts_model_type: base``), model.safetensors with the ``speaker_encoder.*`` tensors."""
     cfg = SpeakerEncoderConfig.from_dict(speaker_encoder_config)
@@ -437,7 +447,7 @@ def write_speaker_encoder(directory, speaker_encoder_config: dict, seed: int = 0
 # ---------------------------------------------------------------------------------------------
 
 
-def tts_model_weight_spec(config: Mapping) -> list:
+def tts_model_weight_spec(config: Mapping) -> list[WeightSpec]:
     """Every tensor of a full model's model.safetensors (full names: ``talker.*``, and
     ``speaker_encoder.*`` for Base models) from its config.json dict."""
 
@@ -496,7 +506,7 @@ def write_tts_model(
     write_json(directory / "generation_config.json", generation, indent=2, sort_keys=True)
     write_speech_tokenizer(
         directory / "speech_tokenizer",
-        preset(speech_tokenizer_config or TINY_SPEECH_TOKENIZER),
+        preset(speech_tokenizer_config or TINY_SPEECH_TOKENIZER),  # type: ignore[arg-type]  # any mapping copies
         seed=speech_tokenizer_seed,
     )
     return directory

@@ -29,8 +29,10 @@ import os
 import stat
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from ..backends.bf16 import bf16_bits_to_float32
 from ..codec.decoder import decoder_weight_spec
@@ -39,6 +41,10 @@ from ..io.checkpoint import STORED_DTYPES, read_config, read_safetensors_header,
 from ..io.files import InputError, atomic_output, parse_json, read_npy_header
 from ..recorder import EXTRA_PREFIX, CallLog, Recorder, call_names
 from .names import conv_wrappers, official_calls
+
+if TYPE_CHECKING:  # for the annotations only: importing refimpl.porting does not load the models' modules
+    from ..codec.speech_tokenizer import SpeechTokenizer
+    from ..tts.model import Qwen3TTS
 
 __all__ = [
     "Trace",
@@ -89,7 +95,7 @@ class Trace:
     metadata: dict
 
     @property
-    def keys(self) -> list:
+    def keys(self) -> list[str]:
         return [k for k, _ in self.items]
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -98,7 +104,7 @@ class Trace:
                 return v
         raise KeyError(key)
 
-    def save(self, path, fmt: str | None = None) -> Path:
+    def save(self, path: str | os.PathLike[str], fmt: str | None = None) -> Path:
         """Write ``path`` as safetensors (default) or npz (``fmt="npz"`` or a ``.npz`` name)."""
         path = Path(path)
         fmt = fmt or ("npz" if path.suffix == ".npz" else "safetensors")
@@ -106,7 +112,9 @@ class Trace:
         tensors = {k: storable(v) for k, v in self.items}
         if fmt == "npz":
             with atomic_output(path) as f:  # the metadata as UTF-8 JSON bytes (uint8 [n]): any npy reader takes them
-                np.savez(f, __metadata__=np.frombuffer(json.dumps(metadata).encode("utf-8"), np.uint8), **tensors)
+                # mypy's complaint is real but theoretical: a tensor named "file" or "allow_pickle" would clash
+                # with savez's own arguments
+                np.savez(f, __metadata__=np.frombuffer(json.dumps(metadata).encode("utf-8"), np.uint8), **tensors)  # type: ignore[arg-type]
         elif fmt == "safetensors":
             write_safetensors_file(
                 path, tensors, dtype="keep", metadata={METADATA_KEY: json.dumps(metadata)}, sort=False
@@ -116,7 +124,7 @@ class Trace:
         return path
 
 
-def storable(value) -> np.ndarray:
+def storable(value: ArrayLike) -> np.ndarray:
     """A contiguous array the writers accept: booleans as uint8, other integers as int64."""
     a = np.ascontiguousarray(value)
     if a.dtype == bool:
@@ -135,7 +143,7 @@ class TraceError(InputError):
 MAX_KEY_CHARS = 1024
 
 
-def check_key(path, name: str) -> None:
+def check_key(path: object, name: str) -> None:
     if len(name) > MAX_KEY_CHARS:
         raise TraceError(
             f"{path}: tensor name {name[:40]!r}... is {len(name)} characters long, over the limit of {MAX_KEY_CHARS}"
@@ -148,7 +156,7 @@ MAX_DEFLATE_RATIO = 1100
 NUMERIC_KINDS = "biuf"  # bool, signed and unsigned integers, floats: what a trace compares
 
 
-def load_trace(path) -> Trace:
+def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Read a trace (ours, the official hook dump, or a port's) from .safetensors or .npz (told apart by
     their content, not their name).  Keys follow the metadata's ``order`` when it lists them, else the
     file's order.  Everything is checked before a tensor is read (``TraceError`` naming the file and the
@@ -191,7 +199,7 @@ def load_trace(path) -> Trace:
     return Trace([(k, arrays[k]) for k in order], metadata)
 
 
-def trace_metadata(raw, path) -> dict:
+def trace_metadata(raw: str | bytes | None, path: object) -> dict:
     """The metadata JSON of a trace (None: none recorded): an object whose ``order``, if given, lists names,
     and whose fields that refimpl reads have their types (``check_metadata``)."""
     if raw is None:
@@ -209,7 +217,7 @@ def trace_metadata(raw, path) -> dict:
 JSON_TYPES = {dict: "object", list: "list", str: "string", bool: "boolean", int: "integer", float: "number"}
 
 
-def json_type(value) -> str:
+def json_type(value: object) -> str:
     return "null" if value is None else JSON_TYPES.get(type(value), type(value).__name__)
 
 
@@ -227,15 +235,15 @@ METADATA_COUNTS = (
 )
 
 
-def is_count(value, least: int = 0) -> bool:
+def is_count(value: object, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def check_metadata(metadata: dict, path) -> None:
+def check_metadata(metadata: dict, path: object) -> None:
     """The types of the metadata fields refimpl reads: one ``TraceError`` naming the file and the field
     (a trace's metadata comes from outside: a port's dump, an edited file)."""
 
-    def bad(field: str, what: str, value):
+    def bad(field: str, what: str, value: object) -> NoReturn:
         found = json_type(value)
         raise TraceError(f"{path}: the trace metadata's {field} must be {what} (or null), found a JSON {found}")
 
@@ -267,10 +275,11 @@ def check_metadata(metadata: dict, path) -> None:
         raise TraceError(f"{path}: the trace metadata's generation: {e}") from None
 
 
-SAFETENSORS_DTYPES = {code: stored.str for code, stored in STORED_DTYPES.items() if code != "BF16"}
+# io.checkpoint's STORED_DTYPES holds NumPy dtypes, but mypy infers its values as objects (hence the ignores)
+SAFETENSORS_DTYPES = {code: stored.str for code, stored in STORED_DTYPES.items() if code != "BF16"}  # type: ignore[attr-defined]
 
 
-def read_safetensors_trace(path) -> tuple:
+def read_safetensors_trace(path: str | os.PathLike[str]) -> tuple[dict, dict[str, np.ndarray]]:
     """(header with ``__metadata__``, {name: array}) of a safetensors file, every dtype kept as stored
     (bfloat16 widened to float32), the arrays read-only views of a memory map.  The header is checked
     as a checkpoint's (``checkpoint.read_safetensors_header``); TraceError for anything wrong."""
@@ -279,12 +288,12 @@ def read_safetensors_trace(path) -> tuple:
     arrays = {}
     for name, h in header.items():
         begin, end = (data_start + o for o in h["data_offsets"])
-        arr = raw[begin:end].view(STORED_DTYPES[h["dtype"]]).reshape(h["shape"])
+        arr = raw[begin:end].view(STORED_DTYPES[h["dtype"]]).reshape(h["shape"])  # type: ignore[call-overload]
         arrays[name] = bf16_bits_to_float32(arr) if h["dtype"] == "BF16" else arr
     return dict(header, __metadata__=metadata), arrays
 
 
-def read_npz_trace(path) -> tuple:
+def read_npz_trace(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict]:
     """({name: array}, metadata) of an npz archive, each member's .npy header checked against the member's
     size before its data is read (a header claiming petabytes is refused, not allocated)."""
     try:
@@ -334,7 +343,7 @@ def read_npz_trace(path) -> tuple:
     return arrays, trace_metadata(raw_metadata, path)
 
 
-def metadata_text(array, where: str) -> str:
+def metadata_text(array: np.ndarray, where: str) -> str:
     """The JSON text of an npz ``__metadata__``: a 0-d unicode array (``np.array(json.dumps(...))``) or
     UTF-8 bytes as a uint8 vector (easier to write from C++)."""
     if array.dtype.kind == "U" and array.ndim == 0:
@@ -350,7 +359,7 @@ def metadata_text(array, where: str) -> str:
 # ----------------------------------------------------------------------------- metadata
 
 
-def weights_hash(directory) -> str:
+def weights_hash(directory: str | os.PathLike[str]) -> str:
     """SHA-256 over the bytes of the directory's ``*.safetensors`` files, in name order."""
     h = hashlib.sha256()
     for f in sorted(Path(directory).glob("*.safetensors")):
@@ -360,12 +369,14 @@ def weights_hash(directory) -> str:
     return h.hexdigest()
 
 
-def array_hash(a) -> str:
+def array_hash(a: ArrayLike) -> str:
     a = np.ascontiguousarray(a)
     return hashlib.sha256(str(a.dtype).encode() + str(a.shape).encode() + a.tobytes()).hexdigest()
 
 
-def base_metadata(stage: str, directory, dtype, inputs: dict, settings: dict | None = None) -> dict:
+def base_metadata(
+    stage: str, directory: str | os.PathLike[str] | None, dtype: DTypeLike, inputs: dict, settings: dict | None = None
+) -> dict:
     from .._version import __version__
     from ..backends import active_backend
 
@@ -395,13 +406,13 @@ def finish(log: CallLog, metadata: dict, wrappers: frozenset = frozenset()) -> T
 # ----------------------------------------------------------------------------- the stages
 
 
-def record_decode(log: CallLog, tokenizer, codes_tq, attention: bool = False) -> None:
+def record_decode(log: CallLog, tokenizer: SpeechTokenizer, codes_tq: np.ndarray, attention: bool = False) -> None:
     """The decoder's module outputs for codes [T, 16] (``decode_full``); ``decoder`` is the waveform [1, 1, N]."""
     wav = tokenizer.decode_full(codes_tq, trace=Recorder(log, "decoder.", attention))
     log["decoder"] = np.asarray(wav)[None, None, :]
 
 
-def trace_codec_decode(tokenizer, codes_tq, attention: bool = False) -> Trace:
+def trace_codec_decode(tokenizer: SpeechTokenizer, codes_tq: ArrayLike, attention: bool = False) -> Trace:
     """Decode codes [T, 16] in one causal pass (``decode_full``), recording every module of
     ``Qwen3TTSTokenizer.model.decoder`` (keys ``decoder.*``); the last key, ``decoder``, is the waveform
     [1, 1, T * 1920].  ``attention``: also the post-RoPE q/k and attention probabilities of every layer
@@ -418,7 +429,7 @@ def trace_codec_decode(tokenizer, codes_tq, attention: bool = False) -> Trace:
     return finish(log, meta, conv_wrappers("decoder.", decoder_weight_spec(tokenizer.decoder_config)))
 
 
-def trace_codec_encode(tokenizer, audio, sr: int = 24000, attention: bool = False) -> Trace:
+def trace_codec_encode(tokenizer: SpeechTokenizer, audio: ArrayLike, sr: int = 24000, attention: bool = False) -> Trace:
     """Encode one waveform, recording the audio the encoder sees (``refimpl.encoder.input`` [1, N]: mono,
     resampled to 24 kHz, in the compute dtype), every module of ``Qwen3TTSTokenizer.model.encoder`` (keys
     ``encoder.*``) and, under ``refimpl.encoder.quantizer.*``, each RVQ layer's input residual, codes
@@ -439,7 +450,7 @@ def trace_codec_encode(tokenizer, audio, sr: int = 24000, attention: bool = Fals
     return finish(log, meta, conv_wrappers("encoder.", encoder_weight_spec(cfg)))
 
 
-def trace_speaker(tts, audio, sr: int = 24000) -> Trace:
+def trace_speaker(tts: Qwen3TTS, audio: ArrayLike, sr: int = 24000) -> Trace:
     """The x-vector of one waveform, recording the audio the encoder sees (``refimpl.speaker_encoder.input``
     [N]: resampled to 24 kHz, in the compute dtype), every module of ``Qwen3TTSModel.model.speaker_encoder``
     (keys ``speaker_encoder.*``; the last, ``speaker_encoder``, is the x-vector [1, D]) and the log mels
@@ -469,7 +480,9 @@ def text_feed_default(stage: str) -> bool:
     return inspect.signature(getattr(Qwen3TTS, GENERATE_METHODS[stage])).parameters["non_streaming_mode"].default
 
 
-def trace_generation(tts, stage: str, *, attention: bool = False, decoder: bool = True, **kwargs) -> Trace:
+def trace_generation(
+    tts: Qwen3TTS, stage: str, *, attention: bool = False, decoder: bool = True, **kwargs: Any
+) -> Trace:
     """Run ``generate_custom_voice`` (say), ``generate_voice_design`` (design) or ``generate_voice_clone``
     (clone) with ``kwargs``, recording every Talker and code-predictor module call (``talker.*``, with
     ``:N`` per call), the prompt, the scores after each sampling step, the chosen ids, the generated
@@ -532,7 +545,7 @@ def trace_generation(tts, stage: str, *, attention: bool = False, decoder: bool 
     return finish(log, meta, wrappers)
 
 
-def chosen_codes(log: CallLog, batch: int, lengths: list, groups: int) -> list:
+def chosen_codes(log: CallLog, batch: int, lengths: list[int], groups: int) -> list[np.ndarray]:
     """The codes a teacher-forced run chose itself: code 0 of step t from ``sampling.chosen`` call t, code g
     from the code predictor's call t * (groups - 1) + g - 1; [T_i, groups] per item."""
     code0 = [v for k, v in log.calls if k == f"{EXTRA_PREFIX}talker.sampling.chosen"]

@@ -30,14 +30,18 @@ the decoder's chunk loop, e.g. ``progress=tqdm.tqdm`` (the command line passes i
 from __future__ import annotations
 
 import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..backends import iterate_on_model_backend, on_model_backend
-from ..codec.speech_tokenizer import SpeechTokenizer
+from ..codec.speech_tokenizer import Progress, SpeechTokenizer
 from ..io.audio import audio_as_float, check_sample_rate, read_wav
 from ..io.checkpoint import (
     CheckpointError,
@@ -54,7 +58,7 @@ from .generate import GenerationTrace, generate_codes, iterate_frames
 from .prompt import PromptLayout, TTSConfig, build_layout, embed_layout
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
-from .text_tokenizer import assistant_prompt, instruct_prompt, load_text_tokenizer, reference_prompt
+from .text_tokenizer import TextTokenizer, assistant_prompt, instruct_prompt, load_text_tokenizer, reference_prompt
 
 __all__ = ["Qwen3TTS", "VoiceClonePromptItem", "HARD_DEFAULTS"]
 
@@ -81,6 +85,12 @@ _GENERATE_KEYS = ("trace", "progress", "forced_codes")
 # each mode (the name its ``generate_*`` and ``stream_*`` methods end in) -> the tts_model_type it needs
 MODE_MODEL_TYPES = {"custom_voice": "custom_voice", "voice_design": "voice_design", "voice_clone": "base"}
 
+# what every ``generate_*`` returns: (wavs, sample rate), and the codes [T, 16] of each item with return_codes=True
+Generated = tuple[list[np.ndarray], int] | tuple[list[np.ndarray], int, list[np.ndarray]]
+# a reference voice's audio: a WAV path, or (samples, sample rate)
+RefAudio = str | Path | tuple[np.ndarray, int]
+TTS = TypeVar("TTS", bound="Qwen3TTS")
+
 
 @dataclass
 class VoiceClonePromptItem:
@@ -102,7 +112,7 @@ class Prompts:
     ref_codes: list  # the reference codes [T_ref, 16] each item's audio is decoded after (ICL), or None
 
     @classmethod
-    def of_layouts(cls, layouts: list) -> "Prompts":
+    def of_layouts(cls, layouts: list) -> Prompts:
         """The prompts of a mode without a reference voice."""
         return cls(layouts, [None] * len(layouts), [None] * len(layouts))
 
@@ -110,7 +120,7 @@ class Prompts:
 STREAM_CHUNK_FRAMES = (1, 2, 4)  # the default schedule: the first audio after one frame, then 2, then 4 at a time
 
 
-def chunk_sizes(chunk_frames):
+def chunk_sizes(chunk_frames: int | Sequence[int]) -> Iterator[int]:
     """The frames of each streamed chunk, one after another, without end: ``chunk_frames`` an int (every
     chunk that many frames) or a sequence of ints (the first chunks' sizes; the last size repeats)."""
     sizes = (chunk_frames,) if isinstance(chunk_frames, (int, np.integer)) else chunk_frames
@@ -123,15 +133,15 @@ def chunk_sizes(chunk_frames):
     return itertools.chain(sizes[:-1], itertools.repeat(sizes[-1]))
 
 
-def _as_list(x):
+def _as_list(x: Any) -> list:
     return list(x) if isinstance(x, (list, tuple)) and not _is_audio_tuple(x) else [x]
 
 
-def _is_audio_tuple(x) -> bool:
+def _is_audio_tuple(x: object) -> TypeGuard[tuple[np.ndarray, Any]]:
     return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], np.ndarray)
 
 
-def _per_text(texts: list, **arguments) -> list:
+def _per_text(texts: list, **arguments: tuple[Any, Any]) -> list[list]:
     """Each argument, given as ``(value, default)``, as one value per text: a list of len(texts) as it is,
     a list of one repeated, a single value (None -> default) for every text.  Returns the lists in the
     order given; ValueError naming the lengths when a list has another length (as the official)."""
@@ -156,7 +166,7 @@ def record_layouts(record: Recorder, layouts: list) -> None:
         record.extra(f"talker.prompt.trailing_ids.{i}", np.asarray(lay.trailing_ids, dtype=np.int64))
 
 
-def record_draws(record: Recorder, rng) -> None:
+def record_draws(record: Recorder, rng: object) -> None:
     """Trace the uniforms a run consumed (``refimpl.random_draws``), when ``rng`` keeps them."""
     if isinstance(rng, UniformDraws):
         record.extra("random_draws", rng.recorded())
@@ -174,13 +184,13 @@ class Qwen3TTS:
         self,
         config: dict,
         talker: Talker,
-        text_tokenizer,
-        speech_tokenizer,
-        speaker_encoder=None,
+        text_tokenizer: TextTokenizer,
+        speech_tokenizer: SpeechTokenizer,
+        speaker_encoder: SpeakerEncoder | None = None,
         generate_defaults: dict | None = None,
-        dtype=np.float32,
+        dtype: DTypeLike = np.float32,
         directory: Path | None = None,
-    ):
+    ) -> None:
         self.config = TTSConfig.from_dict(config)
         self.talker = talker
         self.text_tokenizer = text_tokenizer
@@ -201,7 +211,9 @@ class Qwen3TTS:
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def from_pretrained(cls, path, dtype=np.float32, revision: str | None = None) -> "Qwen3TTS":
+    def from_pretrained(
+        cls: type[TTS], path: str | os.PathLike[str], dtype: DTypeLike = np.float32, revision: str | None = None
+    ) -> TTS:
         """Load a model directory: config.json, model.safetensors (or shards), the text tokenizer files,
         generation_config.json and speech_tokenizer/.  ``path`` is a directory, an embedded model name
         ("default", "default-base", ...) or a Hugging Face repo id in the local cache
@@ -215,7 +227,7 @@ class Qwen3TTS:
         check_prefixes(directory, ("talker.", "speaker_encoder."), f"Qwen3-TTS model ({directory})")
         # float32: bfloat16 matrices stay as stored (half the memory; widened where used, exactly)
         talker_weights = read_checkpoint_weights(directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32)
-        talker = Talker(cfg.talker_config, talker_weights, dtype)
+        talker = Talker(cfg.talker_config, talker_weights, dtype)  # type: ignore[arg-type]  # from_dict sets it
         speaker_encoder = None
         if cfg.tts_model_type == "base":
             speaker_encoder = SpeakerEncoder.from_pretrained(directory, dtype)
@@ -238,13 +250,13 @@ class Qwen3TTS:
 
     # ------------------------------------------------------------------ what the model supports
 
-    def get_supported_speakers(self) -> list:
+    def get_supported_speakers(self) -> list[str]:
         """Preset speaker names (lowercase, sorted); empty for Base and VoiceDesign models."""
-        return sorted({str(s).lower() for s in self.config.talker_config.spk_id})
+        return sorted({str(s).lower() for s in self.config.talker_config.spk_id})  # type: ignore[union-attr]
 
-    def get_supported_languages(self) -> list:
+    def get_supported_languages(self) -> list[str]:
         """'auto' and every language of codec_language_id except the dialects (lowercase, sorted)."""
-        langs = {"auto"} | {str(k).lower() for k in self.config.talker_config.codec_language_id if "dialect" not in k}
+        langs = {"auto"} | {str(k).lower() for k in self.config.talker_config.codec_language_id if "dialect" not in k}  # type: ignore[union-attr]
         return sorted(langs)
 
     @property
@@ -273,7 +285,7 @@ class Qwen3TTS:
     # ------------------------------------------------------------------ the modes' prompts
 
     @staticmethod
-    def _texts(text) -> list:
+    def _texts(text: str | Sequence[str]) -> list[str]:
         """``text`` (a string, or a list: a batch) as a list of non-empty strings."""
         texts = _as_list(text)
         for i, t in enumerate(texts):
@@ -287,7 +299,14 @@ class Qwen3TTS:
         return np.asarray(self.text_tokenizer.encode(text), dtype=np.int64)
 
     def _layout(
-        self, text: str, language, non_streaming_mode, speaker=None, instruct=None, has_speaker_vector=False, ref=None
+        self,
+        text: str,
+        language: str,
+        non_streaming_mode: bool,
+        speaker: str | None = None,
+        instruct: str | None = None,
+        has_speaker_vector: bool = False,
+        ref: VoiceClonePromptItem | None = None,
     ) -> PromptLayout:
         """The prompt of one text (``build_layout``): its chat turn, the language, a preset ``speaker`` or
         an x-vector's slot, the ``instruct`` turn (None or "": none) and, for an ICL voice clone, the
@@ -299,13 +318,20 @@ class Qwen3TTS:
             speaker,
             has_speaker_vector=has_speaker_vector,
             instruct_ids=None if instruct in (None, "") else self._tokenize(instruct_prompt(instruct)),
-            ref_ids=None if ref is None else self._tokenize(reference_prompt(ref.ref_text)),
+            # an ICL reference always has its text (``_voice_clone_prompts`` checks it)
+            ref_ids=None if ref is None else self._tokenize(reference_prompt(ref.ref_text)),  # type: ignore[arg-type]
             ref_codes=None if ref is None else ref.ref_code,
             non_streaming_mode=non_streaming_mode,
         )
 
     def _custom_voice_prompts(
-        self, text, speaker, language, instruct, non_streaming_mode, record: Recorder = NULL_RECORDER
+        self,
+        text: str | Sequence[str],
+        speaker: str | list[str] | None,
+        language: str | list[str] | None,
+        instruct: str | list[str] | None,
+        non_streaming_mode: bool,
+        record: Recorder = NULL_RECORDER,
     ) -> Prompts:
         """CustomVoice: a preset speaker's id in the speaker slot, and the instruct turn (not on 0.6B)."""
         texts = self._texts(text)
@@ -324,7 +350,12 @@ class Qwen3TTS:
         )
 
     def _voice_design_prompts(
-        self, text, instruct, language, non_streaming_mode, record: Recorder = NULL_RECORDER
+        self,
+        text: str | Sequence[str],
+        instruct: str | list[str] | None,
+        language: str | list[str] | None,
+        non_streaming_mode: bool,
+        record: Recorder = NULL_RECORDER,
     ) -> Prompts:
         """VoiceDesign: no speaker; the voice is the instruct turn (always used)."""
         texts = self._texts(text)
@@ -339,13 +370,13 @@ class Qwen3TTS:
 
     def _voice_clone_prompts(
         self,
-        text,
-        language,
-        ref_audio,
-        ref_text,
-        x_vector_only_mode,
-        voice_clone_prompt,
-        non_streaming_mode,
+        text: str | Sequence[str],
+        language: str | list[str] | None,
+        ref_audio: RefAudio | Sequence[RefAudio] | None,
+        ref_text: str | list[str | None] | None,
+        x_vector_only_mode: bool | list[bool],
+        voice_clone_prompt: VoiceClonePromptItem | Sequence[VoiceClonePromptItem] | dict | None,
+        non_streaming_mode: bool,
         record: Recorder = NULL_RECORDER,
     ) -> Prompts:
         """Voice clone (Base): the reference's x-vector in the speaker slot and, in ICL mode, its text and
@@ -374,13 +405,28 @@ class Qwen3TTS:
     # ------------------------------------------------------------------ generation
 
     @on_model_backend
-    def generate_custom_voice(self, text, speaker, language=None, instruct=None, non_streaming_mode=True, **kwargs):
+    def generate_custom_voice(
+        self,
+        text: str | Sequence[str],
+        speaker: str | list[str] | None,
+        language: str | list[str] | None = None,
+        instruct: str | list[str] | None = None,
+        non_streaming_mode: bool = True,
+        **kwargs: Any,
+    ) -> Generated:
         """Speech in a preset speaker's voice (CustomVoice models); ``instruct`` is ignored on 0.6B models."""
         prompts = partial(self._custom_voice_prompts, text, speaker, language, instruct, non_streaming_mode)
         return self._generate("custom_voice", prompts, kwargs)
 
     @on_model_backend
-    def generate_voice_design(self, text, instruct, language=None, non_streaming_mode=True, **kwargs):
+    def generate_voice_design(
+        self,
+        text: str | Sequence[str],
+        instruct: str | list[str] | None,
+        language: str | list[str] | None = None,
+        non_streaming_mode: bool = True,
+        **kwargs: Any,
+    ) -> Generated:
         """Speech in a voice described by ``instruct`` (VoiceDesign models); an empty instruct means none."""
         prompts = partial(self._voice_design_prompts, text, instruct, language, non_streaming_mode)
         return self._generate("voice_design", prompts, kwargs)
@@ -388,15 +434,15 @@ class Qwen3TTS:
     @on_model_backend
     def generate_voice_clone(
         self,
-        text,
-        language=None,
-        ref_audio=None,
-        ref_text=None,
-        x_vector_only_mode=False,
-        voice_clone_prompt=None,
-        non_streaming_mode=False,
-        **kwargs,
-    ):
+        text: str | Sequence[str],
+        language: str | list[str] | None = None,
+        ref_audio: RefAudio | Sequence[RefAudio] | None = None,
+        ref_text: str | list[str | None] | None = None,
+        x_vector_only_mode: bool | list[bool] = False,
+        voice_clone_prompt: VoiceClonePromptItem | Sequence[VoiceClonePromptItem] | dict | None = None,
+        non_streaming_mode: bool = False,
+        **kwargs: Any,
+    ) -> Generated:
         """Speech in the voice of reference audio (Base models): x-vector only, or ICL (reference text +
         reference codes continue into the new text)."""
         prompts = partial(
@@ -411,7 +457,7 @@ class Qwen3TTS:
         )
         return self._generate("voice_clone", prompts, kwargs)
 
-    def _generate(self, mode: str, make_prompts, kwargs: dict) -> tuple:
+    def _generate(self, mode: str, make_prompts: Callable[[Recorder], Prompts], kwargs: dict[str, Any]) -> Generated:
         """The body of every ``generate_*``: the model type the mode needs, the call's options out of
         ``kwargs`` (trace, progress, forced codes, sampling), the prompts (``make_prompts(record) ->
         Prompts``), the codes, then the audio (``_finish``)."""
@@ -434,7 +480,7 @@ class Qwen3TTS:
         )
         return self._finish(codes, return_codes, prompts.ref_codes, progress, record)
 
-    def _settings(self, kwargs: dict):
+    def _settings(self, kwargs: dict[str, Any]) -> tuple[SamplingSettings, UniformDraws, bool, int]:
         """The sampling keywords of a ``generate_*`` or ``stream_*`` call (``_GEN_KEYS``, then
         ``_SETTINGS_KEYS``) -> (SamplingSettings, the random draws, return_codes, the EOS id)."""
         kwargs = dict(kwargs)
@@ -451,7 +497,7 @@ class Qwen3TTS:
             merged[k] = v if v is not None else self.generate_defaults.get(k, HARD_DEFAULTS[k])
         settings = SamplingSettings(**merged)
         settings.validate(self.dtype)
-        eos_id = self.config.talker_config.codec_eos_token_id if eos is None else int(eos)
+        eos_id = self.config.talker_config.codec_eos_token_id if eos is None else int(eos)  # type: ignore[union-attr]
         return settings, UniformDraws(np.random.default_rng(seed), random_draws), bool(return_codes), eos_id
 
     @on_model_backend
@@ -460,14 +506,14 @@ class Qwen3TTS:
         layouts: list,
         speaker_vectors: list,
         settings: SamplingSettings,
-        rng,
+        rng: UniformDraws | np.random.Generator,
         eos_id: int,
         trace: GenerationTrace | None = None,
         record: Recorder = NULL_RECORDER,
         *,
-        progress=None,
-        forced_codes=None,
-    ) -> list:
+        progress: Progress | None = None,
+        forced_codes: Sequence[np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
         """The model part of every mode: prompts (as ``PromptLayout``) -> codes [T, 16] per item.
         ``record`` receives the module outputs (``refimpl.porting.trace_files``) and, when ``rng`` is a
         ``UniformDraws``, every uniform consumed as ``refimpl.random_draws``."""
@@ -488,7 +534,7 @@ class Qwen3TTS:
         record_draws(record, rng)
         return codes
 
-    def _embed_prompts(self, layouts: list, speaker_vectors: list, record: Recorder) -> tuple:
+    def _embed_prompts(self, layouts: list, speaker_vectors: list, record: Recorder) -> tuple[list, list, Any]:
         """The vectors generation starts from: each prompt [T, H] (its speaker slot filled), each text's
         trailing vectors [N, H] and the tts_pad vector [H]; ``record`` receives the layouts' ids."""
         record_layouts(record, layouts)
@@ -497,7 +543,14 @@ class Qwen3TTS:
         pad = self.talker.embed_text([self.config.tts_pad_token_id])[0]
         return prompts, trailing, pad
 
-    def _finish(self, codes: list, return_codes: bool, ref_codes: list, progress=None, record=NULL_RECORDER):
+    def _finish(
+        self,
+        codes: list[np.ndarray],
+        return_codes: bool,
+        ref_codes: list,
+        progress: Progress | None = None,
+        record: Recorder = NULL_RECORDER,
+    ) -> Generated:
         """The audio of each item's codes, float32 as the official returns it; ``record`` receives it in the
         compute dtype (``refimpl.waveform.{i}``)."""
         wavs = []
@@ -517,14 +570,14 @@ class Qwen3TTS:
     @on_model_backend
     def stream_custom_voice(
         self,
-        text,
-        speaker,
-        language=None,
-        instruct=None,
-        non_streaming_mode=True,
-        chunk_frames=STREAM_CHUNK_FRAMES,
-        **kwargs,
-    ):
+        text: str | Sequence[str],
+        speaker: str | list[str] | None,
+        language: str | list[str] | None = None,
+        instruct: str | list[str] | None = None,
+        non_streaming_mode: bool = True,
+        chunk_frames: int | Sequence[int] = STREAM_CHUNK_FRAMES,
+        **kwargs: Any,
+    ) -> Iterator[np.ndarray]:
         """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks while the frames
         are generated: ``chunk_frames`` frames each (n * 1920 samples), or with a sequence the first chunks'
         sizes, the last one repeated (default (1, 2, 4): the first audio as soon as one frame exists).
@@ -534,8 +587,14 @@ class Qwen3TTS:
 
     @on_model_backend
     def stream_voice_design(
-        self, text, instruct, language=None, non_streaming_mode=True, chunk_frames=STREAM_CHUNK_FRAMES, **kwargs
-    ):
+        self,
+        text: str | Sequence[str],
+        instruct: str | list[str] | None,
+        language: str | list[str] | None = None,
+        non_streaming_mode: bool = True,
+        chunk_frames: int | Sequence[int] = STREAM_CHUNK_FRAMES,
+        **kwargs: Any,
+    ) -> Iterator[np.ndarray]:
         """Like ``generate_voice_design`` for ONE text, yielding float32 waveform chunks (see
         ``stream_custom_voice``)."""
         prompts = partial(self._voice_design_prompts, text, instruct, language, non_streaming_mode)
@@ -544,16 +603,16 @@ class Qwen3TTS:
     @on_model_backend
     def stream_voice_clone(
         self,
-        text,
-        language=None,
-        ref_audio=None,
-        ref_text=None,
-        x_vector_only_mode=False,
-        voice_clone_prompt=None,
-        non_streaming_mode=False,
-        chunk_frames=STREAM_CHUNK_FRAMES,
-        **kwargs,
-    ):
+        text: str | Sequence[str],
+        language: str | list[str] | None = None,
+        ref_audio: RefAudio | Sequence[RefAudio] | None = None,
+        ref_text: str | list[str | None] | None = None,
+        x_vector_only_mode: bool | list[bool] = False,
+        voice_clone_prompt: VoiceClonePromptItem | Sequence[VoiceClonePromptItem] | dict | None = None,
+        non_streaming_mode: bool = False,
+        chunk_frames: int | Sequence[int] = STREAM_CHUNK_FRAMES,
+        **kwargs: Any,
+    ) -> Iterator[np.ndarray]:
         """Like ``generate_voice_clone`` for ONE text, yielding float32 waveform chunks (see
         ``stream_custom_voice``); in ICL mode the reference codes are pushed through the streaming
         decoder first as left context and their audio is not yielded."""
@@ -569,7 +628,13 @@ class Qwen3TTS:
         )
         return self._stream("voice_clone", prompts, chunk_frames, kwargs)
 
-    def _stream(self, mode: str, make_prompts, chunk_frames, kwargs: dict):
+    def _stream(
+        self,
+        mode: str,
+        make_prompts: Callable[[Recorder], Prompts],
+        chunk_frames: int | Sequence[int],
+        kwargs: dict[str, Any],
+    ) -> Iterator[np.ndarray]:
         """The body of every ``stream_*``, its arguments checked at the call (as ``_generate``; ``kwargs``
         takes ``trace`` and the sampling keywords), then a generator: frames -> the exact streaming
         decoder -> float32 chunks (the concatenation equals ``SpeechTokenizer.decode_full`` of the codes,
@@ -587,7 +652,7 @@ class Qwen3TTS:
         trace = self.last_trace
         ref_codes = prompts.ref_codes[0]
 
-        def chunks():
+        def chunks() -> Iterator[np.ndarray]:
             decoder = self.speech_tokenizer.stream()
             if ref_codes is not None:
                 decoder.push(np.asarray(ref_codes, dtype=np.int64))  # left context only
@@ -606,7 +671,9 @@ class Qwen3TTS:
     # ------------------------------------------------------------------ reference voices (Base: voice clone)
 
     @on_model_backend
-    def extract_speaker_embedding(self, audio, sr: int = 24000, trace=None):
+    def extract_speaker_embedding(
+        self, audio: np.ndarray, sr: int = 24000, trace: Recorder | dict | None = None
+    ) -> np.ndarray:
         """The x-vector [enc_dim] of mono audio (resampled to 24 kHz when ``sr`` differs).  ``trace`` (a dict
         or ``Recorder``) receives every module's output under ``speaker_encoder.`` (``refimpl.porting.trace_files``)."""
         if self.speaker_encoder is None:
@@ -617,7 +684,13 @@ class Qwen3TTS:
         return xvec
 
     @on_model_backend
-    def create_voice_clone_prompt(self, ref_audio, ref_text=None, x_vector_only_mode=False, trace=None) -> list:
+    def create_voice_clone_prompt(
+        self,
+        ref_audio: RefAudio | Sequence[RefAudio],
+        ref_text: str | list[str | None] | None = None,
+        x_vector_only_mode: bool | list[bool] = False,
+        trace: Recorder | dict | None = None,
+    ) -> list[VoiceClonePromptItem]:
         """Reference voice(s) -> ``VoiceClonePromptItem`` list: the reference codes (ICL mode) and x-vector.
         ``trace`` receives the speaker encoder's module outputs and, when an item is in ICL mode, the codec
         encoder's (``encoder.*``, the names of ``Qwen3TTSTokenizer.model``: the official object runs it
@@ -658,7 +731,14 @@ class Qwen3TTS:
             )
         return items
 
-    def _voice_clone_items(self, ref_audio, ref_text, x_vector_only_mode, voice_clone_prompt, record) -> list:
+    def _voice_clone_items(
+        self,
+        ref_audio: RefAudio | Sequence[RefAudio] | None,
+        ref_text: str | list[str | None] | None,
+        x_vector_only_mode: bool | list[bool],
+        voice_clone_prompt: VoiceClonePromptItem | Sequence[VoiceClonePromptItem] | dict | None,
+        record: Recorder,
+    ) -> list[VoiceClonePromptItem]:
         """The reference voices of a voice clone call: ``voice_clone_prompt`` (a list of items, one item, or
         the dict form), else those ``create_voice_clone_prompt`` makes of ``ref_audio``."""
         if voice_clone_prompt is None:
@@ -672,7 +752,7 @@ class Qwen3TTS:
         return list(voice_clone_prompt)
 
     @staticmethod
-    def _items_from_dict(d: dict) -> list:
+    def _items_from_dict(d: dict) -> list[VoiceClonePromptItem]:
         try:
             n = len(d["ref_spk_embedding"])
             return [
@@ -690,7 +770,7 @@ class Qwen3TTS:
                 f"voice_clone_prompt dict is malformed ({e!r}); pass the list that create_voice_clone_prompt returns"
             ) from None
 
-    def _load_audio(self, a):
+    def _load_audio(self, a: object) -> tuple[np.ndarray, int]:
         if _is_audio_tuple(a):
             wav, sr = a
             wav = audio_as_float(wav, "ref_audio")  # int16 / int32 / uint8 PCM scaled to [-1, 1)

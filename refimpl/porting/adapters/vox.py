@@ -38,7 +38,9 @@ without them (an official hook dump) is written from those.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -111,12 +113,12 @@ def _steps(trace: Trace) -> int:
     return s
 
 
-def _item_input(inputs: dict, field: str, item: int):
+def _item_input(inputs: dict, field: str, item: int) -> Any:
     value = inputs.get(field)
     return value[item] if isinstance(value, list) else value
 
 
-def vox_metadata(trace: Trace, item: int, voice: str | None) -> dict:
+def vox_metadata(trace: Trace, item: int, voice: str | None) -> dict[str, str]:
     """The dump's string metadata from the trace's ``input`` (text, language, speaker, instruct)."""
     meta = trace.metadata or {}
     inputs = meta.get("input") or {}
@@ -143,7 +145,7 @@ def vox_metadata(trace: Trace, item: int, voice: str | None) -> dict:
     return out
 
 
-def vox_tensors(trace: Trace, item: int = 0) -> dict:
+def vox_tensors(trace: Trace, item: int = 0) -> dict[str, np.ndarray]:
     """vox's tensors (float32 / int32) of batch item ``item`` of a generation trace."""
     codes_key = VOX_NAMES["codes"].format(item=item)
     if not _has(trace, codes_key):
@@ -173,7 +175,7 @@ def vox_tensors(trace: Trace, item: int = 0) -> dict:
     return {k: v.astype(np.int32 if VOX_DTYPES[k] == "I32" else np.float32) for k, v in tensors.items()}
 
 
-def write_vox_dump(trace: Trace, path, item: int = 0, voice: str | None = None) -> Path:
+def write_vox_dump(trace: Trace, path: str | os.PathLike[str], item: int = 0, voice: str | None = None) -> Path:
     """Write batch item ``item`` of a generation trace (a run of the streaming text feed, ours or the
     official hook dump) as the dump ``vox verify --dump`` reads.  ``voice``: the vox voice file (.tvoice)
     of a voice clone, written into the metadata (a named voice is taken from the trace's speaker and
@@ -188,7 +190,7 @@ def write_vox_dump(trace: Trace, path, item: int = 0, voice: str | None = None) 
 # ----------------------------------------------------------------------------- vox -> ours
 
 
-def read_vox_dump(path) -> Trace:
+def read_vox_dump(path: str | os.PathLike[str]) -> Trace:
     """A vox dump as a trace under our names (``VOX_NAMES``), in execution order, for ``refimpl compare``
     against our reference: the speaker encoder's mel and x-vector, then per step the Talker's logits and the
     frame's code-predictor logits, the codes, the audio.  The metadata keeps vox's own strings under
@@ -202,7 +204,8 @@ def read_vox_dump(path) -> Trace:
         if want is not None and h["dtype"] != want:
             raise VoxDumpError(f"{path}: {name} is {h['dtype']}; vox's verifier reads it as {want}")
         begin, end = (start + o for o in h["data_offsets"])
-        arrays[name] = raw[begin:end].view(STORED_DTYPES[h["dtype"]]).reshape(h["shape"])
+        # (ignored: io.checkpoint's STORED_DTYPES holds NumPy dtypes, but mypy infers its values as objects)
+        arrays[name] = raw[begin:end].view(STORED_DTYPES[h["dtype"]]).reshape(h["shape"])  # type: ignore[call-overload]
     items = []
     if "spk_mels" in arrays:
         items.append((VOX_NAMES["spk_mels"], _shaped(arrays, "spk_mels", 3)[0]))
@@ -218,7 +221,8 @@ def read_vox_dump(path) -> Trace:
         if s < talker.shape[0]:
             items.append((VOX_NAMES["talker_logits"].format(s=s), np.array(talker[s : s + 1])))
         for g in range(groups if s < frames else 0):
-            items.append((VOX_NAMES["predictor_logits"].format(n=s * groups + g), np.array(predictor[s, g][None])))
+            logits = predictor[s, g][None]  # type: ignore[index]  # groups > 0: there is a predictor
+            items.append((VOX_NAMES["predictor_logits"].format(n=s * groups + g), np.array(logits)))
     if "codes" in arrays:
         items.append((VOX_NAMES["codes"].format(item=0), _shaped(arrays, "codes", 2).astype(np.int64)))
     if "wav" in arrays:

@@ -15,6 +15,7 @@ import math
 import os
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +31,10 @@ from ..compare import (
     tolerance,
 )
 from .suite import BEHAVIOURS, SUITE_FORMAT, SuiteError, read_manifest, sha256_of
+
+if TYPE_CHECKING:  # for the annotations only
+    from ..compare import Report
+    from ..name_maps import NameMap
 
 __all__ = ["grade_suite", "grade_case", "read_results", "format_report", "ResultsError", "REPORT_FORMAT"]
 
@@ -91,7 +96,9 @@ def read_results(results: Path, name: str) -> trace_files.Trace | None:
     entries = sorted(folder.iterdir())
     if len(entries) > MAX_RESULT_FILES:
         raise ResultsError(f"{folder} holds {len(entries)} files, more than {MAX_RESULT_FILES}")
-    items, metadata, total = [], {}, 0
+    items: list[tuple[str, np.ndarray]] = []
+    metadata: dict = {}
+    total = 0
     for path in entries:
         if path.name.startswith(".") or not path.is_file():
             continue
@@ -134,7 +141,9 @@ def as_reference_names(case: dict, candidate: trace_files.Trace) -> trace_files.
     return trace_files.Trace([(outputs.get(k, k), v) for k, v in candidate.items], candidate.metadata)
 
 
-def apply_behaviours(case: dict, reference, candidate, behaviours: dict) -> list:
+def apply_behaviours(
+    case: dict, reference: trace_files.Trace, candidate: trace_files.Trace, behaviours: dict[str, str]
+) -> list[str]:
     """Grade the behaviour the port chose (``BEHAVIOURS``): the reference's alternative outputs replace the
     official ones, and a natural length convention compares the common frames.  Returns notes."""
     notes = []
@@ -149,7 +158,7 @@ def apply_behaviours(case: dict, reference, candidate, behaviours: dict) -> list
     return notes
 
 
-def trim_to_reference_frames(reference, candidate) -> list:
+def trim_to_reference_frames(reference: trace_files.Trace, candidate: trace_files.Trace) -> list[str]:
     """A port that counts max_new_tokens frames: its codes and waveforms cut to the reference's frames."""
     ref = dict(reference.items)
     notes, items = [], []
@@ -165,8 +174,14 @@ def trim_to_reference_frames(reference, candidate) -> list:
 
 
 def grade_case(
-    suite: Path, case: dict, results: Path, precision: str, name_map, behaviours: dict, size: str = "tiny"
-) -> dict:
+    suite: Path,
+    case: dict,
+    results: Path,
+    precision: str,
+    name_map: NameMap | None,
+    behaviours: dict[str, str],
+    size: str = "tiny",
+) -> dict[str, Any]:
     """One case's entry of the report (the fields of ``report_html``'s contract)."""
     entry = {
         "name": case["name"],
@@ -203,7 +218,7 @@ def grade_case(
     return dict(entry, **case_verdict(case, reference, candidate, report, behaviours, size))
 
 
-def length_verdict(codes: dict | None, behaviours: dict) -> str | None:
+def length_verdict(codes: dict | None, behaviours: dict[str, str]) -> str | None:
     """Under the official length convention the port's frames must be the reference's (compare itself only
     notes a differing length cap and compares the common frames)."""
     if not codes or behaviours.get("length") != "official":
@@ -217,7 +232,14 @@ def length_verdict(codes: dict | None, behaviours: dict) -> str | None:
     )
 
 
-def case_verdict(case: dict, reference, candidate, report, behaviours: dict, size: str = "tiny") -> dict:
+def case_verdict(
+    case: dict,
+    reference: trace_files.Trace,
+    candidate: trace_files.Trace,
+    report: Report,
+    behaviours: dict[str, str],
+    size: str = "tiny",
+) -> dict[str, Any]:
     rows = report.rows  # in execution order, a shape mismatch failing in its place
     mismatched = {r.key: r.shape_mismatch for r in rows if r.shape_mismatch is not None}
     tensors = [
@@ -238,7 +260,7 @@ def case_verdict(case: dict, reference, candidate, report, behaviours: dict, siz
         "compared": len(rows),
         "missing_groups": summarise(report.missing_in_candidate) if report.missing_in_candidate else "",
     }
-    out = {"coverage": coverage, "tensors": tensors, "first_failure": first}
+    out: dict[str, Any] = {"coverage": coverage, "tensors": tensors, "first_failure": first}
     out["checks"] = checks_of(case, tensors)
     ref = dict(reference.items)
     cand = dict(candidate.items)
@@ -257,11 +279,13 @@ def case_verdict(case: dict, reference, candidate, report, behaviours: dict, siz
     return dict(out, status="pass" if passed else "fail", message=message)
 
 
-def finite(x):
+def finite(x: float | None) -> float | None:
     return x if x is None or math.isfinite(x) else None
 
 
-def failure_message(first, tensors, codes, waveform, mismatched) -> str:
+def failure_message(
+    first: str | None, tensors: list[dict], codes: dict | None, waveform: dict | None, mismatched: dict[str, list]
+) -> str:
     if first in mismatched:
         a, b = mismatched[first]
         parts = [f"first divergence {first}: the port's shape {tuple(b)}, the reference's {tuple(a)}"]
@@ -304,16 +328,16 @@ def check_of(key: str, case: dict) -> str:
     return network_of(key)
 
 
-def checks_of(case: dict, tensors: list) -> list:
+def checks_of(case: dict, tensors: list[dict]) -> list[dict[str, Any]]:
     """Per part of the network and per output: pass / fail / not_dumped, the worst tensor against its tolerance."""
-    groups = {}
+    groups: dict[str, list[dict]] = {}
     for t in tensors:
         if t["shape_mismatch"] is None and 0 in t["shape"]:
             continue  # nothing to compare (a greedy run's draws)
         groups.setdefault(check_of(t["key"], case), []).append(t)
     for out in case["outputs"]:
         groups.setdefault(out.split(".")[0], [])
-    checks = []
+    checks: list[dict[str, Any]] = []
     for name in sorted(groups, key=lambda n: (CHECK_ORDER.index(n) if n in CHECK_ORDER else len(CHECK_ORDER), n)):
         group = groups[name]
         if not group:
@@ -323,7 +347,9 @@ def checks_of(case: dict, tensors: list) -> list:
         failed = [t for t in group if not t["ok"]]
         ratios = [(ratio_of(t), t["key"]) for t in group]
         worst = max(ratios, key=lambda r: r[0])
-        check = dict(name=name, status="fail" if failed else "pass", compared=len(group), failed=len(failed))
+        check: dict[str, Any] = dict(
+            name=name, status="fail" if failed else "pass", compared=len(group), failed=len(failed)
+        )
         check.update(worst_key=worst[1], worst_ratio=finite(worst[0]))
         check["detail"] = f"{len(group) - len(failed)} of {len(group)} within tolerance"
         checks.append(check)
@@ -339,7 +365,7 @@ def ratio_of(t: dict) -> float:
 # ----------------------------------------------------------------------------- codes and waveforms
 
 
-def codes_report(case: dict, ref: dict, cand: dict, report) -> dict | None:
+def codes_report(case: dict, ref: dict, cand: dict, report: Report) -> dict[str, Any] | None:
     keys = [k for k in case["outputs"].values() if k.startswith("refimpl.codes.") and k in cand and k in ref]
     if not keys:
         return None
@@ -363,7 +389,7 @@ def codes_report(case: dict, ref: dict, cand: dict, report) -> dict | None:
     }
 
 
-def waveform_report(case: dict, ref: dict, cand: dict, precision: str, size: str = "tiny") -> dict | None:
+def waveform_report(case: dict, ref: dict, cand: dict, precision: str, size: str = "tiny") -> dict[str, Any] | None:
     """SNR, the error of every 1920-sample frame against the waveform's tolerance (``compare.tolerance``:
     the same as its row's, also when the lengths differ and the row holds none), the first divergent frame
     and sample, the spectrogram difference."""
@@ -398,7 +424,9 @@ def waveform_report(case: dict, ref: dict, cand: dict, precision: str, size: str
     }
 
 
-def spectrogram_difference(a: np.ndarray, b: np.ndarray, bins: int = 64, hop: int = 480, max_frames: int = 400):
+def spectrogram_difference(
+    a: np.ndarray, b: np.ndarray, bins: int = 64, hop: int = 480, max_frames: int = 400
+) -> dict[str, Any] | None:
     """Log magnitudes (dB) of the reference and the port minus the reference, in ``bins`` linear bands of a
     1024-point STFT every ``hop`` samples (at most ``max_frames`` frames, evenly picked); None if too short."""
     n_fft = 1024
@@ -409,7 +437,7 @@ def spectrogram_difference(a: np.ndarray, b: np.ndarray, bins: int = 64, hop: in
         starts = starts[np.linspace(0, starts.size - 1, max_frames).astype(int)]
     window = np.hanning(n_fft)
 
-    def bands_db(x):
+    def bands_db(x: np.ndarray) -> np.ndarray:
         frames = np.stack([x[s : s + n_fft] * window for s in starts])
         power = np.abs(np.fft.rfft(frames, axis=1)[:, :-1]) ** 2  # [F, 512]
         banded = power.reshape(len(starts), bins, -1).mean(axis=2)
@@ -428,7 +456,7 @@ def spectrogram_difference(a: np.ndarray, b: np.ndarray, bins: int = 64, hop: in
 # ----------------------------------------------------------------------------- the whole suite
 
 
-def parse_behaviours(choices: list | None) -> dict:
+def parse_behaviours(choices: list[str] | None) -> dict[str, str]:
     """``["decode=exact"]`` -> {"length": "official", "decode": "exact"}: the official choice where none is given."""
     chosen = {name: next(iter(options)) for name, options in BEHAVIOURS.items()}
     for text in choices or []:
@@ -440,7 +468,13 @@ def parse_behaviours(choices: list | None) -> dict:
     return chosen
 
 
-def grade_suite(suite_dir, results_dir, precision: str = "float32", map_path=None, behaviours=None) -> dict:
+def grade_suite(
+    suite_dir: str | os.PathLike[str],
+    results_dir: str | os.PathLike[str],
+    precision: str = "float32",
+    map_path: str | os.PathLike[str] | None = None,
+    behaviours: list[str] | None = None,
+) -> dict[str, Any]:
     """The report card of ``results_dir`` against ``suite_dir`` (a dict; ``format_report`` prints it,
     ``report_html.render_html`` draws it).  SuiteError / ResultsError when either cannot be used at all."""
     from .. import name_maps
@@ -480,7 +514,7 @@ def grade_suite(suite_dir, results_dir, precision: str = "float32", map_path=Non
     }
 
 
-def exit_status(report: dict) -> int:
+def exit_status(report: dict[str, Any]) -> int:
     """0: every case run passes; 1: one fails; 2: nothing could be graded, or a case's results are unusable."""
     counts = report["counts"]
     if counts["unusable"] or counts["passed"] + counts["failed"] == 0:
@@ -488,7 +522,7 @@ def exit_status(report: dict) -> int:
     return 1 if counts["failed"] else 0
 
 
-def format_report(report: dict) -> str:
+def format_report(report: dict[str, Any]) -> str:
     """The report card as text: a line per case, then the verdict."""
     suite = report["suite"]
     lines = [
@@ -524,7 +558,7 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def codes_cell(codes) -> str:
+def codes_cell(codes: dict | None) -> str:
     if not codes:
         return "-"
     text = f"{codes['frames_equal']}/{codes['frames_reference']} frames equal"
@@ -534,7 +568,7 @@ def codes_cell(codes) -> str:
     return text
 
 
-def wave_cell(wave) -> str:
+def wave_cell(wave: dict | None) -> str:
     if not wave:
         return "-"
     snr = "exact" if wave["snr_db"] is None else f"SNR {wave['snr_db']:.1f} dB"

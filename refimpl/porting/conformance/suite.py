@@ -19,15 +19,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ...io.files import MAX_JSON_BYTES, InputError, parse_json, plain_file_name, read_limited, write_atomically
 from .. import trace_files
 from ..compare import EPS, F64_REL, NOISE_FACTOR, NOISE_SIZES, PRECISIONS
+
+if TYPE_CHECKING:  # for the annotations only: the models are imported when a suite is made
+    from ...codec.speech_tokenizer import Progress, SpeechTokenizer
+    from ...tts.model import Qwen3TTS
 
 __all__ = [
     "SUITE_FORMAT",
@@ -114,7 +121,7 @@ CASES = (
 )  # fmt: skip
 
 
-def output_keys(case: Case) -> dict:
+def output_keys(case: Case) -> dict[str, str]:
     """Plain output name -> the reference trace's key it is compared with."""
     keys = {}
     for out in case.outputs:
@@ -157,16 +164,16 @@ def case_seed(name: str) -> int:
 class Models:
     """The checkpoints of a suite, loaded once per (kind, dtype)."""
 
-    def __init__(self, directories: dict):
+    def __init__(self, directories: dict[str, Path]) -> None:
         self.directories = directories  # kind -> Path
-        self.loaded = {}
+        self.loaded: dict[tuple[str, str, str], Any] = {}  # (what, kind, dtype name) -> the model
 
-    def keep_only(self, kind: str | None, dtype=None) -> None:
+    def keep_only(self, kind: str | None, dtype: DTypeLike | None = None) -> None:
         """Drop every model but those of checkpoint ``kind`` in ``dtype`` (None: drop all)."""
         name = None if dtype is None else np.dtype(dtype).name
         self.loaded = {k: v for k, v in self.loaded.items() if k[1] == kind and name in (None, k[2])}
 
-    def tts(self, kind: str, dtype):
+    def tts(self, kind: str, dtype: DTypeLike) -> Qwen3TTS:
         from ...tts.model import Qwen3TTS
 
         key = ("tts", kind, np.dtype(dtype).name)
@@ -174,7 +181,7 @@ class Models:
             self.loaded[key] = Qwen3TTS.from_pretrained(self.directories[kind], dtype=dtype)
         return self.loaded[key]
 
-    def tokenizer(self, kind: str, dtype):
+    def tokenizer(self, kind: str, dtype: DTypeLike) -> SpeechTokenizer:
         from ...codec.speech_tokenizer import SpeechTokenizer
 
         key = ("tokenizer", kind, np.dtype(dtype).name)
@@ -183,7 +190,7 @@ class Models:
         return self.loaded[key]
 
 
-def case_inputs(case: Case, models: Models) -> dict:
+def case_inputs(case: Case, models: Models) -> dict[str, tuple[np.ndarray, int | None]]:
     """The case's input arrays: name -> (array, sample rate or None)."""
     seed = case_seed(case.name)
     opts = case.options
@@ -197,7 +204,7 @@ def case_inputs(case: Case, models: Models) -> dict:
     return {}
 
 
-def generation_keywords(case: Case, inputs: dict) -> dict:
+def generation_keywords(case: Case, inputs: dict) -> dict[str, Any]:
     kwargs = {k: v for k, v in case.options.items()}
     if "ref_audio" in inputs:
         kwargs["ref_audio"] = inputs["ref_audio"]
@@ -206,7 +213,9 @@ def generation_keywords(case: Case, inputs: dict) -> dict:
     return kwargs
 
 
-def reference_trace(case: Case, models: Models, inputs: dict, dtype, random_draws=None) -> trace_files.Trace:
+def reference_trace(
+    case: Case, models: Models, inputs: dict, dtype: DTypeLike, random_draws: np.ndarray | None = None
+) -> trace_files.Trace:
     """Run the case in ``dtype`` and return its trace (the outputs of ``output_keys`` included)."""
     opts = case.options
     if case.stage == "codec-decode":
@@ -240,7 +249,7 @@ def reference_trace(case: Case, models: Models, inputs: dict, dtype, random_draw
     return trace_files.trace_generation(tts, case.stage, decoder=False, **kwargs)
 
 
-def stream_decode(tok, codes: np.ndarray, pushes: list) -> np.ndarray:
+def stream_decode(tok: SpeechTokenizer, codes: np.ndarray, pushes: list[int]) -> np.ndarray:
     """Push ``codes`` through ``tok.stream()`` in pushes of the sizes of ``pushes``, the last repeated."""
     stream, pieces, t, i = tok.stream(), [], 0, 0
     while t < len(codes):
@@ -253,7 +262,7 @@ def stream_decode(tok, codes: np.ndarray, pushes: list) -> np.ndarray:
 # ----------------------------------------------------------------------------- the tolerance table
 
 
-def tolerance_table(size: str = "tiny") -> dict:
+def tolerance_table(size: str = "tiny") -> dict[str, dict[str, float]]:
     """The rule of ``refimpl.porting.compare.tolerance`` as numbers for checkpoints of ``size``: per precision
     and network, the allowed max |port - reference| as a fraction of scale = max(1, max |reference|)."""
     table = {"float64": {"all": F64_REL}}
@@ -276,15 +285,15 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def resolve_checkpoints(model_dirs: list | None) -> tuple:
+def resolve_checkpoints(model_dirs: list[str | os.PathLike[str]] | None) -> tuple[dict[str, Path], bool]:
     """({kind: directory}, embedded?): the embedded tiny checkpoints, or the given ones by their type."""
     if not model_dirs:
         return {kind: EMBEDDED / name for kind, name in EMBEDDED_CHECKPOINTS.items()}, True
     from ...io.checkpoint import read_config
 
-    found = {}
+    found: dict[str, Path] = {}
     for d in model_dirs:
-        kind = MODEL_KINDS.get(read_config(d).get("tts_model_type"))
+        kind = MODEL_KINDS.get(read_config(d).get("tts_model_type"))  # type: ignore[arg-type]  # None: no kind
         if kind is None:
             raise InputError(f"{d}: config.json's tts_model_type is not one of {sorted(MODEL_KINDS)}")
         if kind in found:
@@ -302,7 +311,12 @@ def checkpoint_entry(directory: Path, copied_to: str | None) -> dict:
     }
 
 
-def make_suite(out_dir, model_dirs: list | None = None, progress=None, noise: str | None = None) -> dict:
+def make_suite(
+    out_dir: str | os.PathLike[str],
+    model_dirs: list[str | os.PathLike[str]] | None = None,
+    progress: Progress | None = None,
+    noise: str | None = None,
+) -> dict:
     """Write a conformance suite to ``out_dir`` (created; must be empty or absent) and return its manifest.
     ``model_dirs``: checkpoints by type (any of CustomVoice, Base, VoiceDesign); without them the embedded
     tiny checkpoints, copied into the suite.  Cases whose checkpoint is not given are left out.  ``noise``:
@@ -435,13 +449,13 @@ def finish_case(case: Case, models: Models, directory: Path, started: dict) -> d
     return entry
 
 
-def frames_of(trace, case: Case) -> list | None:
+def frames_of(trace: trace_files.Trace, case: Case) -> list[int] | None:
     """The generated frames per item (generation cases), as the reference made them."""
     codes = [v for k, v in trace.items if k.startswith("refimpl.codes.")]
     return [int(c.shape[0]) for c in codes] if codes else None
 
 
-def check_codes_agree(case: Case, codes64: dict, ref32) -> None:
+def check_codes_agree(case: Case, codes64: dict[str, np.ndarray], ref32: trace_files.Trace) -> None:
     """The float32 reference's codes must equal the float64 one's: a case on a near tie would grade a
     correct float32 port as failing, so it has no place in the suite."""
     for key, codes in codes64.items():
@@ -456,7 +470,7 @@ MANIFEST_KEYS = ("format", "version", "agrees_with", "checkpoints", "tolerances"
 CASE_KEYS = ("name", "stage", "title", "inputs", "options", "outputs", "references")
 
 
-def read_manifest(suite_dir) -> dict:
+def read_manifest(suite_dir: str | os.PathLike[str]) -> dict:
     """The manifest of ``suite_dir``, checked: its format and version, every case's name and file names
     plain names of files inside the suite (nothing outside SUITE is ever read), outputs a map of names."""
     suite = Path(suite_dir)
@@ -494,7 +508,7 @@ def read_manifest(suite_dir) -> dict:
     return manifest
 
 
-def check_case_entry(case, where: str) -> None:
+def check_case_entry(case: object, where: str) -> None:
     if not isinstance(case, dict):
         raise SuiteError(f"{where} is not a JSON object")
     missing = [k for k in CASE_KEYS if k not in case]
