@@ -21,7 +21,7 @@ SAY = ["say", "Hello there.", "--max-new-tokens", "6", "--seed", "1"]
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "stderr_is_a_terminal", lambda: False)  # as in a log, whatever runs the tests
+    monkeypatch.setattr(cli.output, "stderr_is_a_terminal", lambda: False)  # as in a log, whatever runs the tests
 
 
 def run(capsys, *args):

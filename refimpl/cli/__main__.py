@@ -1,0 +1,7 @@
+"""``python -m refimpl.cli``: the command line, as ``python -m refimpl`` and the ``refimpl`` script."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
