@@ -25,7 +25,7 @@ import pytest
 from conftest import REPO
 
 from refimpl.cli import main
-from refimpl.porting.commands import read_cases
+from refimpl.porting.golden_cases import read_cases
 from refimpl.porting.trace_files import Trace, TraceError, load_trace
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -466,7 +466,7 @@ def run(model, case, out_dir, fmt, dtype):
 
 def test_a_case_that_kills_its_worker_every_time_is_named(tmp_path, monkeypatch):
     """A case whose process dies again when it runs alone is listed as failed (the others are done)."""
-    from refimpl.porting.commands import WORKER_DIED, run_cases
+    from refimpl.porting.golden_cases import WORKER_DIED, run_cases
 
     (tmp_path / "killer.py").write_text(KILLER)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -13,7 +13,7 @@ import pytest
 
 from refimpl import Qwen3TTS
 from refimpl.cli import build_parser, main
-from refimpl.porting import commands
+from refimpl.porting import commands, golden_cases
 from refimpl.porting import trace_files as tracing
 from refimpl.recorder import CallLog, Recorder
 from refimpl.tts import model as tts_model
@@ -135,7 +135,9 @@ def test_bad_option_values_are_usage_errors(capsys, option, value):
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_api_keyword_is_a_case_option(stage):
-    missing = [k for k in api_keywords(stage) if k not in NOT_CASE_OPTIONS and k not in commands.CASE_OPTIONS[stage]]
+    missing = [
+        k for k in api_keywords(stage) if k not in NOT_CASE_OPTIONS and k not in golden_cases.CASE_OPTIONS[stage]
+    ]
     assert not missing, f"API keywords of {stage} that a golden case cannot give: {missing}"
 
 
@@ -176,10 +178,10 @@ GOOD = {
 def test_case_options_are_checked_by_type(tmp_path, key, value, fragment):
     where = "cases.jsonl:1"
     case = {"name": "a", "stage": "say", "input": "Hi.", "options": {"speaker": "vivian", **GOOD}}
-    assert commands.check_case(case, where, tmp_path)["options"] == case["options"]
+    assert golden_cases.check_case(case, where, tmp_path)["options"] == case["options"]
     bad = dict(case, options=dict(case["options"], **{key: value}))
     with pytest.raises(ValueError, match="^" + where) as e:
-        commands.check_case(bad, where, tmp_path)
+        golden_cases.check_case(bad, where, tmp_path)
     assert fragment in str(e.value)
 
 
@@ -199,7 +201,7 @@ def test_trace_text_feed_streaming_is_the_apis_streaming_run(tmp_path):
     assert default[trailing].shape == (1,) and streaming[trailing].shape[0] > 1  # the text trails the prompt
     assert not np.array_equal(default["refimpl.codes.0"], streaming["refimpl.codes.0"])
 
-    tts = Qwen3TTS.from_pretrained(commands.EMBEDDED / commands.STAGE_MODELS["say"])
+    tts = Qwen3TTS.from_pretrained(golden_cases.EMBEDDED / golden_cases.STAGE_MODELS["say"])
     log = CallLog()
     _, _, codes = tts.generate_custom_voice(
         text,
