@@ -37,8 +37,8 @@ from refimpl.codec import decoder as codec_decoder
 from refimpl.codec import quantization
 from refimpl.io.checkpoint import read_checkpoint_weights  # noqa: E402
 from refimpl.porting import presets  # noqa: E402
+from refimpl.tts.mel import mel_filterbank, mel_spectrogram  # noqa: E402
 from refimpl.tts.prompt import assemble_batch, build_layout, embed_layout  # noqa: E402
-from refimpl.tts.speaker_encoder import mel_filterbank, mel_spectrogram  # noqa: E402
 from refimpl.tts.text_tokenizer import assistant_prompt, instruct_prompt, reference_prompt  # noqa: E402
 
 DATA = REPO / "refimpl" / "data"

@@ -458,9 +458,9 @@ HOST_SIDE = {
     ("tts.prompt", "build_layout"): "token ids of the prompt layout (host ids)",
     ("tts.prompt", "build_layout.control"): "token ids of the prompt layout (host ids)",
     ("tts.prompt", "assemble_batch"): "the key-valid mask: host bookkeeping the generation loop extends",
-    ("tts.speaker_encoder", "mel_filterbank"): "the log-mel front end runs on the host (input preprocessing)",
-    ("tts.speaker_encoder", "hann_window"): "the log-mel front end runs on the host",
-    ("tts.speaker_encoder", "stft_magnitude"): "the log-mel front end runs on the host",
+    ("tts.mel", "mel_filterbank"): "the log-mel front end runs on the host (input preprocessing)",
+    ("tts.mel", "hann_window"): "the log-mel front end runs on the host",
+    ("tts.mel", "stft_magnitude"): "the log-mel front end runs on the host",
     ("codec.speech_tokenizer", "SpeechTokenizer.encode_detailed"): "assembles the host input batch, uploaded once",
     ("codec.speech_tokenizer", "DecodeStream.push"): "an empty host codes array for an empty push (input checking)",
 }

@@ -21,7 +21,7 @@ from refimpl.codec.speech_tokenizer import SpeechTokenizer
 from refimpl.io.audio import read_wav
 from refimpl.porting import trace_files
 from refimpl.porting.conformance import grade, suite
-from refimpl.tts import code_predictor, speaker_encoder
+from refimpl.tts import code_predictor, mel
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -178,9 +178,9 @@ def make_mistake(monkeypatch, name: str, made) -> None:
     elif name == "head-off-by-one":
         monkeypatch.setattr(code_predictor.CodePredictor, "head", head_off_by_one)
     elif name == "htk-mel":
-        monkeypatch.setattr(speaker_encoder, "hz_to_mel", htk_hz_to_mel)
-        monkeypatch.setattr(speaker_encoder, "mel_to_hz", htk_mel_to_hz)
-        speaker_encoder._mel_basis.cache_clear()  # the filterbank is made once per setting: make it again
+        monkeypatch.setattr(mel, "hz_to_mel", htk_hz_to_mel)
+        monkeypatch.setattr(mel, "mel_to_hz", htk_mel_to_hz)
+        mel._mel_basis.cache_clear()  # the filterbank is made once per setting: make it again
     elif name == "short-context-stream":
         monkeypatch.setattr(SpeechTokenizer, "stream", lambda self: ShortContextStream(self))
     else:
@@ -191,7 +191,7 @@ def make_mistake(monkeypatch, name: str, made) -> None:
 def mel_cache():
     """The mel filterbank cache cleared after the test: no HTK filterbank outlives the HTK port."""
     yield
-    speaker_encoder._mel_basis.cache_clear()
+    mel._mel_basis.cache_clear()
 
 
 MISTAKES = {  # mistake -> the case it shows in

@@ -1,4 +1,5 @@
-"""The speaker encoder (refimpl.tts.speaker_encoder) against the official implementation's recorded outputs.
+"""The speaker encoder (refimpl.tts.speaker_encoder) and its mel front end (refimpl.tts.mel) against the
+official implementation's recorded outputs.
 
 golden/speaker_encoder.npz is written by golden/oracle/record_speaker_encoder.py (the official
 mel_spectrogram + Qwen3TTSSpeakerEncoder, float32 and float64 runs) on the committed tiny checkpoint
@@ -22,6 +23,7 @@ from conftest import GOLDEN as GOLDEN_DIR
 
 from refimpl.io.checkpoint import CheckpointError, read_checkpoint_weights
 from refimpl.porting import presets, synthetic
+from refimpl.tts import mel
 from refimpl.tts import speaker_encoder as speaker
 
 GOLDEN = np.load(GOLDEN_DIR / "speaker_encoder.npz")
@@ -65,7 +67,7 @@ def assert_close_to_official(ours, key_f32, key_f64, prec, what):
 
 
 def test_filterbank_float32_is_librosa_to_one_ulp():
-    ours = speaker.mel_filterbank(24000, 1024, 128, 0, 12000)
+    ours = mel.mel_filterbank(24000, 1024, 128, 0, 12000)
     assert ours.dtype == np.float32 and ours.shape == (128, 513)
     np.testing.assert_array_max_ulp(ours, GOLDEN["filterbank/f32"], maxulp=1)
 
@@ -75,18 +77,23 @@ def test_filterbank_float32_is_librosa_to_one_ulp():
     [((24000, 1024, 128, 0, 12000), "filterbank/f64"), ((16000, 512, 80, 20, None), "filterbank/other/f64")],
 )
 def test_filterbank_float64_matches_librosa(args, key):
-    ours = speaker.mel_filterbank(*args, dtype=np.float64)
+    ours = mel.mel_filterbank(*args, dtype=np.float64)
     np.testing.assert_allclose(ours, GOLDEN[key], rtol=1e-12, atol=1e-15)
 
 
 def test_mel_scale_round_trip_and_break_point():
     f = np.array([0.0, 500.0, 1000.0, 4000.0, 12000.0])
-    np.testing.assert_allclose(speaker.mel_to_hz(speaker.hz_to_mel(f)), f, rtol=1e-12, atol=1e-9)
-    assert speaker.hz_to_mel(1000.0) == pytest.approx(15.0)  # 1000 Hz / (200/3 Hz per mel)
+    np.testing.assert_allclose(mel.mel_to_hz(mel.hz_to_mel(f)), f, rtol=1e-12, atol=1e-9)
+    assert mel.hz_to_mel(1000.0) == pytest.approx(15.0)  # 1000 Hz / (200/3 Hz per mel)
+
+
+def test_the_front_end_is_importable_from_the_speaker_encoder_as_before():
+    for name in ("hz_to_mel", "mel_to_hz", "mel_filterbank", "hann_window", "mel_spectrogram", "mel_frame_count"):
+        assert getattr(speaker, name) is getattr(mel, name) and name in speaker.__all__
 
 
 def test_hann_window_is_periodic():
-    w = speaker.hann_window(8, np.float64)
+    w = mel.hann_window(8, np.float64)
     np.testing.assert_allclose(w, 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(8) / 8))
     assert w[0] == 0 and w[4] == 1  # periodic: the peak is at n / 2 and the last sample is not 0
 
@@ -123,13 +130,13 @@ def test_every_stage_matches_official(runs, key, prec):
 def test_public_mel_spectrogram_defaults_and_batch():
     a = GOLDEN["noise_6000/audio"]
     b = GOLDEN["voiced_9000/audio"][:6000]
-    single = speaker.mel_spectrogram(a)  # the official settings are the defaults
-    assert single.dtype == np.float64 and single.shape == (128, speaker.mel_frame_count(6000))
+    single = mel.mel_spectrogram(a)  # the official settings are the defaults
+    assert single.dtype == np.float64 and single.shape == (128, mel.mel_frame_count(6000))
     assert_close_to_official(single.T, "noise_6000/f32/mel", "noise_6000/f64/mel", "f64", "public mel")
-    batch = speaker.mel_spectrogram(np.stack([a, b]).astype(np.float32))
+    batch = mel.mel_spectrogram(np.stack([a, b]).astype(np.float32))
     assert batch.dtype == np.float32 and batch.shape == (2,) + single.shape
     for row, audio in zip(batch, (a, b)):  # rows are independent: equal to one-at-a-time in float32
-        np.testing.assert_allclose(row, speaker.mel_spectrogram(audio.astype(np.float32)), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(row, mel.mel_spectrogram(audio.astype(np.float32)), rtol=0, atol=1e-6)
 
 
 def test_shortest_accepted_length_is_the_official_one(encoders):
@@ -342,11 +349,11 @@ def test_out_of_range_audio_warns_and_is_used_as_is(encoders):
 
 def test_mel_spectrogram_bad_input():
     with pytest.raises(ValueError, match="too short"):
-        speaker.mel_spectrogram(np.zeros(384))
+        mel.mel_spectrogram(np.zeros(384))
     with pytest.raises(ValueError, match="NaN"):
-        speaker.mel_spectrogram(np.array([0.0] * 999 + [np.nan]))
+        mel.mel_spectrogram(np.array([0.0] * 999 + [np.nan]))
     with pytest.raises(ValueError, match=r"\[N\] or \[B, N\]"):
-        speaker.mel_spectrogram(np.zeros((1, 1, 2000)))
+        mel.mel_spectrogram(np.zeros((1, 1, 2000)))
 
 
 def test_forward_checks_mel_shape(encoders):
