@@ -1,4 +1,4 @@
-"""A model's workspace: the big host arrays its calls make, handed out again by its next calls.
+"""Where a model's big host arrays live: a workspace for what its calls make, huge pages for its weights.
 
 A new NumPy array of tens of megabytes is fresh memory: the kernel maps and zeroes every page on its
 first write, and here (a virtual machine, transparent huge pages) a fresh 92 MB array, the decoder's
@@ -14,16 +14,26 @@ smallest buffer of the workspace that nothing refers to any more and holds the a
 array or view made from it holds the buffer too (NumPy points a view at the array owning the memory), so a
 buffer only the list holds cannot be seen by anyone.  When the outermost call on the workspace ends, it
 keeps its largest free buffers up to ``RETAIN_BYTES`` (four 92 MB buffers for a 10 s decode) and lets
-the others go; a model's workspace lives as long as the model."""
+the others go; a model's workspace lives as long as the model.
+
+The weights the kernels stream are placed too: a float32 model's bfloat16 matrices (all but the
+embedding tables, read by rows) are read into anonymous memory backed by transparent 2 MB huge pages
+(``huge_page_array``; the reader, ``refimpl/io/checkpoint.py``, fills it), not left in the file's memory
+map.  The matrix-vector products stream every weight once per step, and in memory-mapped 4 KB pages the
+hardware prefetcher stops at every page end (docs/performance.md: about 15% of a frame).
+``REFIMPL_HUGE_PAGES=0`` keeps the memory map."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 import sys
 import threading
 
 import numpy as np
+
+from ..environment import switch
 
 RECYCLE_MIN_BYTES = 1 << 20  # smaller arrays come from malloc's heap, whose pages stay mapped
 RETAIN_BYTES = 512 << 20  # free buffers a workspace keeps between calls, at most
@@ -118,3 +128,24 @@ def _aligned(raw: np.ndarray, nbytes: int) -> np.ndarray:
     """The ``nbytes`` of ``raw`` from its first ALIGNMENT-aligned byte: a view whose base is ``raw``."""
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start : start + nbytes]
+
+
+# ----------------------------------------------------------------------------- the streamed weights' pages
+
+HUGE_PAGE_BYTES = 2 << 20  # the x86-64 transparent huge page
+_HUGE_PAGES_ENV = "REFIMPL_HUGE_PAGES"
+
+
+def huge_pages_enabled() -> bool:
+    """Whether bfloat16 matrices are read into anonymous memory backed by 2 MB huge pages (Linux, where
+    ``madvise(MADV_HUGEPAGE)`` exists; ``REFIMPL_HUGE_PAGES=0`` keeps them memory-mapped instead)."""
+    return hasattr(mmap, "MADV_HUGEPAGE") and switch(_HUGE_PAGES_ENV)
+
+
+def huge_page_array(nbytes: int) -> np.ndarray:
+    """A writable uint8 array of ``nbytes`` (> 0) in one anonymous memory region backed by transparent 2 MB
+    huge pages, starting on a 2 MB boundary (the region lives as long as the array and its views)."""
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    lead = -np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data % HUGE_PAGE_BYTES  # to a 2 MB boundary
+    region.madvise(mmap.MADV_HUGEPAGE, lead, nbytes)
+    return np.frombuffer(region, dtype=np.uint8, count=nbytes, offset=lead)

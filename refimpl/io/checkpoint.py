@@ -28,7 +28,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ..backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
-from ..environment import switch
+from ..backends.host_memory import huge_page_array, huge_pages_enabled
 from .files import MAX_JSON_BYTES, InputError, atomic_output, parse_json, plain_file_name, read_limited
 
 __all__ = [
@@ -264,9 +264,8 @@ def read_safetensors_file(
     tensor already stored in ``dtype`` is returned as a read-only view of the map rather than copied
     (copy it before modifying it).  With ``keep_bf16`` (float32 only), a bfloat16 matrix stays as its
     16-bit words in a ``BF16Matrix``, widened where it is used: the words of a matrix the kernels stream
-    (every one but the embedding tables) copied unchanged into anonymous memory backed by 2 MB huge pages
-    (``_read_into_huge_pages``; off with ``REFIMPL_HUGE_PAGES=0``, or where the system has no
-    ``MADV_HUGEPAGE``), the others a view of the map.
+    (every one but the embedding tables) copied unchanged into 2 MB huge pages where the host-memory policy
+    places them (``refimpl.backends.host_memory.huge_pages_enabled``), the others a view of the map.
     """
     path = Path(path)
     header, data_start = _read_header(path)
@@ -276,7 +275,7 @@ def read_safetensors_file(
     wanted = header.keys() if names is None else [n for n in names if n in header]
     kept = [n for n in wanted if keep_bf16 and np.dtype(dtype) == np.float32 and _is_bf16_matrix(header[n])]
     streamed = [n for n in kept if not is_lookup_table(n)]
-    copies = _read_into_huge_pages(path, data_start, header, streamed) if huge_pages_enabled() else {}
+    copies = _read_copies(path, data_start, header, streamed) if huge_pages_enabled() else {}
     out = {}
     for name in wanted:
         info = header[name]
@@ -310,23 +309,12 @@ def is_lookup_table(name: str) -> bool:
     return "embed" in name
 
 
-HUGE_PAGE_BYTES = 2 << 20  # the x86-64 transparent huge page
-_HUGE_PAGES_ENV = "REFIMPL_HUGE_PAGES"
-
-
-def huge_pages_enabled() -> bool:
-    """Whether bfloat16 matrices are read into anonymous memory backed by 2 MB huge pages (Linux, where
-    ``madvise(MADV_HUGEPAGE)`` exists; ``REFIMPL_HUGE_PAGES=0`` keeps them memory-mapped instead)."""
-    return hasattr(mmap, "MADV_HUGEPAGE") and switch(_HUGE_PAGES_ENV)
-
-
-def _read_into_huge_pages(path: Path, data_start: int, header: Mapping[str, dict], names: list) -> dict:
-    """The stored bytes of tensors ``names``, unchanged (bfloat16 words stay 16-bit words), copied from the
-    file into one anonymous memory region backed by transparent 2 MB huge pages: name -> read-only uint8
-    array.  Why: the matrix-vector products stream every weight once per step, and in memory-mapped 4 KB
-    pages the hardware prefetcher stops at every page end (docs/performance.md: about 15% of a frame).
-    The file is read with ``readinto``, so its page-cache pages are not mapped into this process: the
-    resident memory is the copy, about the size of the tensors, as it was with the memory map."""
+def _read_copies(path: Path, data_start: int, header: Mapping[str, dict], names: list) -> dict:
+    """The stored bytes of tensors ``names``, unchanged (bfloat16 words stay 16-bit words), read from the
+    file into one array placed in huge pages (``host_memory.huge_page_array``), each tensor on a cache
+    line: name -> read-only uint8 array.  The file is read with ``readinto``, so its page-cache pages are
+    not mapped into this process: the resident memory is the copy, about the size of the tensors, as it
+    was with the memory map."""
     if not names:
         return {}
     align = 64  # each tensor starts on a cache line
@@ -337,10 +325,7 @@ def _read_into_huge_pages(path: Path, data_start: int, header: Mapping[str, dict
         total += -(-(end - begin) // align) * align
     if total == 0:
         return {}
-    region = mmap.mmap(-1, total + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    lead = -np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data % HUGE_PAGE_BYTES  # to a 2 MB boundary
-    region.madvise(mmap.MADV_HUGEPAGE, lead, total)
-    arena = np.frombuffer(region, dtype=np.uint8, count=total, offset=lead)
+    arena = huge_page_array(total)
     out = {}
     with open(path, "rb", buffering=0) as f:
         for name, (at, begin, end) in slots.items():

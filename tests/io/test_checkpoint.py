@@ -208,8 +208,8 @@ def test_bf16_matrices_kept_as_their_stored_words(tmp_path, monkeypatch, huge_pa
     (copied unchanged into huge-page anonymous memory, or a view of the map with REFIMPL_HUGE_PAGES=0 and
     for the embedding tables),
     read-only; 1-D bf16 tensors are widened; other dtypes unchanged."""
+    from refimpl.backends import host_memory
     from refimpl.backends.bf16 import BF16Matrix
-    from refimpl.io import checkpoint
 
     monkeypatch.setenv("REFIMPL_HUGE_PAGES", huge_pages)
     rng = np.random.default_rng(4)
@@ -231,10 +231,10 @@ def test_bf16_matrices_kept_as_their_stored_words(tmp_path, monkeypatch, huge_pa
     assert _view_of_the_file(out["e.embedding.weight"].bits)  # a lookup table stays mapped
     assert not any(isinstance(out[n].bits, np.memmap) for n in ("a.weight", "e.embedding.weight"))  # plain views
     np.testing.assert_array_equal(out["b.norm"], bf16_bits_to_float32(float32_to_bf16_bits(tensors["b.norm"])))
-    assert checkpoint.huge_pages_enabled() == (huge_pages == "1")
+    assert host_memory.huge_pages_enabled() == (huge_pages == "1")
     if huge_pages == "1":  # one region for the file, each matrix on a cache line, the region on a 2 MB boundary
         first = out["a.weight"].bits.ctypes.data
-        assert first % checkpoint.HUGE_PAGE_BYTES == 0 and out["c.weight"].bits.ctypes.data % 64 == 0
+        assert first % host_memory.HUGE_PAGE_BYTES == 0 and out["c.weight"].bits.ctypes.data % 64 == 0
 
 
 def _view_of_the_file(a) -> bool:
