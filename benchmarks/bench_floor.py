@@ -26,10 +26,12 @@ import argparse
 import time
 
 import common  # noqa: F401  (first: OpenBLAS's idle spin set before NumPy loads it)
+import numba
 import numpy as np
 from common import best_time, released_custom_voice_0_6b
+from numba import prange
 
-from refimpl.backends.numba_cpu import numba, prange  # Numba under refimpl's settings (512-bit vectors, cache)
+import refimpl.backends.numba_cpu  # noqa: F401  (Numba under refimpl's settings: 512-bit vectors)
 
 CHUNK_WORDS = 1 << 17  # 256 KB of words per parallel work item
 
@@ -76,7 +78,7 @@ def frame_bytes_as_read(tts) -> list:
     packed = {}
     for weights in (tts.talker.weights, tts.talker.code_predictor.weights):
         for m in weights.values():
-            p = numba_cpu.packed_words(m) if isinstance(m, BF16Matrix) else None
+            p = numba_cpu.packed_words.packed_words(m) if isinstance(m, BF16Matrix) else None
             if p is not None:  # (by the address of its words: frame_words gives flat views of them)
                 packed[m.bits.__array_interface__["data"][0]] = (p.low_oi, p.codes_oh, p.rows_e, p.cols_e, p.values_e)
     out = []
@@ -176,8 +178,10 @@ def kernel_rates(tts, repeats: int = 5) -> str:
         return best_time(fn, repeats)[0]
 
     read = ReadKernel([m.reshape(-1) for m in mats]).seconds(repeats)
-    matvec = best(lambda: [numba_cpu._matvec_bf16_into(xs[m.shape[1]][0], m, o[0]) for m, o in zip(mats, outs)])
-    block = best(lambda: [numba_cpu._bf16_block_times(xs[m.shape[1]], m, o, threads) for m, o in zip(mats, outs)])
+    matvec = best(lambda: [numba_cpu.linear._matvec_bf16_into(xs[m.shape[1]][0], m, o[0]) for m, o in zip(mats, outs)])
+    block = best(
+        lambda: [numba_cpu.linear._bf16_block_times(xs[m.shape[1]], m, o, threads) for m, o in zip(mats, outs)]
+    )
     flops = sum(2 * 28 * m.size for m in mats)
     return (
         f"Talker's {len(mats)} matrices ({nbytes / 1e9:.2f} GB): read kernel {nbytes / read / 1e9:.1f} GB/s, "

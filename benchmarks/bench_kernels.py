@@ -21,11 +21,13 @@ import os
 import time
 
 import common  # noqa: F401  (puts the repository on sys.path, sets OpenBLAS's idle spin before NumPy loads it)
+import numba
 import numpy as np
 
 from refimpl import nn
 from refimpl.backends import numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
+from refimpl.backends.numba_cpu import amx
 
 # (rows, columns) of every matrix one 0.6B Talker layer multiplies a hidden state by
 TALKER_LAYER = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)]
@@ -65,7 +67,7 @@ def main() -> None:
     nbytes_bf16 = sum(m.nbytes for m in bf16)
     nbytes_f32 = sum(w.nbytes for w in f32)
     t_numpy = best(lambda: [nn.linear.reference(x[w.shape[1]], w) for w in f32], args.repeats)
-    t_bf16 = best(lambda: [numba_cpu.linear(x[m.shape[1]], m) for m in bf16], args.repeats)
+    t_bf16 = best(lambda: [numba_cpu.linear.linear(x[m.shape[1]], m) for m in bf16], args.repeats)
     print(f"talker step matrices (4 layers, {len(bf16)} products, batch 1):")
     print(f"  numpy, float32 weights : {1e3 * t_numpy:7.2f} ms  {nbytes_f32 / t_numpy / 1e9:5.1f} GB/s of weights")
     print(
@@ -77,7 +79,7 @@ def main() -> None:
     la, lb = (0.3 * rng.standard_normal((2, 96))).astype(np.float32)
     n = x_bct.size
     t_ref = best(lambda: nn.snake_beta.reference(x_bct, la, lb), max(3, args.repeats // 4))
-    t_nb = best(lambda: numba_cpu.snake_beta(x_bct, la, lb), max(3, args.repeats // 4))
+    t_nb = best(lambda: numba_cpu.elementwise.snake_beta(x_bct, la, lb), max(3, args.repeats // 4))
     print(
         f"SnakeBeta [1, 96, 240000]: numpy {1e3 * t_ref:.1f} ms ({n / t_ref / 1e9:.2f} G samples/s), "
         f"numba {1e3 * t_nb:.1f} ms ({n / t_nb / 1e9:.2f} G samples/s, x{t_ref / t_nb:.2f}); "
@@ -96,7 +98,7 @@ def tdnn_tile_rates(rng, repeats: int) -> None:
     and a Res2Net (7 groups of 64 x 64 x 3) through the twins on the AMX tiles (``_tdnn_into``,
     ``res2net_offline``) against the same twins on OpenBLAS (``USE_TILES`` off), in ms and GFLOP/s of float32
     products, alternating."""
-    if not numba_cpu.USE_TILES:
+    if not numba_cpu.amx.USE_TILES:
         print("speaker encoder on the tiles: no tiles here (its TDNNs run on OpenBLAS)")
         return
     T = 937
@@ -110,20 +112,20 @@ def tdnn_tile_rates(rng, repeats: int) -> None:
     for O, I, K, d in ((1536, 1536, 1, 1), (512, 512, 1, 1), (512, 128, 5, 1)):
         w, b = bf16_weight((O, I, K)), np.zeros(O, np.float32)
         x, out = rng.standard_normal((I, T)).astype(np.float32), np.empty((O, T), np.float32)
-        run = lambda x=x, w=w, b=b, d=d, out=out: numba_cpu._tdnn_into(x, w, b, d, out)  # noqa: E731
+        run = lambda x=x, w=w, b=b, d=d, out=out: numba_cpu.speaker_encoder._tdnn_into(x, w, b, d, out)  # noqa: E731
         cases.append((f"TDNN {O} x {I} x {K}", 2 * O * I * K * T, run))
     w_j = tuple(bf16_weight((64, 64, 3)) for _ in range(7))
     b_j = tuple(np.zeros(64, np.float32) for _ in range(7))
     x_res = rng.standard_normal((1, 512, T)).astype(np.float32)
-    run = lambda: numba_cpu.res2net_offline(x_res, w_j, b_j, 2)  # noqa: E731
+    run = lambda: numba_cpu.speaker_encoder.res2net_offline(x_res, w_j, b_j, 2)  # noqa: E731
     cases.append(("Res2Net 7 x (64 x 64 x 3)", 7 * 2 * 64 * 64 * 3 * T, run))
     for name, flops, run in cases:
         times = {}
         for tiles in (True, False) * 2:
-            numba_cpu.USE_TILES = tiles
+            numba_cpu.amx.USE_TILES = tiles
             run()
             times[tiles] = min(times.get(tiles, np.inf), best(run, repeats))
-        numba_cpu.USE_TILES = True
+        numba_cpu.amx.USE_TILES = True
         print(
             f"speaker encoder {name}, {T} frames: tiles {1e3 * times[True]:.2f} ms "
             f"({flops / times[True] / 1e9:.0f} GFLOP/s), OpenBLAS {1e3 * times[False]:.2f} ms "
@@ -148,9 +150,12 @@ def step_attention_rates(repeats: int) -> None:
         def formula():
             nn.attention.reference(q_bhtd, k[None], v[None], allowed, D**-0.5)
 
-        numba_cpu._attend_new_positions(q, k, v, n, out)  # compiled or loaded before timing
+        numba_cpu.attention._attend_new_positions(q, k, v, n, out)  # compiled or loaded before timing
         calls = 50
-        t_twin = best(lambda: [numba_cpu._attend_new_positions(q, k, v, n, out) for _ in range(calls)], repeats) / calls
+        t_twin = (
+            best(lambda: [numba_cpu.attention._attend_new_positions(q, k, v, n, out) for _ in range(calls)], repeats)
+            / calls
+        )
         t_ref = best(formula, max(3, repeats // 4))
         flops = 4 * H * D * sum(n + t + 1 for t in range(T))
         print(
@@ -187,7 +192,7 @@ def decoder_pieces_gflops(repeats: int) -> None:
         args += [(rng.standard_normal((C, C, 1)) / np.sqrt(C)).astype(np.float32), np.zeros(C, np.float32)]
         flops = 2 * C * C * 8 * T
         t_parts = best(lambda: decoder.residual_unit_push.reference(x, *args, 3), repeats)
-        t_fused = best(lambda: numba_cpu.residual_unit_push(x, *args, 3), repeats)
+        t_fused = best(lambda: numba_cpu.codec_decoder.residual_unit_push(x, *args, 3), repeats)
         print(
             f"residual unit C={C} T={T}: primitive by primitive {flops / t_parts / 1e9:.0f} GFLOP/s "
             f"({1e3 * t_parts:.0f} ms), fused {flops / t_fused / 1e9:.0f} GFLOP/s ({1e3 * t_fused:.0f} ms)"
@@ -197,7 +202,7 @@ def decoder_pieces_gflops(repeats: int) -> None:
         w = (rng.standard_normal((I, I // 2, 2 * rate)) / np.sqrt(I)).astype(np.float32)
         flops = 2 * I * (I // 2) * 2 * rate * T
         t_ref = best(lambda: nn.conv_transpose1d.reference(x, w, None, rate), repeats)
-        t_twin = best(lambda: numba_cpu.conv_transpose1d(x, w, None, rate), repeats)
+        t_twin = best(lambda: numba_cpu.conv.conv_transpose1d(x, w, None, rate), repeats)
         print(
             f"conv_transpose1d {I}->{I // 2} k{2 * rate} s{rate} T={T}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
             f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)"
@@ -208,10 +213,10 @@ TILE_MULTIPLY_FLOPS = 2 * 16 * 16 * 32  # one tile multiply (tdpbf16ps): 16 x 16
 STEP_OPERANDS = 4  # steps' worth of operands the step kernels cycle through (in the first-level cache)
 
 
-@numba_cpu.numba.njit(cache=True)
+@numba.njit(cache=True)
 def _tile_multiplies(n, words):
     """4 n tile multiplies into the four sum tiles, their operands loaded once: the registers' own rate."""
-    t = numba_cpu
+    t = amx
     t._tile_config(t._tile_shapes())
     t._zero_c0(), t._zero_c1(), t._zero_c2(), t._zero_c3()
     t._load_a4(words, 0, 64), t._load_a5(words, 512, 64), t._load_b6(words, 1024, 64), t._load_b7(words, 1536, 64)
@@ -220,12 +225,12 @@ def _tile_multiplies(n, words):
     t._tile_release()
 
 
-@numba_cpu.numba.njit(cache=True)
+@numba.njit(cache=True)
 def _prompt_steps(n, a_words, b_words, shift):
     """n steps of ``_tile_bf16_times``'s inner loop: two weight tiles (rows 64 bytes apart), then for each of
     x's three parts its two tiles (rows 128 bytes apart) and four multiplies; the tiles of x start
     ``shift`` words after a cache line."""
-    t = numba_cpu
+    t = amx
     t._tile_config(t._tile_shapes())
     t._zero_c0(), t._zero_c1(), t._zero_c2(), t._zero_c3()
     for i in range(n):
@@ -238,12 +243,12 @@ def _prompt_steps(n, a_words, b_words, shift):
     t._tile_release()
 
 
-@numba_cpu.numba.njit(cache=True)
+@numba.njit(cache=True)
 def _conv_steps(n, a_words, z_pairs, shift):
     """n reduction steps of ``_tile_conv_into`` (the codecs' convs: six weight tiles, eight tiles of the
     split signal, 24 multiplies, in its order), the signal's tiles ``shift`` pairs after a cache line: a
     tap k of a conv with dilation d reads them k d pairs on."""
-    t = numba_cpu
+    t = amx
     t._tile_config(t._tile_shapes())
     t._zero_c0(), t._zero_c1(), t._zero_c2(), t._zero_c3()
     row = 48  # pairs a row of the signal (an odd number of lines)
@@ -282,7 +287,7 @@ def tile_rates(rng, repeats: int) -> None:
     Talker layers' bf16 matrices (126 MB, beyond the caches) for a 28-row prompt on all threads: GFLOP/s of
     the float32 products it computes (a third of its multiplies' flops: x in three bf16 parts) and its
     multiplies against the rate of that many cores."""
-    if not numba_cpu.USE_TILES:
+    if not numba_cpu.amx.USE_TILES:
         print("tiles: none here (no AMX, or not granted): the prompt's products run on the block kernel")
         return
     n = 20_000
@@ -302,7 +307,7 @@ def tile_rates(rng, repeats: int) -> None:
         f"{1e9 * conv[2]:.0f} a tap 1 and 3 pairs off (the multiplies alone: {1e9 * 12 * t_mul:.0f} and "
         f"{1e9 * 24 * t_mul:.0f})"
     )
-    threads = numba_cpu.numba.get_num_threads()
+    threads = numba.get_num_threads()
     shapes = TALKER_LAYER * 4
     mats = [BF16Matrix(float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32))) for shape in shapes]
     rows = 28
@@ -310,7 +315,7 @@ def tile_rates(rng, repeats: int) -> None:
     outs = [np.empty((rows, m.shape[0]), np.float32) for m in mats]
 
     def run():
-        return [numba_cpu._tile_bf16_times(x[m.shape[1]], m.bits, o, threads) for m, o in zip(mats, outs)]
+        return [numba_cpu.amx._tile_bf16_times(x[m.shape[1]], m.bits, o, threads) for m, o in zip(mats, outs)]
 
     run()
     t_run = best(run, repeats)
@@ -332,7 +337,7 @@ def conv_gflops(repeats: int) -> None:
         w = (0.05 * rng.standard_normal((C, C, 7))).astype(np.float32)
         flops = 2 * C * C * 7 * T
         t_ref = best(lambda: nn.conv1d.reference(x, w, None, 1, dilation), max(3, repeats // 6))
-        t_twin = best(lambda: numba_cpu.conv1d(x, w, None, 1, dilation), max(3, repeats // 6))
+        t_twin = best(lambda: numba_cpu.conv.conv1d(x, w, None, 1, dilation), max(3, repeats // 6))
         print(
             f"conv1d k7 C={C} T={T} d={dilation}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
             f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)"

@@ -7,7 +7,7 @@ checks every switch before it does any work (``check_switches``).
 
 ``REFIMPL_BACKEND`` names a backend (``refimpl/backends/__init__.py``, checked there when the first network
 runs); the ``NUMBA_*`` variables that change what the numba backend does are checked by that backend before
-Numba reads them (``refimpl/backends/numba_cpu.py``).
+Numba reads them (``refimpl/backends/numba_cpu/runtime.py``).
 
 A leaf module: it imports nothing of the package, so that every layer may use it.
 """

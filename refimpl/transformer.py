@@ -336,7 +336,7 @@ def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last
     """One Qwen3 layer (``QWEN3``) for a few new positions of ONE row (a generation step: one; the code
     predictor's first pass: two; a short prompt: up to ``STEP_MAX_POSITIONS``), nothing recorded, new
     position t seeing every cached key and the new ones up to itself: ``transformer_layer`` itself (the
-    reference of the fused twin in ``refimpl/backends/numba_cpu.py``, which runs the layer in one call).
+    reference of the fused twin in ``refimpl/backends/numba_cpu/transformer.py``, which runs the layer in one call).
     ``cache`` (a ``KVCache``) must have room for the positions.  ``last_only``: the output at the last
     position alone [1, 1, C] (every position's keys and values are cached all the same; the twin computes
     the rest of the layer for the last position only)."""

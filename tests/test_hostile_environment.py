@@ -146,7 +146,7 @@ def test_numba_settings_that_work(tmp_path, codes):
 def test_a_generic_processor_compiles_no_special_instructions():
     """NUMBA_CPU_NAME=generic: Numba compiles with no CPU features, and the backend knows it (no AMX tiles,
     no packed words) instead of assuming the host's."""
-    script = "from refimpl.backends import numba_cpu as n; print(n.TILES_COMPILED, n.PACKED_COMPILED)"
+    script = "from refimpl.backends import numba_cpu as n; print(n.amx.TILES_COMPILED, n.packed_words.PACKED_COMPILED)"
     r = run(env={"NUMBA_CPU_NAME": "generic"}, python=script)
     assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stdout + r.stderr
 

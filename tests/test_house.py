@@ -20,7 +20,7 @@ LAYERS = [
     ("shared network code", ["transformer", "sampling", "recorder"]),
     ("files and inputs", ["io", "io.*"]),
     # the twins are loaded by the registry by name, at first use; they fall back to the formulas of nn
-    ("fast twins", ["backends.numba_cpu", "backends.cupy_cuda", "backends.cupy_cuda.*"]),
+    ("fast twins", ["backends.numba_cpu", "backends.numba_cpu.*", "backends.cupy_cuda", "backends.cupy_cuda.*"]),
     ("the primitives", ["nn"]),
     ("the backend registry", ["backends", "backends.bf16", "backends.strict_device", "backends.host_memory"]),
 ]

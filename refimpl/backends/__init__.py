@@ -3,7 +3,7 @@
 
     backend  arrays                               what runs
     numpy    NumPy, on the host                   the plain primitives of refimpl/nn.py (the reference)
-    numba    NumPy, on the host                   the CPU twins of refimpl/backends/numba_cpu.py where one
+    numba    NumPy, on the host                   the CPU twins of refimpl/backends/numba_cpu/ where one
                                                   exists, else the reference
     cupy     CuPy, on a CUDA GPU                  the twins of refimpl/backends/cupy_cuda/ where one exists,
                                                   else the reference formulas, run by CuPy on device arrays

@@ -35,7 +35,7 @@ class BF16Matrix:
 
     Widening is exact (a bfloat16 is the upper half of a float32), so every use computes the official
     float32 math from half the bytes.  The fast backend's ``linear`` reads the words directly
-    (``refimpl/backends/numba_cpu.py``, ``refimpl/backends/cupy_cuda/linear.py``); everything else sees float32:
+    (``refimpl/backends/numba_cpu/``, ``refimpl/backends/cupy_cuda/linear.py``); everything else sees float32:
     ``np.asarray(m)`` widens the whole matrix (host words), ``m[ids]`` only the rows asked for (an embedding
     lookup), ``m.T`` the transpose (host or device words).  ``streamed``: read whole at every generation
     step and by no prompt (the code predictor's layers and heads), so that the numba backend may read it

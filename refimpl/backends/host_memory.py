@@ -8,7 +8,7 @@ system, the next call maps new ones.  GGML keeps one compute buffer per graph fo
 
 Every public method of a model runs inside ``recycled_outputs(workspace_of(model))``
 (``on_model_backend``).  Within it, ``new_output(shape, dtype)`` (the Numba twins' big outputs,
-``refimpl/backends/numba_cpu.py``; the reference NumPy code allocates as NumPy does) hands out the
+``refimpl/backends/numba_cpu/``; the reference NumPy code allocates as NumPy does) hands out the
 smallest buffer of the workspace that nothing refers to any more and holds the array, else a new one.
 "Nothing refers to it" is read from the reference count: the workspace's list holds the buffer, and every
 array or view made from it holds the buffer too (NumPy points a view at the array owning the memory), so a

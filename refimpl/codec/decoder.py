@@ -349,7 +349,7 @@ def residual_unit_push(
     recorded: ``residual_unit``'s formula on plain arrays.  ``context_bcs`` is the k7 conv's left context,
     the last 6 * dilation outputs of SnakeBeta_1 of the pushes before ([B, C, 6 * dilation]; None at the
     signal's start: zeros); returns (y, the context for the next push).  Offline the whole signal is one
-    push.  The reference of the fused twin in ``refimpl/backends/numba_cpu.py`` (which runs it over
+    push.  The reference of the fused twin in ``refimpl/backends/numba_cpu/codec_decoder.py`` (which runs it over
     cache-sized pieces of time)."""
     conv1 = nn.CausalConvState(context_bcs)
     h_bct = nn.snake_beta(x_bct, log_alpha1_c, log_beta1_c)
@@ -428,8 +428,8 @@ def snake_causal_conv_push(x_bct, log_alpha_c, log_beta_c, w_oik, b_o, context_b
     and conv (96 channels -> 1) on plain arrays.  ``context_bcs`` is the conv's left context, the last
     K - 1 outputs of SnakeBeta of the pushes before ([B, C, K - 1]; None at the signal's start: zeros);
     returns (y, the context for the next push).  The reference of the fused twin in
-    ``refimpl/backends/numba_cpu.py``, which takes SnakeBeta of each piece of time as it multiplies it into
-    the conv's taps (for 10 s, SnakeBeta's output and its padded copy were two 92 MB arrays)."""
+    ``refimpl/backends/numba_cpu/codec_decoder.py``, which takes SnakeBeta of each piece of time as it multiplies it
+    into the conv's taps (for 10 s, SnakeBeta's output and its padded copy were two 92 MB arrays)."""
     conv = nn.CausalConvState(context_bcs)
     h_bct = nn.snake_beta(x_bct, log_alpha_c, log_beta_c)
     return nn.causal_conv1d(h_bct, w_oik, b_o, state=conv), conv.context_bct

@@ -285,7 +285,7 @@ def elu(name: str, x_bct, record: Recorder):
 def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     """x + conv_k1(ELU(causal_conv_k3(ELU(x)))) with an identity shortcut, nothing recorded:
     ``resnet_block``'s formula on plain arrays, the reference of the fused twin in
-    ``refimpl/backends/numba_cpu.py`` (which runs it over cache-sized pieces of time)."""
+    ``refimpl/backends/numba_cpu/codec_encoder.py`` (which runs it over cache-sized pieces of time)."""
     h_bct = nn.elu(x_bct)
     h_bct = mimi_causal_conv1d(h_bct, w1_oik, b1_o, dilation=dilation, pad_mode=pad_mode)
     h_bct = nn.elu(h_bct)
@@ -296,7 +296,7 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
 @primitive
 def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     """causal_conv(ELU(x)), nothing recorded: the SEANet's ELU and the (strided) conv after it on plain
-    arrays, the reference of the fused twin in ``refimpl/backends/numba_cpu.py`` (which takes the ELU of
+    arrays, the reference of the fused twin in ``refimpl/backends/numba_cpu/codec_encoder.py`` (which takes the ELU of
     each piece of time as it stacks the conv's taps, so the ELU's full-length output never exists)."""
     return mimi_causal_conv1d(nn.elu(x_bct), w_oik, b_o, stride=stride, pad_mode=pad_mode)
 

@@ -213,7 +213,7 @@ def relu(x):
 @primitive
 def tdnn_offline(x_bct, w_oik, b_o, dilation):
     """ReLU(reflect-"same" conv(x)), nothing recorded: ``tdnn``'s formula on plain arrays, the reference of
-    the fused twin in ``refimpl/backends/numba_cpu.py`` (the reflected taps read in place, one product,
+    the fused twin in ``refimpl/backends/numba_cpu/speaker_encoder.py`` (the reflected taps read in place, one product,
     bias and ReLU in one pass)."""
     return relu(reflect_same_conv1d(x_bct, w_oik, b_o, dilation))
 
@@ -254,7 +254,7 @@ def res2net(w, p, x_bct, scale: int, dilation: int, record: Recorder = NULL_RECO
 def res2net_offline(x_bct, w_joik, b_jo, dilation):
     """``res2net``'s formula on plain arrays, nothing recorded: ``len(w_joik) + 1`` groups of channels, the
     weights and biases of the TDNNs of groups 1, 2, ... in order; the reference of the twin in
-    ``refimpl/backends/numba_cpu.py`` (each TDNN's output written in place in the concatenated output)."""
+    ``backends/numba_cpu/speaker_encoder.py`` (each TDNN's output written in place in the concatenated output)."""
     groups = np.split(x_bct, len(w_joik) + 1, axis=1)
     outputs = [groups[0]]
     for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo), start=1):

@@ -127,7 +127,7 @@ def test_whole_rows_reads_a_trimmed_output_in_place_only_inside_its_memory(in_wo
     with host_memory.recycled_outputs(ws) if in_workspace else contextlib.nullcontext():
         full = host_memory.new_output((2, 3, MB // 8))
         full[...] = 2.0
-        rows, T = numba_cpu._whole_rows(full[:, :, :100])
+        rows, T = numba_cpu.codec_decoder._whole_rows(full[:, :, :100])
         assert T == 100 and rows.shape == full.shape and np.shares_memory(rows, full)
-        rows, T = numba_cpu._whole_rows(full[:, 1:, :100])  # rows that do not follow each other: a copy
+        rows, T = numba_cpu.codec_decoder._whole_rows(full[:, 1:, :100])  # rows that do not follow each other: a copy
         assert rows.shape == (2, 2, 100) and not np.shares_memory(rows, full)

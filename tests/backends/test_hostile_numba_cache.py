@@ -20,8 +20,8 @@ warnings.simplefilter("always")
 import numpy as np
 from refimpl.backends import numba_cpu
 x = np.ones((1, 2, 8), np.float32)
-numba_cpu.snake_beta(x, np.zeros(2, np.float32), np.zeros(2, np.float32))
-numba_cpu._widen_bf16_into(np.zeros((2, 3), np.uint16), np.empty((2, 3), np.float32))
+numba_cpu.elementwise.snake_beta(x, np.zeros(2, np.float32), np.zeros(2, np.float32))
+numba_cpu.linear._widen_bf16_into(np.zeros((2, 3), np.uint16), np.empty((2, 3), np.float32))
 print("ran")
 """
 
@@ -34,8 +34,8 @@ def run(cache_dir):
 def test_damaged_cache_is_discarded_and_recompiled(tmp_path):
     first = run(tmp_path)
     assert first.returncode == 0 and "Numba cache" not in first.stderr, first.stderr
-    snake_index = next(tmp_path.rglob("numba_cpu._snake_rows_into-*.nbi"))
-    widen_data = next(tmp_path.rglob("numba_cpu._widen_bf16_into-*.nbc"))
+    snake_index = next(tmp_path.rglob("elementwise._snake_rows_into-*.nbi"))
+    widen_data = next(tmp_path.rglob("linear._widen_bf16_into-*.nbc"))
     snake_index.write_bytes(b"")  # an emptied index: EOFError in Numba's pickle.load
     widen_data.write_bytes(widen_data.read_bytes()[:100])  # a truncated data file: UnpicklingError
     second = run(tmp_path)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 from attention_cases import CASES, attention_case
@@ -96,7 +97,7 @@ def conv_case(draw):
 def test_conv1d_twin_equals_reference(case):
     x, w, b, stride, dilation, groups = case
     ref = nn.conv1d.reference(x, w, b, stride, dilation, groups)
-    got = numba_cpu.conv1d(x, w, b, stride, dilation, groups)
+    got = numba_cpu.conv.conv1d(x, w, b, stride, dilation, groups)
     assert got.shape == ref.shape and got.dtype == ref.dtype
     n = w.shape[1] * w.shape[2]
     # sum|terms| per output: the same products computed in float64 with absolute values
@@ -123,13 +124,13 @@ def test_conv1d_twin_equals_reference(case):
 )
 def test_conv_transpose1d_twin_equals_reference(dtype, B, I, O, stride, J, T, with_bias, seed, step, n_piece):
     with pytest.MonkeyPatch.context() as mp:  # pieces of every shape: some channels, some frames
-        mp.setattr(numba_cpu, "_transposed_pieces", lambda *shape: (step, n_piece))
+        mp.setattr(numba_cpu.conv, "_transposed_pieces", lambda *shape: (step, n_piece))
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((B, I, T)).astype(dtype)
         w = rng.standard_normal((I, O, J * stride)).astype(dtype)
         b = rng.standard_normal(O).astype(dtype) if with_bias else None
         ref = nn.conv_transpose1d.reference(x, w, b, stride)
-        got = numba_cpu.conv_transpose1d(x, w, b, stride)
+        got = numba_cpu.conv.conv_transpose1d(x, w, b, stride)
         if dtype != np.float32:
             assert got is NotImplemented  # the reference runs (below, through the explicit backend)
             with kernels.use_backend("numba"):
@@ -147,7 +148,7 @@ def test_conv_transpose1d_twin_equals_reference(dtype, B, I, O, stride, J, T, wi
 @given(
     I=st.integers(1, 40),
     J=st.integers(1, 60),
-    F=st.integers(1, numba_cpu.FEW_FRAMES),
+    F=st.integers(1, numba_cpu.conv.FEW_FRAMES),
     columns=st.sampled_from((1, 3, 16, 256)),
     n_threads=st.integers(1, 70),
     seed=st.integers(0, 2**31),
@@ -163,7 +164,7 @@ def test_few_frames_kernel_sums_every_column_strip_in_order(I, J, F, columns, n_
 
     def run(w):
         for t in range(n_threads):  # as conv_transpose1d shares the columns out (a thread's range may be empty)
-            numba_cpu._few_frames_times(x, w, J * t // n_threads, J * (t + 1) // n_threads, columns, z)
+            numba_cpu.conv._few_frames_times(x, w, J * t // n_threads, J * (t + 1) // n_threads, columns, z)
 
     run(w)
     exact = w.T.astype(np.float64) @ x.astype(np.float64)
@@ -178,15 +179,15 @@ def test_transposed_pieces_split_channels_where_the_weight_outweighs_the_product
     """The released decoder's transposed convs (2 threads): a big weight over few frames is cut into shares
     of the channels, a small weight over a long signal into pieces of frames with every channel."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "_piece_threads", lambda: 2)
-        assert numba_cpu._transposed_pieces(768, 16, 501, 1536 * 768 * 16 * 4) == (384, 682)  # 75 MB, 500 frames
-        assert numba_cpu._transposed_pieces(768, 16, 5, 1536 * 768 * 16 * 4)[0] == 384  # one frame piece: shares
-        assert numba_cpu._transposed_pieces(192, 8, 20001, 384 * 192 * 8 * 4) == (192, 682)  # 2.4 MB, 20000 frames
+        mp.setattr(numba_cpu.conv, "_piece_threads", lambda: 2)
+        assert numba_cpu.conv._transposed_pieces(768, 16, 501, 1536 * 768 * 16 * 4) == (384, 682)  # 75 MB, 500 frames
+        assert numba_cpu.conv._transposed_pieces(768, 16, 5, 1536 * 768 * 16 * 4)[0] == 384  # one frame piece: shares
+        assert numba_cpu.conv._transposed_pieces(192, 8, 20001, 384 * 192 * 8 * 4) == (192, 682)  # 2.4 MB, 20000 frames
 
 
 def test_conv_transpose1d_twin_leaves_other_tap_counts_to_the_reference():
     x, w = np.ones((1, 2, 5), np.float32), np.ones((2, 3, 5), np.float32)  # K = 5 with stride 2
-    assert numba_cpu.conv_transpose1d(x, w, None, 2) is NotImplemented
+    assert numba_cpu.conv.conv_transpose1d(x, w, None, 2) is NotImplemented
     assert np.array_equal(nn.conv_transpose1d(x, w, None, 2), nn.conv_transpose1d.reference(x, w, None, 2))
 
 
@@ -242,15 +243,15 @@ def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_conte
     numba path primitive by primitive keeps, to the bit."""
     x, args, args32, context, context32, ref, exact, kept = _residual_unit_case(seed, B, C, T, dilation, with_context)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "UNIT_TILE", tile)
-        got, got_context = numba_cpu.residual_unit_push(x, *args32, dilation, context32)
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", tile)
+        got, got_context = numba_cpu.codec_decoder.residual_unit_push(x, *args32, dilation, context32)
         # a trimmed view (as the transposed conv's output is) is read in place: its NaN tail is never read
         trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
-        assert np.array_equal(numba_cpu.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
+        assert np.array_equal(numba_cpu.codec_decoder.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
     assert got.shape == ref.shape and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
     assert got_context.shape == (B, C, 6 * dilation) and np.array_equal(got_context, kept)
-    assert numba_cpu.residual_unit_push(x.astype(np.float64), *args, dilation, context) is NotImplemented
+    assert numba_cpu.codec_decoder.residual_unit_push(x.astype(np.float64), *args, dilation, context) is NotImplemented
 
 
 @settings(max_examples=60, deadline=None)
@@ -283,14 +284,14 @@ def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, wi
     with kernels.use_backend("numba"):
         _, kept = codec_decoder.snake_causal_conv_push.reference(x, *args32, context32)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "UNIT_TILE", tile)
-        got, got_context = numba_cpu.snake_causal_conv_push(x, *args32, context32)
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", tile)
+        got, got_context = numba_cpu.codec_decoder.snake_causal_conv_push(x, *args32, context32)
         trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
-        assert np.array_equal(numba_cpu.snake_causal_conv_push(trimmed, *args32, context32)[0], got)
+        assert np.array_equal(numba_cpu.codec_decoder.snake_causal_conv_push(trimmed, *args32, context32)[0], got)
     assert got.shape == ref.shape == (B, O, T) and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
     assert got_context.shape == (B, C, 6) and np.array_equal(got_context, kept)
-    assert numba_cpu.snake_causal_conv_push(x.astype(np.float64), *args, context) is NotImplemented
+    assert numba_cpu.codec_decoder.snake_causal_conv_push(x.astype(np.float64), *args, context) is NotImplemented
 
 
 @settings(max_examples=60, deadline=None)
@@ -308,16 +309,21 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
     (``within_float32_noise``); other pad modes and missing biases go to the reference."""
     x, args32, ref, exact = _resnet_block_case(seed, B, C, H, T, dilation)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
-        got = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
+        mp.setattr(numba_cpu.codec_encoder, "CONV_PIECE_BYTES", 1)
+        got = numba_cpu.codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
     assert got.shape == ref.shape and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
     x[0, 0, T // 2] = np.nan  # spoils the conv's outputs around it, through both ELUs: the same ones on both sides
     with kernels.use_backend("numpy"):
         nan_ref = np.isnan(codec_encoder.resnet_block_offline(x, *args32, dilation, "constant"))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")), nan_ref)
-    assert numba_cpu.resnet_block_offline(x, *args32, dilation, "replicate") is NotImplemented
-    assert numba_cpu.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant") is NotImplemented
+    np.testing.assert_array_equal(
+        np.isnan(numba_cpu.codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")), nan_ref
+    )
+    assert numba_cpu.codec_encoder.resnet_block_offline(x, *args32, dilation, "replicate") is NotImplemented
+    assert (
+        numba_cpu.codec_encoder.resnet_block_offline(x, args32[0], None, *args32[2:], dilation, "constant")
+        is NotImplemented
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -345,12 +351,15 @@ def test_elu_causal_conv_twin_equals_reference(B, C, O, kernel_stride, T, with_b
         ref = codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
         exact = codec_encoder.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
-        got = numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "constant")
+        mp.setattr(numba_cpu.codec_encoder, "CONV_PIECE_BYTES", 1)
+        got = numba_cpu.codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
     assert got.shape == ref.shape == (B, O, -(-T // stride)) and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
-    assert numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "replicate") is NotImplemented
-    assert numba_cpu.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant") is NotImplemented
+    assert numba_cpu.codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "replicate") is NotImplemented
+    assert (
+        numba_cpu.codec_encoder.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant")
+        is NotImplemented
+    )
 
 
 @settings(max_examples=80, deadline=None)
@@ -371,7 +380,7 @@ def test_elu_taps_are_the_padded_elu_stacked_bit_for_bit(C, T, first, n, K, stri
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((C, T)).astype(np.float32)
     x[0, T // 2] = np.nan
-    got = numba_cpu._elu_taps(x, first, stride, dilation, K, n)
+    got = numba_cpu.codec_encoder._elu_taps(x, first, stride, dilation, K, n)
     span = (n - 1) * stride + (K - 1) * dilation + 1
     pad = max(0, -first)
     padded = np.zeros((C, pad + max(T, first + span)), np.float32)
@@ -396,8 +405,8 @@ def test_two_callers_lending_blas_at_once_leave_it_its_threads():
     before = threads()
     if min(before, default=1) < 2:
         pytest.skip("BLAS runs one thread here: nothing is lent")
-    controllers = numba_cpu._blas_controller()
-    first, second = numba_cpu._blas_lent(controllers), numba_cpu._blas_lent(controllers)
+    controllers = numba_cpu.pieces._blas_controller()
+    first, second = numba_cpu.pieces._blas_lent(controllers), numba_cpu.pieces._blas_lent(controllers)
     first.__enter__()
     second.__enter__()
     assert max(threads()) == 1
@@ -412,7 +421,7 @@ def test_pieces_run_in_a_forked_child_after_the_parent_used_its_pool():
     would accept them and never run them: a hang)."""
     import multiprocessing
 
-    numba_cpu.run_pieces(lambda i: None, [(i,) for i in range(4)])  # the parent's pool exists now
+    numba_cpu.pieces.run_pieces(lambda i: None, [(i,) for i in range(4)])  # the parent's pool exists now
     context = multiprocessing.get_context("fork")
     with context.Pool(1) as pool:
         result = pool.apply_async(_sum_in_pieces, (10,))
@@ -421,7 +430,7 @@ def test_pieces_run_in_a_forked_child_after_the_parent_used_its_pool():
 
 def _sum_in_pieces(n):
     seen = []
-    numba_cpu.run_pieces(lambda i: seen.append(i), [(i,) for i in range(n)])
+    numba_cpu.pieces.run_pieces(lambda i: seen.append(i), [(i,) for i in range(n)])
     return sum(seen)
 
 
@@ -443,10 +452,10 @@ def test_pieces_run_side_by_side_and_their_errors_reach_the_caller():
             raise ValueError("piece 7")
 
     with pytest.raises(ValueError, match="piece 7"):
-        numba_cpu.run_pieces(piece, [(i,) for i in range(10)])
+        numba_cpu.pieces.run_pieces(piece, [(i,) for i in range(10)])
     assert 7 in seen
     seen.clear()
-    numba_cpu.run_pieces(lambda i: seen.add(i), [(i,) for i in range(10)])
+    numba_cpu.pieces.run_pieces(lambda i: seen.add(i), [(i,) for i in range(10)])
     assert seen == set(range(10))
 
 
@@ -469,11 +478,11 @@ def test_conv1d_twin_in_pieces_equals_reference(dtype, B, I, O, K, stride, dilat
     w = rng.standard_normal((O, I, K)).astype(dtype)
     b = rng.standard_normal(O).astype(dtype) if with_bias else None
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "PER_TAP_MAX_OUT", 0)  # even one output channel in pieces
-        mp.setattr(numba_cpu, "MIN_PIECES", 1)  # even two pieces side by side
-        mp.setattr(numba_cpu, "CONV_PIECE_MIN_COLUMNS", 64)  # pieces of 64 columns, the last one short
-        mp.setattr(numba_cpu, "CONV_PIECE_BYTES", 1)
-        got = numba_cpu.conv1d(x, w, b, stride, dilation)
+        mp.setattr(numba_cpu.conv, "PER_TAP_MAX_OUT", 0)  # even one output channel in pieces
+        mp.setattr(numba_cpu.conv, "MIN_PIECES", 1)  # even two pieces side by side
+        mp.setattr(numba_cpu.conv, "CONV_PIECE_MIN_COLUMNS", 64)  # pieces of 64 columns, the last one short
+        mp.setattr(numba_cpu.conv, "CONV_PIECE_BYTES", 1)
+        got = numba_cpu.conv.conv1d(x, w, b, stride, dilation)
     ref = nn.conv1d.reference(x, w, b, stride, dilation)
     assert got.shape == ref.shape == (B, O, T_out) and got.dtype == ref.dtype
     abs_sum = nn.conv1d.reference(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), None, stride, dilation)
@@ -493,22 +502,22 @@ def test_conv1d_of_a_few_columns_reads_the_weight_once(monkeypatch, T_out, strid
     b = rng.standard_normal(O).astype(np.float32) if with_bias else None
     x = rng.standard_normal((1, I, (T_out - 1) * stride + dilation * (K - 1) + 1)).astype(np.float32)
     taken = []
-    few = numba_cpu._few_columns_conv
-    monkeypatch.setattr(numba_cpu, "_few_columns_conv", lambda *a: taken.append(1) or few(*a))
-    got = numba_cpu.conv1d(x, w, b, stride, dilation)
+    few = numba_cpu.conv._few_columns_conv
+    monkeypatch.setattr(numba_cpu.conv, "_few_columns_conv", lambda *a: taken.append(1) or few(*a))
+    got = numba_cpu.conv.conv1d(x, w, b, stride, dilation)
     assert bool(taken) == (2 <= T_out <= 8)
     ref = nn.conv1d.reference(x, w, b, stride, dilation)
     exact = nn.conv1d.reference(x.astype(np.float64), w.astype(np.float64), b, stride, dilation)
     assert got.shape == ref.shape == (1, O, T_out) and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
     taken.clear()
-    numba_cpu.conv1d(x.astype(np.float64), w.astype(np.float64), b, stride, dilation)
+    numba_cpu.conv.conv1d(x.astype(np.float64), w.astype(np.float64), b, stride, dilation)
     assert not taken  # float64: the stacked-taps product as before
 
 
 def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
     x = np.zeros((1, 8, 10), np.float32)
-    for f in (nn.conv1d.reference, numba_cpu.conv1d):
+    for f in (nn.conv1d.reference, numba_cpu.conv.conv1d):
         with pytest.raises(ValueError, match="do not fit"):
             f(x, np.zeros((4, 3, 2), np.float32), groups=2)  # 2 groups of 3 channels is not 8
         with pytest.raises(ValueError, match="shorter than the kernel span"):
@@ -531,7 +540,7 @@ def test_snake_beta_twin(dtype, C, T, amplitude, seed):
     rng = np.random.default_rng(seed)
     x = (amplitude * rng.standard_normal((2, C, T))).astype(dtype)
     la, lb = rng.standard_normal(C).astype(dtype), rng.standard_normal(C).astype(dtype)
-    got, ref = numba_cpu.snake_beta(x, la, lb), nn.snake_beta.reference(x, la, lb)
+    got, ref = numba_cpu.elementwise.snake_beta(x, la, lb), nn.snake_beta.reference(x, la, lb)
     assert got.dtype == ref.dtype == dtype and got.shape == ref.shape
     if dtype == np.float64:
         np.testing.assert_array_equal(got, ref)
@@ -545,7 +554,7 @@ def test_snake_beta_twin(dtype, C, T, amplitude, seed):
 def test_snake_beta_twin_sine_is_accurate_over_many_periods():
     """The reduced-angle polynomial, on its own: |sin| within two float32 roundings over 1200 periods."""
     z = np.linspace(-2000, 2000, 4001, dtype=np.float32)
-    got = np.array([abs(numba_cpu._sin_up_to_sign(v)) for v in z], dtype=np.float64)
+    got = np.array([abs(numba_cpu.elementwise._sin_up_to_sign(v)) for v in z], dtype=np.float64)
     assert np.max(np.abs(got - np.abs(np.sin(z.astype(np.float64))))) <= 2 * np.finfo(np.float32).eps
 
 
@@ -568,14 +577,14 @@ def test_linear_twin_reads_bf16_weights_as_stored(case):
     x, w, b = case
     wide = np.asarray(w)  # the exact float32 values of the bfloat16 words
     ref = nn.linear.reference(x, wide, b)
-    got = numba_cpu.linear(x, w, b)
+    got = numba_cpu.linear.linear(x, w, b)
     assert got.shape == ref.shape == x.shape[:-1] + (w.shape[0],) and got.dtype == np.float32
     n = w.shape[1]
     abs_sum = np.abs(x.astype(np.float64)) @ np.abs(wide.astype(np.float64)).T + (np.abs(b) if b is not None else 0)
     assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (n + 1) * np.finfo(np.float32).eps * abs_sum)
 
 
-needs_tiles = pytest.mark.skipif(not numba_cpu.USE_TILES, reason="no AMX tiles on this machine (or REFIMPL_AMX=0)")
+needs_tiles = pytest.mark.skipif(not numba_cpu.amx.USE_TILES, reason="no AMX tiles on this machine (or REFIMPL_AMX=0)")
 
 
 def test_tile_split_is_exact():
@@ -587,7 +596,7 @@ def test_tile_split_is_exact():
     x = np.concatenate([rng.standard_normal(52) * np.exp(rng.uniform(-40, 40, 52)), special]).astype(np.float32)
     x = np.stack([x, x[::-1], -x])  # 3 rows of 64 columns
     parts = np.empty((3, 32, 32, 2), np.uint16)
-    numba_cpu._split_into_pairs(x, parts)
+    numba_cpu.amx._split_into_pairs(x, parts)
     words = parts.transpose(0, 2, 1, 3).reshape(3, 32, 64)  # [p, n, i]
     values = (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     assert not values[:, 3:].any()  # the padding rows
@@ -609,17 +618,17 @@ def test_tile_kernel_within_the_bound_and_each_row_alone(N, O, I):
     bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
     x = rng.standard_normal((N, I)).astype(np.float32)
     got = np.full((N, O), np.nan, np.float32)
-    numba_cpu._tile_bf16_times(x, bits, got, 2)
+    numba_cpu.amx._tile_bf16_times(x, bits, got, 2)
     w = np.asarray(BF16Matrix(bits), np.float64)
     exact = x.astype(np.float64) @ w.T
     bound = 2 * (I + 1) * np.finfo(np.float32).eps * (np.abs(x.astype(np.float64)) @ np.abs(w).T)
     assert np.all(np.abs(got - exact) <= bound)
     alone = np.empty((1, O), np.float32)
-    numba_cpu._tile_bf16_times(np.ascontiguousarray(x[-1:]), bits, alone, 1)
+    numba_cpu.amx._tile_bf16_times(np.ascontiguousarray(x[-1:]), bits, alone, 1)
     np.testing.assert_array_equal(alone[0], got[-1])
     order = rng.permutation(N)
     shuffled = np.empty((N, O), np.float32)
-    numba_cpu._tile_bf16_times(np.ascontiguousarray(x[order]), bits, shuffled, 2)
+    numba_cpu.amx._tile_bf16_times(np.ascontiguousarray(x[order]), bits, shuffled, 2)
     np.testing.assert_array_equal(shuffled, got[order])
 
 
@@ -645,8 +654,12 @@ def test_fused_layer_on_tiles_equals_the_layer(T, monkeypatch):
             cache.append(past[0], past[1])
             cache.reserve(T)
             if tiles is not None:
-                monkeypatch.setattr(numba_cpu, "USE_TILES", tiles)
-            step = numba_cpu.decoder_layer_step if tiles is not None else transformer.decoder_layer_step.reference
+                monkeypatch.setattr(numba_cpu.amx, "USE_TILES", tiles)
+            step = (
+                numba_cpu.transformer.decoder_layer_step
+                if tiles is not None
+                else transformer.decoder_layer_step.reference
+            )
             with kernels.use_backend("numpy"):
                 out[kind, np.dtype(dtype).name] = step(x, lw, cfg, cos[None], sin[None], cache, 1e-6)
     exact = out["reference", "float64"].astype(np.float64)
@@ -668,26 +681,26 @@ def test_linear_takes_the_tiles_for_a_prompt_and_keeps_infinities():
     for rows in (17, 100):
         x = rng.standard_normal((rows, 96)).astype(np.float32)
         tiles = np.empty((rows, 64), np.float32)
-        numba_cpu._tile_bf16_times(x, w.bits, tiles, numba_cpu.numba.get_num_threads())
-        np.testing.assert_array_equal(numba_cpu.linear(x, w), tiles)
+        numba_cpu.amx._tile_bf16_times(x, w.bits, tiles, numba.get_num_threads())
+        np.testing.assert_array_equal(numba_cpu.linear.linear(x, w), tiles)
     odd = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((40, 96)).astype(np.float32)))
     x = rng.standard_normal((17, 96)).astype(np.float32)
     block = np.empty((17, 40), np.float32)
-    numba_cpu._bf16_block_times(x, odd.bits, block, numba_cpu.numba.get_num_threads())
-    np.testing.assert_array_equal(numba_cpu.linear(x, odd), block)
+    numba_cpu.linear._bf16_block_times(x, odd.bits, block, numba.get_num_threads())
+    np.testing.assert_array_equal(numba_cpu.linear.linear(x, odd), block)
     x = rng.standard_normal((20, 96)).astype(np.float32)
     x[3, 5], x[8, 0], x[11, 95] = np.inf, -np.inf, np.nan
-    got, ref = numba_cpu.linear(x, w), nn.linear.reference(x, np.asarray(w))
+    got, ref = numba_cpu.linear.linear(x, w), nn.linear.reference(x, np.asarray(w))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
     np.testing.assert_array_equal(np.sign(got[np.isinf(ref)]), np.sign(ref[np.isinf(ref)]))
 
 
-@numba_cpu.numba.njit(fastmath=numba_cpu.FASTMATH)
+@numba.njit(fastmath=numba_cpu.intrinsics.FASTMATH)
 def _split_pairs_as_the_unit_does(a_t, b_t, parts_pqt):
     """``_split_pair_into`` inlined into a function of the residual unit's fastmath flags (as
     ``_unit_piece_on_tiles`` has it), for one pair of rows."""
-    numba_cpu._split_pair_into(a_t, b_t, 0, parts_pqt)
+    numba_cpu.amx_conv._split_pair_into(a_t, b_t, 0, parts_pqt)
 
 
 def test_pair_split_is_exact():
@@ -714,11 +727,11 @@ def test_pair_split_is_exact():
 def _tile_conv(w_oik, z_ct, dilation, steps):
     """``_tile_conv_into`` of a float32 weight and signal (split here as the residual unit splits them)."""
     O, C, K = w_oik.shape
-    z_pqt = np.zeros((3, C // 2, numba_cpu._pair_row_length(z_ct.shape[1])), np.uint32)
+    z_pqt = np.zeros((3, C // 2, numba_cpu.amx_conv._pair_row_length(z_ct.shape[1])), np.uint32)
     for c in range(0, C, 2):
-        numba_cpu._split_pair_into(z_ct[c], z_ct[c + 1], c // 2, z_pqt)
-    out = np.full((O, numba_cpu._pair_row_length(steps)), np.nan, np.float32)
-    numba_cpu._tile_conv_into(numba_cpu._weight_tiles(w_oik), z_pqt, K, dilation, 1, steps, out)
+        numba_cpu.amx_conv._split_pair_into(z_ct[c], z_ct[c + 1], c // 2, z_pqt)
+    out = np.full((O, numba_cpu.amx_conv._pair_row_length(steps)), np.nan, np.float32)
+    numba_cpu.amx_conv._tile_conv_into(numba_cpu.amx_conv._weight_tiles(w_oik), z_pqt, K, dilation, 1, steps, out)
     return out[:, :steps]
 
 
@@ -760,13 +773,13 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
     the reference's, to the bit; and not the bits of the BLAS path (the tiles ran)."""
     x, _, args32, _, context32, ref, exact, kept = _residual_unit_case(seed, 1, C, T, dilation, with_context)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "UNIT_TILES_MIN_STEPS", 1)
-        mp.setattr(numba_cpu, "UNIT_TILE_VALUES", piece * C)
-        got, got_context = numba_cpu.residual_unit_push(x, *args32, dilation, context32)
+        mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_TILE_VALUES", piece * C)
+        got, got_context = numba_cpu.codec_decoder.residual_unit_push(x, *args32, dilation, context32)
         trimmed = np.concatenate([x, np.full((1, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
-        assert np.array_equal(numba_cpu.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
-        mp.setattr(numba_cpu, "USE_TILES", False)
-        blas, _ = numba_cpu.residual_unit_push(x, *args32, dilation, context32)
+        assert np.array_equal(numba_cpu.codec_decoder.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        blas, _ = numba_cpu.codec_decoder.residual_unit_push(x, *args32, dilation, context32)
     assert got.shape == ref.shape and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
     assert np.array_equal(got_context, kept)
@@ -780,21 +793,21 @@ def test_conv_weight_tiles_kept_while_read_only():
     import gc
 
     w = np.random.default_rng(11).standard_normal((64, 32, 7)).astype(np.float32)
-    fresh = numba_cpu._weight_tiles(w)
-    assert id(w) not in numba_cpu._WEIGHT_TILES and numba_cpu._weight_tiles(w) is not fresh
+    fresh = numba_cpu.amx_conv._weight_tiles(w)
+    assert id(w) not in numba_cpu.amx_conv._WEIGHT_TILES and numba_cpu.amx_conv._weight_tiles(w) is not fresh
     view = w[:]
     view.flags.writeable = False  # read-only, but w can still change it
-    assert numba_cpu._weight_tiles(view) is not numba_cpu._weight_tiles(view)
-    assert id(view) not in numba_cpu._WEIGHT_TILES
+    assert numba_cpu.amx_conv._weight_tiles(view) is not numba_cpu.amx_conv._weight_tiles(view)
+    assert id(view) not in numba_cpu.amx_conv._WEIGHT_TILES
     del view
     w.flags.writeable = False
-    kept = numba_cpu._weight_tiles(w)
-    assert numba_cpu._weight_tiles(w) is kept and id(w) in numba_cpu._WEIGHT_TILES
+    kept = numba_cpu.amx_conv._weight_tiles(w)
+    assert numba_cpu.amx_conv._weight_tiles(w) is kept and id(w) in numba_cpu.amx_conv._WEIGHT_TILES
     np.testing.assert_array_equal(kept, fresh)
     key = id(w)
     del w
     gc.collect()
-    assert key not in numba_cpu._WEIGHT_TILES
+    assert key not in numba_cpu.amx_conv._WEIGHT_TILES
 
 
 @pytest.mark.parametrize("T", [63, 64, 1023, 1024])
@@ -805,13 +818,17 @@ def test_short_signals_take_the_tiles_only_with_kept_weight_tiles(T):
     writable, read_only = np.zeros((32, 32, 7), np.float32), np.zeros((32, 32, 1), np.float32)
     read_only.flags.writeable = False
     frozen = read_only[:, :, :].reshape(32, 32, 1)
-    tiles, kept_from, split_from = numba_cpu.USE_TILES, numba_cpu.KEPT_TILES_MIN_STEPS, numba_cpu.UNIT_TILES_MIN_STEPS
-    assert numba_cpu._convs_take_tiles(32, 32, T, read_only, frozen) == (tiles and T >= kept_from)
-    assert numba_cpu._convs_take_tiles(32, 32, T, writable, read_only) == (tiles and T >= split_from)
+    tiles, kept_from, split_from = (
+        numba_cpu.amx.USE_TILES,
+        numba_cpu.amx_conv.KEPT_TILES_MIN_STEPS,
+        numba_cpu.amx_conv.UNIT_TILES_MIN_STEPS,
+    )
+    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, read_only, frozen) == (tiles and T >= kept_from)
+    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, writable, read_only) == (tiles and T >= split_from)
     view_of_writable = writable[:]
     view_of_writable.flags.writeable = False  # writable through its base
-    assert numba_cpu._convs_take_tiles(32, 32, T, view_of_writable) == (tiles and T >= split_from)
-    assert not numba_cpu._convs_take_tiles(48, 32, T, read_only)
+    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, view_of_writable) == (tiles and T >= split_from)
+    assert not numba_cpu.amx_conv._convs_take_tiles(48, 32, T, read_only)
 
 
 @needs_tiles
@@ -822,12 +839,12 @@ def test_decoder_keeps_its_units_tiles_and_runs_a_short_decode_on_them(speech_to
     tok = speech_tokenizers["f32"]
     codes = np.random.default_rng(3).integers(0, 64, size=(3, 16))  # 96 steps in the first block's units
     units = [w for name, w in tok.decoder_weights.items() if ".block." in name and name.endswith("conv1.conv.weight")]
-    numba_cpu._WEIGHT_TILES.clear()
+    numba_cpu.amx_conv._WEIGHT_TILES.clear()
     with kernels.use_backend("numba"):
         first = tok.decode_full(codes)
-        assert units and all(numba_cpu._read_only(w) for w in units)
+        assert units and all(numba_cpu.kept._read_only(w) for w in units)
         takes = [w.shape[0] % 32 == 0 for w in units]
-        assert [id(w) in numba_cpu._WEIGHT_TILES for w in units] == takes
+        assert [id(w) in numba_cpu.amx_conv._WEIGHT_TILES for w in units] == takes
         np.testing.assert_array_equal(tok.decode_full(codes), first)
 
 
@@ -861,22 +878,22 @@ def test_elu_causal_conv_on_tiles_equals_reference(C, O, kernel_stride, T, with_
         exact = codec_encoder.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant")
         nan_ref = np.isnan(codec_encoder.elu_causal_conv_offline(x_nan, w32, b32, stride, "constant"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "UNIT_TILES_MIN_STEPS", 1)
-        mp.setattr(numba_cpu, "BLOCK_TILE_VALUES", piece * C * stride)
-        got = numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "constant")
-        got_nan = numba_cpu.elu_causal_conv_offline(x_nan, w32, b32, stride, "constant")
-        mp.setattr(numba_cpu, "USE_TILES", False)
-        blas = numba_cpu.elu_causal_conv_offline(x, w32, b32, stride, "constant")
+        mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
+        mp.setattr(numba_cpu.codec_encoder, "BLOCK_TILE_VALUES", piece * C * stride)
+        got = numba_cpu.codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
+        got_nan = numba_cpu.codec_encoder.elu_causal_conv_offline(x_nan, w32, b32, stride, "constant")
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        blas = numba_cpu.codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
     assert got.shape == ref.shape == (1, O, -(-T // stride)) and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
     assert got.shape[-1] < 4 or not np.array_equal(got, blas)
     np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
 
 
-@numba_cpu.numba.njit(fastmath={"contract"})
+@numba.njit(fastmath={"contract"})
 def _expm1_as_the_block_does(x, out):
     for i in range(x.shape[0]):
-        out[i] = numba_cpu._expm1_f32(x[i])
+        out[i] = numba_cpu.intrinsics._expm1_f32(x[i])
 
 
 def test_float32_expm1_within_two_ulp():
@@ -913,14 +930,14 @@ def test_resnet_block_on_tiles_equals_reference(C, T, dilation, piece, seed):
     BLAS path (the tiles ran); a NaN spoils the same outputs on both sides."""
     x, args32, ref, exact = _resnet_block_case(seed, 1, C, C // 2, T, dilation)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "UNIT_TILES_MIN_STEPS", 1)
-        mp.setattr(numba_cpu, "BLOCK_TILE_VALUES", piece * C)
-        got = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
+        mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
+        mp.setattr(numba_cpu.codec_encoder, "BLOCK_TILE_VALUES", piece * C)
+        got = numba_cpu.codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
         x_nan = x.copy()
         x_nan[0, 0, T // 2] = np.nan
-        got_nan = numba_cpu.resnet_block_offline(x_nan, *args32, dilation, "constant")
-        mp.setattr(numba_cpu, "USE_TILES", False)
-        blas = numba_cpu.resnet_block_offline(x, *args32, dilation, "constant")
+        got_nan = numba_cpu.codec_encoder.resnet_block_offline(x_nan, *args32, dilation, "constant")
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        blas = numba_cpu.codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
     assert got.shape == ref.shape and got.dtype == np.float32
     assert within_float32_noise(got, ref, exact)
     assert T < 4 or not np.array_equal(got, blas)
@@ -940,7 +957,7 @@ def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
     N, O = 29, 40
     bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
     x = rng.standard_normal((N, I)).astype(np.float32)
-    aligned = numba_cpu._line_aligned_rows(x)
+    aligned = numba_cpu.intrinsics._line_aligned_rows(x)
     assert aligned.ctypes.data % 64 == 0 and aligned.strides[0] % 64 == 0
     np.testing.assert_array_equal(aligned[:, :I], x)
     store = np.empty(N * I + 64, np.float32)
@@ -949,14 +966,14 @@ def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
     shifted[:] = x
     assert shifted.ctypes.data % 64 == 4 * shift
     expected = np.empty((N, O), np.float32)
-    numba_cpu._bf16_block_times(aligned[:, :I] if I % 16 == 0 else x, bits, expected, 2)
+    numba_cpu.linear._bf16_block_times(aligned[:, :I] if I % 16 == 0 else x, bits, expected, 2)
     got = np.empty((N, O), np.float32)
-    numba_cpu._bf16_block_times(shifted, bits, got, 2)
+    numba_cpu.linear._bf16_block_times(shifted, bits, got, 2)
     np.testing.assert_array_equal(got, expected)
     wide = np.asarray(BF16Matrix(bits), dtype=np.float64)
     exact, abs_sum = x.astype(np.float64) @ wide.T, np.abs(x.astype(np.float64)) @ np.abs(wide).T
     assert np.all(np.abs(got - exact) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
-    assert numba_cpu._line_aligned_empty(3, 5).ctypes.data % 64 == 0
+    assert numba_cpu.intrinsics._line_aligned_empty(3, 5).ctypes.data % 64 == 0
 
 
 @settings(max_examples=40, deadline=None)
@@ -976,10 +993,10 @@ def test_float32_linear_of_a_few_rows_reads_each_weight_row_once(shape, O, I, wi
     w = rng.standard_normal((O, I)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32) if with_bias else None
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "F32_FEW_ROWS_MIN_BYTES", 0)
-        mp.setattr(numba_cpu, "_piece_threads", lambda: n_threads)
-        got = numba_cpu.linear(x, w, b)
-        few = numba_cpu._few_rows_f32(x, w, b)
+        mp.setattr(numba_cpu.linear, "F32_FEW_ROWS_MIN_BYTES", 0)
+        mp.setattr(numba_cpu.linear, "_piece_threads", lambda: n_threads)
+        got = numba_cpu.linear.linear(x, w, b)
+        few = numba_cpu.linear._few_rows_f32(x, w, b)
     ref = nn.linear.reference(x, w, b)
     assert got.shape == ref.shape and got.dtype == np.float32
     if not 2 <= int(np.prod(shape)) <= 8:
@@ -997,7 +1014,7 @@ def test_float32_linear_of_a_few_rows_reads_each_weight_row_once(shape, O, I, wi
         <= bound
     )
     if O > 1 and I > 1:
-        assert numba_cpu._few_rows_f32(x, np.asfortranarray(w), b) is None  # (a layout it has no kernel for)
+        assert numba_cpu.linear._few_rows_f32(x, np.asfortranarray(w), b) is None  # (a layout it has no kernel for)
 
 
 def test_linear_twin_edge_shapes():
@@ -1007,7 +1024,7 @@ def test_linear_twin_edge_shapes():
     for O, I, rows in ((3, 5, (0,)), (1, 7, (2,)), (4, 1, (20,)), (1, 1, (17,)), (5, 2, (66,)), (2, 3, (1, 0, 3))):
         w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
         x = rng.standard_normal(rows + (I,)).astype(np.float32)
-        got, ref = numba_cpu.linear(x, w), nn.linear.reference(x, np.asarray(w))
+        got, ref = numba_cpu.linear.linear(x, w), nn.linear.reference(x, np.asarray(w))
         assert got.shape == ref.shape == rows + (O,)
         abs_sum = np.abs(x.astype(np.float64)) @ np.abs(np.asarray(w, dtype=np.float64)).T
         assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
@@ -1025,13 +1042,13 @@ def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I):
     bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
     x = rng.standard_normal(I).astype(np.float32)
     out = np.full(O, np.nan, np.float32)
-    numba_cpu._matvec_bf16_into(x, bits, out)
-    np.testing.assert_array_equal(out, numba_cpu.linear(x[None], BF16Matrix(bits))[0])
+    numba_cpu.linear._matvec_bf16_into(x, bits, out)
+    np.testing.assert_array_equal(out, numba_cpu.linear.linear(x[None], BF16Matrix(bits))[0])
     rows = np.stack([x, rng.standard_normal(I).astype(np.float32)])
     few = np.full((2, O), np.nan, np.float32)
-    numba_cpu._bf16_rows_times(rows, bits, few)
+    numba_cpu.linear._bf16_rows_times(rows, bits, few)
     np.testing.assert_array_equal(out, few[0])
-    np.testing.assert_array_equal(few, numba_cpu.linear(rows, BF16Matrix(bits)))
+    np.testing.assert_array_equal(few, numba_cpu.linear.linear(rows, BF16Matrix(bits)))
     w = np.asarray(BF16Matrix(bits), np.float64)
     x64 = x.astype(np.float64)
     assert np.all(np.abs(out - w @ x64) <= (I + 1) * np.finfo(np.float32).eps * (np.abs(w) @ np.abs(x64)))
@@ -1054,7 +1071,7 @@ def test_attention_of_the_new_positions_is_the_softmax_formula(n, T):
     k[:, : n + T] = rng.standard_normal((G, n + T, D))
     v[:, : n + T] = rng.standard_normal((G, n + T, D))
     out = np.full((T, H * D), np.nan, np.float32)
-    numba_cpu._attend_new_positions(q, k, v, n, out)
+    numba_cpu.attention._attend_new_positions(q, k, v, n, out)
     allowed = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
 
     def formula(dtype):  # nn.attention itself: [1, H, T, D] queries over [1, G, n + T, D] keys and values
@@ -1109,7 +1126,9 @@ def test_decoder_layer_step_twin_equals_the_layer(n_cached, T, seed):
             cache = transformer.KVCache(1, G, D, dtype, capacity=4)
             cache.append(past[0], past[1])
             cache.reserve(T)
-            step = numba_cpu.decoder_layer_step if kind == "twin" else transformer.decoder_layer_step.reference
+            step = (
+                numba_cpu.transformer.decoder_layer_step if kind == "twin" else transformer.decoder_layer_step.reference
+            )
             with kernels.use_backend("numpy"):
                 y = step(x, lw, cfg, cos[None], sin[None], cache, eps)
             assert y.shape == (1, T, C) and y.dtype == dtype and cache.length == n_cached + T
@@ -1138,7 +1157,10 @@ def test_fused_layer_for_the_last_position_alone_keeps_its_bits(n_cached, T):
     cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
     past = np.random.default_rng(T + 2).standard_normal((2, 1, G, n_cached, D)).astype(np.float32)
     out = {}
-    for kind, step in (("twin", numba_cpu.decoder_layer_step), ("reference", transformer.decoder_layer_step.reference)):
+    for kind, step in (
+        ("twin", numba_cpu.transformer.decoder_layer_step),
+        ("reference", transformer.decoder_layer_step.reference),
+    ):
         for last_only in (False, True):
             cache = transformer.KVCache(1, G, D, np.float32, capacity=4)
             cache.append(past[0], past[1])
@@ -1191,7 +1213,7 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
     lw, cfg = random_qwen3_layer(rng, C, H, G, D, F, np.float32)
     layers = [lw, lw]
     calls = []
-    fused = numba_cpu.decoder_stack_step
+    fused = numba_cpu.transformer.decoder_stack_step
 
     def counting(*args):
         calls.append(1)
@@ -1269,18 +1291,18 @@ def test_float32_exp_of_the_fused_silu_is_within_one_ulp():
     NaN); the SiLU it serves within a few ulps of the reference's (``nn.silu``)."""
     x = np.concatenate([np.linspace(-103.0, 88.72, 200_001), np.random.default_rng(0).uniform(-87, 88, 100_000)])
     x = x.astype(np.float32)
-    got = np.array([numba_cpu._exp_f32(v) for v in x[::50]], np.float32)
+    got = np.array([numba_cpu.intrinsics._exp_f32(v) for v in x[::50]], np.float32)
     exact = np.exp(x[::50].astype(np.float64))
     spacing = np.spacing(np.maximum(exact, np.finfo(np.float32).smallest_subnormal).astype(np.float32))
     assert np.all(np.abs(got - exact) <= spacing.astype(np.float64))
     edges = np.array([np.nan, np.inf, -np.inf, 88.7229, 89.0, -104.0, -200.0, 0.0, -0.0], np.float32)
     with np.errstate(over="ignore"):
-        np.testing.assert_array_equal([numba_cpu._exp_f32(v) for v in edges], np.exp(edges))
+        np.testing.assert_array_equal([numba_cpu.intrinsics._exp_f32(v) for v in edges], np.exp(edges))
     gate = (4 * np.random.default_rng(1).standard_normal((3, 500))).astype(np.float32)
     act = np.random.default_rng(2).standard_normal((3, 500)).astype(np.float32)
     with kernels.use_backend("numpy"):
         ref = nn.silu.reference(gate) * act
-    numba_cpu._silu_times_into(gate, act)
+    numba_cpu.transformer._silu_times_into(gate, act)
     assert np.all(np.abs(act - ref) <= 4 * np.finfo(np.float32).eps * np.abs(ref) + np.finfo(np.float32).tiny)
 
 
@@ -1301,19 +1323,19 @@ def test_bf16_matrix_widens_exactly_where_used():
 def test_elu_twin_is_bit_identical(dtype, alpha, seed):
     x = (10 * np.random.default_rng(seed).standard_normal((3, 50))).astype(dtype)
     x[0, :3] = (0.0, -0.0, 100.0)
-    np.testing.assert_array_equal(numba_cpu.elu(x, alpha), nn.elu.reference(x, alpha))
+    np.testing.assert_array_equal(numba_cpu.elementwise.elu(x, alpha), nn.elu.reference(x, alpha))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "ELEMENTWISE_PIECE", 7)  # 22 pieces, the last one short
-        np.testing.assert_array_equal(numba_cpu.elu(x, alpha), nn.elu.reference(x, alpha))
+        mp.setattr(numba_cpu.elementwise, "ELEMENTWISE_PIECE", 7)  # 22 pieces, the last one short
+        np.testing.assert_array_equal(numba_cpu.elementwise.elu(x, alpha), nn.elu.reference(x, alpha))
 
 
 def test_gelu_erf_twin_in_float64_is_bit_identical():
     x = 4 * np.random.default_rng(0).standard_normal((3, 50))
     x[0, :4] = (0.0, -0.0, 30.0, -30.0)
-    np.testing.assert_array_equal(numba_cpu.gelu_erf(x), nn.gelu_erf.reference(x))
+    np.testing.assert_array_equal(numba_cpu.elementwise.gelu_erf(x), nn.gelu_erf.reference(x))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "ELEMENTWISE_PIECE", 7)  # 22 pieces, the last one short
-        np.testing.assert_array_equal(numba_cpu.gelu_erf(x), nn.gelu_erf.reference(x))
+        mp.setattr(numba_cpu.elementwise, "ELEMENTWISE_PIECE", 7)  # 22 pieces, the last one short
+        np.testing.assert_array_equal(numba_cpu.elementwise.gelu_erf(x), nn.gelu_erf.reference(x))
 
 
 def test_gelu_erf_twin_in_float32_differs_from_the_reference_only_by_one_step_of_erf():
@@ -1332,14 +1354,14 @@ def test_gelu_erf_twin_in_float32_differs_from_the_reference_only_by_one_step_of
     )
     with np.errstate(invalid="ignore"):  # -inf: 0.5 * x * (1 + erf) = -inf * 0 = NaN, on both sides
         ref = nn.gelu_erf.reference(x)
-    got = numba_cpu.gelu_erf(x)
+    got = numba_cpu.elementwise.gelu_erf(x)
     same = (got == ref) | (np.isnan(got) & np.isnan(ref))
     assert got.dtype == np.float32 and np.count_nonzero(~same) <= 40  # measured: 9
     bound = 0.5 * np.abs(x[~same]) * 2.0**-23 + np.spacing(np.abs(ref[~same]))  # 1 + erf: a step of 2^-23
     assert np.all(np.abs(got[~same].astype(np.float64) - ref[~same]) <= bound)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "ELEMENTWISE_PIECE", 7)  # pieces, the last one short: the same values
-        np.testing.assert_array_equal(numba_cpu.gelu_erf(x[-300:]), got[-300:])
+        mp.setattr(numba_cpu.elementwise, "ELEMENTWISE_PIECE", 7)  # pieces, the last one short: the same values
+        np.testing.assert_array_equal(numba_cpu.elementwise.gelu_erf(x[-300:]), got[-300:])
 
 
 # ----------------------------------------------------------------------------- the switch
@@ -1349,7 +1371,7 @@ def _calls(monkeypatch):
     """Record which implementation of conv1d runs."""
     seen = []
     monkeypatch.setitem(
-        kernels.REGISTRY["numba"].twins, "conv1d", lambda *a, **k: seen.append("twin") or numba_cpu.conv1d(*a, **k)
+        kernels.REGISTRY["numba"].twins, "conv1d", lambda *a, **k: seen.append("twin") or numba_cpu.conv.conv1d(*a, **k)
     )
     return seen
 
@@ -1400,12 +1422,12 @@ def test_cache_dir_falls_back_to_a_writable_place(monkeypatch, tmp_path):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     package_cache = Path(numba_cpu.__file__).resolve().parent / "__pycache__"
-    monkeypatch.setattr(numba_cpu, "_writable", lambda d: Path(d) != package_cache)
-    numba_cpu._choose_cache_dir()
+    monkeypatch.setattr(numba_cpu.runtime, "_writable", lambda d: Path(d) != package_cache)
+    numba_cpu.runtime._choose_cache_dir()
     assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "xdg" / "refimpl" / "numba")
     monkeypatch.delenv("NUMBA_CACHE_DIR")
-    monkeypatch.setattr(numba_cpu, "_writable", lambda d: False)
-    numba_cpu._choose_cache_dir()
+    monkeypatch.setattr(numba_cpu.runtime, "_writable", lambda d: False)
+    numba_cpu.runtime._choose_cache_dir()
     assert Path(os.environ["NUMBA_CACHE_DIR"]).name.startswith("refimpl-numba-")
 
 
@@ -1414,8 +1436,8 @@ def test_a_second_process_loads_the_kernels_instead_of_compiling(tmp_path):
     code = (
         "import numpy as np; from refimpl.backends import numba_cpu as k; "
         "from refimpl.backends.bf16 import BF16Matrix; "
-        "k.snake_beta(np.ones((1, 2, 8), np.float32), np.zeros(2, np.float32), np.zeros(2, np.float32)); "
-        "k.linear(np.ones((1, 4), np.float32), BF16Matrix(np.zeros((3, 4), np.uint16)))"
+        "k.elementwise.snake_beta(np.ones((1, 2, 8), np.float32), np.zeros(2, np.float32), np.zeros(2, np.float32)); "
+        "k.linear.linear(np.ones((1, 4), np.float32), BF16Matrix(np.zeros((3, 4), np.uint16)))"
     )
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1", PYTHONPATH=str(REPO))
     runs = [
@@ -1427,7 +1449,26 @@ def test_a_second_process_loads_the_kernels_instead_of_compiling(tmp_path):
     assert "data saved to" not in runs[1].stdout and "data loaded from" in runs[1].stdout
 
 
-@pytest.mark.skipif("+avx512f" not in numba_cpu._compile_features(), reason="a processor without 512-bit vectors")
+def test_the_kernels_cache_entries_are_keyed_by_the_whole_package(tmp_path):
+    """A compiled kernel holds the code of the kernels it calls from the package's other modules: its cache
+    entries are keyed by all of the package's source files (an edited intrinsic compiles again the kernels
+    that inline it); any other code's by its own file, as Numba keys it."""
+    from numba.core import caching
+
+    kernel = numba_cpu.conv._stack_taps_into
+    stamp = caching.InTreeCacheLocator(kernel.py_func, numba_cpu.conv.__file__).get_source_stamp()
+    assert stamp == numba_cpu.runtime._package_stamp()
+    other = tmp_path / "other.py"
+    other.write_text("def f():\n    return 1\n")
+    locator = caching.InTreeCacheLocator(kernel.py_func, str(other))
+    before = locator.get_source_stamp()
+    other.write_text("def f():\n    return 10\n")
+    assert before != locator.get_source_stamp() != stamp
+
+
+@pytest.mark.skipif(
+    "+avx512f" not in numba_cpu.runtime._compile_features(), reason="a processor without 512-bit vectors"
+)
 def test_a_program_importing_numba_first_still_gets_512_bit_vectors(tmp_path):
     """Numba reads the CPU features when it is imported: a program that imports it before refimpl's backend
     compiles with 512-bit vectors all the same (the backend has Numba read its configuration again), its
@@ -1474,22 +1515,27 @@ def test_tdnn_twin_reads_the_reflected_taps_of_the_reference(B, C, O, K, dilatio
     w = rng.standard_normal((O, C, K)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
     ref = speaker_encoder.tdnn_offline.reference(x, w, b, dilation)
-    got = numba_cpu.tdnn_offline(x, w, b, dilation)
+    got = numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)
     assert got.shape == ref.shape == (B, O, T) and got.dtype == np.float32
     padded = np.pad(np.abs(x).astype(np.float64), ((0, 0), (0, 0), (left, right)), mode="reflect")
     abs_sum = nn.conv1d.reference(padded, np.abs(w).astype(np.float64), np.abs(b).astype(np.float64), dilation=dilation)
     assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
     x[0, 0, T // 2] = np.nan
     nan_ref = np.isnan(speaker_encoder.tdnn_offline.reference(x, w, b, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.tdnn_offline(x, w, b, dilation)), nan_ref)
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)), nan_ref)
     assert nan_ref.any()
 
 
 def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     x = np.zeros((1, 3, 2), np.float32)
     w = np.zeros((2, 3, 5), np.float32)
-    assert numba_cpu.tdnn_offline(x, w, np.zeros(2, np.float32), 1) is NotImplemented  # 2 frames, a padding of 2
-    assert numba_cpu.tdnn_offline(x.astype(np.float64), w.astype(np.float64), np.zeros(2), 1) is NotImplemented
+    assert (
+        numba_cpu.speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1) is NotImplemented
+    )  # 2 frames, a padding of 2
+    assert (
+        numba_cpu.speaker_encoder.tdnn_offline(x.astype(np.float64), w.astype(np.float64), np.zeros(2), 1)
+        is NotImplemented
+    )
     with pytest.raises(ValueError, match="too few for a reflect padding"):
         speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1)  # the reference's error
 
@@ -1515,24 +1561,24 @@ def test_tdnn_on_the_tiles_is_the_tile_kernel_of_its_stacked_taps(O, C, K, dilat
     w = bf16_values(rng, (O, C, K))
     w.flags.writeable = False
     b = rng.standard_normal(O).astype(np.float32)
-    got = numba_cpu.tdnn_offline(x, w, b, dilation)
+    got = numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)
     left, right = speaker_encoder.same_padding(K, dilation)
     padded = np.pad(x[0], ((0, 0), (left, right)), mode="reflect")
     stacked = np.stack([padded[:, k * dilation : k * dilation + T] for k in range(K)], axis=1)  # [C, K, T]
     rows = np.ascontiguousarray(stacked.reshape(C * K, T).T)
     sums = np.empty((T, O), np.float32)
-    numba_cpu._tile_bf16_times(rows, float32_to_bf16_bits(w.reshape(O, C * K)), sums, 2)
+    numba_cpu.amx._tile_bf16_times(rows, float32_to_bf16_bits(w.reshape(O, C * K)), sums, 2)
     with_bias = sums.T + b[:, None]
     np.testing.assert_array_equal(got[0], np.where(with_bias <= 0, np.float32(0), with_bias))
     ref = speaker_encoder.tdnn_offline.reference(x, w, b, dilation)
     abs_sum = np.abs(w.reshape(O, C * K)).astype(np.float64) @ np.abs(rows.T) + np.abs(b)[:, None]
     assert np.all(np.abs(got[0].astype(np.float64) - ref[0]) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
-    monkeypatch.setattr(numba_cpu, "USE_TILES", False)
-    assert not np.array_equal(numba_cpu.tdnn_offline(x, w, b, dilation), got)
-    monkeypatch.setattr(numba_cpu, "USE_TILES", True)
+    monkeypatch.setattr(numba_cpu.amx, "USE_TILES", False)
+    assert not np.array_equal(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation), got)
+    monkeypatch.setattr(numba_cpu.amx, "USE_TILES", True)
     x[0, 0, T // 2] = np.nan
     nan_ref = np.isnan(speaker_encoder.tdnn_offline.reference(x, w, b, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.tdnn_offline(x, w, b, dilation)), nan_ref)
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)), nan_ref)
     assert nan_ref.any()
 
 
@@ -1548,20 +1594,20 @@ def test_one_by_one_conv_with_bf16_weights_on_the_tiles(monkeypatch):
     w = bf16_values(rng, (O, I, 1))
     w.flags.writeable = False
     for bias in (rng.standard_normal(O).astype(np.float32), None):
-        got = numba_cpu.conv1d(x, w, bias)
+        got = numba_cpu.conv.conv1d(x, w, bias)
         assert got.shape == (B, O, T) and (got < 0).any()
         for i in range(B):
             sums = np.empty((T, O), np.float32)
-            numba_cpu._tile_bf16_times(np.ascontiguousarray(x[i].T), float32_to_bf16_bits(w[:, :, 0]), sums, 2)
+            numba_cpu.amx._tile_bf16_times(np.ascontiguousarray(x[i].T), float32_to_bf16_bits(w[:, :, 0]), sums, 2)
             np.testing.assert_array_equal(got[i], sums.T if bias is None else sums.T + bias[:, None])
         ref = nn.conv1d.reference(x, w, bias)
         abs_sum = np.abs(w[:, :, 0]).astype(np.float64) @ np.abs(x.astype(np.float64)) + (
             0 if bias is None else np.abs(bias)[:, None]
         )
         assert np.all(np.abs(got - ref) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
-        monkeypatch.setattr(numba_cpu, "USE_TILES", False)
-        assert not np.array_equal(numba_cpu.conv1d(x, w, bias), got)
-        monkeypatch.setattr(numba_cpu, "USE_TILES", True)
+        monkeypatch.setattr(numba_cpu.amx, "USE_TILES", False)
+        assert not np.array_equal(numba_cpu.conv.conv1d(x, w, bias), got)
+        monkeypatch.setattr(numba_cpu.amx, "USE_TILES", True)
 
 
 def test_tdnn_tiles_only_for_bf16_weights_of_whole_tiles_and_kept_while_read_only():
@@ -1571,24 +1617,24 @@ def test_tdnn_tiles_only_for_bf16_weights_of_whole_tiles_and_kept_while_read_onl
     import gc
 
     rng = np.random.default_rng(7)
-    assert numba_cpu._tdnn_weight_tiles(rng.standard_normal((256, 64, 1)).astype(np.float32)) is None
-    assert numba_cpu._tdnn_weight_tiles(bf16_values(rng, (272, 64, 1))) is None  # 272 = 17 x 16
-    assert numba_cpu._tdnn_weight_tiles(bf16_values(rng, (256, 20, 1))) is None
+    assert numba_cpu.amx_conv._tdnn_weight_tiles(rng.standard_normal((256, 64, 1)).astype(np.float32)) is None
+    assert numba_cpu.amx_conv._tdnn_weight_tiles(bf16_values(rng, (272, 64, 1))) is None  # 272 = 17 x 16
+    assert numba_cpu.amx_conv._tdnn_weight_tiles(bf16_values(rng, (256, 20, 1))) is None
     w = bf16_values(rng, (256, 64, 3)).copy()  # (its own memory: a view of a writable array is never kept)
     w[5, 7, 2] = np.float32(1.0 + 2.0**-20)  # one weight that is no bf16 value
-    assert numba_cpu._tdnn_weight_tiles(w) is None
+    assert numba_cpu.amx_conv._tdnn_weight_tiles(w) is None
     w[5, 7, 2] = 1.0
-    tiles = numba_cpu._tdnn_weight_tiles(w)
+    tiles = numba_cpu.amx_conv._tdnn_weight_tiles(w)
     words = float32_to_bf16_bits(w.reshape(256, 192))
     np.testing.assert_array_equal(tiles.transpose(0, 2, 1, 3).reshape(256, 192), words)
-    assert id(w) not in numba_cpu._TDNN_TILES and numba_cpu._tdnn_weight_tiles(w) is not tiles
+    assert id(w) not in numba_cpu.amx_conv._TDNN_TILES and numba_cpu.amx_conv._tdnn_weight_tiles(w) is not tiles
     w.flags.writeable = False
-    kept = numba_cpu._tdnn_weight_tiles(w)
-    assert numba_cpu._tdnn_weight_tiles(w) is kept and id(w) in numba_cpu._TDNN_TILES
+    kept = numba_cpu.amx_conv._tdnn_weight_tiles(w)
+    assert numba_cpu.amx_conv._tdnn_weight_tiles(w) is kept and id(w) in numba_cpu.amx_conv._TDNN_TILES
     key = id(w)
     del w
     gc.collect()
-    assert key not in numba_cpu._TDNN_TILES
+    assert key not in numba_cpu.amx_conv._TDNN_TILES
 
 
 @settings(max_examples=40, deadline=None)
@@ -1613,7 +1659,7 @@ def test_res2net_twin_writes_each_group_where_the_reference_concatenates_it(B, g
         (rng.standard_normal((width, width, K)) / np.sqrt(width * K)).astype(np.float32) for _ in range(groups - 1)
     )
     bs = tuple(rng.standard_normal(width).astype(np.float32) for _ in range(groups - 1))
-    got = numba_cpu.res2net_offline(x, ws, bs, dilation)
+    got = numba_cpu.speaker_encoder.res2net_offline(x, ws, bs, dilation)
     with kernels.use_backend("numpy"):
         ref = speaker_encoder.res2net_offline.reference(x, ws, bs, dilation)
     exact = speaker_encoder.res2net_offline.reference(
@@ -1625,12 +1671,12 @@ def test_res2net_twin_writes_each_group_where_the_reference_concatenates_it(B, g
     group_by_group = [x[:, :width]]
     for j in range(1, groups):
         inp = x[:, j * width : (j + 1) * width] + (group_by_group[-1] if j > 1 else 0)
-        group_by_group.append(numba_cpu.tdnn_offline(inp, ws[j - 1], bs[j - 1], dilation))
+        group_by_group.append(numba_cpu.speaker_encoder.tdnn_offline(inp, ws[j - 1], bs[j - 1], dilation))
     np.testing.assert_array_equal(got, np.concatenate(group_by_group, axis=1))
     x[0, width, T // 2] = np.nan  # in group 1: it spoils every later group through the cascade
     with kernels.use_backend("numpy"):
         nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, ws, bs, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.res2net_offline(x, ws, bs, dilation)), nan_ref)
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net_offline(x, ws, bs, dilation)), nan_ref)
     assert nan_ref.any()
 
 
@@ -1649,7 +1695,7 @@ def test_pooling_statistics_from_logits_never_make_the_weights(B, C, T, scale, s
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, C, T)).astype(np.float32)
     logits = (scale * rng.standard_normal((B, C, T))).astype(np.float32)
-    got = numba_cpu.softmax_mean_and_std(x, logits)
+    got = numba_cpu.speaker_encoder.softmax_mean_and_std(x, logits)
     with kernels.use_backend("numpy"):
         ref = speaker_encoder.softmax_mean_and_std.reference(x, logits)
     exact = speaker_encoder.softmax_mean_and_std.reference(x.astype(np.float64), logits.astype(np.float64))
@@ -1658,11 +1704,16 @@ def test_pooling_statistics_from_logits_never_make_the_weights(B, C, T, scale, s
     x[0, 0, T // 2], logits[-1, -1, 0] = np.nan, np.nan
     nan_rows = np.zeros((B, C), bool)
     nan_rows[0, 0] = nan_rows[-1, -1] = True
-    for g in numba_cpu.softmax_mean_and_std(x, logits):
+    for g in numba_cpu.speaker_encoder.softmax_mean_and_std(x, logits):
         np.testing.assert_array_equal(np.isnan(g), nan_rows)
     constant = np.full((1, 1, T), 0.5, np.float32)
-    assert numba_cpu.softmax_mean_and_std(constant, np.zeros_like(constant))[1][0, 0] == np.float32(1e-6)
-    assert numba_cpu.softmax_mean_and_std(x.astype(np.float64), logits.astype(np.float64)) is NotImplemented
+    assert numba_cpu.speaker_encoder.softmax_mean_and_std(constant, np.zeros_like(constant))[1][0, 0] == np.float32(
+        1e-6
+    )
+    assert (
+        numba_cpu.speaker_encoder.softmax_mean_and_std(x.astype(np.float64), logits.astype(np.float64))
+        is NotImplemented
+    )
 
 
 @pytest.mark.parametrize("B, T, F", [(1, 937, 513), (2, 5, 3), (1, 1, 1), (1, 600, 1000)])
@@ -1676,13 +1727,15 @@ def test_spectral_magnitude_twin_is_bit_identical(B, T, F):
     spectrum.flat[:: max(1, spectrum.size // 7)] = 0
     with np.errstate(over="ignore"):
         ref = speaker_encoder.spectral_magnitude.reference(spectrum)
-        got = numba_cpu.spectral_magnitude(spectrum)
+        got = numba_cpu.speaker_encoder.spectral_magnitude(spectrum)
     assert got.dtype == ref.dtype == np.float32 and got.shape == (B, T, F)
     np.testing.assert_array_equal(got, ref)
     strided = np.swapaxes(np.swapaxes(spectrum, 1, 2).copy(), 1, 2)  # not contiguous
     with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(numba_cpu.spectral_magnitude(strided), ref)
-    assert numba_cpu.spectral_magnitude(spectrum.astype(np.complex128)) is NotImplemented  # float64: the reference
+        np.testing.assert_array_equal(numba_cpu.speaker_encoder.spectral_magnitude(strided), ref)
+    assert (
+        numba_cpu.speaker_encoder.spectral_magnitude(spectrum.astype(np.complex128)) is NotImplemented
+    )  # float64: the reference
 
 
 @settings(max_examples=40, deadline=None)
@@ -1694,11 +1747,11 @@ def test_gated_residual_twin_is_bit_identical(B, C, T, seed):
     h, x = (rng.standard_normal((2, B, C, T)) * 10).astype(np.float32)
     gates = rng.uniform(0, 1, (B, C, 1)).astype(np.float32)
     h[0, 0, T // 2] = np.nan
-    got = numba_cpu.gated_residual(h, gates, x)
+    got = numba_cpu.speaker_encoder.gated_residual(h, gates, x)
     np.testing.assert_array_equal(got, speaker_encoder.gated_residual.reference(h, gates, x))
     assert np.isnan(got).sum() == 1
-    assert numba_cpu.gated_residual(h.astype(np.float64), gates, x) is NotImplemented
-    assert numba_cpu.gated_residual(h, gates[:, :, :1].repeat(2, axis=2), x) is NotImplemented
+    assert numba_cpu.speaker_encoder.gated_residual(h.astype(np.float64), gates, x) is NotImplemented
+    assert numba_cpu.speaker_encoder.gated_residual(h, gates[:, :, :1].repeat(2, axis=2), x) is NotImplemented
 
 
 @needs_tiles
@@ -1715,23 +1768,23 @@ def test_res2net_on_the_tiles_is_its_groups_tdnns_on_the_tiles(dilation, T, monk
         w.flags.writeable = False
     b_j = tuple(rng.standard_normal(G).astype(np.float32) for _ in range(groups - 1))
     x = rng.standard_normal((1, groups * G, T)).astype(np.float32)
-    got = numba_cpu.res2net_offline(x, w_j, b_j, dilation)
+    got = numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation)
     whole = np.empty_like(got[0])
-    tiles_j = numba_cpu._res2net_tiles(w_j, T)
-    numba_cpu._res2net_range_on_tiles(x[0], tiles_j, b_j, dilation, 0, T, whole)
+    tiles_j = numba_cpu.speaker_encoder._res2net_tiles(w_j, T)
+    numba_cpu.speaker_encoder._res2net_range_on_tiles(x[0], tiles_j, b_j, dilation, 0, T, whole)
     np.testing.assert_array_equal(got[0], whole)
     np.testing.assert_array_equal(got[:, :G], x[:, :G])
     with monkeypatch.context() as mp:  # the groups one by one, each TDNN on the tiles
-        mp.setattr(numba_cpu, "TILE_TDNN_MIN_OUT", 32)
-        mp.setattr(numba_cpu, "_res2net_tiles", lambda w_joik, T: None)
-        np.testing.assert_array_equal(numba_cpu.res2net_offline(x, w_j, b_j, dilation), got)
+        mp.setattr(numba_cpu.speaker_encoder, "TILE_TDNN_MIN_OUT", 32)
+        mp.setattr(numba_cpu.speaker_encoder, "_res2net_tiles", lambda w_joik, T: None)
+        np.testing.assert_array_equal(numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation), got)
     ref = speaker_encoder.res2net_offline.reference(x, w_j, b_j, dilation)
     as64 = [tuple(a.astype(np.float64) for a in arrays) for arrays in (w_j, b_j)]
     exact = speaker_encoder.res2net_offline.reference(x.astype(np.float64), *as64, dilation)
     assert within_float32_noise(got, ref, exact)
     x[0, 3 * G, T // 2] = np.nan
     nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, w_j, b_j, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.res2net_offline(x, w_j, b_j, dilation)), nan_ref)
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation)), nan_ref)
     assert nan_ref.any()
 
 
@@ -1739,9 +1792,11 @@ def test_res2net_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     x = np.zeros((1, 4, 2), np.float32)
     w = (np.zeros((2, 2, 5), np.float32),)
     b = (np.zeros(2, np.float32),)
-    assert numba_cpu.res2net_offline(x, w, b, 1) is NotImplemented  # 2 frames, a padding of 2
-    assert numba_cpu.res2net_offline(np.zeros((1, 5, 9), np.float32), w, b, 1) is NotImplemented  # 5 / 2 groups
-    assert numba_cpu.res2net_offline(x.astype(np.float64), w, b, 1) is NotImplemented
+    assert numba_cpu.speaker_encoder.res2net_offline(x, w, b, 1) is NotImplemented  # 2 frames, a padding of 2
+    assert (
+        numba_cpu.speaker_encoder.res2net_offline(np.zeros((1, 5, 9), np.float32), w, b, 1) is NotImplemented
+    )  # 5 / 2 groups
+    assert numba_cpu.speaker_encoder.res2net_offline(x.astype(np.float64), w, b, 1) is NotImplemented
     with pytest.raises(ValueError, match="too few for a reflect padding"):
         speaker_encoder.res2net_offline(x, w, b, 1)  # the reference's error
 
@@ -1762,14 +1817,16 @@ def test_mean_and_std_twin_is_within_float32_noise(B, C, T, per_channel, seed):
     x = (rng.standard_normal((B, C, T)) * 3 + 1).astype(np.float32)
     w = rng.random((B, C if per_channel else 1, T)).astype(np.float32)
     w /= w.sum(axis=2, keepdims=True)
-    got = numba_cpu.mean_and_std(x, w)
+    got = numba_cpu.speaker_encoder.mean_and_std(x, w)
     ref = speaker_encoder.mean_and_std.reference(x, w)
     exact = speaker_encoder.mean_and_std.reference(x.astype(np.float64), w.astype(np.float64))
     for g, r, e in zip(got, ref, exact):
         assert g.shape == r.shape == (B, C) and g.dtype == np.float32
         assert within_float32_noise(g.astype(np.float64), r.astype(np.float64), e)
     constant = np.ones((1, 2, 8), np.float32)
-    assert np.all(numba_cpu.mean_and_std(constant, np.full((1, 1, 8), 1 / 8, np.float32))[1] == np.float32(1e-6))
+    assert np.all(
+        numba_cpu.speaker_encoder.mean_and_std(constant, np.full((1, 1, 8), 1 / 8, np.float32))[1] == np.float32(1e-6)
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -1781,10 +1838,10 @@ def test_softmax_twin_is_the_reference_bit_for_bit(dtype, shape):
     x = (rng.standard_normal(shape) * 10).astype(dtype)
     x.reshape(-1, shape[-1])[0] = -np.inf
     for axis in (-1, len(shape) - 1):
-        np.testing.assert_array_equal(numba_cpu.softmax(x, axis=axis), nn.softmax.reference(x, axis=axis))
-    assert not np.any(numba_cpu.softmax(x).reshape(-1, shape[-1])[0])
+        np.testing.assert_array_equal(numba_cpu.elementwise.softmax(x, axis=axis), nn.softmax.reference(x, axis=axis))
+    assert not np.any(numba_cpu.elementwise.softmax(x).reshape(-1, shape[-1])[0])
     if len(shape) > 1:
-        assert numba_cpu.softmax(x, axis=0) is NotImplemented
+        assert numba_cpu.elementwise.softmax(x, axis=0) is NotImplemented
 
 
 @settings(max_examples=60, deadline=None)
@@ -1800,12 +1857,12 @@ def test_nearest_rows_twin_is_the_reference_bit_for_bit(N, K, D, ties, seed):
     if ties:
         e[K // 2] = e[0]
         x[0] = e[0]
-    got, ref = numba_cpu.nearest_rows(x, e), quantization.nearest_rows.reference(x, e)
+    got, ref = numba_cpu.codec_quantization.nearest_rows(x, e), quantization.nearest_rows.reference(x, e)
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref[1])
     assert got[0].dtype == np.int64 and got[1].dtype == np.float32
     x[-1, 0] = np.nan
-    assert numba_cpu.nearest_rows(x, e) is NotImplemented
+    assert numba_cpu.codec_quantization.nearest_rows(x, e) is NotImplemented
 
 
 @settings(max_examples=60, deadline=None)
@@ -1830,10 +1887,12 @@ def test_one_channel_conv_is_the_reference_bit_for_bit(B, O, K, dilation, T_out,
     w = rng.standard_normal((O, 1, K)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32) if with_bias else None
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu, "MIN_PIECES", pieces)
-        got = numba_cpu.conv1d(x, w, b, 1, dilation)
+        mp.setattr(numba_cpu.conv, "MIN_PIECES", pieces)
+        got = numba_cpu.conv.conv1d(x, w, b, 1, dilation)
     np.testing.assert_array_equal(got, nn.conv1d.reference(x, w, b, 1, dilation))
-    assert numba_cpu._one_channel_takes(x, w, b) and not numba_cpu._one_channel_takes(x.astype(np.float64), w, b)
+    assert numba_cpu.conv._one_channel_takes(x, w, b) and not numba_cpu.conv._one_channel_takes(
+        x.astype(np.float64), w, b
+    )
 
 
 # ----------------------------------------------------------------------------- attention
@@ -1847,7 +1906,7 @@ def test_attention_twin_equals_the_reference(case):
     (the batch row that sees no key: zeros), a query before every key, D != Dv, a view of a KV cache."""
     q, k, v, mask = attention_case(len(case), np.float32, **CASES[case])
     ref = nn.attention.reference(q, k, v, mask, scale=0.125)
-    got = numba_cpu.attention(q, k, v, mask, 0.125)
+    got = numba_cpu.attention.attention(q, k, v, mask, 0.125)
     assert got.shape == ref.shape and got.dtype == ref.dtype
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     if case == "padded":
@@ -1861,20 +1920,20 @@ def test_attention_twin_over_blocks_and_pieces_and_its_non_finite_rows(monkeypat
     masked are the reference's too); float64, an explicit boolean mask and key validity of another batch
     go to the reference."""
     monkeypatch.setattr(nn, "ATTENTION_QUERY_BLOCK", 7)
-    monkeypatch.setattr(numba_cpu, "ELEMENTWISE_PIECE", 64)
+    monkeypatch.setattr(numba_cpu.attention, "ELEMENTWISE_PIECE", 64)
     q, k, v, mask = attention_case(5, np.float32, B=2, H=4, G=2, Tq=30, S=40, D=16, window=12, padded=True, start=10)
     q[0, 1, 20, 3] = np.nan  # query 20 of head 1: its whole row NaN
     k[1, 0, 5, 0] = np.inf  # key 5 of group 0, batch row 1: +-inf scores where it is seen
     k[0, 1, 39, 2] = np.nan  # the last key: behind the causal mask of every query but the last
     ref = nn.attention.reference(q, k, v, mask, scale=0.3)
-    got = numba_cpu.attention(q, k, v, mask, 0.3)
+    got = numba_cpu.attention.attention(q, k, v, mask, 0.3)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     assert np.isnan(got[0, 1, 20]).all() and not np.isnan(got[0, 1, :20]).any()
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert numba_cpu.attention(q.astype(np.float64), k, v, mask, 0.3) is NotImplemented
-    assert numba_cpu.attention(q, k, v, mask.rows(0, 30), 0.3) is NotImplemented
+    assert numba_cpu.attention.attention(q.astype(np.float64), k, v, mask, 0.3) is NotImplemented
+    assert numba_cpu.attention.attention(q, k, v, mask.rows(0, 30), 0.3) is NotImplemented
     other_rows = nn.AttentionMask(mask.query_positions_t, mask.key_positions_s, 12, np.ones((3, 40), bool))
-    assert numba_cpu.attention(q, k, v, other_rows, 0.3) is NotImplemented  # (the reference's own error then)
+    assert numba_cpu.attention.attention(q, k, v, other_rows, 0.3) is NotImplemented  # (the reference's own error then)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -1903,12 +1962,12 @@ def test_rms_norm_twin_is_the_reference_bit_for_bit(shape, C, scale, special, pi
         x.reshape(-1)[rng.integers(x.size)] = special
     with pytest.MonkeyPatch.context() as mp, np.errstate(over="ignore", invalid="ignore"):
         if pieces:
-            mp.setattr(numba_cpu, "ELEMENTWISE_PIECE", 3 * shape[-1])  # pieces of 3 rows
-        np.testing.assert_array_equal(numba_cpu.rms_norm(x, w, 1e-6), nn.rms_norm.reference(x, w, 1e-6))
+            mp.setattr(numba_cpu.elementwise, "ELEMENTWISE_PIECE", 3 * shape[-1])  # pieces of 3 rows
+        np.testing.assert_array_equal(numba_cpu.elementwise.rms_norm(x, w, 1e-6), nn.rms_norm.reference(x, w, 1e-6))
     if x.ndim > 1 and x.shape[0] > 1:
-        assert numba_cpu.rms_norm(x[::2], w, 1e-6) is NotImplemented or x[::2].flags.c_contiguous
-    assert numba_cpu.rms_norm(x, w[None], 1e-6) is NotImplemented
-    assert numba_cpu.rms_norm(x.astype(np.float64), w, 1e-6) is NotImplemented
+        assert numba_cpu.elementwise.rms_norm(x[::2], w, 1e-6) is NotImplemented or x[::2].flags.c_contiguous
+    assert numba_cpu.elementwise.rms_norm(x, w[None], 1e-6) is NotImplemented
+    assert numba_cpu.elementwise.rms_norm(x.astype(np.float64), w, 1e-6) is NotImplemented
 
 
 def random_qwen3_stack(seed, L, C, H, G, D, F):
@@ -1934,7 +1993,10 @@ def test_decoder_stack_step_twin_is_its_layers_one_call_each(T, n_cached, last_o
     cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
     past = np.random.default_rng(T + 1).standard_normal((len(layers), 2, 1, G, n_cached, D)).astype(np.float32)
     out = {}
-    for kind, stack in (("twin", numba_cpu.decoder_stack_step), ("layers", transformer.decoder_stack_step.reference)):
+    for kind, stack in (
+        ("twin", numba_cpu.transformer.decoder_stack_step),
+        ("layers", transformer.decoder_stack_step.reference),
+    ):
         caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
         for cache, (k, v) in zip(caches, past):
             cache.append(k, v)
@@ -1965,7 +2027,7 @@ def test_decoder_stack_step_twin_declines_layers_it_cannot_pass_as_one_tuple():
         return made
 
     def twin(layers, cs):
-        return numba_cpu.decoder_stack_step(x, layers, cfg, cos[None], sin[None], cs, 1e-6)
+        return numba_cpu.transformer.decoder_stack_step(x, layers, cfg, cos[None], sin[None], cs, 1e-6)
 
     expected = twin(layers, caches())
     assert expected is not NotImplemented

@@ -21,7 +21,7 @@ from refimpl.backends import bf16, numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, PackedWords, bf16_bits_to_float32, float32_to_bf16_bits, unpack_words
 
 pytestmark = pytest.mark.skipif(
-    not numba_cpu.PACKED_COMPILED, reason="the packed kernel needs 512-bit byte shuffles (avx512bw)"
+    not numba_cpu.packed_words.PACKED_COMPILED, reason="the packed kernel needs 512-bit byte shuffles (avx512bw)"
 )
 
 EPS = float(np.finfo(np.float32).eps)
@@ -48,7 +48,7 @@ def test_packing_is_lossless(O, I, scale, special, seed):
     """Every word comes back bit for bit (+0 and -0, subnormals, infinities, NaN payloads, words far outside
     the window), whatever the matrix's scale and however many words the codes cannot hold."""
     bits = random_words(np.random.default_rng(seed), O, I, scale, special)
-    packed = numba_cpu.pack_words(bits)
+    packed = numba_cpu.packed_words.pack_words(bits)
     assert isinstance(packed, PackedWords)
     assert packed.low_oi.shape == (O, I) and packed.codes_oh.shape == (O, I // 2) and packed.high_64.shape == (64,)
     np.testing.assert_array_equal(unpack_words(packed), bits)
@@ -63,7 +63,7 @@ def test_a_block_is_stored_in_the_order_the_unpacks_give_back():
     order = bf16.stored_order()
     np.testing.assert_array_equal(np.sort(order), np.arange(64))
     np.testing.assert_array_equal(order[order], np.arange(64))
-    assert [numba_cpu._stored_word(p) for p in range(64)] == order.tolist()
+    assert [numba_cpu.packed_words._stored_word(p) for p in range(64)] == order.tolist()
     places = np.arange(64).reshape(4, 16)  # [128-bit lane j, byte]: the place each byte holds
     words = [places[:, :8], places[:, 8:]]  # vpunpcklbw, vpunpckhbw: [lane, word]
     floats = [w[:, first : first + 4].reshape(-1) for w in words for first in (0, 4)]  # vpunpck{l,h}wd
@@ -79,7 +79,7 @@ def test_the_window_holds_the_most_words_and_the_others_are_listed():
     bits[0, :4] = [0x0000, 0x8000, 0x0000, 0x8000]
     bits[1, 5] = 0x7F80  # +inf
     bits[2, 6] = 0x0001  # the smallest subnormal
-    packed = numba_cpu.pack_words(bits)
+    packed = numba_cpu.packed_words.pack_words(bits)
     high = (bits >> 8) & 0x7F
     counts = np.bincount(high[(bits & 0x7FFF) != 0], minlength=128)
     base = packed.high_64[0]
@@ -109,7 +109,7 @@ def test_packed_products_within_the_bound(N, O, I, special):
     if special:
         x[0, 3] = np.inf
     out = np.full((N, O), np.nan, np.float32)
-    numba_cpu._packed_products_into(x, numba_cpu.pack_words(bits), out)
+    numba_cpu.packed_words._packed_products_into(x, numba_cpu.packed_words.pack_words(bits), out)
     w64, x64 = bf16_bits_to_float32(bits).astype(np.float64), x.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         exact, scale = x64 @ w64.T, np.abs(x64) @ np.abs(w64).T
@@ -130,18 +130,21 @@ def test_linear_reads_a_streamed_matrix_packed_and_keeps_the_packing():
     bits.flags.writeable = False
     m = BF16Matrix(bits, streamed=True)
     x = rng.standard_normal((2, 128)).astype(np.float32)
-    first = numba_cpu.packed_words(m)
-    assert first is not None and numba_cpu.packed_words(m) is first
+    first = numba_cpu.packed_words.packed_words(m)
+    assert first is not None and numba_cpu.packed_words.packed_words(m) is first
     expect = np.empty((2, 64), np.float32)
-    numba_cpu._packed_products_into(x, first, expect)
-    np.testing.assert_array_equal(numba_cpu.linear(x, m), expect)
-    assert numba_cpu.packed_words(BF16Matrix(bits)) is None
-    assert numba_cpu.packed_words(BF16Matrix(np.ascontiguousarray(bits[:, :96]), streamed=True)) is None
+    numba_cpu.packed_words._packed_products_into(x, first, expect)
+    np.testing.assert_array_equal(numba_cpu.linear.linear(x, m), expect)
+    assert numba_cpu.packed_words.packed_words(BF16Matrix(bits)) is None
+    assert numba_cpu.packed_words.packed_words(BF16Matrix(np.ascontiguousarray(bits[:, :96]), streamed=True)) is None
 
 
 def test_packing_turned_off_reads_the_words(monkeypatch):
-    monkeypatch.setattr(numba_cpu, "USE_PACKED", False)
-    assert numba_cpu.packed_words(BF16Matrix(random_words(np.random.default_rng(1), 64, 64), streamed=True)) is None
+    monkeypatch.setattr(numba_cpu.packed_words, "USE_PACKED", False)
+    assert (
+        numba_cpu.packed_words.packed_words(BF16Matrix(random_words(np.random.default_rng(1), 64, 64), streamed=True))
+        is None
+    )
 
 
 def streamed_layer(layer_view):
@@ -172,7 +175,11 @@ def test_fused_layer_on_packed_words_equals_the_layer(n_cached, T):
         cache = transformer.KVCache(1, G, D, dtype, capacity=4)
         cache.append(*np.random.default_rng(13).standard_normal((2, 1, G, n_cached, D)).astype(dtype))
         cache.reserve(T)
-        step = numba_cpu.decoder_layer_step if kind in ("packed", "words") else transformer.decoder_layer_step.reference
+        step = (
+            numba_cpu.transformer.decoder_layer_step
+            if kind in ("packed", "words")
+            else transformer.decoder_layer_step.reference
+        )
         with kernels.use_backend("numpy"):
             y = step(x, lw, cfg, cos[None], sin[None], cache, eps)
         keys, values = cache.k[:, :, : n_cached + T], cache.v[:, :, : n_cached + T]

@@ -242,7 +242,7 @@ def test_released_dimensions_with_bf16_weights(backend, prec, tmp_path):
     if backend == "numba" and prec == "f32":
         from refimpl.backends import numba_cpu
 
-        assert (id(enc.weights["mfa.conv.weight"]) in numba_cpu._TDNN_TILES) == numba_cpu.USE_TILES
+        assert (id(enc.weights["mfa.conv.weight"]) in numba_cpu.amx_conv._TDNN_TILES) == numba_cpu.amx.USE_TILES
 
 
 # ----------------------------------------------------------------------------- checkpoint and config

@@ -1,0 +1,74 @@
+"""The numba backend: the CPU twins of the primitives of ``refimpl/nn.py`` and of the stages' fused steps,
+with the same names and signatures, faster.
+
+Every twin computes what its reference computes (the same formula); only the order of float sums may
+differ, and the tests in ``tests/backends/test_kernels.py`` bound that difference from the reduction length.  A
+twin returns ``NotImplemented`` for a call it has no kernel for (float64, another pad mode): the reference
+runs then.  For generation, the twins read bfloat16 weights as stored, on Numba's parallel loops, and a
+prompt's products on the AMX tile registers where the processor has them; for the codecs, pieces of time
+run side by side on the BLAS threads.
+
+Each module is named after the reference it speeds up, and the modules below them hold what they share:
+
+    elementwise, conv, linear, attention    the primitives of refimpl/nn.py
+    transformer                             refimpl/transformer.py: a decoder layer, a stack's step
+    codec_decoder, codec_encoder,           refimpl/codec/: the fused residual units and blocks, the
+    codec_quantization                      quantizer's nearest rows
+    speaker_encoder                         refimpl/tts/speaker_encoder.py
+    runtime                                 Numba's settings, the kernels' cache, the CPU's features
+    pieces                                  pieces of work side by side on the BLAS threads
+    intrinsics                              bit casts, exp, prefetch, rows on cache lines
+    amx, amx_conv                           the AMX tiles: their core, the convolutions on them
+    kept, packed_words                      layouts kept per read-only weight; the 12-bit packed words
+"""
+
+from __future__ import annotations
+
+from . import runtime
+
+runtime.configure()  # before Numba is imported: it reads its settings then
+
+from . import (  # noqa: E402
+    attention,
+    codec_decoder,
+    codec_encoder,
+    codec_quantization,
+    conv,
+    elementwise,
+    linear,
+    speaker_encoder,
+    transformer,
+)
+from .runtime import available  # noqa: E402
+
+__all__ = ["TWINS", "available"]
+
+# primitive (or fused step) name -> its twin, the function of that name in the module of its reference
+TWINS = {
+    # refimpl/nn.py
+    "elu": elementwise.elu,
+    "gelu_erf": elementwise.gelu_erf,
+    "snake_beta": elementwise.snake_beta,
+    "softmax": elementwise.softmax,
+    "rms_norm": elementwise.rms_norm,
+    "conv1d": conv.conv1d,
+    "conv_transpose1d": conv.conv_transpose1d,
+    "linear": linear.linear,
+    "attention": attention.attention,
+    # refimpl/transformer.py
+    "decoder_layer_step": transformer.decoder_layer_step,
+    "decoder_stack_step": transformer.decoder_stack_step,
+    # refimpl/codec/
+    "residual_unit_push": codec_decoder.residual_unit_push,
+    "snake_causal_conv_push": codec_decoder.snake_causal_conv_push,
+    "resnet_block_offline": codec_encoder.resnet_block_offline,
+    "elu_causal_conv_offline": codec_encoder.elu_causal_conv_offline,
+    "nearest_rows": codec_quantization.nearest_rows,
+    # refimpl/tts/speaker_encoder.py
+    "tdnn_offline": speaker_encoder.tdnn_offline,
+    "res2net_offline": speaker_encoder.res2net_offline,
+    "gated_residual": speaker_encoder.gated_residual,
+    "mean_and_std": speaker_encoder.mean_and_std,
+    "softmax_mean_and_std": speaker_encoder.softmax_mean_and_std,
+    "spectral_magnitude": speaker_encoder.spectral_magnitude,
+}

@@ -1,0 +1,447 @@
+"""Convolutions on the AMX tiles, shared by the stages' twins: the stacked taps of a signal times a weight
+of bf16 values (``_taps_blocks_on_tiles``: the speaker encoder's TDNNs, bf16 1x1 convs), and a float32
+conv with both operands split into their exact bf16 parts, its taps read as shifts of the split signal
+(``_tile_conv_into``: the codecs' residual units and blocks); the weights' tiles, made once and kept for a
+model's read-only weights."""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+
+from ..host_memory import new_output
+from . import amx
+from .amx import (
+    TILE_K_CHUNK,
+    _bf16_parts,
+    _dot_c0,
+    _dot_c1,
+    _dot_c2,
+    _dot_c3,
+    _load_a4,
+    _load_a5,
+    _load_b6,
+    _load_b7,
+    _load_c0,
+    _load_c1,
+    _load_c2,
+    _load_c3,
+    _store_c0,
+    _store_c1,
+    _store_c2,
+    _store_c3,
+    _tile_config,
+    _tile_release,
+    _tile_shapes,
+    _zero_c0,
+    _zero_c1,
+    _zero_c2,
+    _zero_c3,
+)
+from .intrinsics import _bits_of, _prefetch
+from .kept import _kept_while_read_only, _read_only
+from .pieces import _piece_threads, run_pieces
+
+# A TDNN's weights are bf16 values in the released checkpoints (widened to float32 at load): each is one
+# exact bf16 word, so the weights are the A tiles as they are, and the signal is split into its three exact
+# parts (``_bf16_parts``) as in ``_tile_bf16_times``: every product exact, the same sums in the same order.
+# The prompt's kernel streams all of the split signal once per 32 outputs (9 MB at 1536 channels x 937
+# steps) and reads each tile's rows a whole reduction apart: 104 GFLOP/s a thread.  Here each thread
+# splits ``TILE_TDNN_STEPS`` steps at a time into a buffer that stays in its level-2 cache, the taps read
+# in place (no stacked copy), and every pair of weight tiles (one contiguous kilobyte each, made once per
+# read-only weight) passes over them; bias and ReLU are applied as the sums are stored.  A tile register
+# is not renamed, so a load waits for the multiplies still reading its register: the second tile of steps
+# is loaded between the first one's two multiplies.
+
+TILE_TDNN_STEPS = 128  # time steps of a block: their split taps (3 x 2 bytes x 128 x the stacked width, 1.2 MB
+# at 1536 channels) stay in the thread's level-2 cache while every weight tile passes over them
+TILE_SPLIT_AHEAD = 8  # columns ahead whose rows of x the split asks for while it splits the current ones
+TILE_TDNN_MIN_STEPS = 32  # shorter signals keep the BLAS path (one pair of tiles of time steps)
+TILE_TDNN_MIN_OUT = 256  # fewer outputs keep the BLAS path: the signal's split costs the same whatever O, and
+# the tiles' saving on each product outweighs it only from a few hundred outputs
+
+
+@numba.njit(inline="always")
+def _mirrored(t, T):
+    """The reflect padding's index: -t before the start, 2 (T - 1) - t past the end (the edge sample not
+    repeated)."""
+    return -t if t < 0 else (2 * (T - 1) - t if t >= T else t)
+
+
+@numba.njit(inline="always")
+def _tap_row_into(x_ct, i, start, n, row_n):
+    """row[j] = x[i, r(start + j)] for j < n (r: the reflect padding, read in place, ``_mirrored``), 0 for
+    n <= j < len(row)."""
+    T = x_ct.shape[1]
+    if start >= 0 and start + n <= T:
+        row_n[:n] = x_ct[i, start : start + n]
+    else:
+        for j in range(n):
+            row_n[j] = x_ct[i, _mirrored(start + j, T)]
+    row_n[n:] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _split_taps_into_tiles(x_ct, K, dilation, first, t0, n, J, pairs_spqn):
+    """pairs[s, p, q, j] = part p (``_bf16_parts``) of the stacked taps' row t = t0 + j at columns c = 32 s +
+    2 q (low half) and c + 1 (high half), where column c = i K + k holds x[i, r(t + first + k dilation)] (r:
+    the reflect padding, read in place); 0 for n <= j < J.  The B tile of steps t0 + 16 u ... + 15 is
+    pairs[s, p, :, 16 u : 16 u + 16]: 16 rows (pairs of columns) of 64 bytes (16 steps x the pair's two
+    words) a row of ``pairs`` apart."""
+    S = pairs_spqn.shape[0]
+    T = x_ct.shape[1]
+    x_flat = x_ct.reshape(-1)
+    a_j = np.empty(J, dtype=np.float32)
+    b_j = np.empty(J, dtype=np.float32)
+    shift = np.uint32(16)
+    for h in range(16 * S):  # pairs of columns
+        c = 2 * h
+        for ahead in range(c + TILE_SPLIT_AHEAD, min(c + TILE_SPLIT_AHEAD + 2, 32 * S)):
+            first_ahead = (ahead // K) * T + min(max(t0 + first + (ahead % K) * dilation, 0), T - 1)
+            for j in range(0, n, 16):  # its lines asked for meanwhile (each row's are apart by the row)
+                _prefetch(x_flat, min(first_ahead + j, x_flat.shape[0] - 1))
+        _tap_row_into(x_ct, c // K, t0 + first + (c % K) * dilation, n, a_j)
+        _tap_row_into(x_ct, (c + 1) // K, t0 + first + ((c + 1) % K) * dilation, n, b_j)
+        hi_j, mid_j, lo_j = (
+            pairs_spqn[h // 16, 0, h % 16],
+            pairs_spqn[h // 16, 1, h % 16],
+            pairs_spqn[h // 16, 2, h % 16],
+        )
+        for j in range(J):
+            a_hi, a_mid, a_lo = _bf16_parts(a_j[j])
+            b_hi, b_mid, b_lo = _bf16_parts(b_j[j])
+            hi_j[j] = np.uint32(a_hi) | (np.uint32(b_hi) << shift)
+            mid_j[j] = np.uint32(a_mid) | (np.uint32(b_mid) << shift)
+            lo_j[j] = np.uint32(a_lo) | (np.uint32(b_lo) << shift)
+
+
+@numba.njit(cache=True, nogil=True)
+def _bf16_words_into_tiles(w_om, tiles_usrc):
+    """tiles[u, s, r, c] = the bf16 word of w[16 u + r, 32 s + c], True; False (tiles unfinished) as soon as a
+    weight is not a bf16 value (its low 16 bits not zero): the A tiles of ``_taps_blocks_on_tiles``, each [r, c]
+    one kilobyte (16 output rows x 32 words)."""
+    O, M = w_om.shape
+    for o in range(O):
+        for c in range(M):
+            bits = _bits_of(w_om[o, c])
+            if bits & np.uint32(0xFFFF):
+                return False
+            tiles_usrc[o // 16, c // 32, o % 16, c % 32] = np.uint16(bits >> np.uint32(16))
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _taps_blocks_on_tiles(
+    x_ct, a_tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, t_begin, t_end, th, n_threads
+):
+    """out[o, t] = ReLU(b[o] + sum_c w[o, c] x_stacked[t, c]) (the bias where ``add_bias``, the ReLU where
+    ``relu``) on the tile registers, for t_begin <= t < t_end, in blocks of ``TILE_TDNN_STEPS`` steps from
+    t_begin, of which this call takes th, th + n_threads, ... (one piece of ``run_pieces``): the stacked
+    taps' rows (``_split_taps_into_tiles``: column i K + k = x[i, r(t + first + k dilation)]) times the
+    weights' bf16 words (``_bf16_words_into_tiles``; O a multiple of 32, K I of 32).  For every pair of
+    weight tiles, four float32 tiles of sums (2 x 16 outputs x 2 x 16 steps) over ``TILE_K_CHUNK`` columns at
+    a time, the chunks' sums added in float32 after: the order of ``_tile_bf16_times``, the same bits as it
+    gives for the stacked rows.  A step's sums see its row alone."""
+    U, S = a_tiles_usrc.shape[0], a_tiles_usrc.shape[1]
+    NB = TILE_TDNN_STEPS
+    blocks = (t_end - t_begin + NB - 1) // NB
+    steps = TILE_K_CHUNK // 32
+    a_words = a_tiles_usrc.reshape(-1)
+    J = NB + 16  # a row of the split taps: the block's steps and 64 bytes more (a B tile's rows 576 bytes apart;
+    pairs_spqn = np.empty((S, 3, 16, J), dtype=np.uint32)  # at 512, 1536 x 1536: 6.6-7.3 against 6.4 ms)
+    b_words = pairs_spqn.reshape(-1).view(np.uint16)
+    chunk_rn = np.empty((32, NB), dtype=np.float32)
+    sums_rn = np.empty((32, NB), dtype=np.float32)
+    chunk = chunk_rn.reshape(-1)
+    _tile_config(_tile_shapes())
+    for blk in range(th, blocks, n_threads):
+        t0 = t_begin + blk * NB
+        n = min(NB, t_end - t0)
+        pairs = (n + 31) // 32  # pairs of 16-step tiles
+        _split_taps_into_tiles(x_ct, K, dilation, first, t0, n, 32 * pairs, pairs_spqn)
+        for up in range(U // 2):
+            for s0 in range(0, S, steps):
+                for v in range(pairs):
+                    _zero_c0()
+                    _zero_c1()
+                    _zero_c2()
+                    _zero_c3()
+                    for s in range(s0, min(s0 + steps, S)):
+                        _load_a4(a_words, ((2 * up) * S + s) * 512, 64)
+                        _load_a5(a_words, ((2 * up + 1) * S + s) * 512, 64)
+                        for p in range(3):
+                            b0 = ((s * 3 + p) * 16 * J + 32 * v) * 2
+                            _load_b6(b_words, b0, 4 * J)
+                            _dot_c0()
+                            _dot_c2()
+                            _load_b7(b_words, b0 + 32, 4 * J)
+                            _dot_c1()
+                            _dot_c3()
+                    _store_c0(chunk, 32 * v, 4 * NB)
+                    _store_c1(chunk, 32 * v + 16, 4 * NB)
+                    _store_c2(chunk, 16 * NB + 32 * v, 4 * NB)
+                    _store_c3(chunk, 16 * NB + 32 * v + 16, 4 * NB)
+                if s0 == 0 and S > steps:
+                    sums_rn[:, :n] = chunk_rn[:, :n]
+                elif s0 > 0:
+                    for r in range(32):
+                        for t in range(n):
+                            sums_rn[r, t] += chunk_rn[r, t]
+            final_rn = chunk_rn if S <= steps else sums_rn  # (one chunk: its sums are the sums)
+            for r in range(32):
+                o = 32 * up + r
+                bias, sums_t, out_t = b_o[o], final_rn[r], out_ot[o, t0 : t0 + n]
+                for t in range(n):
+                    y = sums_t[t] + bias if add_bias else sums_t[t]
+                    out_t[t] = np.float32(0.0) if relu and y <= 0 else y
+    _tile_release()
+
+
+_TDNN_TILES: dict = {}  # id of a read-only weight -> (a weak reference to it, its tiles or None)
+
+
+def _tdnn_weight_tiles(w_oik):
+    """The A tiles of a TDNN's float32 weight [O, I, K] seen as [O, I K] (``_bf16_words_into_tiles``), or
+    None where O is not a multiple of 32, I K not of 32, or some weight is not a bf16 value (the check stops
+    at the first).  Kept as long as the weight lives where it is read-only (a model's weights:
+    ``SpeakerEncoder`` makes them so), made again for each call otherwise."""
+    O, I, K = w_oik.shape
+    if O % 32 or (I * K) % 32 or w_oik.dtype != np.float32:
+        return None
+    return _kept_while_read_only(_TDNN_TILES, w_oik, _tdnn_tiles_of)
+
+
+def _tdnn_tiles_of(w_oik):
+    """``_tdnn_weight_tiles`` made (None where some weight is not a bf16 value)."""
+    O, I, K = w_oik.shape
+    tiles_usrc = np.empty((O // 16, I * K // 32, 16, 32), np.uint16)
+    ok = _bf16_words_into_tiles(np.ascontiguousarray(w_oik).reshape(O, I * K), tiles_usrc)
+    return tiles_usrc if ok else None
+
+
+def _taps_on_tiles(x_ct, tiles_usrc, b_o, relu, K, dilation, first, out_ot):
+    """out = (ReLU of) the stacked taps' product by the weight's tiles plus the bias (where given): the
+    blocks of ``_taps_blocks_on_tiles`` shared out over the piece threads (``run_pieces``)."""
+    x_ct, n, T = np.ascontiguousarray(x_ct), _piece_threads(), x_ct.shape[1]
+    add_bias = b_o is not None
+    b_o = np.zeros(1, np.float32) if b_o is None else b_o
+    run_pieces(
+        lambda th: _taps_blocks_on_tiles(
+            x_ct, tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, 0, T, th, n
+        ),
+        [(th,) for th in range(n)],
+    )
+
+
+# The decoder's residual units are float32 convolutions (a k7 dilated conv and a 1x1 conv, C -> C channels),
+# most of a decode's time.  On the tiles both operands are split into their exact bf16 parts (weights w =
+# wh + wm + wl, signal z = zh + zm + zl) and six of the nine products of parts are summed: every term
+# down to 2^-16 of the product (hh; hm, mh; hl, mm, lh), the three dropped ones (ml, lm, ll) below
+# 2^-23 of it together, about one float32 rounding of each product.  The reduction runs over blocks of 32
+# channels and, within a block, over the taps, so that a tap's tile of z is the split SnakeBeta rows
+# themselves, shifted by k * dilation: no stacked taps are written at all.
+
+TILE_CONV_STEPS = 42  # steps (32 channels of one tap) summed in the tiles before they are stored and reloaded
+UNIT_TILES_MIN_STEPS = 1024  # shorter signals keep the BLAS path where the weights are split for each call
+KEPT_TILES_MIN_STEPS = 64  # where their tiles are kept (a model's read-only weights): from 64 steps, on the tiles
+
+
+@numba.njit(cache=True, nogil=True)
+def _split_weight_into_tiles(w_oik, o0, o1, tiles_usprj):
+    """tiles[o // 16, b K + k, p, o % 16, j] = part p (``_bf16_parts``) of w[o, 32 b + j, k] for o0 <= o < o1
+    (multiples of 16): the conv weight in three bf16 words, each A tile of ``_tile_conv_into`` (16 outputs
+    x 32 channels of one tap and one part) a contiguous kilobyte, in the order the kernel reads them (rows
+    of 64 bytes apart by the whole reduction, 10 KB at 768 channels, fell in 8 sets of the first-level
+    cache)."""
+    C, K = w_oik.shape[1], w_oik.shape[2]
+    for o in range(o0, o1):
+        for b in range(C // 32):
+            for k in range(K):
+                w_j, tile_prj = w_oik[o, 32 * b : 32 * b + 32, k], tiles_usprj[o // 16, b * K + k]
+                hi_j, mid_j, lo_j = tile_prj[0, o % 16], tile_prj[1, o % 16], tile_prj[2, o % 16]
+                for j in range(32):  # (over 1-D views from 0: the loop vectorises)
+                    hi_j[j], mid_j[j], lo_j[j] = _bf16_parts(w_j[j])
+
+
+_WEIGHT_TILES: dict = {}  # id of a read-only conv weight -> (a weak reference to it, its tiles)
+
+
+def _weight_tiles(w_oik):
+    """[O / 16, K C / 32, 3, 16, 32]: ``_split_weight_into_tiles`` of the whole weight (O a multiple of 32),
+    its rows shared out over the piece threads in whole tiles; kept while the weight lives where it is
+    read-only (``_kept_while_read_only``: a model's weights are split at their first call only, 8-10 ms a
+    call at 768 channels), else split again for each call, into the model's workspace."""
+    if _read_only(w_oik):
+        return _kept_while_read_only(_WEIGHT_TILES, w_oik, lambda w: _split_weight_tiles(w, np.empty))
+    return _split_weight_tiles(w_oik, new_output)
+
+
+def _split_weight_tiles(w_oik, allocate):
+    """``_weight_tiles`` made, into ``allocate(shape, dtype)``."""
+    O, C, K = w_oik.shape
+    tiles_usprj = allocate((O // 16, K * C // 32, 3, 16, 32), np.uint16)  # (25 MB at 768 channels)
+    n = min(_piece_threads(), O // 16)
+    shares = [(16 * (O // 16 * t // n), 16 * (O // 16 * (t + 1) // n)) for t in range(n)]
+    run_pieces(lambda o0, o1: _split_weight_into_tiles(w_oik, o0, o1, tiles_usprj), shares)
+    return tiles_usprj
+
+
+@numba.njit(fastmath={"contract"}, inline="always")
+def _split_pair_into(a_t, b_t, q, parts_pqt):
+    """parts[p, q, t] = the pair of part p (``_bf16_parts``) of a[t] (low half) and of b[t] (high
+    half), for the rows of channels 2 q and 2 q + 1: the B tiles' layout (each element two channels'
+    words, time along the tile's 16 columns)."""
+    for t in range(a_t.shape[0]):
+        a_hi, a_mid, a_lo = _bf16_parts(a_t[t])
+        b_hi, b_mid, b_lo = _bf16_parts(b_t[t])
+        parts_pqt[0, q, t] = (np.uint32(b_hi) << np.uint32(16)) | np.uint32(a_hi)
+        parts_pqt[1, q, t] = (np.uint32(b_mid) << np.uint32(16)) | np.uint32(a_mid)
+        parts_pqt[2, q, t] = (np.uint32(b_lo) << np.uint32(16)) | np.uint32(a_lo)
+
+
+@numba.njit(inline="always")
+def _pair_row_length(steps):
+    """Time steps of a row of channel pairs (4 bytes each): at least ``steps``, a whole number of 64-byte
+    lines and an odd one, so that the 16 rows of a B tile fall in 16 different sets of the cache."""
+    lines = (steps + 15) // 16
+    return 16 * (lines + 1 - lines % 2)
+
+
+@numba.njit(cache=True, nogil=True)
+def _tile_conv_into(a_tiles, z_pqt, K, dilation, stride, steps, out_on):
+    """out[o, t] = sum_k sum_c w[o, c, k] z[c, t + k dilation] for t < steps (a multiple of 32; out [O, >=
+    steps], O and C multiples of 32), w and z given by their parts (``a_tiles``: ``_weight_tiles``,
+    ``z_pqt``: ``_split_pair_into``), on this thread's tiles.  With a stride s, z holds s phases one after
+    the other (rows p C / 2 .. of pairs: the samples t s + p of the input) and tap k reads phase k % s at
+    the offset k // s.  For each 32 outputs and 32 steps, four
+    float32 tiles of sums run through ``TILE_CONV_STEPS`` steps of the reduction (32 channels of one tap
+    each) before they are stored, and are loaded again for the next steps (a store and reload of the sums
+    every 7 steps cost a quarter of the multiplies' time: the store waits for the last multiply); each step
+    sums the six products of parts in an order that reloads one operand at a time (lh, mh, mm, hm, hl,
+    hh: a tile load waits for the multiplies still reading that tile, and reloading both each time
+    stalled the tiles 2.5 times longer).  The sums of an output are a float32 chain over its terms, in
+    the order of the reduction.  A NaN in z gives NaN as the float32 product does; an infinity would give
+    NaN too where a weight's mid or lo part is 0 (0 x inf), but none reaches it: SnakeBeta of an infinity
+    is NaN."""
+    S = a_tiles.shape[1]
+    O = a_tiles.shape[0] * 16
+    L = z_pqt.shape[2]
+    A, Z = a_tiles.reshape(-1), z_pqt.reshape(-1)
+    out = out_on.reshape(-1)
+    row = out_on.shape[1]
+    pz = z_pqt.shape[1] * L  # pairs of words per part of z
+    phase = pz // stride  # pairs of words per phase
+    _tile_config(_tile_shapes())
+    blocks = S // K  # of 32 channels
+    chunk = max(1, TILE_CONV_STEPS // K)  # blocks summed in the tiles before they are stored
+    for b0 in range(0, blocks, chunk):
+        for o0 in range(0, O, 32):
+            for t0 in range(0, steps, 32):
+                c_first, c_second = o0 * row + t0, (o0 + 16) * row + t0
+                if b0 == 0:
+                    _zero_c0()
+                    _zero_c1()
+                    _zero_c2()
+                    _zero_c3()
+                else:
+                    _load_c0(out, c_first, 4 * row)
+                    _load_c1(out, c_first + 16, 4 * row)
+                    _load_c2(out, c_second, 4 * row)
+                    _load_c3(out, c_second + 16, 4 * row)
+                for s in range(b0 * K, min(b0 + chunk, blocks) * K):
+                    cb, k = s // K, s % K
+                    a = ((o0 // 16) * S + s) * 1536  # tile (o0 / 16, step s, part p): a + 512 p
+                    a2 = a + S * 1536  # outputs o0 + 16 ..
+                    z = cb * 16 * L + t0 + (k % stride) * phase + (k // stride) * dilation  # (pairs 16 cb ..)
+                    _load_a4(A, a + 1024, 64)  # wl
+                    _load_a5(A, a2 + 1024, 64)
+                    _load_b6(Z, z, 4 * L)  # zh
+                    _load_b7(Z, z + 16, 4 * L)
+                    _dots_after_a()
+                    _load_a4(A, a + 512, 64)  # wm
+                    _load_a5(A, a2 + 512, 64)
+                    _dots_after_a()
+                    _load_b6(Z, pz + z, 4 * L)  # zm
+                    _load_b7(Z, pz + z + 16, 4 * L)
+                    _dots_after_b()
+                    _load_a4(A, a, 64)  # wh
+                    _load_a5(A, a2, 64)
+                    _dots_after_a()
+                    _load_b6(Z, 2 * pz + z, 4 * L)  # zl
+                    _load_b7(Z, 2 * pz + z + 16, 4 * L)
+                    _dots_after_b()
+                    _load_b6(Z, z, 4 * L)  # zh
+                    _load_b7(Z, z + 16, 4 * L)
+                    _dots_after_b()
+                _store_c0(out, c_first, 4 * row)
+                _store_c1(out, c_first + 16, 4 * row)
+                _store_c2(out, c_second, 4 * row)
+                _store_c3(out, c_second + 16, 4 * row)
+    _tile_release()
+
+
+@numba.njit(inline="always")
+def _dots_after_a():
+    """The four multiplies, those reading A tile 4 first (it is the next one reloaded)."""
+    _dot_c0()
+    _dot_c1()
+    _dot_c2()
+    _dot_c3()
+
+
+@numba.njit(inline="always")
+def _dots_after_b():
+    """The four multiplies, those reading B tile 6 first."""
+    _dot_c0()
+    _dot_c2()
+    _dot_c1()
+    _dot_c3()
+
+
+@numba.njit(inline="always")
+def _unit_scratch_words(C, H, steps, left):
+    """The 32-bit words a piece of ``steps`` (a multiple of 32) of a C -> H -> C unit needs (``_unit_scratch``)."""
+    L1, width = _pair_row_length(steps + left), _pair_row_length(steps)
+    return 3 * (C // 2) * L1 + H * width + 3 * (H // 2) * width + C * width + 2 * (left + steps)
+
+
+@numba.njit(inline="always")
+def _unit_scratch(scratch, C, H, steps, left, n):
+    """Views of ``scratch`` for a piece of a C -> H -> C unit (each row of pairs and of sums an odd number of
+    lines: ``_pair_row_length``): z1 [3, C / 2, L1] (the first conv's split input), h [H, width] float32
+    (its sums), z2 [3, H / 2, width] (the second conv's split input), g [C, width] float32 (its sums) and
+    two rows [2, left + n] float32."""
+    L1, width = _pair_row_length(steps + left), _pair_row_length(steps)
+    s1, s2, s3, s4 = 3 * (C // 2) * L1, H * width, 3 * (H // 2) * width, C * width
+    z1 = scratch[:s1].reshape((3, C // 2, L1))
+    h = scratch[s1 : s1 + s2].view(np.float32).reshape((H, width))
+    z2 = scratch[s1 + s2 : s1 + s2 + s3].reshape((3, H // 2, width))
+    g = scratch[s1 + s2 + s3 : s1 + s2 + s3 + s4].view(np.float32).reshape((C, width))
+    end = s1 + s2 + s3 + s4
+    rows = scratch[end : end + 2 * (left + n)].view(np.float32).reshape((2, left + n))
+    return z1, h, z2, g, rows
+
+
+_THREAD_WORDS = threading.local()
+
+
+def _thread_words(n: int):
+    """At least n 32-bit words of this thread's, kept from call to call (grown when too few)."""
+    words = getattr(_THREAD_WORDS, "words", None)
+    if words is None or words.shape[0] < n:
+        words = _THREAD_WORDS.words = np.empty(n, np.uint32)
+    return words
+
+
+def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
+    """Whether convs between C and H channels over T output steps (a residual unit C -> C -> C, a block
+    C -> H -> C, a strided conv C -> H) with these weights run on the tiles: granted (``USE_TILES``),
+    whole tiles of channels both ways, and a signal long enough that the weights' split is a small part of
+    it: ``KEPT_TILES_MIN_STEPS`` where every weight is read-only (``_read_only``: a model's, split once and
+    kept), else ``UNIT_TILES_MIN_STEPS`` (split for this call).  Kept tiles never wait longer than split ones:
+    ``UNIT_TILES_MIN_STEPS`` set lower (the tiles' tests take every length so) lowers both."""
+    kept = all(_read_only(w) for w in weights)
+    min_steps = min(KEPT_TILES_MIN_STEPS, UNIT_TILES_MIN_STEPS) if kept else UNIT_TILES_MIN_STEPS
+    return amx.USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= min_steps

@@ -1,0 +1,322 @@
+"""``nn.conv1d`` and ``nn.conv_transpose1d``: each a few matrix products over pieces of time side by side
+(``run_pieces``), by the arrangement the shapes call for."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ... import nn
+from ..host_memory import new_output
+from . import amx
+from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_on_tiles, _tdnn_weight_tiles
+from .intrinsics import FASTMATH, _prefetch
+from .linear import F32_FEW_ROWS, F32_FEW_ROWS_MIN_BYTES, _few_rows_f32
+from .pieces import _piece_threads, run_pieces
+
+CONV_PIECE_BYTES = 4 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32; 2 MB: encode +4%)
+CONV_PIECE_MIN_COLUMNS = 256  # with many stacked taps, pieces this wide still (each piece reads the weight once)
+PER_TAP_MAX_OUT = 8  # up to this many output channels (the decoder's last conv, 96 -> 1): a product per tap
+MIN_PIECES = 8  # fewer pieces than this share out unevenly over the threads: then one piece on BLAS's threads
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
+    """cols[i, k, j] = x[i, (t0 + j) * stride + k * dilation]: the K taps of output columns t0 .. t0 + N - 1
+    side by side ("im2col"), so that the conv of the piece is one matrix product."""
+    I, K, N = cols_ikn.shape
+    for i in range(I):
+        for k in range(K):
+            first = t0 * stride + k * dilation
+            if stride == 1:
+                cols_ikn[i, k, :] = x_ct[i, first : first + N]
+            else:
+                for j in range(N):
+                    cols_ikn[i, k, j] = x_ct[i, first + j * stride]
+
+
+ONE_CHANNEL_CHUNK = 2048  # output columns a one-channel conv sums at a time (a float32 buffer of 8 KB)
+
+
+@numba.njit(cache=True, nogil=True)
+def _one_channel_conv_into(x_t, w_ok, b_o, dilation, t0, t1, out_ot):
+    """out[o, t] = (((w[o, 0] x[t] + w[o, 1] x[t + d]) + w[o, 2] x[t + 2 d]) + ...) + b[o] for t0 <= t < t1:
+    a stride-1 conv of ONE input channel, its taps summed in order and the bias last, each product rounded
+    before its sum (no fused multiply-adds): the reference's operations in its order, its bits.  A chunk of
+    columns at a time for every output channel, two taps a pass (the encoder's first conv, 1 -> 64 channels
+    x 7 taps: stacking the taps for a product writes and reads 7 copies of the input)."""
+    O, K = w_ok.shape
+    acc_n = np.empty(ONE_CHANNEL_CHUNK, dtype=np.float32)
+    for c0 in range(t0, t1, ONE_CHANNEL_CHUNK):
+        n = min(ONE_CHANNEL_CHUNK, t1 - c0)
+        for o in range(O):
+            w0, x0 = w_ok[o, 0], x_t[c0 : c0 + n]
+            for j in range(n):
+                acc_n[j] = w0 * x0[j]
+            for k in range(1, K - 1, 2):
+                wa, wb, first = w_ok[o, k], w_ok[o, k + 1], c0 + k * dilation
+                xa, xb = x_t[first : first + n], x_t[first + dilation : first + dilation + n]
+                for j in range(n):
+                    acc_n[j] = (acc_n[j] + wa * xa[j]) + wb * xb[j]
+            out_t, bias = out_ot[o, c0 : c0 + n], b_o[o]
+            if K % 2 == 0:
+                w_last, x_last = w_ok[o, K - 1], x_t[c0 + (K - 1) * dilation : c0 + (K - 1) * dilation + n]
+                for j in range(n):
+                    out_t[j] = (acc_n[j] + w_last * x_last[j]) + bias
+            else:
+                for j in range(n):
+                    out_t[j] = acc_n[j] + bias
+
+
+SMALL_WEIGHT_SHARE = 8  # a weight of at most 1/8 of the stacked taps' bytes is cheap to read once per thread
+
+
+def _few_conv_pieces(weight_values: int, taps_per_column: int, T_out: int) -> int:
+    """The columns of each piece of a conv with too few pieces to share out evenly: one equal share per
+    thread where the weight is small against the stacked taps, so that the stacking runs on every thread
+    too (the encoder's first conv, 1 -> 64 channels over 240,000 samples: each thread stacks its own taps
+    and reads the 1.8 KB weight again; 9.4-9.8 against 10.9-11.9 ms as one piece), else all of them in one
+    piece, on BLAS's threads."""
+    threads = _piece_threads()
+    share = -(-T_out // max(threads, 1))
+    small_weight = SMALL_WEIGHT_SHARE * weight_values <= taps_per_column * T_out
+    if threads > 1 and share >= CONV_PIECE_MIN_COLUMNS and small_weight:
+        return share
+    return T_out
+
+
+def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
+    """``nn.conv1d`` by one of four arrangements chosen by shape:
+
+    - dense with at most ``PER_TAP_MAX_OUT`` output channels: one product per tap, accumulated through one
+      reused buffer (stacking K copies of the input would cost more than a product with so few rows);
+    - 1x1, stride 1: one matrix product;
+    - dense otherwise: pieces of output columns whose taps, stacked ("im2col", [I * K, columns], about
+      ``CONV_PIECE_BYTES``, at least ``CONV_PIECE_MIN_COLUMNS`` columns), are ONE matrix product each with
+      the weight as stored ([O, I * K], no copy), written into the output in place; the pieces run side by
+      side (``run_pieces``), or, fewer than ``MIN_PIECES``, as one piece on BLAS's threads;
+    - depthwise (groups = channels): a multiply-add per tap, no matrix product at all.
+    Other group counts go to the reference."""
+    B, C, T = x_bct.shape
+    O, I, K = w_oik.shape
+    nn.check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
+    T_out = (T - dilation * (K - 1) - 1) // stride + 1
+    end = lambda k: k * dilation + stride * (T_out - 1) + 1  # noqa: E731 - last input index used by tap k, +1
+    if groups == 1 and I == 1 and stride == 1 and _one_channel_takes(x_bct, w_oik, b_o):
+        return _one_channel_conv(x_bct, w_oik, b_o, dilation, T_out)
+    if groups == 1 and O <= PER_TAP_MAX_OUT:
+        out = np.matmul(w_oik[:, :, 0], x_bct[:, :, 0 : end(0) : stride])
+        product = np.empty_like(out)  # reused for every further tap
+        for k in range(1, K):
+            out += np.matmul(w_oik[:, :, k], x_bct[:, :, k * dilation : end(k) : stride], out=product)
+    elif groups == 1 and K == 1 and stride == 1 and (tiles_usrc := _one_by_one_tiles(x_bct, w_oik, b_o)) is not None:
+        out = new_output((B, O, T), x_bct.dtype)  # bf16 weights (the speaker encoder's pooling): on the tiles
+        for b in range(B):
+            _taps_on_tiles(x_bct[b], tiles_usrc, b_o, False, 1, 1, 0, out[b])
+        return out
+    elif groups == 1 and K == 1 and stride == 1:  # a plain product (the speaker encoder's 1x1 convs)
+        out = np.matmul(np.ascontiguousarray(w_oik[:, :, 0]), x_bct, out=new_output((B, O, T), x_bct.dtype))
+    elif groups == 1 and B == 1 and _few_columns(x_bct, w_oik, b_o, T_out):
+        return _few_columns_conv(x_bct, w_oik, b_o, stride, dilation, T_out)
+    elif groups == 1:
+        x_bct = np.ascontiguousarray(x_bct)
+        w_m = np.ascontiguousarray(w_oik).reshape(O, I * K)  # column i * K + k: the order of the stacked taps
+        n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * I * K))
+        if B * -(-T_out // n_piece) < MIN_PIECES:  # too few to share out evenly
+            n_piece = _few_conv_pieces(O * I * K, I * K, T_out)
+        out = new_output((B, O, T_out), x_bct.dtype)
+
+        def piece(b, t0):
+            cols_ikn = np.empty((I, K, min(n_piece, T_out - t0)), x_bct.dtype)
+            _stack_taps_into(x_bct[b], t0, stride, dilation, cols_ikn)
+            out_on = out[b, :, t0 : t0 + cols_ikn.shape[-1]]
+            np.matmul(w_m, cols_ikn.reshape(I * K, -1), out=out_on)
+            if b_o is not None:
+                out_on += b_o[:, None]
+
+        run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)])
+        return out
+    elif groups == C and I == 1 and O == C:
+        out = np.zeros((B, O, T_out), dtype=x_bct.dtype)
+        for k in range(K):
+            out += w_oik[None, :, 0, k, None] * x_bct[:, :, k * dilation : end(k) : stride]
+    else:
+        return nn.conv1d.reference(x_bct, w_oik, b_o, stride, dilation, groups)
+    if b_o is not None:
+        out += b_o[None, :, None]
+    return out
+
+
+def _one_channel_takes(x_bct, w_oik, b_o) -> bool:
+    """Whether ``_one_channel_conv`` computes this conv: float32 host arrays (float64, the explicit backend,
+    keeps the reference)."""
+    arrays = (x_bct, w_oik) if b_o is None else (x_bct, w_oik, b_o)
+    return all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays)
+
+
+def _one_channel_conv(x_bct, w_oik, b_o, dilation, T_out):
+    """A stride-1 conv of one input channel by ``_one_channel_conv_into``, in ``MIN_PIECES`` pieces of
+    columns side by side (``run_pieces``)."""
+    B, O = x_bct.shape[0], w_oik.shape[0]
+    x_bt, w_ok = np.ascontiguousarray(x_bct[:, 0]), np.ascontiguousarray(w_oik[:, 0])
+    b_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o)
+    out = new_output((B, O, T_out), np.float32)
+    share = max(ONE_CHANNEL_CHUNK, -(-T_out // MIN_PIECES))
+
+    def piece(b, t0):
+        _one_channel_conv_into(x_bt[b], w_ok, b_o, dilation, t0, min(T_out, t0 + share), out[b])
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, share)])
+    return out
+
+
+def _few_columns(x_bct, w_oik, b_o, T_out: int) -> bool:
+    """Whether a dense conv's product is a few rows (its output columns) times a float32 weight worth
+    streaming: what ``_few_rows_f32`` takes (other dtypes keep the stacked-taps product)."""
+    if x_bct.dtype != np.float32 or w_oik.dtype != np.float32 or getattr(b_o, "dtype", np.float32) != np.float32:
+        return False
+    return F32_FEW_ROWS[0] <= T_out <= F32_FEW_ROWS[1] and w_oik.nbytes >= F32_FEW_ROWS_MIN_BYTES
+
+
+def _few_columns_conv(x_bct, w_oik, b_o, stride, dilation, T_out):
+    """A dense conv with 2 to 8 output columns and a weight of at least a megabyte (the decoder's first
+    conv, 1024 -> 1536 x 7 taps, over the 4 steps of a 1-frame decode): the stacked taps, transposed, are a
+    few rows times the weight ([O, I * K] as stored) by ``_few_rows_f32``, the weight read once from
+    memory (44 MB: 3.6-4.1 -> 3.1 ms), where BLAS packs it first; ``conv1d`` has checked the shapes."""
+    O, I, K = w_oik.shape
+    cols_ikn = np.empty((I, K, T_out), x_bct.dtype)
+    _stack_taps_into(np.ascontiguousarray(x_bct[0]), 0, stride, dilation, cols_ikn)
+    x_ni = np.ascontiguousarray(cols_ikn.reshape(I * K, T_out).T)
+    out_no = _few_rows_f32(x_ni, np.ascontiguousarray(w_oik).reshape(O, I * K), b_o)  # (``_few_columns``: it applies)
+    return np.ascontiguousarray(out_no.T)[None]
+
+
+def _one_by_one_tiles(x_bct, w_oik, b_o):
+    """The tiles of a 1x1 conv's weight where its product runs on them (``_tdnn_weight_tiles``: bf16
+    weights, whole tiles; a float32 signal and bias, ``TILE_TDNN_MIN_OUT`` outputs, ``TILE_TDNN_MIN_STEPS``
+    steps), else None."""
+    O, T = w_oik.shape[0], x_bct.shape[2]
+    if not amx.USE_TILES or T < TILE_TDNN_MIN_STEPS or O < TILE_TDNN_MIN_OUT or x_bct.dtype != np.float32:
+        return None
+    if b_o is not None and b_o.dtype != np.float32:
+        return None
+    return _tdnn_weight_tiles(w_oik)
+
+
+TRANSPOSED_PIECE_BYTES = 4 << 20  # the products of one piece of ``conv_transpose1d`` ([O * K, frames] float32)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_ot):
+    """out[o, stride * t + p] = bias[o] + sum_j z[o, p + j * stride, t - j - first] for output frames
+    t0 <= t < t0 + n, phases p < stride and j < K / stride, over the input frames z holds (frames
+    first .. first + F - 1; the others are zeros): the taps' products added where they land, tap block j
+    by tap block j over the frames where it has input (no test inside the loop), then the bias: the sum of
+    a sample in the order j = 0, 1, ..., bias, as one sample at a time summed it (the same bits; 0.74
+    against 1.2 ms for 96 channels x 1820 frames x 3 phases)."""
+    O, K, F = z_okf.shape
+    J = K // stride
+    for o in range(O):
+        row_s = out_ot[o, stride * t0 : stride * (t0 + n)]
+        row_s[:] = 0.0
+        for j in range(J):
+            lo, hi = max(t0, first + j), min(t0 + n, first + j + F)  # the frames t with 0 <= t - j - first < F
+            for p in range(stride):
+                z_f = z_okf[o, p + j * stride]
+                for t in range(lo, hi):
+                    row_s[stride * (t - t0) + p] += z_f[t - j - first]
+        row_s += bias_o[o]
+
+
+FEW_FRAMES = 8  # up to this many input frames (a streaming chunk, a first frame): ``_few_frames_times``
+FEW_FRAMES_COLUMNS = 256  # weight columns a thread sums at a time (their sums for 8 frames: 8 KB, in L1)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _few_frames_times(x_if, w_ij, j0, j1, columns, z_jf):
+    """z[j, f] = sum_i x[i, f] w[i, j] for a few frames f and the columns j0 <= j < j1: strip by strip of
+    ``columns`` columns, the strip's rows read in order, i = 0 .. I - 1, each row times x[i, f] added into
+    the strip's sums for every frame (in the first-level cache), row i + 8 asked for meanwhile.  The
+    weight is read once, from memory, where BLAS packs its every block (a copy) before multiplying a few
+    columns (1536 -> 768 channels x 16 taps, 4 frames, 75 MB cold: 3.8 against 8.8 ms on 2 threads)."""
+    I, J = w_ij.shape
+    F = x_if.shape[1]
+    words = w_ij.reshape(-1)
+    sums_fn = np.empty((F, columns), dtype=np.float32)
+    for s0 in range(j0, j1, columns):
+        n = min(j1, s0 + columns) - s0
+        sums_fn[:, :] = 0.0
+        for i in range(I):
+            if i + 8 < I:
+                for j in range(0, n, 16):  # one request per 64-byte line
+                    _prefetch(words, (i + 8) * J + s0 + j)
+            w_n = w_ij[i, s0 : s0 + n]
+            for f in range(F):
+                x, sums_n = x_if[i, f], sums_fn[f, :n]
+                for j in range(n):
+                    sums_n[j] += x * w_n[j]
+        for j in range(n):
+            for f in range(F):
+                z_jf[s0 + j, f] = sums_fn[f, j]
+
+
+def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
+    """``nn.conv_transpose1d`` for K = J * stride taps (the codec's K = 2 * stride): a piece of output
+    frames t0 .. t0 + n - 1 (stride samples each) and output channels o0 .. o1 - 1 takes the products of
+    their taps with input frames t0 - J + 1 .. t0 + n - 1 in ONE matrix product, the weight as stored read
+    transposed, W^T [O * K, I], times x [I, frames], and adds each where it lands (``_overlap_add_into``).
+    The pieces' outputs are disjoint (the J - 1 frames before a piece are multiplied again), so they run
+    side by side (``run_pieces``).  Pieces span every channel and ``TRANSPOSED_PIECE_BYTES`` of products
+    (few channels, long signals), or, where that would read the weight more often than it saves
+    (``_transposed_pieces``), a thread's share of the channels and ``TRANSPOSED_CHANNEL_PIECE_BYTES``.
+    Up to ``FEW_FRAMES`` input frames, the products of every tap come from ``_few_frames_times``."""
+    B, C, T = x_bct.shape
+    I, O, K = w_iok.shape
+    if x_bct.dtype != np.float32 or K % stride or C != I:
+        return NotImplemented
+    J = K // stride
+    x_bct = np.ascontiguousarray(x_bct)
+    w_t = np.ascontiguousarray(w_iok).reshape(I, O * K).T  # a view: BLAS reads it transposed
+    bias_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o, dtype=np.float32)
+    frames = T + J - 1  # output frames: (T - 1) * stride + K samples
+    out_bot = new_output((B, O, frames * stride))
+    if T <= FEW_FRAMES:  # the weight streamed once, all its columns side by side
+        n_threads, z_jf = _piece_threads(), np.empty((O * K, T), np.float32)
+        ranges = [(O * K * t // n_threads, O * K * (t + 1) // n_threads) for t in range(n_threads)]
+        for b in range(B):
+            run_pieces(lambda j0, j1: _few_frames_times(x_bct[b], w_t.T, j0, j1, FEW_FRAMES_COLUMNS, z_jf), ranges)
+            _overlap_add_into(z_jf.reshape(O, K, T), 0, 0, frames, stride, bias_o, out_bot[b])
+        return out_bot
+    step, n_piece = _transposed_pieces(O, K, frames, w_t.nbytes)
+
+    def piece(b, o0, t0):
+        o1, n = min(O, o0 + step), min(n_piece, frames - t0)
+        first, last = max(t0 - J + 1, 0), min(t0 + n, T)  # the input frames this piece reads
+        z_okf = (w_t[o0 * K : o1 * K] @ x_bct[b, :, first:last]).reshape(o1 - o0, K, last - first)
+        _overlap_add_into(z_okf, first, t0, n, stride, bias_o[o0:o1], out_bot[b, o0:o1])
+
+    run_pieces(piece, [(b, o0, t0) for b in range(B) for o0 in range(0, O, step) for t0 in range(0, frames, n_piece)])
+    return out_bot
+
+
+TRANSPOSED_CHANNEL_PIECE_BYTES = 32 << 20  # the products of a piece of some of the channels (bounds its memory)
+
+
+def _transposed_pieces(O: int, K: int, frames: int, weight_bytes: int) -> tuple:
+    """(channels, frames) of a piece of ``conv_transpose1d``: every channel and ``TRANSPOSED_PIECE_BYTES``
+    of products (each piece reads the whole weight), unless a thread's share of the channels, with pieces
+    of ``TRANSPOSED_CHANNEL_PIECE_BYTES`` (each piece reads its share of the weight), moves fewer bytes,
+    counting the weight's reads and the products written and read again out of the cache: 1536 -> 768
+    channels over 500 frames 103 -> 65 ms, 768 -> 384 over 4000 frames 85 -> 73 ms (cold weights, 2
+    threads); 384 -> 192 over 20000 frames keeps all channels (its products would be 123 MB).  Too few
+    frames for a piece per thread: shares too (1536 -> 768 over 4 frames, one frame piece on BLAS's
+    two threads, 9.3 -> 7.8 ms)."""
+    row_bytes = 4 * O * K  # the products of one frame
+    n_all = max(16, TRANSPOSED_PIECE_BYTES // row_bytes)
+    n_share = max(16, TRANSPOSED_CHANNEL_PIECE_BYTES // row_bytes)
+    threads = _piece_threads()
+    all_channels = -(-frames // n_all) * weight_bytes
+    shares = -(-frames // n_share) * weight_bytes + 2 * frames * row_bytes
+    if shares < all_channels or -(-frames // n_all) < threads:  # (fewer pieces than threads: shares, too)
+        return -(-O // max(2, threads)), n_share
+    return O, n_all

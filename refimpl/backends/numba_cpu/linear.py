@@ -1,0 +1,349 @@
+"""``nn.linear``: the dispatch by shape and weight type, and its kernels: for bfloat16 weights read as stored,
+a matrix-vector kernel (a generation step), a register-blocked kernel (a short prompt), blocks widened for
+BLAS (longer inputs) and the AMX tiles where granted; for float32 weights, a few rows of x streamed once
+through a big weight.  ``_products_into`` and ``_weight_products_into`` are the same choice in compiled code,
+for the fused decoder layer."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import prange
+from numba.core import types
+from numba.extending import overload
+
+from ... import nn
+from ..bf16 import BF16Matrix
+from . import amx
+from .amx import _tile_bf16_times, _tiles_take
+from .intrinsics import (
+    FASTMATH,
+    PREFETCH_ROWS_AHEAD,
+    _bf16_to_f32,
+    _line_aligned_empty,
+    _line_aligned_rows,
+    _prefetch,
+    _prefetch_row,
+    _rows_on_cache_lines,
+)
+from .packed_words import _packed_products_into, packed_words
+from .pieces import _piece_threads, run_pieces
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _bf16_rows_times(x_ni, bits_oi, out_no):
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x.
+    Memory-bound: while row o is multiplied, row o + 8 is prefetched, one request per 64-byte line (the
+    weights are memory-mapped 4 KB pages, where the hardware prefetcher stops at every page end)."""
+    O, I = bits_oi.shape
+    N = x_ni.shape[0]
+    words = bits_oi.reshape(-1)
+    for o in prange(O):
+        if o + PREFETCH_ROWS_AHEAD < O:
+            for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 32):
+                _prefetch(words, j)
+        for n in range(N):
+            acc = np.float32(0.0)
+            for i in range(I):
+                acc += x_ni[n, i] * _bf16_to_f32(bits_oi[o, i])
+            out_no[n, o] = acc
+
+
+@numba.njit(fastmath=FASTMATH, inline="always")
+def _dot_bf16(x_i, bits_oi, o):
+    acc = np.float32(0.0)
+    for i in range(bits_oi.shape[1]):
+        acc += x_i[i] * _bf16_to_f32(bits_oi[o, i])
+    return acc
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _matvec_bf16_into(x_i, bits_oi, out_o):
+    """out[o] = sum_i x[i] * widen(bits[o, i]) for ONE row of x, parallel over the weight rows, row o + 8
+    asked for while row o is multiplied.  One matrix per parallel loop: a loop whose body chooses between
+    two or three matrices (the q/k/v rows stacked) streamed them at 20 GB/s where one loop per matrix
+    reads 28 (the same weights, 2 threads: docs/performance.md)."""
+    O, I = bits_oi.shape
+    words = bits_oi.reshape(-1)
+    for o in prange(O):
+        if o + PREFETCH_ROWS_AHEAD < O:
+            _prefetch_row(words, I, o + PREFETCH_ROWS_AHEAD)
+        out_o[o] = _dot_bf16(x_i, bits_oi, o)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True)
+def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
+    """out = x @ widen(bits)^T for the rows of x of a generation step or a short prompt, by the kernel
+    ``linear`` chooses for ``rows`` rows: one by ``_matvec_bf16_into``, up to ``MATVEC_MAX_ROWS`` by
+    ``_bf16_rows_times`` (each weight row read once for all of them), more by the AMX tile kernel
+    (``_tile_bf16_times``) where ``tiles`` and the shapes let it, else by the block kernel
+    (``_bf16_block_times``).  ``rows`` is the layer's count of new positions, also where x holds fewer
+    (the last position alone): each kernel sums a row the same way whatever the others, so the last
+    position's output has the same bits either way."""
+    O, I = bits_oi.shape
+    if rows == 1:
+        _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
+    elif rows <= MATVEC_MAX_ROWS:
+        _bf16_rows_times(x_ni, bits_oi, out_no)
+    elif _tiles_take(tiles, O, I):
+        _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
+    else:
+        _bf16_block_times(x_ni, bits_oi, out_no, n_threads)
+
+
+@numba.njit(cache=True)
+def _widen_bf16_into(bits_oi, out_oi):
+    """out = the float32 values of the bfloat16 words (exact).  One thread: it alternates with BLAS calls,
+    and Numba's parallel threads would still be spinning while BLAS's run (measured: 3x slower prompts)."""
+    O, I = bits_oi.shape
+    for o in range(O):
+        for i in range(I):
+            out_oi[o, i] = _bf16_to_f32(bits_oi[o, i])
+
+
+BLOCK_N = 4  # the block kernel's register tile: 4 rows of x ...
+BLOCK_O = 6  # ... times 6 weight rows: 24 accumulators (4 x 4 measured 181 against 186-198 GFLOP/s, 4 x 8 125)
+BLOCK_I_CHUNK = 1024  # columns summed at a time (512 measured the same)
+
+
+@numba.njit(inline="always")
+def _store_6(out_no, n, o0, cols, add, v0, v1, v2, v3, v4, v5):
+    """out[n, o0 : o0 + cols] = (v0, ..., v5)[:cols], or += where ``add`` (a later chunk of the sums)."""
+    if add:
+        v0 += out_no[n, o0]
+        v1 += out_no[n, o0 + 1] if cols > 1 else np.float32(0.0)
+        v2 += out_no[n, o0 + 2] if cols > 2 else np.float32(0.0)
+        v3 += out_no[n, o0 + 3] if cols > 3 else np.float32(0.0)
+        v4 += out_no[n, o0 + 4] if cols > 4 else np.float32(0.0)
+        v5 += out_no[n, o0 + 5] if cols > 5 else np.float32(0.0)
+    out_no[n, o0] = v0
+    if cols > 1:
+        out_no[n, o0 + 1] = v1
+    if cols > 2:
+        out_no[n, o0 + 2] = v2
+    if cols > 3:
+        out_no[n, o0 + 3] = v3
+    if cols > 4:
+        out_no[n, o0 + 4] = v4
+    if cols > 5:
+        out_no[n, o0 + 5] = v5
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for a few dozen rows of x (a prompt): each thread takes
+    a contiguous range of weight rows, widens 6 of them at a time into its own small float32 buffer
+    (L1/L2-resident) and multiplies them with every row of x, 4 rows of x at a time, so each loaded
+    value feeds 4 or 6 multiply-adds (24 accumulators; the remainders repeat the last row and drop it).
+    The next block's weight rows (contiguous words) are asked for a slice at a time, one slice per 4 rows
+    of x, so the requests spread over the block's work instead of coming in one burst the memory system
+    drops: 181 -> 192 GFLOP/s over a Talker's 28 layers of cold weights, 28 rows of x, 2 threads.  The sums
+    run over ``BLOCK_I_CHUNK`` columns at a time, for every row of x, so that the 6 weight rows' and 4 x
+    rows' chunks (40 KB) stay in the first-level cache: the o and down products (2048 and 3072 columns)
+    186-203 -> 204-232 GFLOP/s, a Talker's 28 layers 2-7% faster; up to 1024 columns the same bits.  The
+    loops run over 1-D views from index 0 (indexed from ``c0``, LLVM gathered the values one by one).  The
+    rows of x and of the widened buffer start on 64-byte boundaries (x copied where its rows do not): from
+    Numba's or NumPy's 32- or 16-byte starts every load spanned two cache lines, and a Talker's 28 layers
+    over 28 rows took 141-148 ms against 118-123 aligned (the same bits)."""
+    O, I = bits_oi.shape
+    N = x_ni.shape[0]
+    x_ni = _line_aligned_rows(x_ni)
+    words = bits_oi.reshape(-1)
+    blocks = (O + BLOCK_O - 1) // BLOCK_O
+    n_blocks = (N + BLOCK_N - 1) // BLOCK_N
+    row = x_ni.shape[1]  # I, or I rounded up to a whole cache line
+    for t in prange(n_threads):
+        w = _line_aligned_empty(BLOCK_O, row)  # one buffer per thread
+        for ob in range(t * blocks // n_threads, (t + 1) * blocks // n_threads):
+            o0 = ob * BLOCK_O
+            for r in range(BLOCK_O):
+                o = min(o0 + r, O - 1)
+                for i in range(I):
+                    w[r, i] = _bf16_to_f32(bits_oi[o, i])
+            ahead0 = min((o0 + BLOCK_O) * I, O * I)  # the next block's words: [ahead0, ahead1)
+            ahead1 = min((o0 + 2 * BLOCK_O) * I, O * I)
+            chunks = (I + BLOCK_I_CHUNK - 1) // BLOCK_I_CHUNK
+            pieces = n_blocks * chunks  # the next block's words asked for a slice per tile of every chunk
+            slice_ = ((ahead1 - ahead0 + pieces - 1) // pieces + 31) // 32 * 32  # whole 64-byte lines
+            for c0 in range(0, I, BLOCK_I_CHUNK):
+                c1 = min(I, c0 + BLOCK_I_CHUNK)
+                for n0 in range(0, N, BLOCK_N):
+                    k = (c0 // BLOCK_I_CHUNK) * n_blocks + n0 // BLOCK_N
+                    for j in range(ahead0 + k * slice_, min(ahead0 + (k + 1) * slice_, ahead1), 32):
+                        _prefetch(words, j)
+                    n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
+                    a00 = a01 = a02 = a03 = a04 = a05 = np.float32(0.0)
+                    a10 = a11 = a12 = a13 = a14 = a15 = np.float32(0.0)
+                    a20 = a21 = a22 = a23 = a24 = a25 = np.float32(0.0)
+                    a30 = a31 = a32 = a33 = a34 = a35 = np.float32(0.0)
+                    x0_i, x1_i, x2_i, x3_i = x_ni[n0, c0:c1], x_ni[n1, c0:c1], x_ni[n2, c0:c1], x_ni[n3, c0:c1]
+                    w0_i, w1_i, w2_i = w[0, c0:c1], w[1, c0:c1], w[2, c0:c1]
+                    w3_i, w4_i, w5_i = w[3, c0:c1], w[4, c0:c1], w[5, c0:c1]
+                    for i in range(c1 - c0):
+                        x0, x1, x2, x3 = x0_i[i], x1_i[i], x2_i[i], x3_i[i]
+                        w0, w1, w2, w3, w4, w5 = w0_i[i], w1_i[i], w2_i[i], w3_i[i], w4_i[i], w5_i[i]
+                        a00 += x0 * w0
+                        a01 += x0 * w1
+                        a02 += x0 * w2
+                        a03 += x0 * w3
+                        a04 += x0 * w4
+                        a05 += x0 * w5
+                        a10 += x1 * w0
+                        a11 += x1 * w1
+                        a12 += x1 * w2
+                        a13 += x1 * w3
+                        a14 += x1 * w4
+                        a15 += x1 * w5
+                        a20 += x2 * w0
+                        a21 += x2 * w1
+                        a22 += x2 * w2
+                        a23 += x2 * w3
+                        a24 += x2 * w4
+                        a25 += x2 * w5
+                        a30 += x3 * w0
+                        a31 += x3 * w1
+                        a32 += x3 * w2
+                        a33 += x3 * w3
+                        a34 += x3 * w4
+                        a35 += x3 * w5
+                    cols = min(BLOCK_O, O - o0)
+                    _store_6(out_no, n0, o0, cols, c0 > 0, a00, a01, a02, a03, a04, a05)
+                    if n0 + 1 < N:
+                        _store_6(out_no, n1, o0, cols, c0 > 0, a10, a11, a12, a13, a14, a15)
+                    if n0 + 2 < N:
+                        _store_6(out_no, n2, o0, cols, c0 > 0, a20, a21, a22, a23, a24, a25)
+                    if n0 + 3 < N:
+                        _store_6(out_no, n3, o0, cols, c0 > 0, a30, a31, a32, a33, a34, a35)
+
+
+def _matrix_rows(w):
+    """O of a layer step's matrix [O, I], given as bf16 words or packed (``_weight_products_into``)."""
+
+
+@overload(_matrix_rows)
+def _matrix_rows_for(w):
+    if isinstance(w, types.Array):
+        return lambda w: w.shape[0]
+    return lambda w: w[0].shape[0]
+
+
+def _weight_products_into(x_ni, w, out_no, n_threads, rows, tiles):
+    """out = x @ W^T for a layer step's matrix W, given as bf16 words (``_products_into``) or packed
+    (``_packed_products_into``): the layer kernels are compiled for either (``numba.extending.overload``)."""
+
+
+@overload(_weight_products_into, jit_options={"fastmath": FASTMATH})
+def _weight_products_for(x_ni, w, out_no, n_threads, rows, tiles):
+    if isinstance(w, types.Array):
+        return lambda x_ni, w, out_no, n_threads, rows, tiles: _products_into(x_ni, w, out_no, n_threads, rows, tiles)
+    return lambda x_ni, w, out_no, n_threads, rows, tiles: _packed_products_into(x_ni, w, out_no)
+
+
+MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
+BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
+WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
+
+
+F32_FEW_ROWS = (2, 8)  # float32 weights: from 2 to 8 rows of x, ``_rows_times_f32`` on the piece threads ...
+F32_FEW_ROWS_MIN_BYTES = 1 << 20  # ... for a weight of at least 1 MB (below, the pieces' hand-off outweighs the gain)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _rows_times_f32(x_ni, w_oi, o0, o1, out_no):
+    """out[n, o] = sum_i x[n, i] w[o, i] for the weight rows o0 <= o < o1: each row read once, from memory,
+    for all the few rows of x (in the first-level cache meanwhile), 4 rows of x at a time (each loaded
+    weight value feeds 4 multiply-adds: 1536 x 7168 over 4 rows 3.8 -> 2.8 ms against one row of x at a
+    time, the same bits), row o + 8 asked for.  BLAS packs the weight before multiplying a few rows (in a 1-
+    or 2-frame decode, 2 threads: the upsampler's ConvNeXt products of 2 rows, 4096 x 1024, 1.86 against
+    0.96 ms; the transformer's of 2 rows, 1024 x 512, 312 against 220 us; one row stays BLAS's: 119 us
+    against 200 with the pieces' hand-off)."""
+    I = w_oi.shape[1]
+    N = x_ni.shape[0]
+    words = w_oi.reshape(-1)
+    for o in range(o0, o1):
+        if o + 8 < o1:
+            for j in range((o + 8) * I, (o + 9) * I, 16):  # one request per 64-byte line
+                _prefetch(words, j)
+        w_i = w_oi[o]
+        for n0 in range(0, N, 4):  # (the remainder repeats the last row and drops it)
+            n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
+            x0_i, x1_i, x2_i, x3_i = x_ni[n0, :I], x_ni[n1, :I], x_ni[n2, :I], x_ni[n3, :I]
+            a0 = a1 = a2 = a3 = np.float32(0.0)
+            for i in range(I):
+                w = w_i[i]
+                a0 += x0_i[i] * w
+                a1 += x1_i[i] * w
+                a2 += x2_i[i] * w
+                a3 += x3_i[i] * w
+            out_no[n0, o] = a0
+            if n0 + 1 < N:
+                out_no[n1, o] = a1
+            if n0 + 2 < N:
+                out_no[n2, o] = a2
+            if n0 + 3 < N:
+                out_no[n3, o] = a3
+
+
+def _few_rows_f32(x, w_oi, b_o):
+    """``nn.linear`` of float32 x and weight by ``_rows_times_f32``, the weight's rows shared out over the
+    piece threads; None where it does not apply (another dtype or layout, too many or too few rows, a
+    small weight)."""
+    O, I = w_oi.shape
+    rows = math.prod(x.shape[:-1])
+    if not F32_FEW_ROWS[0] <= rows <= F32_FEW_ROWS[1] or w_oi.nbytes < F32_FEW_ROWS_MIN_BYTES:
+        return None
+    if x.dtype != np.float32 or w_oi.dtype != np.float32 or not w_oi.flags.c_contiguous or x.shape[-1] != I:
+        return None
+    if b_o is not None and getattr(b_o, "dtype", None) != np.float32:
+        return None  # (the reference's promotion)
+    x_ni = _rows_on_cache_lines(np.ascontiguousarray(x).reshape(rows, I))  # (rows on cache lines: 5-20% faster)
+    out_no = np.empty((rows, O), np.float32)
+    n = _piece_threads()
+    run_pieces(
+        lambda o0, o1: _rows_times_f32(x_ni, w_oi, o0, o1, out_no), [(O * t // n, O * (t + 1) // n) for t in range(n)]
+    )
+    if b_o is not None:
+        out_no += b_o
+    return out_no.reshape(x.shape[:-1] + (O,))
+
+
+def linear(x, w_oi, b_o=None):
+    """``nn.linear``.  A ``BF16Matrix`` weight is read as stored: for a few rows of x (a generation step)
+    by the matrix-vector kernel, for a few dozen (a short prompt) by the block kernel, for more by BLAS
+    on blocks of rows widened one block at a time, so no float32 copy of the whole matrix ever exists.
+    Float32 weights go to BLAS as in the reference, but for a few rows of x and a big weight
+    (``_few_rows_f32``)."""
+    if not isinstance(w_oi, BF16Matrix):
+        few = _few_rows_f32(x, w_oi, b_o) if isinstance(w_oi, np.ndarray) and isinstance(x, np.ndarray) else None
+        return nn.linear.reference(x, w_oi, b_o) if few is None else few
+    O, I = w_oi.shape
+    x_ni = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, I)
+    packed = packed_words(w_oi) if x_ni.shape[0] <= MATVEC_MAX_ROWS else None
+    if packed is not None:  # (a code predictor's head)
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _packed_products_into(x_ni, packed, out_no)
+    elif x_ni.shape[0] == 1:  # (a generation step's head: the layers' kernel, 190 against 225 us a 4 MB head)
+        out_no = np.empty((1, O), dtype=np.float32)
+        _matvec_bf16_into(x_ni[0], w_oi.bits, out_no[0])
+    elif x_ni.shape[0] <= MATVEC_MAX_ROWS:
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _bf16_rows_times(x_ni, w_oi.bits, out_no)
+    elif _tiles_take(amx.USE_TILES, O, I):
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _tile_bf16_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
+    elif x_ni.shape[0] <= BLOCK_MAX_ROWS:
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _bf16_block_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
+    else:  # each block of output channels is a contiguous block of rows of out_on: BLAS writes it in place
+        out_on = np.empty((O, x_ni.shape[0]), dtype=np.float32)
+        block_oi = np.empty((min(O, WIDEN_BLOCK_ROWS), I), dtype=np.float32)  # reused for every block
+        for start in range(0, O, WIDEN_BLOCK_ROWS):
+            stop = min(O, start + WIDEN_BLOCK_ROWS)
+            _widen_bf16_into(w_oi.bits[start:stop], block_oi[: stop - start])
+            np.matmul(block_oi[: stop - start], x_ni.T, out=out_on[start:stop])
+        out_no = np.ascontiguousarray(out_on.T)
+    if b_o is not None:
+        out_no += b_o
+    return out_no.reshape(x.shape[:-1] + (O,))

@@ -1,0 +1,261 @@
+"""Packed words (the code predictor): ``bf16.PackedWords``, a streamed matrix's words in 12 bits, lossless,
+and the products that rebuild them.
+
+A generation step's products are bound by the bytes they read, so a quarter fewer bytes is a quarter less
+time where the words are rebuilt faster than memory delivers them: 64 a block by a dozen 512-bit
+instructions (``_packed_row_dots``: one byte shuffle looks up 64 high bytes, unpacks make words and floats
+of them), where the same rebuild written as a loop over single words compiled to as many instructions as
+it saved in bytes."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from ...environment import switch
+from ..bf16 import PACK_WINDOW, BF16Matrix, PackedWords
+from . import runtime
+from .intrinsics import FASTMATH, PREFETCH_ROWS_AHEAD, _bf16_to_f32, _prefetch
+from .kept import _kept_while_read_only
+
+PACKED_COMPILED = runtime.machine().packed_compiled  # the 64-byte shuffles of _packed_row_dots
+USE_PACKED = PACKED_COMPILED and switch("REFIMPL_PACKED")
+PACKED_BLOCK = 64  # words a block: the columns of a packed matrix are a multiple of it
+
+
+@numba.njit(cache=True)
+def _high_byte_counts(bits_oi):
+    """counts[v] = the words whose high byte, sign aside, is v (+0 and -0 not counted: always listed)."""
+    counts = np.zeros(128, np.int64)
+    for w in bits_oi.reshape(-1):
+        if w & 0x7FFF:
+            counts[(w >> 8) & 0x7F] += 1
+    return counts
+
+
+@numba.njit(inline="always")
+def _word_code(w, base):
+    """(code, low byte, listed) of one word for the window base .. base + 7 (``bf16.PackedWords``)."""
+    k, sign = np.int64((w >> 8) & 0x7F) - base, np.uint8(w >> 15)
+    if 0 <= k < 8 and w & 0x7FFF:  # (+-0 in the window's place: only if base is 0, listed like the others)
+        return np.uint8(k) | (sign << 3), np.uint8(w & 0xFF), False
+    return np.uint8(0), np.uint8(0), True
+
+
+@numba.njit(cache=True)
+def _pack_rows(bits_oi, base, low_oi, codes_oh):
+    """The dense part of ``PackedWords``: low bytes and codes, each block's words in the stored order."""
+    O, I = bits_oi.shape
+    for o in range(O):
+        for b in range(I // 64):
+            for j in range(32):
+                c0, l0, _ = _word_code(bits_oi[o, 64 * b + _stored_word(j)], base)
+                c1, l1, _ = _word_code(bits_oi[o, 64 * b + _stored_word(32 + j)], base)
+                codes_oh[o, 32 * b + j] = c0 | (c1 << 4)
+                low_oi[o, 64 * b + j], low_oi[o, 64 * b + 32 + j] = l0, l1
+
+
+@numba.njit(inline="always")
+def _stored_word(p):
+    """The word of a block at stored place p (``bf16.stored_order``)."""
+    return 16 * ((p // 4) % 4) + 4 * (p // 16) + p % 4
+
+
+@numba.njit(cache=True)
+def _list_words(bits_oi, base, rows_e, cols_e, values_e):
+    """The listed words, row by row in column order: their row, column and float32 value."""
+    O, I = bits_oi.shape
+    e = 0
+    for o in range(O):
+        for i in range(I):
+            w = bits_oi[o, i]
+            if _word_code(w, base)[2]:
+                rows_e[e], cols_e[e], values_e[e] = o, i, _bf16_to_f32(w)
+                e += 1
+
+
+def pack_words(bits_oi) -> PackedWords:
+    """``bf16.PackedWords`` of the words [O, I] (I a multiple of ``PACKED_BLOCK``): the window of 8 high-byte
+    values (sign aside) that holds the most words, the others listed."""
+    O, I = bits_oi.shape
+    counts = _high_byte_counts(bits_oi)
+    held = np.convolve(counts, np.ones(PACK_WINDOW, np.int64), mode="valid")  # held[b]: words in b .. b + 7
+    base = int(np.argmax(held))
+    low_oi, codes_oh = np.empty((O, I), np.uint8), np.empty((O, I // 2), np.uint8)
+    _pack_rows(bits_oi, base, low_oi, codes_oh)
+    E = bits_oi.size - int(held[base])  # the words outside the window, and +-0
+    rows_e, cols_e, values_e = np.empty(E, np.int32), np.empty(E, np.int32), np.empty(E, np.float32)
+    _list_words(bits_oi, base, rows_e, cols_e, values_e)
+    high_16 = [(c // 8) << 7 | (base + c % 8) for c in range(16)]
+    return PackedWords(low_oi, codes_oh, np.array(high_16 * 4, np.uint8), rows_e, cols_e, values_e)
+
+
+_PACKED: dict = {}  # id of a read-only streamed matrix's words -> (a weak reference to them, PackedWords)
+
+
+def packed_words(m: BF16Matrix):
+    """The ``PackedWords`` of a streamed matrix, made at its first use and kept while its words live
+    (``_kept_while_read_only``), or None where the backend reads its words as they are (packing turned off
+    with ``REFIMPL_PACKED=0`` or not compiled for, a matrix not streamed or of columns not a multiple of
+    ``PACKED_BLOCK``)."""
+    if not (USE_PACKED and m.streamed and isinstance(m.bits, np.ndarray) and m.shape[1] % PACKED_BLOCK == 0):
+        return None
+    return _kept_while_read_only(_PACKED, m.bits, pack_words)
+
+
+_I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+
+def _vector(element, n):
+    return ir.VectorType(element, n)
+
+
+def _row_dots_intrinsic(R: int):
+    """An intrinsic ``(x_ni, n0, low_i, codes_h, high_64, out_no, o)``: out[n0 + r, o] = sum_i x[n0 + r, i] *
+    word_i for r < R, the words of one packed row (its dense part: the listed words are added apart) rebuilt
+    64 at a time in 512-bit vectors: the 32 code bytes split into 64 codes (low nibbles, high nibbles), the
+    64 high bytes looked up by one byte shuffle (``vpshufb``, the 16-entry table in each 128-bit lane), low
+    and high bytes unpacked into words and the words, above zero words, into float32 (the bf16 widening),
+    both within 128-bit lanes (``vpunpck*``: 6 instructions, where interleaving the bytes across the whole
+    vector and widening the words took 10; the block's words are stored in the order this gives back,
+    ``bf16.stored_order``), and each row's 64 products summed in 64 lanes; the lanes summed by halves at the
+    end."""
+
+    @intrinsic
+    def row_dots(typingctx, x_ni, n0, low_i, codes_h, high_64, out_no, o):
+        sig = types.void(x_ni, n0, low_i, codes_h, high_64, out_no, o)
+
+        def codegen(context, builder, signature, args):
+            x, low, codes, high, out = (
+                context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 3, 4, 5)
+            )
+            byte_ptr = _I8.as_pointer()
+            xp, lp, cp, hp = (builder.bitcast(a.data, byte_ptr) for a in (x, low, codes, high))
+            x_row_bytes = builder.extract_value(x.strides, 0)
+            blocks = builder.udiv(builder.extract_value(low.shape, 0), ir.Constant(_I64, 64))
+
+            def load(pointer, offset, ty):
+                return builder.load(builder.bitcast(builder.gep(pointer, [offset]), ty.as_pointer()), align=1)
+
+            table = load(hp, ir.Constant(_I64, 0), _vector(_I8, 64))
+            shuffle_fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_vector(_I8, 64), [_vector(_I8, 64)] * 2), "llvm.x86.avx512.pshuf.b.512"
+            )
+            fma_fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_vector(_F32, 64), [_vector(_F32, 64)] * 3), "llvm.fma.v64f32"
+            )
+            rows = [builder.mul(builder.add(args[1], ir.Constant(_I64, r)), x_row_bytes) for r in range(R)]
+            zero = ir.Constant(_vector(_F32, 64), [0.0] * 64)
+            entry = builder.block
+            loop, done = builder.append_basic_block("blocks"), builder.append_basic_block("sums")
+            builder.cbranch(builder.icmp_unsigned(">", blocks, ir.Constant(_I64, 0)), loop, done)
+            builder.position_at_end(loop)
+            b = builder.phi(_I64)
+            sums = [builder.phi(_vector(_F32, 64)) for _ in range(R)]
+            b.add_incoming(ir.Constant(_I64, 0), entry)
+            for s in sums:
+                s.add_incoming(zero, entry)
+            packed = load(cp, builder.mul(b, ir.Constant(_I64, 32)), _vector(_I8, 32))
+            low_nibbles = builder.and_(packed, ir.Constant(_vector(_I8, 32), [15] * 32))
+            high_nibbles = builder.lshr(packed, ir.Constant(_vector(_I8, 32), [4] * 32))
+            codes64 = builder.shuffle_vector(low_nibbles, high_nibbles, ir.Constant(_vector(_I32, 64), list(range(64))))
+            high_bytes = builder.call(shuffle_fn, [table, codes64])
+            low_bytes = load(lp, builder.mul(b, ir.Constant(_I64, 64)), _vector(_I8, 64))
+            halves = []  # words of bytes 0..7, then 8..15 of each 128-bit lane (vpunpcklbw, vpunpckhbw)
+            for first in (0, 8):
+                mask = [k for j in range(4) for i in range(first, first + 8) for k in (16 * j + i, 64 + 16 * j + i)]
+                pairs = builder.shuffle_vector(low_bytes, high_bytes, ir.Constant(_vector(_I32, 64), mask))
+                halves.append(builder.bitcast(pairs, _vector(_I16, 32)))
+            no_words = ir.Constant(_vector(_I16, 32), [0] * 32)
+            quarters = []  # each word above a zero word: its float32 (vpunpcklwd, vpunpckhwd)
+            for words in halves:
+                for first in (0, 4):
+                    mask = [k for j in range(4) for i in range(first, first + 4) for k in (i, 32 + 8 * j + i)]
+                    widened = builder.shuffle_vector(no_words, words, ir.Constant(_vector(_I32, 32), mask))
+                    quarters.append(builder.bitcast(widened, _vector(_F32, 16)))
+            halves_f = [builder.shuffle_vector(a, b, ir.Constant(_vector(_I32, 32), list(range(32)))) for a, b in
+                        (quarters[:2], quarters[2:])]  # fmt: skip
+            w = builder.shuffle_vector(*halves_f, ir.Constant(_vector(_I32, 64), list(range(64))))
+            column_bytes = builder.mul(b, ir.Constant(_I64, 256))
+            new_sums = []
+            for r in range(R):
+                xv = load(xp, builder.add(rows[r], column_bytes), _vector(_F32, 64))
+                new_sums.append(builder.call(fma_fn, [xv, w, sums[r]]))
+            b_next = builder.add(b, ir.Constant(_I64, 1))
+            b.add_incoming(b_next, loop)
+            for s, t in zip(sums, new_sums):
+                s.add_incoming(t, loop)
+            builder.cbranch(builder.icmp_unsigned("<", b_next, blocks), loop, done)
+            builder.position_at_end(done)
+            totals = [builder.phi(_vector(_F32, 64)) for _ in range(R)]  # (the phis first in the block)
+            for total, t in zip(totals, new_sums):
+                total.add_incoming(zero, entry)
+                total.add_incoming(t, loop)
+            out_row_bytes = builder.extract_value(out.strides, 0)
+            out_at = builder.mul(args[6], ir.Constant(_I64, 4))
+            op = builder.bitcast(out.data, byte_ptr)
+            for r, total in enumerate(totals):
+                s, width = total, 64
+                while width > 1:  # halves added: lanes 0..31 + 32..63, then 0..15 + 16..31, ...
+                    width //= 2
+                    lo = builder.shuffle_vector(s, s, ir.Constant(_vector(_I32, width), list(range(width))))
+                    hi = builder.shuffle_vector(s, s, ir.Constant(_vector(_I32, width), list(range(width, 2 * width))))
+                    s = builder.fadd(lo, hi)
+                value = builder.extract_element(s, ir.Constant(_I32, 0))
+                at = builder.add(builder.mul(builder.add(args[1], ir.Constant(_I64, r)), out_row_bytes), out_at)
+                builder.store(value, builder.bitcast(builder.gep(op, [at]), _F32.as_pointer()))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row_dots
+
+
+_row_dots_1, _row_dots_2, _row_dots_3, _row_dots_4 = (_row_dots_intrinsic(R) for R in (1, 2, 3, 4))
+
+
+@numba.njit(inline="always")
+def _packed_row_dots(x_ni, low_i, codes_h, high_64, out_no, o):
+    """out[n, o] = x[n] . (row o's dense words) for every row n of x, four rows of x at a time."""
+    N = x_ni.shape[0]
+    for n0 in range(0, N, 4):
+        R = min(4, N - n0)
+        if R == 4:
+            _row_dots_4(x_ni, n0, low_i, codes_h, high_64, out_no, o)
+        elif R == 3:
+            _row_dots_3(x_ni, n0, low_i, codes_h, high_64, out_no, o)
+        elif R == 2:
+            _row_dots_2(x_ni, n0, low_i, codes_h, high_64, out_no, o)
+        else:
+            _row_dots_1(x_ni, n0, low_i, codes_h, high_64, out_no, o)
+
+
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _packed_products_into(x_ni, packed, out_no):
+    """out = x @ words^T for a packed matrix (``bf16.PackedWords``) and a few rows of x (C-contiguous
+    float32): parallel over the weight rows, each read once for all rows of x (row o + 8's low bytes and
+    codes asked for meanwhile) by ``_packed_row_dots``; then for each listed word its product added and the
+    placeholder's taken back out, in their order (in the parallel loop, row by row, they took a tenth of
+    its time)."""
+    low_oi, codes_oh, high_64, rows_e, cols_e, values_e = packed
+    O, I = low_oi.shape
+    low_words, code_words = low_oi.reshape(-1), codes_oh.reshape(-1)
+    for o in prange(O):
+        if o + PREFETCH_ROWS_AHEAD < O:
+            for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 64):
+                _prefetch(low_words, j)
+            for j in range((o + PREFETCH_ROWS_AHEAD) * (I // 2), (o + PREFETCH_ROWS_AHEAD + 1) * (I // 2), 64):
+                _prefetch(code_words, j)
+        if x_ni.shape[0] == 1:  # (a generation step's one row: its own call, 3% faster than the loop's)
+            _row_dots_1(x_ni, 0, low_oi[o], codes_oh[o], high_64, out_no, o)
+        else:
+            _packed_row_dots(x_ni, low_oi[o], codes_oh[o], high_64, out_no, o)
+    placeholder = _bf16_to_f32(np.uint16(high_64[0]) << np.uint16(8))  # (a listed word's place, code 0)
+    for e in range(rows_e.shape[0]):
+        o, c, v = rows_e[e], cols_e[e], values_e[e]
+        for n in range(x_ni.shape[0]):
+            out_no[n, o] += x_ni[n, c] * v - x_ni[n, c] * placeholder

@@ -1,0 +1,340 @@
+"""The numba backend's setup, one step (``configure``) that the package's ``__init__`` runs before it imports
+any kernel module: the Numba settings checked and completed before Numba reads them, Numba's on-disk cache
+made safe, and the CPU's AMX tile registers asked for.
+
+Compiled kernels are cached on disk (``cache=True``): next to this package's files when that is writable,
+else in the user's cache directory (``$XDG_CACHE_HOME/refimpl/numba`` or ``~/.cache/refimpl/numba``), else a
+temporary directory; ``NUMBA_CACHE_DIR`` set by the user wins.  Loops use 512-bit vectors where the
+processor has them (LLVM prefers 256-bit ones by default, which halves the speed of these loops).
+Parallel loops run on Numba's default (OpenMP) threads; ``NUMBA_NUM_THREADS`` sets their number (default:
+the cores).  The "workqueue" pool, whose threads sleep between loops, is slower for generation: waking them
+costs more than a frame's many small parallel loops can hide (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+from ...environment import switch
+from ...io.files import user_cache_dir
+from .. import BackendUnavailable
+
+PACKAGE = Path(__file__).resolve().parent  # the kernels' modules: one cache directory for all of them
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What ``configure`` found: whether Numba compiles the AMX tile instructions (``tiles_compiled``; else
+    they emit nothing), whether this process may run them (``tiles_granted``: compiled, granted by Linux, not
+    turned off with ``REFIMPL_AMX=0``), and whether it compiles the 64-byte shuffles of the packed words
+    (``packed_compiled``)."""
+
+    tiles_compiled: bool
+    tiles_granted: bool
+    packed_compiled: bool
+
+
+_MACHINE: Machine | None = None  # what configure() found, once it has run
+
+
+def configure() -> Machine:
+    """Set up Numba for the kernels, once a process (a later call returns the first one's answer): check the
+    Numba settings of the environment (a ValueError naming a setting the backend cannot run with), choose
+    the cache directory and the CPU features before Numba is imported (it reads them then), let a failed
+    cache save cost a warning instead of the call, key the kernels' cache entries by the whole package's
+    source, ask Linux for the AMX tile registers where Numba compiles their instructions, and discard
+    damaged cache entries."""
+    global _MACHINE
+    if _MACHINE is None:
+        _check_numba_settings()
+        _choose_cache_dir()
+        _prefer_512_bit_vectors()
+        _survive_unwritable_cache()
+        _key_cache_by_the_package()
+        features = _compile_features()
+        tiles_compiled = {"+amx-tile", "+amx-bf16"} <= features
+        _MACHINE = Machine(tiles_compiled, tiles_compiled and _tiles_granted(), "+avx512bw" in features)
+        _discard_damaged_cache()  # last: reading an entry imports its kernel's module, which needs all of the above
+    return _MACHINE
+
+
+def machine() -> Machine:
+    """What ``configure`` found (the package's ``__init__`` runs it before the kernel modules are imported)."""
+    if _MACHINE is None:
+        raise RuntimeError("refimpl.backends.numba_cpu.runtime.configure() has not run")
+    return _MACHINE
+
+
+def _writable(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def _choose_cache_dir() -> None:
+    """Set NUMBA_CACHE_DIR where Numba's own choice (this package's __pycache__) is not writable."""
+    if os.environ.get("NUMBA_CACHE_DIR") or _writable(PACKAGE / "__pycache__"):
+        return
+    user_cache = user_cache_dir()
+    base = None if user_cache is None else user_cache / "numba"
+    os.environ["NUMBA_CACHE_DIR"] = str(
+        base if base is not None and _writable(base) else tempfile.mkdtemp(prefix="refimpl-numba-")
+    )
+
+
+def _prefer_512_bit_vectors() -> None:
+    """Let LLVM use the full 512-bit vectors of AVX-512 processors (unless the user set the CPU features).
+    Numba reads the setting when it is imported; a program that imported it before this module has its
+    configuration read again (it has compiled nothing yet in a program that compiles nothing of its own
+    before importing refimpl's backend)."""
+    if os.environ.get("NUMBA_CPU_FEATURES") or os.environ.get("NUMBA_CPU_NAME"):
+        return
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features().flatten()
+    if "+avx512f" in features.split(","):
+        os.environ["NUMBA_CPU_NAME"] = llvm.get_host_cpu_name()
+        os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+        if "numba" in sys.modules:  # imported before us: read the environment again
+            sys.modules["numba"].core.config.reload_config()
+
+
+# The Numba settings checked before Numba reads them (docs/limits.md#the-environment).  Numba itself warns
+# with a traceback and goes on without a value it cannot parse; 100,000 threads crash its thread pool
+# (segmentation fault); a feature without its + or - fails an LLVM assertion, which aborts the process; an
+# unknown processor or feature makes LLVM print a warning at every compilation (and an unknown processor
+# without +64bit in the features is a fatal LLVM error).
+CHECKED_SETTINGS = (
+    "NUMBA_DISABLE_JIT",
+    "NUMBA_NUM_THREADS",
+    "NUMBA_THREADING_LAYER",
+    "NUMBA_CPU_NAME",
+    "NUMBA_CPU_FEATURES",
+)
+THREADING_LAYERS = ("default", "safe", "forksafe", "threadsafe", "tbb", "omp", "workqueue")  # Numba's names
+MAX_THREADS = max(1024, 4 * (os.cpu_count() or 1))
+
+
+def _check_numba_settings() -> None:
+    """One ValueError naming the variable for a Numba setting this backend cannot run with; an empty one is
+    removed (unset, as for the REFIMPL_ switches: Numba would warn that it cannot parse it)."""
+    import re
+
+    for name in CHECKED_SETTINGS:
+        if name in os.environ and not os.environ[name].strip():
+            del os.environ[name]
+    env = os.environ
+    for name in ("NUMBA_DISABLE_JIT", "NUMBA_NUM_THREADS"):
+        if name in env:
+            try:
+                int(env[name])  # as Numba reads them
+            except ValueError:
+                raise ValueError(f"environment variable {name}={env[name][:40]!r} is not a whole number") from None
+    if "NUMBA_NUM_THREADS" in env and not 1 <= int(env["NUMBA_NUM_THREADS"]) <= MAX_THREADS:
+        raise ValueError(
+            f"environment variable NUMBA_NUM_THREADS={env['NUMBA_NUM_THREADS']!r}: the numba backend runs 1 to "
+            f"{MAX_THREADS} threads"
+        )
+    if "NUMBA_THREADING_LAYER" in env and env["NUMBA_THREADING_LAYER"] not in THREADING_LAYERS:
+        raise ValueError(
+            f"environment variable NUMBA_THREADING_LAYER={env['NUMBA_THREADING_LAYER'][:40]!r} is not one of "
+            f"Numba's threading layers ({', '.join(THREADING_LAYERS)})"
+        )
+    features = env.get("NUMBA_CPU_FEATURES")
+    if features is not None and not all(re.fullmatch(r"[+-][A-Za-z0-9_.-]+", f) for f in features.split(",")):
+        raise ValueError(
+            f"environment variable NUMBA_CPU_FEATURES={features[:60]!r}: a comma-separated list of +feature and "
+            "-feature (e.g. +avx2,-prefer-256-bit)"
+        )
+    if "NUMBA_CPU_NAME" in env or features is not None:
+        complaint = _llvm_complaint(env.get("NUMBA_CPU_NAME"), features)
+        if complaint:
+            name = "NUMBA_CPU_NAME" if "processor" in complaint else "NUMBA_CPU_FEATURES"
+            raise ValueError(f"environment variable {name}={env[name][:60]!r}: LLVM says {complaint!r}")
+
+
+def _llvm_complaint(cpu: str | None, features: str | None) -> str | None:
+    """LLVM's warning about processor ``cpu`` with ``features`` (None: the host's), or None if it knows
+    both.  LLVM writes the warning on file descriptor 2 when the target machine is made; it is caught there."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    cpu = cpu if cpu is not None else llvm.get_host_cpu_name()
+    features = features if features is not None else llvm.get_host_cpu_features().flatten()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no standard error: nothing to catch the warning with
+        return None
+    with tempfile.TemporaryFile() as caught:
+        try:
+            sys.stderr.flush()
+            os.dup2(caught.fileno(), 2)
+            llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        lines = caught.read(1 << 16).decode("utf-8", "replace").splitlines()
+    return next((line for line in lines if "not a recognized" in line), None)
+
+
+def available() -> None:
+    """BackendUnavailable when Numba does not compile: ``NUMBA_DISABLE_JIT`` (its debugging switch, or
+    ``disable_jit`` in a ``.numba_config.yaml``) makes every kernel run as Python, and the twins' intrinsics
+    (bit casts, vector shuffles, tile instructions) cannot run as Python."""
+    import numba
+
+    if numba.config.DISABLE_JIT:
+        raise BackendUnavailable(
+            "backend 'numba': Numba's JIT is turned off (NUMBA_DISABLE_JIT), and the numba kernels cannot run "
+            "as Python (unset NUMBA_DISABLE_JIT to use them)"
+        )
+
+
+def _discard_damaged_cache() -> None:
+    """Numba trusts its cache files: an emptied index or a truncated data file (a full disk, a killed
+    writer) would make every later run fail with EOFError or UnpicklingError.  Check this package's entries
+    (unpickled as Numba would, a few milliseconds), delete damaged ones with a one-line warning, and let
+    Numba compile those kernels again."""
+    import pickle
+    import warnings
+
+    import numba
+    from numba.core.caching import UserProvidedCacheLocator
+
+    user_dir = os.environ.get("NUMBA_CACHE_DIR")
+    subpath = UserProvidedCacheLocator.get_suitable_cache_subpath(str(PACKAGE / "runtime.py"))
+    cache = Path(user_dir) / subpath if user_dir else None
+    cache = cache or PACKAGE / "__pycache__"  # (one directory for every module of the package)
+    indexes = [index for module in sorted(PACKAGE.glob("*.py")) for index in cache.glob(module.stem + ".*.nbi")]
+    damaged = []
+    for index in sorted(indexes):
+        try:
+            with open(index, "rb") as f:
+                if pickle.load(f) != numba.__version__:
+                    continue  # Numba ignores (and later rewrites) another version's index
+                _, overloads = pickle.loads(f.read())
+            for name in overloads.values():
+                with contextlib.suppress(FileNotFoundError):  # a missing data file is recompiled by Numba
+                    pickle.loads((cache / name).read_bytes())
+        except FileNotFoundError:
+            continue
+        except Exception as e:  # any unreadable entry (EOFError, UnpicklingError, ValueError...)
+            damaged.append(f"{index.name} ({type(e).__name__})")
+            for path in [index, *cache.glob(index.name[: -len(".nbi")] + ".*.nbc")]:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+    if damaged:
+        warnings.warn(
+            f"discarded damaged Numba cache entries in {cache}: {', '.join(damaged)}; recompiling those kernels",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _survive_unwritable_cache() -> None:
+    """Numba (outside Windows) lets an OSError from writing a cache entry escape from the call that compiled
+    the kernel: a full disk, a file-size limit or a cache directory made read-only would fail a decode whose
+    kernel was compiled and ready.  For this package's kernels, a save that fails is skipped with a one-line
+    warning (the kernel runs; the next process compiles it again); Numba's own write leaves no partial file
+    (a temporary file renamed into place, removed on failure)."""
+    import warnings
+
+    from numba.core.caching import Cache
+
+    save = Cache.save_overload
+    if getattr(save, "refimpl_guard", False):
+        return
+
+    def save_overload(self, sig, data):
+        if not getattr(self._py_func, "__module__", "").startswith("refimpl."):
+            return save(self, sig, data)
+        try:
+            return save(self, sig, data)
+        except OSError as e:
+            warnings.warn(
+                f"could not write the compiled {self._py_func.__name__} into Numba's cache ({e}); it runs, and is "
+                "compiled again by the next process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    save_overload.refimpl_guard = True
+    Cache.save_overload = save_overload
+
+
+def _compile_features() -> set:
+    """The CPU features Numba compiles for: its ``CPU_FEATURES`` (``NUMBA_CPU_FEATURES``, which
+    ``_prefer_512_bit_vectors`` sets from the host's; none for ``NUMBA_CPU_NAME=generic``), else the host's."""
+    import llvmlite.binding as llvm
+    import numba
+
+    configured = numba.core.config.CPU_FEATURES
+    return set((configured if configured is not None else llvm.get_host_cpu_features().flatten()).split(","))
+
+
+def _key_cache_by_the_package() -> None:
+    """Numba keys a kernel's cache entries by its own source file, but the compiled kernel holds the code of
+    the kernels it calls, from the other modules of this package too: an edited intrinsic would leave every
+    kernel that inlines it stale.  This package's kernels are keyed by all of its source files together
+    instead (``_package_stamp``: an edit to any of them compiles them all again)."""
+    from numba.core import caching
+
+    locator = getattr(caching, "_SourceFileBackedLocatorMixin", None)
+    stamp = getattr(locator, "get_source_stamp", None)
+    if stamp is None or getattr(stamp, "refimpl_guard", False):
+        return
+
+    def get_source_stamp(self):
+        py_file = getattr(self, "_py_file", None)
+        if py_file is None or Path(py_file).resolve().parent != PACKAGE:
+            return stamp(self)
+        return _package_stamp()
+
+    get_source_stamp.refimpl_guard = True
+    locator.get_source_stamp = get_source_stamp
+
+
+def _package_stamp() -> bytes:
+    """A hash of this package's source files, their names and contents in name order."""
+    files = sorted(PACKAGE.glob("*.py"))
+    return _hash_of(tuple((str(path), path.stat().st_mtime_ns, path.stat().st_size) for path in files))
+
+
+@functools.lru_cache(maxsize=4)
+def _hash_of(files: tuple) -> bytes:
+    """The hash of the files (path, modification time, size) in order: read again when one of them changed."""
+    digest = hashlib.sha256()
+    for path, _, _ in files:
+        digest.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes() + b"\0")
+    return digest.digest()
+
+
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # (x86-64 Linux)
+
+
+def _tiles_granted() -> bool:
+    """Ask Linux for this process's AMX tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)``, Linux 5.16+): whether they are granted, on x86-64 Linux, and not turned off
+    (``REFIMPL_AMX=0``)."""
+    if not switch("REFIMPL_AMX"):
+        return False
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False

@@ -1,0 +1,332 @@
+"""The twins of ``refimpl/tts/speaker_encoder.py``: the TDNN (reflected taps read in place, bias and ReLU in
+one pass) and the Res2Net built of them, on the AMX tiles where the weights are bf16 values; the gated
+residual, the pooling statistics and the spectral magnitude, each one pass without temporaries."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..host_memory import new_output
+from . import amx
+from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_blocks_on_tiles, _taps_on_tiles, _tdnn_weight_tiles
+from .elementwise import ELEMENTWISE_PIECE
+from .intrinsics import FASTMATH, _exp_f32
+from .pieces import _piece_threads, run_pieces
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _stack_reflected_taps_into(x_ct, first, dilation, cols_ikn):
+    """cols[i, k, j] = x[i, r(first + k * dilation + j)], r mirroring positions outside 0 .. T - 1 about the
+    edge samples (r(-1) = 1, r(T) = T - 2: the reflect padding, without the padded copy)."""
+    I, K, N = cols_ikn.shape
+    T = x_ct.shape[1]
+    for i in range(I):
+        for k in range(K):
+            start = first + k * dilation
+            j0, j1 = min(max(-start, 0), N), max(min(T - start, N), 0)  # x itself for j0 <= j < j1
+            for j in range(j0):
+                cols_ikn[i, k, j] = x_ct[i, -(start + j)]
+            if j1 > j0:
+                cols_ikn[i, k, j0:j1] = x_ct[i, start + j0 : start + j1]
+            for j in range(max(j1, j0), N):
+                cols_ikn[i, k, j] = x_ct[i, 2 * (T - 1) - (start + j)]
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _add_bias_and_relu(h_on, bias_o):
+    """h = ReLU(h + bias), in place (a NaN stays NaN, as with ``np.maximum``)."""
+    for o in range(h_on.shape[0]):
+        bias, row = bias_o[o], h_on[o]
+        for j in range(row.shape[0]):
+            y = row[j] + bias
+            row[j] = np.float32(0.0) if y <= 0 else y
+
+
+TDNN_RELU_PIECE = 1 << 21  # values per piece of the bias + ReLU pass (8 MB): smaller outputs in one pass here, as a
+# piece thread's hand-off costs more than it saves (512 x 937 frames: 42 us on this thread, 117 in two pieces)
+
+
+def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
+    """out = ReLU(reflect-"same" conv(x) + b) for one item [C, T] -> [O, T]: the taps read straight from x
+    with the mirrored edges (``_stack_reflected_taps_into``, into ``cols_ikn`` [I, K, T] where given: a
+    buffer reused from one call to the next; a 1-tap conv multiplies x itself), one matrix product on
+    BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side."""
+    O, I, K = w_oik.shape
+    T = x_ct.shape[1]
+    on_tiles = amx.USE_TILES and T >= TILE_TDNN_MIN_STEPS and O >= TILE_TDNN_MIN_OUT
+    tiles_usrc = _tdnn_weight_tiles(w_oik) if on_tiles else None
+    if tiles_usrc is not None:  # bf16 weights (as released): the product on the tiles, bias and ReLU in it
+        first = -(dilation * (K - 1) // 2)
+        _taps_on_tiles(x_ct, tiles_usrc, b_o, True, K, dilation, first, out_ot)
+        return
+    w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
+    if K == 1:
+        np.matmul(w_m, x_ct, out=out_ot)
+    else:
+        cols_ikn = np.empty((I, K, T), np.float32) if cols_ikn is None else cols_ikn
+        _stack_reflected_taps_into(np.ascontiguousarray(x_ct), -(dilation * (K - 1) // 2), dilation, cols_ikn)
+        np.matmul(w_m, cols_ikn.reshape(I * K, T), out=out_ot)
+    rows = max(1, TDNN_RELU_PIECE // T)
+    run_pieces(
+        lambda o0: _add_bias_and_relu(out_ot[o0 : o0 + rows], b_o[o0 : o0 + rows]), [(o0,) for o0 in range(0, O, rows)]
+    )
+
+
+def tdnn_offline(x_bct, w_oik, b_o, dilation):
+    """``tts.speaker_encoder.tdnn_offline`` (float32): ``_tdnn_into`` for each item, where the reference pads
+    a copy of x and adds the bias and takes the ReLU as two more passes, each a fresh array."""
+    B, C, T = x_bct.shape
+    O, I, K = w_oik.shape
+    left = dilation * (K - 1) // 2
+    too_short = T <= max(left, dilation * (K - 1) - left)  # (the reference's error)
+    if x_bct.dtype != np.float32 or w_oik.dtype != np.float32 or I != C or b_o is None or too_short:
+        return NotImplemented
+    out_bot = new_output((B, O, T))
+    for b in range(B):
+        _tdnn_into(x_bct[b], w_oik, b_o, dilation, out_bot[b])
+    return out_bot
+
+
+def _res2net_tiles(w_joik, T):
+    """The groups' weight tiles (``_tdnn_weight_tiles``) where the Res2Net runs on the tiles (granted, k3,
+    ``TILE_RES2NET_MIN_STEPS`` steps, every group's weight bf16 values of whole tiles), else None."""
+    if not amx.USE_TILES or T < TILE_RES2NET_MIN_STEPS or w_joik[0].shape[-1] != 3:
+        return None
+    tiles_j = tuple(_tdnn_weight_tiles(w) for w in w_joik)
+    return None if any(t is None for t in tiles_j) else tiles_j
+
+
+def res2net_offline(x_bct, w_joik, b_jo, dilation):
+    """``tts.speaker_encoder.res2net_offline`` (float32): each group's TDNN written in place in the
+    concatenated output (its rows of channels are a contiguous block of it), the sum with the previous
+    group's output taken into one small buffer; group 0 copied.  Where the reference splits, adds into a
+    fresh array, makes a TDNN's output and concatenates them all again (seven TDNNs of 64 channels in
+    each of the released encoder's three blocks, 937 frames for 10 s: 0.23 ms each, a third of it the
+    work around the product)."""
+    B, C, T = x_bct.shape
+    G = C // (len(w_joik) + 1)  # channels per group
+    if x_bct.dtype != np.float32 or C % (len(w_joik) + 1) or any(w.shape[:2] != (G, G) for w in w_joik):
+        return NotImplemented
+    K = w_joik[0].shape[-1]
+    left = dilation * (K - 1) // 2
+    too_short = T <= max(left, dilation * (K - 1) - left)  # (the reference's error)
+    if too_short or any(w.dtype != np.float32 or w.shape[-1] != K for w in w_joik) or any(b is None for b in b_jo):
+        return NotImplemented
+    out_bct = new_output((B, C, T))
+    tiles_j = _res2net_tiles(w_joik, T)
+    if tiles_j is not None:  # bf16 weights (as released): each thread a range of steps, all groups on the tiles
+        b_jo = tuple(np.ascontiguousarray(b, np.float32) for b in b_jo)
+        n = _piece_threads()
+        for b in range(B):
+            x_ct, out_ct = np.ascontiguousarray(x_bct[b]), out_bct[b]
+            cuts = [T * i // n for i in range(n + 1)]
+            run_pieces(
+                lambda t0, t1: _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, t0, t1, out_ct),
+                [(cuts[i], cuts[i + 1]) for i in range(n)],
+            )
+        return out_bct
+    out_bct[:, :G] = x_bct[:, :G]
+    sum_ct = np.empty((G, T), np.float32)
+    cols_gkt = np.empty((G, K, T), np.float32)  # every group's stacked taps, in one buffer
+    for b in range(B):
+        for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo), start=1):
+            group_ct = x_bct[b, j * G : (j + 1) * G]
+            if j > 1:  # plus the previous group's output: rows of out just written
+                group_ct = np.add(group_ct, out_bct[b, (j - 1) * G : j * G], out=sum_ct)
+            _tdnn_into(group_ct, w_oik, b_o, dilation, out_bct[b, j * G : (j + 1) * G], cols_gkt)
+    return out_bct
+
+
+@numba.njit(cache=True, nogil=True)
+def _gated_residual_rows(h_ct, gates_c, x_ct, out_ct):
+    """out[c] = h[c] * gates[c] + x[c], the product rounded before the sum (no fused multiply-add: NumPy's
+    two steps, the same bits)."""
+    for c in range(h_ct.shape[0]):
+        gate, h_t, x_t, out_t = gates_c[c], h_ct[c], x_ct[c], out_ct[c]
+        for t in range(h_t.shape[0]):
+            out_t[t] = h_t[t] * gate + x_t[t]
+
+
+def gated_residual(h_bct, gates_bc1, x_bct):
+    """``tts.speaker_encoder.gated_residual`` (float32): one pass into one output where the reference makes
+    two arrays (512 x 937 frames: 0.34 -> 0.20 ms)."""
+    arrays = (h_bct, gates_bc1, x_bct)
+    if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 3 for a in arrays):
+        return NotImplemented
+    B, C, T = h_bct.shape
+    if x_bct.shape != h_bct.shape or gates_bc1.shape != (B, C, 1):
+        return NotImplemented
+    out_bct = new_output((B, C, T))
+    for b in range(B):
+        _gated_residual_rows(
+            np.ascontiguousarray(h_bct[b]), gates_bc1[b, :, 0].copy(), np.ascontiguousarray(x_bct[b]), out_bct[b]
+        )
+    return out_bct
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _weighted_mean_and_std_rows(x_ct, w_rt, eps, mean_c, std_c):
+    """mean[c] = sum_t w[c, t] x[c, t], std[c] = sqrt(max(sum_t w[c, t] (x[c, t] - mean[c])^2, eps)), w's one
+    row for every c when it has one row; each row's two passes while it is in the first-level cache."""
+    C, T = x_ct.shape
+    for c in range(C):
+        x_t, w_t = x_ct[c], w_rt[c if w_rt.shape[0] > 1 else 0]
+        mean = np.float32(0.0)
+        for t in range(T):
+            mean += w_t[t] * x_t[t]
+        variance = np.float32(0.0)
+        for t in range(T):
+            d = x_t[t] - mean
+            variance += w_t[t] * (d * d)
+        mean_c[c] = mean
+        std_c[c] = np.sqrt(eps) if variance < eps else np.sqrt(variance)  # (NaN stays NaN)
+
+
+def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
+    """``tts.speaker_encoder.mean_and_std`` (float32): both statistics of a row in one kernel call, rows of
+    channels side by side (``run_pieces``), no [B, C, T] temporaries (the reference makes four).  Its sums
+    run in another order than NumPy's pairwise ``np.sum``: float32 rounding apart, the same numbers."""
+    B, C, T = x_bct.shape
+    if (
+        x_bct.dtype != np.float32
+        or not isinstance(weights_bct, np.ndarray)
+        or weights_bct.dtype != np.float32
+        or weights_bct.ndim != 3
+        or weights_bct.shape[0] != B
+        or weights_bct.shape[1] not in (1, C)
+        or weights_bct.shape[2] != T
+    ):
+        return NotImplemented
+    mean_bc, std_bc = np.empty((B, C), np.float32), np.empty((B, C), np.float32)
+    rows = max(1, ELEMENTWISE_PIECE // max(T, 1))
+    per_row = weights_bct.shape[1] > 1
+
+    def piece(b, c0):
+        c1 = min(C, c0 + rows)
+        w_rt = weights_bct[b, c0:c1] if per_row else weights_bct[b]
+        _weighted_mean_and_std_rows(x_bct[b, c0:c1], w_rt, np.float32(eps), mean_bc[b, c0:c1], std_bc[b, c0:c1])
+
+    run_pieces(piece, [(b, c0) for b in range(B) for c0 in range(0, C, rows)])
+    return mean_bc, std_bc
+
+
+@numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
+def _exp_minus_into(l_t, m, e_t):
+    """e = exp(l - m) by ``_exp_f32`` (compiled without reassociation, which its reduction needs)."""
+    for t in range(l_t.shape[0]):
+        e_t[t] = _exp_f32(l_t[t] - m)
+
+
+@numba.njit(fastmath=FASTMATH, error_model="numpy", cache=True, nogil=True)
+def _softmax_mean_and_std_rows(x_ct, l_ct, m_c, eps, mean_c, std_c):
+    """For each row c, with e = exp(l[c] - m[c]) (m the row's maximum) and s = sum_t e: mean = sum_t e x / s,
+    std = sqrt(max(sum_t e (x - mean)^2 / s, eps)); the weights e / s of the softmax folded into the sums,
+    each row's passes in the first-level cache."""
+    C, T = x_ct.shape
+    e_t = np.empty(T, dtype=np.float32)
+    for c in range(C):
+        _exp_minus_into(l_ct[c], m_c[c], e_t)
+        x_t = x_ct[c]
+        total = np.float32(0.0)
+        weighted = np.float32(0.0)
+        for t in range(T):
+            total += e_t[t]
+            weighted += e_t[t] * x_t[t]
+        mean = weighted / total
+        variance = np.float32(0.0)
+        for t in range(T):
+            d = x_t[t] - mean
+            variance += e_t[t] * (d * d)
+        variance = variance / total
+        mean_c[c] = mean
+        std_c[c] = np.sqrt(eps) if variance < eps else np.sqrt(variance)  # (NaN stays NaN)
+
+
+def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12):
+    """``tts.speaker_encoder.softmax_mean_and_std`` (float32): the softmax's weights never made (the
+    reference's [B, C, T] weights, and mean_and_std's four temporaries): each row's maximum by NumPy, then
+    per row exp(l - max) into a row buffer, its sum and the two weighted sums, rows of channels side by
+    side (``run_pieces``).  exp is ``_exp_f32`` (within 1 ulp) and the sums run in another order than the
+    reference's: float32 rounding apart, the same numbers.  1536 x 937: 2.33 -> 0.96 ms."""
+    if not isinstance(logits_bct, np.ndarray) or x_bct.dtype != np.float32 or logits_bct.dtype != np.float32:
+        return NotImplemented
+    if logits_bct.shape != x_bct.shape or x_bct.shape[-1] == 0:
+        return NotImplemented
+    B, C, T = x_bct.shape
+    x_bct, logits_bct = np.ascontiguousarray(x_bct), np.ascontiguousarray(logits_bct)
+    max_bc = np.max(logits_bct, axis=2)
+    mean_bc, std_bc = np.empty((B, C), np.float32), np.empty((B, C), np.float32)
+    rows = max(1, ELEMENTWISE_PIECE // T)
+
+    def piece(b, c0):
+        c1 = min(C, c0 + rows)
+        _softmax_mean_and_std_rows(
+            x_bct[b, c0:c1],
+            logits_bct[b, c0:c1],
+            max_bc[b, c0:c1],
+            np.float32(eps),
+            mean_bc[b, c0:c1],
+            std_bc[b, c0:c1],
+        )
+
+    run_pieces(piece, [(b, c0) for b in range(B) for c0 in range(0, C, rows)])
+    return mean_bc, std_bc
+
+
+@numba.njit(cache=True, nogil=True)
+def _magnitude_rows(spectrum_tf, out_tf):
+    """out = sqrt(re^2 + im^2 + 1e-9), each step rounded in float32 in that order (no fast-math: the
+    reference's bits)."""
+    for t in range(spectrum_tf.shape[0]):
+        s_f, out_f = spectrum_tf[t], out_tf[t]
+        for f in range(s_f.shape[0]):
+            re, im = s_f[f].real, s_f[f].imag
+            out_f[f] = np.sqrt((re * re + im * im) + np.float32(1e-9))
+
+
+def spectral_magnitude(spectrum_btf):
+    """``tts.speaker_encoder.spectral_magnitude`` (complex64): one pass over the spectrum, rows of frames
+    side by side, where the reference's strided squares and sums make three passes and a temporary (937
+    frames of 513 bins: 1.3 ms -> 0.2); the same bits."""
+    if not isinstance(spectrum_btf, np.ndarray) or spectrum_btf.dtype != np.complex64 or spectrum_btf.ndim != 3:
+        return NotImplemented
+    B, T, F = spectrum_btf.shape
+    spectrum_btf = np.ascontiguousarray(spectrum_btf)
+    out_btf = np.empty((B, T, F), np.float32)
+    rows = max(1, ELEMENTWISE_PIECE // max(F, 1))
+    run_pieces(
+        lambda b, t0: _magnitude_rows(spectrum_btf[b, t0 : t0 + rows], out_btf[b, t0 : t0 + rows]),
+        [(b, t0) for b in range(B) for t0 in range(0, T, rows)],
+    )
+    return out_btf
+
+
+# A Res2Net's small groups one by one lose on the tiles; all of them in one call win from this many steps (each
+# thread's share of steps is widened by the dilation once per later group: for short signals mostly overlap)
+TILE_RES2NET_MIN_STEPS = 128
+
+
+@numba.njit(cache=True, nogil=True)
+def _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, a, b, out_ct):
+    """``res2net_offline``'s output steps a <= t < b of one item [C, T], all its groups on this thread: group 0
+    copied; group j's TDNN (``_taps_blocks_on_tiles``, k3, reflect padding) on x_j + y_(j-1) over the steps
+    its successors need (the range widened by the dilation once per later group, within 0 .. T - 1), so
+    that the cascade needs nothing of another thread's range.  Each step's sums see its own row alone: the
+    same bits as the groups' TDNNs on the tiles over the whole signal."""
+    C, T = x_ct.shape
+    J = len(tiles_j)  # groups after the first
+    G = C // (J + 1)
+    K = 3
+    z_ct = np.empty((G, T), dtype=np.float32)  # a group's input where it is read
+    y_ct = np.empty((G, T), dtype=np.float32)  # the previous group's output where it is computed
+    out_ct[:G, a:b] = x_ct[:G, a:b]
+    for j in range(1, J + 1):
+        widen = (J - j) * dilation
+        r0, r1 = max(a - widen, 0), min(b + widen, T)  # group j's outputs the cascade needs
+        z0, z1 = max(r0 - dilation, 0), min(r1 + dilation, T)  # its inputs they read (mirrored ones inside)
+        for c in range(G):
+            for t in range(z0, z1):
+                z_ct[c, t] = x_ct[j * G + c, t] if j == 1 else x_ct[j * G + c, t] + y_ct[c, t]
+        _taps_blocks_on_tiles(z_ct, tiles_j[j - 1], b_jo[j - 1], True, True, K, dilation, -dilation, y_ct, r0, r1, 0, 1)
+        out_ct[j * G : (j + 1) * G, a:b] = y_ct[:, a:b]
