@@ -2,7 +2,7 @@
 with the same names and signatures, faster.
 
 Every twin computes what its reference computes (the same formula); only the order of float sums may
-differ, and the tests in ``tests/backends/test_kernels.py`` bound that difference from the reduction length.  A
+differ, and the tests in ``tests/backends/numba_cpu/`` bound that difference from the reduction length.  A
 twin returns ``NotImplemented`` for a call it has no kernel for (float64, another pad mode): the reference
 runs then.  For generation, the twins read bfloat16 weights as stored, on Numba's parallel loops, and a
 prompt's products on the AMX tile registers where the processor has them; for the codecs, pieces of time

@@ -1,7 +1,7 @@
 """The code predictor's packed words (``bf16.PackedWords``): lossless, and the products read from them within
 the float32 bound of the same products read from the words.
 
-Tolerance (as tests/backends/test_kernels.py): a product of n terms summed in float32 in any order is within
+Tolerance (as tests/backends/numba_cpu/cases.py): a product of n terms summed in float32 in any order is within
 gamma_n * sum|terms| of the exact value (gamma_n ~ n * eps / 2); the packed kernel's sums are measured against
 the float64 product of the same bf16 weights with (n + 1) * eps * sum|terms|, the bound the words' own
 kernel meets (``test_matvec_kernel_of_the_fused_step_is_the_linear_kernel``).
@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_kernels import random_qwen3_layer
 
 from refimpl import backends as kernels
 from refimpl import nn, transformer
 from refimpl.backends import bf16, numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, PackedWords, bf16_bits_to_float32, float32_to_bf16_bits, unpack_words
+
+from .cases import random_qwen3_layer
 
 pytestmark = pytest.mark.skipif(
     not numba_cpu.packed_words.PACKED_COMPILED, reason="the packed kernel needs 512-bit byte shuffles (avx512bw)"
@@ -161,7 +162,7 @@ def test_fused_layer_on_packed_words_equals_the_layer(n_cached, T):
     """The fused layer step of a streamed layer (every product from packed words) against the composition
     transformer_layer in float32, both measured against the float64 layer of the same bf16 weights: within
     twice the composition's error plus the float32 rounding of the longest reduction (as the words' own
-    fused layer, tests/backends/test_kernels.py); the keys and values cached likewise."""
+    fused layer, tests/backends/numba_cpu/test_transformer.py); the keys and values cached likewise."""
     C, H, G, D, F = 64, 4, 2, 16, 128
     eps = 1e-6
     results = {}

@@ -1,0 +1,152 @@
+"""The codec decoder's fused twins (the residual unit, SnakeBeta into a causal conv) against their references,
+in pieces and on the AMX tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refimpl import backends as kernels
+from refimpl.backends import numba_cpu
+from refimpl.codec import decoder as codec_decoder
+
+from .cases import needs_tiles, within_float32_noise
+
+
+def _residual_unit_case(seed, B, C, T, dilation, with_context):
+    """A random residual unit's input, arguments (float64 and float32), left context (or None; both types),
+    and the reference's outputs: float32, float64, and the next context the numba path keeps primitive by
+    primitive."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    args = (
+        *(rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5, rng.standard_normal((C, C, 7)) / np.sqrt(7 * C)),
+        *(rng.standard_normal(C) * 0.1, rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5),
+        *(rng.standard_normal((C, C, 1)) / np.sqrt(C), rng.standard_normal(C) * 0.1),
+    )
+    args32 = [a.astype(np.float32) for a in args]
+    context = rng.standard_normal((B, C, 6 * dilation)) if with_context else None
+    context32 = None if context is None else context.astype(np.float32)
+    with kernels.use_backend("numpy"):
+        ref, _ = codec_decoder.residual_unit_push(x, *args32, dilation, context32)
+        exact, _ = codec_decoder.residual_unit_push(x.astype(np.float64), *args, dilation, context)
+    with kernels.use_backend("numba"):
+        _, kept = codec_decoder.residual_unit_push.reference(x, *args32, dilation, context32)
+    return x, args, args32, context, context32, ref, exact, kept
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 12),
+    st.integers(1, 60),
+    st.sampled_from((1, 3, 9)),
+    st.integers(1, 25),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_context, seed):
+    """The fused unit against its reference (run on the plain formulas), pieces of ``tile`` steps so that
+    the left context crosses piece boundaries, at the signal's start or after a push (a context): within the
+    float32 reference's own noise (``within_float32_noise``); the next context is what the
+    numba path primitive by primitive keeps, to the bit."""
+    x, args, args32, context, context32, ref, exact, kept = _residual_unit_case(seed, B, C, T, dilation, with_context)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", tile)
+        got, got_context = numba_cpu.codec_decoder.residual_unit_push(x, *args32, dilation, context32)
+        # a trimmed view (as the transposed conv's output is) is read in place: its NaN tail is never read
+        trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
+        assert np.array_equal(numba_cpu.codec_decoder.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    assert got_context.shape == (B, C, 6 * dilation) and np.array_equal(got_context, kept)
+    assert numba_cpu.codec_decoder.residual_unit_push(x.astype(np.float64), *args, dilation, context) is NotImplemented
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 12),  # channels
+    st.sampled_from((1, 2, 3, 9)),  # output channels (the decoder's last conv: 1; 9: the stacked taps)
+    st.integers(1, 60),
+    st.integers(1, 25),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, with_context, seed):
+    """The fused last SnakeBeta + conv against its reference (the plain formulas), pieces of ``tile`` steps
+    so that the taps cross piece boundaries, at the signal's start or after a push: within the float32
+    reference's own noise (``within_float32_noise``); the next context to the bit."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    args = (
+        *(rng.standard_normal(C) * 0.5, rng.standard_normal(C) * 0.5, rng.standard_normal((O, C, 7)) / np.sqrt(7 * C)),
+        rng.standard_normal(O) * 0.1 if with_bias else None,
+    )
+    args32 = [None if a is None else a.astype(np.float32) for a in args]
+    context = rng.standard_normal((B, C, 6)) if with_context else None
+    context32 = None if context is None else context.astype(np.float32)
+    with kernels.use_backend("numpy"):
+        ref, _ = codec_decoder.snake_causal_conv_push(x, *args32, context32)
+        exact, _ = codec_decoder.snake_causal_conv_push(x.astype(np.float64), *args, context)
+    with kernels.use_backend("numba"):
+        _, kept = codec_decoder.snake_causal_conv_push.reference(x, *args32, context32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", tile)
+        got, got_context = numba_cpu.codec_decoder.snake_causal_conv_push(x, *args32, context32)
+        trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
+        assert np.array_equal(numba_cpu.codec_decoder.snake_causal_conv_push(trimmed, *args32, context32)[0], got)
+    assert got.shape == ref.shape == (B, O, T) and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    assert got_context.shape == (B, C, 6) and np.array_equal(got_context, kept)
+    assert numba_cpu.codec_decoder.snake_causal_conv_push(x.astype(np.float64), *args, context) is NotImplemented
+
+
+@needs_tiles
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from((32, 64)),
+    st.integers(1, 200),
+    st.sampled_from((1, 3, 9)),
+    st.sampled_from((32, 64)),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_context, seed):
+    """The fused unit on the tiles (``_convs_take_tiles`` made to take every length, pieces of ``piece``
+    steps so that the left context crosses their boundaries and the last piece is partial) against its
+    reference: within the float32 reference's own noise; a trimmed view read in place; the next context
+    the reference's, to the bit; and not the bits of the BLAS path (the tiles ran)."""
+    x, _, args32, _, context32, ref, exact, kept = _residual_unit_case(seed, 1, C, T, dilation, with_context)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_TILE_VALUES", piece * C)
+        got, got_context = numba_cpu.codec_decoder.residual_unit_push(x, *args32, dilation, context32)
+        trimmed = np.concatenate([x, np.full((1, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
+        assert np.array_equal(numba_cpu.codec_decoder.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        blas, _ = numba_cpu.codec_decoder.residual_unit_push(x, *args32, dilation, context32)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    assert np.array_equal(got_context, kept)
+    assert T < 4 or not np.array_equal(got, blas)
+
+
+@needs_tiles
+def test_decoder_keeps_its_units_tiles_and_runs_a_short_decode_on_them(speech_tokenizers):
+    """A model's decoder (read-only weights) splits its residual units' weights once: after a decode of
+    a few frames their tiles are kept (the units took the tiles below ``UNIT_TILES_MIN_STEPS``), and a second
+    decode gives the same samples, to the bit."""
+    tok = speech_tokenizers["f32"]
+    codes = np.random.default_rng(3).integers(0, 64, size=(3, 16))  # 96 steps in the first block's units
+    units = [w for name, w in tok.decoder_weights.items() if ".block." in name and name.endswith("conv1.conv.weight")]
+    numba_cpu.amx_conv._WEIGHT_TILES.clear()
+    with kernels.use_backend("numba"):
+        first = tok.decode_full(codes)
+        assert units and all(numba_cpu.kept._read_only(w) for w in units)
+        takes = [w.shape[0] % 32 == 0 for w in units]
+        assert [id(w) in numba_cpu.amx_conv._WEIGHT_TILES for w in units] == takes
+        np.testing.assert_array_equal(tok.decode_full(codes), first)

@@ -1,0 +1,78 @@
+"""Pieces of work side by side on the BLAS threads (``pieces.run_pieces``): BLAS lent and given back, a forked
+child's own pool, errors reaching the caller, and OpenBLAS's idle threads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from refimpl.backends import numba_cpu
+
+
+def test_two_callers_lending_blas_at_once_leave_it_its_threads():
+    """Two threads decoding at once: the first in sets BLAS to one thread, the one that leaves first must
+    not restore it while the other's pieces still run, and the last out restores the count from before."""
+    import threadpoolctl
+
+    def threads():
+        return [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+
+    before = threads()
+    if min(before, default=1) < 2:
+        pytest.skip("BLAS runs one thread here: nothing is lent")
+    controllers = numba_cpu.pieces._blas_controller()
+    first, second = numba_cpu.pieces._blas_lent(controllers), numba_cpu.pieces._blas_lent(controllers)
+    first.__enter__()
+    second.__enter__()
+    assert max(threads()) == 1
+    first.__exit__(None, None, None)  # the first out, while the other's pieces still run
+    assert max(threads()) == 1
+    second.__exit__(None, None, None)
+    assert threads() == before
+
+
+def test_pieces_run_in_a_forked_child_after_the_parent_used_its_pool():
+    """A forked process has none of the parent's threads: its pieces get a pool of their own (the parent's
+    would accept them and never run them: a hang)."""
+    import multiprocessing
+
+    numba_cpu.pieces.run_pieces(lambda i: None, [(i,) for i in range(4)])  # the parent's pool exists now
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        result = pool.apply_async(_sum_in_pieces, (10,))
+        assert result.get(timeout=60) == sum(range(10))
+
+
+def _sum_in_pieces(n):
+    seen = []
+    numba_cpu.pieces.run_pieces(lambda i: seen.append(i), [(i,) for i in range(n)])
+    return sum(seen)
+
+
+def test_importing_refimpl_first_lets_idle_openblas_threads_sleep_unless_the_user_says_otherwise():
+    code = "import os, refimpl, numpy; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    for preset, expected in ((None, "4"), ("12", "12")):
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+        env.update({"PYTHONPATH": str(REPO)} | ({"OPENBLAS_THREAD_TIMEOUT": preset} if preset else {}))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout.split() == [expected], r.stderr
+
+
+def test_pieces_run_side_by_side_and_their_errors_reach_the_caller():
+    seen = set()
+
+    def piece(i):
+        seen.add(i)
+        if i == 7:
+            raise ValueError("piece 7")
+
+    with pytest.raises(ValueError, match="piece 7"):
+        numba_cpu.pieces.run_pieces(piece, [(i,) for i in range(10)])
+    assert 7 in seen
+    seen.clear()
+    numba_cpu.pieces.run_pieces(lambda i: seen.add(i), [(i,) for i in range(10)])
+    assert seen == set(range(10))

@@ -1,0 +1,292 @@
+"""The speaker encoder's twins (TDNN, Res2Net, gated residual, pooling statistics, spectral magnitude)
+against their references, and the TDNNs on the AMX tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refimpl import backends as kernels
+from refimpl import nn
+from refimpl.backends import numba_cpu
+from refimpl.backends.bf16 import float32_to_bf16_bits
+from refimpl.tts import speaker_encoder
+
+from .cases import bf16_values, needs_tiles, within_float32_noise
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    C=st.integers(1, 9),
+    O=st.integers(1, 9),
+    K=st.sampled_from((1, 2, 3, 5)),
+    dilation=st.integers(1, 4),
+    extra=st.integers(0, 40),
+    seed=st.integers(0, 2**31),
+)
+def test_tdnn_twin_reads_the_reflected_taps_of_the_reference(B, C, O, K, dilation, extra, seed):
+    """The speaker encoder's TDNN without its padded copy: taps mirrored at both edges (from the fewest frames
+    the padding allows), one product, bias and ReLU: within the bound of two sums of the same I * K terms;
+    a NaN frame spoils the same outputs on both sides."""
+    rng = np.random.default_rng(seed)
+    left, right = speaker_encoder.same_padding(K, dilation)
+    T = max(left, right) + 1 + extra
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    w = rng.standard_normal((O, C, K)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    ref = speaker_encoder.tdnn_offline.reference(x, w, b, dilation)
+    got = numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)
+    assert got.shape == ref.shape == (B, O, T) and got.dtype == np.float32
+    padded = np.pad(np.abs(x).astype(np.float64), ((0, 0), (0, 0), (left, right)), mode="reflect")
+    abs_sum = nn.conv1d.reference(padded, np.abs(w).astype(np.float64), np.abs(b).astype(np.float64), dilation=dilation)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
+    x[0, 0, T // 2] = np.nan
+    nan_ref = np.isnan(speaker_encoder.tdnn_offline.reference(x, w, b, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)), nan_ref)
+    assert nan_ref.any()
+
+
+def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
+    x = np.zeros((1, 3, 2), np.float32)
+    w = np.zeros((2, 3, 5), np.float32)
+    assert (
+        numba_cpu.speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1) is NotImplemented
+    )  # 2 frames, a padding of 2
+    assert (
+        numba_cpu.speaker_encoder.tdnn_offline(x.astype(np.float64), w.astype(np.float64), np.zeros(2), 1)
+        is NotImplemented
+    )
+    with pytest.raises(ValueError, match="too few for a reflect padding"):
+        speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1)  # the reference's error
+
+
+@needs_tiles
+@pytest.mark.parametrize(
+    "O, C, K, dilation, T", [(256, 32, 1, 1, 33), (256, 64, 3, 2, 150), (288, 384, 3, 1, 300), (256, 128, 5, 1, 129)]
+)
+def test_tdnn_on_the_tiles_is_the_tile_kernel_of_its_stacked_taps(O, C, K, dilation, T, monkeypatch):
+    """A TDNN with bf16 weights and at least ``TILE_TDNN_MIN_OUT`` outputs runs on the tiles: its taps
+    mirrored at both edges read in place and split in blocks of ``TILE_TDNN_STEPS`` steps (one pair of
+    tiles, several blocks, a last block of one step, 1152 > ``TILE_K_CHUNK`` columns), bias and ReLU in the
+    same pass: the same bits as the prompt's tile kernel on the reflect-padded, stacked rows, then bias and
+    ReLU; within the bound of two sums of the same I K terms; not the BLAS path's bits (the tiles ran); a
+    NaN frame spoils the same outputs as in the reference."""
+    rng = np.random.default_rng(O + C + K + T)
+    x = rng.standard_normal((1, C, T)).astype(np.float32)
+    w = bf16_values(rng, (O, C, K))
+    w.flags.writeable = False
+    b = rng.standard_normal(O).astype(np.float32)
+    got = numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)
+    left, right = speaker_encoder.same_padding(K, dilation)
+    padded = np.pad(x[0], ((0, 0), (left, right)), mode="reflect")
+    stacked = np.stack([padded[:, k * dilation : k * dilation + T] for k in range(K)], axis=1)  # [C, K, T]
+    rows = np.ascontiguousarray(stacked.reshape(C * K, T).T)
+    sums = np.empty((T, O), np.float32)
+    numba_cpu.amx._tile_bf16_times(rows, float32_to_bf16_bits(w.reshape(O, C * K)), sums, 2)
+    with_bias = sums.T + b[:, None]
+    np.testing.assert_array_equal(got[0], np.where(with_bias <= 0, np.float32(0), with_bias))
+    ref = speaker_encoder.tdnn_offline.reference(x, w, b, dilation)
+    abs_sum = np.abs(w.reshape(O, C * K)).astype(np.float64) @ np.abs(rows.T) + np.abs(b)[:, None]
+    assert np.all(np.abs(got[0].astype(np.float64) - ref[0]) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
+    monkeypatch.setattr(numba_cpu.amx, "USE_TILES", False)
+    assert not np.array_equal(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation), got)
+    monkeypatch.setattr(numba_cpu.amx, "USE_TILES", True)
+    x[0, 0, T // 2] = np.nan
+    nan_ref = np.isnan(speaker_encoder.tdnn_offline.reference(x, w, b, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)), nan_ref)
+    assert nan_ref.any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    groups=st.integers(2, 8),
+    width=st.integers(1, 6),
+    K=st.sampled_from((1, 3, 5)),
+    dilation=st.integers(1, 4),
+    extra=st.integers(0, 40),
+    seed=st.integers(0, 2**31),
+)
+def test_res2net_twin_writes_each_group_where_the_reference_concatenates_it(B, groups, width, K, dilation, extra, seed):
+    """The speaker encoder's Res2Net in one call: group 0 passed through bit for bit, each later group's TDNN
+    (on its channels plus the previous group's output) within float32 noise of the plain NumPy formula, and
+    the same bits as the TDNN twin applied group by group (the products are the same calls); a NaN spoils
+    the same outputs on both sides."""
+    rng = np.random.default_rng(seed)
+    T = max(speaker_encoder.same_padding(K, dilation)) + 1 + extra  # from the fewest frames the padding allows
+    x = rng.standard_normal((B, groups * width, T)).astype(np.float32)
+    ws = tuple(
+        (rng.standard_normal((width, width, K)) / np.sqrt(width * K)).astype(np.float32) for _ in range(groups - 1)
+    )
+    bs = tuple(rng.standard_normal(width).astype(np.float32) for _ in range(groups - 1))
+    got = numba_cpu.speaker_encoder.res2net_offline(x, ws, bs, dilation)
+    with kernels.use_backend("numpy"):
+        ref = speaker_encoder.res2net_offline.reference(x, ws, bs, dilation)
+    exact = speaker_encoder.res2net_offline.reference(
+        x.astype(np.float64), tuple(w.astype(np.float64) for w in ws), tuple(b.astype(np.float64) for b in bs), dilation
+    )
+    assert got.shape == ref.shape == x.shape and got.dtype == np.float32
+    np.testing.assert_array_equal(got[:, :width], x[:, :width])
+    assert within_float32_noise(got, ref, exact)
+    group_by_group = [x[:, :width]]
+    for j in range(1, groups):
+        inp = x[:, j * width : (j + 1) * width] + (group_by_group[-1] if j > 1 else 0)
+        group_by_group.append(numba_cpu.speaker_encoder.tdnn_offline(inp, ws[j - 1], bs[j - 1], dilation))
+    np.testing.assert_array_equal(got, np.concatenate(group_by_group, axis=1))
+    x[0, width, T // 2] = np.nan  # in group 1: it spoils every later group through the cascade
+    with kernels.use_backend("numpy"):
+        nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, ws, bs, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net_offline(x, ws, bs, dilation)), nan_ref)
+    assert nan_ref.any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    C=st.integers(1, 40),
+    T=st.integers(1, 300),
+    scale=st.sampled_from((0.1, 3.0, 30.0)),
+    seed=st.integers(0, 2**31),
+)
+def test_pooling_statistics_from_logits_never_make_the_weights(B, C, T, scale, seed):
+    """The attentive pooling's mean and std from its logits in one pass (the softmax's weights folded into
+    the sums): within float32 noise of mean_and_std(x, softmax(logits)) in NumPy, for flat and peaked
+    softmaxes; a NaN logit or sample spoils its own row's statistics only; a constant row's std is sqrt(eps)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, T)).astype(np.float32)
+    logits = (scale * rng.standard_normal((B, C, T))).astype(np.float32)
+    got = numba_cpu.speaker_encoder.softmax_mean_and_std(x, logits)
+    with kernels.use_backend("numpy"):
+        ref = speaker_encoder.softmax_mean_and_std.reference(x, logits)
+    exact = speaker_encoder.softmax_mean_and_std.reference(x.astype(np.float64), logits.astype(np.float64))
+    for g, r, e in zip(got, ref, exact):
+        assert g.shape == (B, C) and g.dtype == np.float32 and within_float32_noise(g, r, e)
+    x[0, 0, T // 2], logits[-1, -1, 0] = np.nan, np.nan
+    nan_rows = np.zeros((B, C), bool)
+    nan_rows[0, 0] = nan_rows[-1, -1] = True
+    for g in numba_cpu.speaker_encoder.softmax_mean_and_std(x, logits):
+        np.testing.assert_array_equal(np.isnan(g), nan_rows)
+    constant = np.full((1, 1, T), 0.5, np.float32)
+    assert numba_cpu.speaker_encoder.softmax_mean_and_std(constant, np.zeros_like(constant))[1][0, 0] == np.float32(
+        1e-6
+    )
+    assert (
+        numba_cpu.speaker_encoder.softmax_mean_and_std(x.astype(np.float64), logits.astype(np.float64))
+        is NotImplemented
+    )
+
+
+@pytest.mark.parametrize("B, T, F", [(1, 937, 513), (2, 5, 3), (1, 1, 1), (1, 600, 1000)])
+def test_spectral_magnitude_twin_is_bit_identical(B, T, F):
+    """sqrt(re^2 + im^2 + 1e-9) in one pass, each step rounded as the reference's three, from spectra with
+    tiny, huge and zero parts (1e-9 then decides, or re^2 overflows to inf as NumPy's does)."""
+    rng = np.random.default_rng(B * T + F)
+    scale = 10.0 ** rng.integers(-25, 19, (B, T, F))
+    re, im = rng.standard_normal((2, B, T, F)) * scale
+    spectrum = (re + 1j * im).astype(np.complex64)
+    spectrum.flat[:: max(1, spectrum.size // 7)] = 0
+    with np.errstate(over="ignore"):
+        ref = speaker_encoder.spectral_magnitude.reference(spectrum)
+        got = numba_cpu.speaker_encoder.spectral_magnitude(spectrum)
+    assert got.dtype == ref.dtype == np.float32 and got.shape == (B, T, F)
+    np.testing.assert_array_equal(got, ref)
+    strided = np.swapaxes(np.swapaxes(spectrum, 1, 2).copy(), 1, 2)  # not contiguous
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(numba_cpu.speaker_encoder.spectral_magnitude(strided), ref)
+    assert (
+        numba_cpu.speaker_encoder.spectral_magnitude(spectrum.astype(np.complex128)) is NotImplemented
+    )  # float64: the reference
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 2), C=st.integers(1, 40), T=st.integers(1, 300), seed=st.integers(0, 2**31))
+def test_gated_residual_twin_is_bit_identical(B, C, T, seed):
+    """The squeeze-excitation's gating plus the residual in one pass: NumPy's bits (no fused multiply-add),
+    a NaN sample spoiling its own output only; what it has no kernel for goes back to the reference."""
+    rng = np.random.default_rng(seed)
+    h, x = (rng.standard_normal((2, B, C, T)) * 10).astype(np.float32)
+    gates = rng.uniform(0, 1, (B, C, 1)).astype(np.float32)
+    h[0, 0, T // 2] = np.nan
+    got = numba_cpu.speaker_encoder.gated_residual(h, gates, x)
+    np.testing.assert_array_equal(got, speaker_encoder.gated_residual.reference(h, gates, x))
+    assert np.isnan(got).sum() == 1
+    assert numba_cpu.speaker_encoder.gated_residual(h.astype(np.float64), gates, x) is NotImplemented
+    assert numba_cpu.speaker_encoder.gated_residual(h, gates[:, :, :1].repeat(2, axis=2), x) is NotImplemented
+
+
+@needs_tiles
+@pytest.mark.parametrize("dilation, T", [(2, 129), (4, 300), (3, 700)])
+def test_res2net_on_the_tiles_is_its_groups_tdnns_on_the_tiles(dilation, T, monkeypatch):
+    """A Res2Net with bf16 weights (k3, from ``TILE_RES2NET_MIN_STEPS`` steps) on the tiles, each thread all
+    its groups over its own range of steps (widened by the dilation once per later group): the same bits
+    as its groups' TDNNs run one by one on the tiles over the whole signal, and as one range over all steps;
+    group 0 copied; within float32 noise of the formula; a NaN spoils the same outputs."""
+    rng = np.random.default_rng(dilation + T)
+    G, groups = 64, 8
+    w_j = tuple(bf16_values(rng, (G, G, 3)) * np.float32(0.125) for _ in range(groups - 1))
+    for w in w_j:
+        w.flags.writeable = False
+    b_j = tuple(rng.standard_normal(G).astype(np.float32) for _ in range(groups - 1))
+    x = rng.standard_normal((1, groups * G, T)).astype(np.float32)
+    got = numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation)
+    whole = np.empty_like(got[0])
+    tiles_j = numba_cpu.speaker_encoder._res2net_tiles(w_j, T)
+    numba_cpu.speaker_encoder._res2net_range_on_tiles(x[0], tiles_j, b_j, dilation, 0, T, whole)
+    np.testing.assert_array_equal(got[0], whole)
+    np.testing.assert_array_equal(got[:, :G], x[:, :G])
+    with monkeypatch.context() as mp:  # the groups one by one, each TDNN on the tiles
+        mp.setattr(numba_cpu.speaker_encoder, "TILE_TDNN_MIN_OUT", 32)
+        mp.setattr(numba_cpu.speaker_encoder, "_res2net_tiles", lambda w_joik, T: None)
+        np.testing.assert_array_equal(numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation), got)
+    ref = speaker_encoder.res2net_offline.reference(x, w_j, b_j, dilation)
+    as64 = [tuple(a.astype(np.float64) for a in arrays) for arrays in (w_j, b_j)]
+    exact = speaker_encoder.res2net_offline.reference(x.astype(np.float64), *as64, dilation)
+    assert within_float32_noise(got, ref, exact)
+    x[0, 3 * G, T // 2] = np.nan
+    nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, w_j, b_j, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation)), nan_ref)
+    assert nan_ref.any()
+
+
+def test_res2net_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
+    x = np.zeros((1, 4, 2), np.float32)
+    w = (np.zeros((2, 2, 5), np.float32),)
+    b = (np.zeros(2, np.float32),)
+    assert numba_cpu.speaker_encoder.res2net_offline(x, w, b, 1) is NotImplemented  # 2 frames, a padding of 2
+    assert (
+        numba_cpu.speaker_encoder.res2net_offline(np.zeros((1, 5, 9), np.float32), w, b, 1) is NotImplemented
+    )  # 5 / 2 groups
+    assert numba_cpu.speaker_encoder.res2net_offline(x.astype(np.float64), w, b, 1) is NotImplemented
+    with pytest.raises(ValueError, match="too few for a reflect padding"):
+        speaker_encoder.res2net_offline(x, w, b, 1)  # the reference's error
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    C=st.integers(1, 40),
+    T=st.integers(1, 300),
+    per_channel=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_mean_and_std_twin_is_within_float32_noise(B, C, T, per_channel, seed):
+    """The attentive pooling's weighted statistics, both in one kernel call per row: as close to the float64
+    result as the reference (NumPy's pairwise sums), for one row of weights for all channels (the plain
+    statistics) and for a row per channel (the softmax's)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((B, C, T)) * 3 + 1).astype(np.float32)
+    w = rng.random((B, C if per_channel else 1, T)).astype(np.float32)
+    w /= w.sum(axis=2, keepdims=True)
+    got = numba_cpu.speaker_encoder.mean_and_std(x, w)
+    ref = speaker_encoder.mean_and_std.reference(x, w)
+    exact = speaker_encoder.mean_and_std.reference(x.astype(np.float64), w.astype(np.float64))
+    for g, r, e in zip(got, ref, exact):
+        assert g.shape == r.shape == (B, C) and g.dtype == np.float32
+        assert within_float32_noise(g.astype(np.float64), r.astype(np.float64), e)
+    constant = np.ones((1, 2, 8), np.float32)
+    assert np.all(
+        numba_cpu.speaker_encoder.mean_and_std(constant, np.full((1, 1, 8), 1 / 8, np.float32))[1] == np.float32(1e-6)
+    )

@@ -1,0 +1,306 @@
+"""The fused decoder layer and stack step (``decoder_layer_step``, ``decoder_stack_step``) against the
+layers they replace, and where the stack takes them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refimpl import backends as kernels
+from refimpl import nn, transformer
+from refimpl.backends import numba_cpu
+
+from .cases import needs_tiles, random_qwen3_layer
+
+
+@needs_tiles
+@pytest.mark.parametrize("T", [17, 30])
+def test_fused_layer_on_tiles_equals_the_layer(T, monkeypatch):
+    """A prompt's fused layer whose matrices fit the tiles (C = 64, F = 128: every O and I a multiple of 32)
+    against the composition transformer_layer in float64 (the exact values of the same bf16 weights): on
+    the tiles and on the block kernel (``USE_TILES`` off) within twice the float32 composition's distance
+    plus the rounding floor of the longest reduction, and the two paths not the same bits (the tiles ran)."""
+    C, H, G, D, F = 64, 4, 2, 16, 128
+    out = {}
+    for dtype in (np.float32, np.float64):
+        lw, cfg = random_qwen3_layer(np.random.default_rng(T), C, H, G, D, F, dtype)
+        x = np.random.default_rng(T + 1).standard_normal((1, T, C)).astype(dtype)
+        cos, sin = nn.rope_cos_sin(np.arange(3, 3 + T), D, 10000.0, dtype)
+        past = np.random.default_rng(T + 2).standard_normal((2, 1, G, 3, D)).astype(dtype)
+        kinds = (
+            (("tiles", True), ("block", False), ("reference", None)) if dtype == np.float32 else (("reference", None),)
+        )
+        for kind, tiles in kinds:
+            cache = transformer.KVCache(1, G, D, dtype, capacity=4)
+            cache.append(past[0], past[1])
+            cache.reserve(T)
+            if tiles is not None:
+                monkeypatch.setattr(numba_cpu.amx, "USE_TILES", tiles)
+            step = (
+                numba_cpu.transformer.decoder_layer_step
+                if tiles is not None
+                else transformer.decoder_layer_step.reference
+            )
+            with kernels.use_backend("numpy"):
+                out[kind, np.dtype(dtype).name] = step(x, lw, cfg, cos[None], sin[None], cache, 1e-6)
+    exact = out["reference", "float64"].astype(np.float64)
+    composition = out["reference", "float32"].astype(np.float64)
+    floor = 2 * F * np.finfo(np.float32).eps * np.max(np.abs(exact))
+    for kind in ("tiles", "block"):
+        got = out[kind, "float32"].astype(np.float64)
+        assert np.max(np.abs(got - exact)) <= 2 * np.max(np.abs(composition - exact)) + floor, kind
+    assert not np.array_equal(out["tiles", "float32"], out["block", "float32"])
+
+
+@pytest.mark.parametrize("n_cached", [0, 1, 16, 40])
+@pytest.mark.parametrize("T", [1, 2, 5, 17, 30])  # 17 and 30: a prompt's positions, by the block kernel
+@pytest.mark.parametrize("seed", [0, 1])
+def test_decoder_layer_step_twin_equals_the_layer(n_cached, T, seed):
+    """The fused layer for T new positions (bf16 words) against the composition transformer_layer, both in float32,
+    each measured against the same layer in float64 (the exact values of the same bf16 weights): the twin
+    may be off by no more than twice the float32 composition, plus a floor of the float32 rounding of the
+    longest reduction (the MLP's, F terms) at the output's scale.  The new keys and values land in the
+    cache like cache.append's, and the length grows by T."""
+    C, H, G, D, F = 48, 4, 2, 16, 96
+    eps = 1e-6
+    out = {}
+    for dtype in (np.float32, np.float64):
+        lw, cfg = random_qwen3_layer(np.random.default_rng(seed), C, H, G, D, F, dtype)
+        x = np.random.default_rng(seed + 7).standard_normal((1, T, C)).astype(dtype)
+        cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, dtype)
+        past = np.random.default_rng(seed + 9).standard_normal((2, 1, G, n_cached, D)).astype(dtype)
+        for kind in ("twin", "reference") if dtype == np.float32 else ("reference",):
+            cache = transformer.KVCache(1, G, D, dtype, capacity=4)
+            cache.append(past[0], past[1])
+            cache.reserve(T)
+            step = (
+                numba_cpu.transformer.decoder_layer_step if kind == "twin" else transformer.decoder_layer_step.reference
+            )
+            with kernels.use_backend("numpy"):
+                y = step(x, lw, cfg, cos[None], sin[None], cache, eps)
+            assert y.shape == (1, T, C) and y.dtype == dtype and cache.length == n_cached + T
+            out[kind, np.dtype(dtype).name] = (
+                y,
+                cache.k[:, :, : n_cached + T].copy(),
+                cache.v[:, :, : n_cached + T].copy(),
+            )
+    exact = [a.astype(np.float64) for a in out["reference", "float64"]]
+    for i, what in enumerate(("output", "keys", "values")):
+        twin = out["twin", "float32"][i].astype(np.float64)
+        composition = out["reference", "float32"][i].astype(np.float64)
+        floor = 2 * F * np.finfo(np.float32).eps * np.max(np.abs(exact[i]))
+        assert np.max(np.abs(twin - exact[i])) <= 2 * np.max(np.abs(composition - exact[i])) + floor, what
+
+
+@pytest.mark.parametrize("n_cached", [0, 7])
+@pytest.mark.parametrize("T", [1, 2, 5, 17, 30])
+def test_fused_layer_for_the_last_position_alone_keeps_its_bits(n_cached, T):
+    """``last_only``: the fused layer's output at the last position, computed for it alone past the keys
+    and values, has the bits of the full layer's last row (the kernel is chosen by the layer's T), and the
+    cache holds the same keys and values; the reference returns its full output's last row."""
+    C, H, G, D, F = 48, 4, 2, 16, 96
+    lw, cfg = random_qwen3_layer(np.random.default_rng(T), C, H, G, D, F, np.float32)
+    x = np.random.default_rng(T + 1).standard_normal((1, T, C)).astype(np.float32)
+    cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
+    past = np.random.default_rng(T + 2).standard_normal((2, 1, G, n_cached, D)).astype(np.float32)
+    out = {}
+    for kind, step in (
+        ("twin", numba_cpu.transformer.decoder_layer_step),
+        ("reference", transformer.decoder_layer_step.reference),
+    ):
+        for last_only in (False, True):
+            cache = transformer.KVCache(1, G, D, np.float32, capacity=4)
+            cache.append(past[0], past[1])
+            cache.reserve(T)
+            with kernels.use_backend("numpy"):
+                y = step(x, lw, cfg, cos[None], sin[None], cache, 1e-6, last_only)
+            out[kind, last_only] = (y, cache.k[:, :, : n_cached + T].copy(), cache.v[:, :, : n_cached + T].copy())
+    for kind in ("twin", "reference"):
+        full, last = out[kind, False], out[kind, True]
+        assert last[0].shape == (1, 1, C)
+        np.testing.assert_array_equal(last[0], full[0][:, -1:])
+        np.testing.assert_array_equal(last[1], full[1])
+        np.testing.assert_array_equal(last[2], full[2])
+
+
+def test_the_stack_returns_the_last_position_alone_with_the_same_bits():
+    """transformer_stack(..., last_only=True): the full stack's last row, bit for bit, on the fused path (a
+    28-position prompt of two layers) and on the layer by layer path (a recorder given), the caches alike."""
+    from refimpl.recorder import Recorder
+
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    lw, cfg = random_qwen3_layer(np.random.default_rng(5), C, H, G, D, F, np.float32)
+    x = np.random.default_rng(6).standard_normal((1, 28, C)).astype(np.float32)
+    cos, sin = nn.rope_cos_sin(nn.arange(0, 28), D, 10000.0, np.float32)
+    mask = nn.AttentionMask(nn.arange(0, 28), nn.arange(28))
+    for record in (Recorder(None), Recorder({})):
+        outs = {}
+        for last_only in (False, True):
+            caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in range(2)]
+            with kernels.use_backend("numba"):
+                y = transformer.transformer_stack(
+                    [lw, lw], transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches, 1e-6, record, last_only
+                )
+            outs[last_only] = (y, [c.k[:, :, :28].copy() for c in caches])
+        assert outs[True][0].shape == (1, 1, C)
+        np.testing.assert_array_equal(outs[True][0], outs[False][0][:, -1:])
+        for a, b in zip(outs[True][1], outs[False][1]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_the_stack_takes_the_fused_step_only_where_it_fits():
+    """transformer_stack runs decoder_stack_step (the layers fused, one call for the stack) for up to 64 new
+    positions of one row with bf16 layers and plain caches, nothing recorded; a longer prompt (65 positions),
+    a recorder or float32 matrices take the layer by layer path.  Over a prompt, a 30-position continuation,
+    a 2-position step and two 1-position steps the two paths give the same values (float32 bound)."""
+    from refimpl.recorder import Recorder
+
+    rng = np.random.default_rng(3)
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    lw, cfg = random_qwen3_layer(rng, C, H, G, D, F, np.float32)
+    layers = [lw, lw]
+    calls = []
+    fused = numba_cpu.transformer.decoder_stack_step
+
+    def counting(*args):
+        calls.append(1)
+        return fused(*args)
+
+    results = {}
+    for path in ("fused", "layer by layer"):
+        caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
+        many = transformer.STEP_MAX_POSITIONS + 1
+        xs = np.random.default_rng(4).standard_normal((1, many + 34, C)).astype(np.float32)
+        outs = []
+        for start, stop in (
+            (0, many),
+            (many, many + 30),
+            (many + 30, many + 32),
+            (many + 32, many + 33),
+            (many + 33, many + 34),
+        ):
+            pos = nn.arange(start, stop)
+            cos, sin = nn.rope_cos_sin(pos, D, 10000.0, np.float32)
+            mask = nn.AttentionMask(pos, nn.arange(stop))
+            record = Recorder({}) if path == "layer by layer" else Recorder(None)
+            table = kernels.REGISTRY["numba"].twins  # the table the registry reads (numba_cpu.TWINS)
+            table["decoder_stack_step"] = counting
+            try:
+                with kernels.use_backend("numba"):
+                    outs.append(
+                        transformer.transformer_stack(
+                            layers,
+                            transformer.QWEN3,
+                            cfg,
+                            xs[:, start:stop],
+                            cos[None],
+                            sin[None],
+                            mask,
+                            caches,
+                            1e-6,
+                            record,
+                        )
+                    )
+            finally:
+                table["decoder_stack_step"] = fused
+        results[path] = np.concatenate(outs, axis=1)
+        assert len(calls) == 4  # the four steps, not the 65-position prompt; unchanged with a recorder given
+    np.testing.assert_allclose(results["fused"], results["layer by layer"], rtol=1e-4, atol=1e-5)
+
+
+def test_several_new_positions_take_the_fused_step_only_in_the_cache_order():
+    """Two new positions are fused where they are the cache's next two and see the keys causally; queries at
+    other positions (a mask not the cache's order), caches of different lengths, two rows or more than
+    STEP_MAX_POSITIONS positions take the layer by layer path."""
+    from refimpl.recorder import Recorder
+
+    lw, _ = random_qwen3_layer(np.random.default_rng(0), 16, 2, 1, 8, 32, np.float32)
+    caches = [transformer.KVCache(1, 1, 8, np.float32, capacity=8) for _ in range(2)]
+    for c in caches:
+        c.append(*np.zeros((2, 1, 1, 3, 8), np.float32))
+    fits = lambda x, mask, cs=caches: transformer._fused_step_fits(  # noqa: E731
+        [lw, lw], transformer.QWEN3, x, mask, cs, Recorder(None)
+    )
+    two = np.zeros((1, 2, 16), np.float32)
+    assert fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(5)))
+    assert not fits(two, nn.AttentionMask(nn.arange(4, 6), nn.arange(6)))  # not the cache's next positions
+    assert not fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(1, 6)))  # keys not the cache's
+    uneven = [caches[0], transformer.KVCache(1, 1, 8, np.float32, capacity=8)]
+    assert not fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(5)), uneven)
+    assert not fits(np.zeros((2, 2, 16), np.float32), nn.AttentionMask(nn.arange(3, 5), nn.arange(5)))
+    many = transformer.STEP_MAX_POSITIONS + 1
+    assert not fits(np.zeros((1, many, 16), np.float32), nn.AttentionMask(nn.arange(3, 3 + many), nn.arange(3 + many)))
+
+
+def random_qwen3_stack(seed, L, C, H, G, D, F):
+    """L different Qwen3 layers (``random_qwen3_layer``'s, float32 with bf16 matrices) in one weights dict
+    under the checkpoints' names, as ``transformer.layer_views`` gives them, and their config."""
+    weights = {}
+    for i in range(L):
+        lw, cfg = random_qwen3_layer(np.random.default_rng(seed + i), C, H, G, D, F, np.float32)
+        weights.update({f"model.layers.{i}.{name}": tensor for name, tensor in lw.weights.items()})
+    return weights, transformer.layer_views(weights, "model.layers.", L), cfg
+
+
+@pytest.mark.parametrize("T", [1, 2, 17])  # a generation step, the code predictor's first pass, a prompt
+@pytest.mark.parametrize("n_cached", [0, 3])
+@pytest.mark.parametrize("last_only", [False, True])
+def test_decoder_stack_step_twin_is_its_layers_one_call_each(T, n_cached, last_only):
+    """The whole stack in one call (numba's decoder_stack_step) has the bits of its reference, the layer
+    twin called once a layer: the output, every layer's new keys and values, and the caches' lengths, with
+    caches that grow (capacity 2) and three layers of different weights."""
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    weights, layers, cfg = random_qwen3_stack(11, 3, C, H, G, D, F)
+    x = np.random.default_rng(T).standard_normal((1, T, C)).astype(np.float32)
+    cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
+    past = np.random.default_rng(T + 1).standard_normal((len(layers), 2, 1, G, n_cached, D)).astype(np.float32)
+    out = {}
+    for kind, stack in (
+        ("twin", numba_cpu.transformer.decoder_stack_step),
+        ("layers", transformer.decoder_stack_step.reference),
+    ):
+        caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
+        for cache, (k, v) in zip(caches, past):
+            cache.append(k, v)
+        with kernels.use_backend("numba"):
+            y = stack(x, layers, cfg, cos[None], sin[None], caches, 1e-6, last_only)
+        assert y is not NotImplemented and all(c.length == n_cached + T for c in caches)
+        out[kind] = (y, [(c.k[:, :, : n_cached + T].copy(), c.v[:, :, : n_cached + T].copy()) for c in caches])
+    assert out["twin"][0].shape == (1, 1 if last_only else T, C)
+    np.testing.assert_array_equal(out["twin"][0], out["layers"][0])
+    for (k1, v1), (k2, v2) in zip(out["twin"][1], out["layers"][1]):
+        np.testing.assert_array_equal(k1, k2)
+        np.testing.assert_array_equal(v1, v2)
+
+
+def test_decoder_stack_step_twin_declines_layers_it_cannot_pass_as_one_tuple():
+    """Layers of two weights dicts, caches of different lengths, or a tensor whose type differs from the
+    other layers' (a read-only norm among writable ones: no tuple Numba could index at run time) get
+    NotImplemented, and the stack then runs its layers one call each, with the same bits."""
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    weights, layers, cfg = random_qwen3_stack(21, 2, C, H, G, D, F)
+    x = np.random.default_rng(1).standard_normal((1, 1, C)).astype(np.float32)
+    cos, sin = nn.rope_cos_sin(np.arange(0, 1), D, 10000.0, np.float32)
+
+    def caches(lengths=(0, 0)):
+        made = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
+        for c, n in zip(made, lengths):
+            c.append(*np.zeros((2, 1, G, n, D), np.float32))
+        return made
+
+    def twin(layers, cs):
+        return numba_cpu.transformer.decoder_stack_step(x, layers, cfg, cos[None], sin[None], cs, 1e-6)
+
+    expected = twin(layers, caches())
+    assert expected is not NotImplemented
+    other = dict(weights)
+    assert twin([layers[0], transformer.layer_views(other, "model.layers.", 2)[1]], caches()) is NotImplemented
+    assert twin(layers, caches((0, 1))) is NotImplemented
+    norm = weights["model.layers.1.input_layernorm.weight"].copy()
+    norm.flags.writeable = False
+    weights["model.layers.1.input_layernorm.weight"] = norm
+    assert twin(layers, caches()) is NotImplemented
+    mask = nn.AttentionMask(nn.arange(0, 1), nn.arange(1))
+    with kernels.use_backend("numba"):
+        y = transformer.transformer_stack(layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches(), 1e-6)
+    np.testing.assert_array_equal(y, expected)
