@@ -1,14 +1,9 @@
-"""The numba backend: the CPU twins of the primitives of ``refimpl/nn.py`` and of the stages' fused steps,
-with the same names and signatures, faster.
+"""The numba backend: CPU twins of the primitives of ``refimpl/nn.py`` and of the stages' fused steps, with
+their names and signatures, faster.  A twin computes its reference's formula (only the order of float sums
+may differ: ``tests/backends/numba_cpu/`` bounds it) and returns ``NotImplemented`` for a call it has no
+kernel for (float64, another pad mode), where the reference runs.
 
-Every twin computes what its reference computes (the same formula); only the order of float sums may
-differ, and the tests in ``tests/backends/numba_cpu/`` bound that difference from the reduction length.  A
-twin returns ``NotImplemented`` for a call it has no kernel for (float64, another pad mode): the reference
-runs then.  For generation, the twins read bfloat16 weights as stored, on Numba's parallel loops, and a
-prompt's products on the AMX tile registers where the processor has them; for the codecs, pieces of time
-run side by side on the BLAS threads.
-
-Each module is named after the reference it speeds up, and the modules below them hold what they share:
+Each module is named after the code it speeds up; the modules below them hold what they share:
 
     elementwise, conv, linear, attention    the primitives of refimpl/nn.py
     transformer                             refimpl/transformer.py: a decoder layer, a stack's step

@@ -1,14 +1,14 @@
 """The AMX tile core: the grant, the tile instructions, the exact bf16 split of a float32 value, and a
-prompt's products of bf16 weights on the tiles (``_tile_bf16_times``).
+prompt's products of bf16 weights on the tiles (``_tile_bf16_times``); the convolutions on the tiles are
+in ``amx_conv.py``.
 
-Processors with AMX (Intel's tile registers: 8 tiles of 16 rows x 64 bytes, and ``TDPBF16PS``, which adds the
-products of bfloat16 pairs into float32 tiles) multiply bf16 matrices many times faster than 512-bit
-vectors.  The weights are bf16 words already; x is float32, and is split EXACTLY into three bf16 parts
-(x = hi + mid + lo: each the top 8 significant bits of what is left), so that every product of a word and
-a part is exact and W x = W hi + W mid + W lo, summed in float32.  Linux hands a process the tile registers
-when it asks (``runtime.configure`` does); Numba's LLVM emits the tile instructions from its ``llvm.x86.*``
-intrinsics when the compile target has the features.  The
-convolutions on the tiles are in ``amx_conv.py``."""
+Processors with AMX (Intel's tile registers: 8 tiles of 16 rows x 64 bytes, and ``TDPBF16PS``, which adds
+the products of bfloat16 pairs into float32 tiles) multiply bf16 matrices far faster than vectors.  The
+weights are bf16 words already; x is float32, split EXACTLY into three bf16 parts (x = hi + mid + lo, each
+the top 8 significant bits of what is left), so that every product of a word and a part is exact and
+W x = W hi + W mid + W lo, summed in float32.  Linux grants the tile registers when asked
+(``runtime.configure`` asks); Numba's LLVM emits the tile instructions from its ``llvm.x86.*`` intrinsics
+when the compile target has the features."""
 
 from __future__ import annotations
 
@@ -122,10 +122,10 @@ def _bf16_parts(v):
 @numba.njit(parallel=True, cache=True)
 def _split_into_pairs(x_ni, parts_pkn2):
     """parts[p, k, n, j] = the bf16 word of part p of x[n, 2 k + j] (``_bf16_parts``; 0 for the padding
-    rows n >= N), so hi + mid + lo = x.  The tiles' layout for B: each 64-byte row holds the pairs of two
-    columns of x for 16 of its rows.  In blocks of 32 columns, whose three part blocks (16 pairs x rows)
-    stay in the first-level cache while they are written.  An infinity or a NaN is its hi part alone, so
-    that the products give what the float32 product gives."""
+    rows n >= N), so hi + mid + lo = x: the tiles' layout for B, each 64-byte row the pairs of two columns
+    of x for 16 of its rows.  In blocks of 32 columns, whose three part blocks stay in the first-level
+    cache while they are written.  An infinity or a NaN is its hi part alone, so that the products give
+    what the float32 product gives."""
     N, I = x_ni.shape
     npad = parts_pkn2.shape[2]
     for kb in prange(I // 32):
@@ -145,13 +145,12 @@ TILE_K_CHUNK = 1024  # columns summed in the tiles at a time; the chunks' sums a
 def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) on the tile registers (O a multiple of 32, I of 32):
     x split into its three exact bf16 parts (``_split_into_pairs``); each thread takes a range of pairs
-    of 16-row weight tiles, read from the words as stored (the next pair's words asked for meanwhile, 11
-    lines before each part's multiplies rather than 32 at once: 0.85-0.87 -> 0.81 of the block kernel's
-    time), and for every 32 rows of x four float32 tiles of sums, 2 weight tiles x 2 tiles of x, the two tiles of x
-    loaded alternately so that a load never waits for the multiply still reading the other.  The sums
-    run over ``TILE_K_CHUNK`` columns at a time, the chunks' sums added in float32 (one sum over all
-    3 I terms in a tile was 4.5 times further from the exact product than the block kernel at I = 3072).
-    Each output's sum involves its own row of x alone, so a row gets the same bits whatever the others."""
+    of 16-row weight tiles, read from the words as stored (the next pair's words asked for a few lines
+    before each part's multiplies, not all at once), and for every 32 rows of x four float32 tiles of
+    sums, 2 weight tiles x 2 tiles of x, the tiles of x loaded alternately so that a load never waits for
+    the multiply still reading the other.  The sums run over ``TILE_K_CHUNK`` columns at a time, the
+    chunks' sums added in float32 (one sum over all 3 I terms in a tile strays much further from the exact
+    product).  A row's sums involve that row alone: the same bits whatever the others."""
     N, I = x_ni.shape
     O = bits_oi.shape[0]
     npad = (N + 31) // 32 * 32

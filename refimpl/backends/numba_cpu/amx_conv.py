@@ -47,13 +47,12 @@ from .pieces import _piece_threads, run_pieces
 # A TDNN's weights are bf16 values in the released checkpoints (widened to float32 at load): each is one
 # exact bf16 word, so the weights are the A tiles as they are, and the signal is split into its three exact
 # parts (``_bf16_parts``) as in ``_tile_bf16_times``: every product exact, the same sums in the same order.
-# The prompt's kernel streams all of the split signal once per 32 outputs (9 MB at 1536 channels x 937
-# steps) and reads each tile's rows a whole reduction apart: 104 GFLOP/s a thread.  Here each thread
-# splits ``TILE_TDNN_STEPS`` steps at a time into a buffer that stays in its level-2 cache, the taps read
-# in place (no stacked copy), and every pair of weight tiles (one contiguous kilobyte each, made once per
-# read-only weight) passes over them; bias and ReLU are applied as the sums are stored.  A tile register
-# is not renamed, so a load waits for the multiplies still reading its register: the second tile of steps
-# is loaded between the first one's two multiplies.
+# The prompt's kernel would stream all of the split signal once per 32 outputs and read each tile's rows a
+# whole reduction apart.  Here each thread splits ``TILE_TDNN_STEPS`` steps at a time into a buffer that
+# stays in its level-2 cache, the taps read in place (no stacked copy), and every pair of weight tiles (one
+# contiguous kilobyte each, made once per read-only weight) passes over them; bias and ReLU are applied as
+# the sums are stored.  A tile register is not renamed, so a load waits for the multiplies still reading
+# its register: the second tile of steps is loaded between the first one's two multiplies.
 
 TILE_TDNN_STEPS = 128  # time steps of a block: their split taps (3 x 2 bytes x 128 x the stacked width, 1.2 MB
 # at 1536 channels) stay in the thread's level-2 cache while every weight tile passes over them
@@ -88,8 +87,7 @@ def _split_taps_into_tiles(x_ct, K, dilation, first, t0, n, J, pairs_spqn):
     """pairs[s, p, q, j] = part p (``_bf16_parts``) of the stacked taps' row t = t0 + j at columns c = 32 s +
     2 q (low half) and c + 1 (high half), where column c = i K + k holds x[i, r(t + first + k dilation)] (r:
     the reflect padding, read in place); 0 for n <= j < J.  The B tile of steps t0 + 16 u ... + 15 is
-    pairs[s, p, :, 16 u : 16 u + 16]: 16 rows (pairs of columns) of 64 bytes (16 steps x the pair's two
-    words) a row of ``pairs`` apart."""
+    pairs[s, p, :, 16 u : 16 u + 16]: 16 rows (pairs of columns) of 64 bytes a row of ``pairs`` apart."""
     S = pairs_spqn.shape[0]
     T = x_ct.shape[1]
     x_flat = x_ct.reshape(-1)
@@ -137,20 +135,18 @@ def _taps_blocks_on_tiles(
     x_ct, a_tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, t_begin, t_end, th, n_threads
 ):
     """out[o, t] = ReLU(b[o] + sum_c w[o, c] x_stacked[t, c]) (the bias where ``add_bias``, the ReLU where
-    ``relu``) on the tile registers, for t_begin <= t < t_end, in blocks of ``TILE_TDNN_STEPS`` steps from
-    t_begin, of which this call takes th, th + n_threads, ... (one piece of ``run_pieces``): the stacked
-    taps' rows (``_split_taps_into_tiles``: column i K + k = x[i, r(t + first + k dilation)]) times the
-    weights' bf16 words (``_bf16_words_into_tiles``; O a multiple of 32, K I of 32).  For every pair of
-    weight tiles, four float32 tiles of sums (2 x 16 outputs x 2 x 16 steps) over ``TILE_K_CHUNK`` columns at
-    a time, the chunks' sums added in float32 after: the order of ``_tile_bf16_times``, the same bits as it
-    gives for the stacked rows.  A step's sums see its row alone."""
+    ``relu``) on the tile registers, for t_begin <= t < t_end, in blocks of ``TILE_TDNN_STEPS`` steps of
+    which this call takes th, th + n_threads, ... (one piece of ``run_pieces``): the stacked taps' rows
+    (``_split_taps_into_tiles``) times the weights' bf16 words (``_bf16_words_into_tiles``; O a multiple
+    of 32, K I of 32), four float32 tiles of sums for every pair of weight tiles: the order of
+    ``_tile_bf16_times``, the same bits as it gives for the stacked rows.  A step's sums see its row alone."""
     U, S = a_tiles_usrc.shape[0], a_tiles_usrc.shape[1]
     NB = TILE_TDNN_STEPS
     blocks = (t_end - t_begin + NB - 1) // NB
     steps = TILE_K_CHUNK // 32
     a_words = a_tiles_usrc.reshape(-1)
-    J = NB + 16  # a row of the split taps: the block's steps and 64 bytes more (a B tile's rows 576 bytes apart;
-    pairs_spqn = np.empty((S, 3, 16, J), dtype=np.uint32)  # at 512, 1536 x 1536: 6.6-7.3 against 6.4 ms)
+    J = NB + 16  # a row of the split taps: the block's steps and 64 bytes more (rows a power of two apart
+    pairs_spqn = np.empty((S, 3, 16, J), dtype=np.uint32)  # would fall in the same sets of the cache)
     b_words = pairs_spqn.reshape(-1).view(np.uint16)
     chunk_rn = np.empty((32, NB), dtype=np.float32)
     sums_rn = np.empty((32, NB), dtype=np.float32)
@@ -236,7 +232,7 @@ def _taps_on_tiles(x_ct, tiles_usrc, b_o, relu, K, dilation, first, out_ot):
 
 
 # The decoder's residual units are float32 convolutions (a k7 dilated conv and a 1x1 conv, C -> C channels),
-# most of a decode's time.  On the tiles both operands are split into their exact bf16 parts (weights w =
+# most of a decode's work.  On the tiles both operands are split into their exact bf16 parts (weights w =
 # wh + wm + wl, signal z = zh + zm + zl) and six of the nine products of parts are summed: every term
 # down to 2^-16 of the product (hh; hm, mh; hl, mm, lh), the three dropped ones (ml, lm, ll) below
 # 2^-23 of it together, about one float32 rounding of each product.  The reduction runs over blocks of 32
@@ -253,8 +249,7 @@ def _split_weight_into_tiles(w_oik, o0, o1, tiles_usprj):
     """tiles[o // 16, b K + k, p, o % 16, j] = part p (``_bf16_parts``) of w[o, 32 b + j, k] for o0 <= o < o1
     (multiples of 16): the conv weight in three bf16 words, each A tile of ``_tile_conv_into`` (16 outputs
     x 32 channels of one tap and one part) a contiguous kilobyte, in the order the kernel reads them (rows
-    of 64 bytes apart by the whole reduction, 10 KB at 768 channels, fell in 8 sets of the first-level
-    cache)."""
+    of 64 bytes a whole reduction apart fell in a few sets of the first-level cache)."""
     C, K = w_oik.shape[1], w_oik.shape[2]
     for o in range(o0, o1):
         for b in range(C // 32):
@@ -271,8 +266,8 @@ _WEIGHT_TILES: dict = {}  # id of a read-only conv weight -> (a weak reference t
 def _weight_tiles(w_oik):
     """[O / 16, K C / 32, 3, 16, 32]: ``_split_weight_into_tiles`` of the whole weight (O a multiple of 32),
     its rows shared out over the piece threads in whole tiles; kept while the weight lives where it is
-    read-only (``_kept_while_read_only``: a model's weights are split at their first call only, 8-10 ms a
-    call at 768 channels), else split again for each call, into the model's workspace."""
+    read-only (``_kept_while_read_only``: a model's weights are split at their first call only), else split
+    again for each call, into the model's workspace."""
     if _read_only(w_oik):
         return _kept_while_read_only(_WEIGHT_TILES, w_oik, lambda w: _split_weight_tiles(w, np.empty))
     return _split_weight_tiles(w_oik, new_output)
@@ -311,20 +306,12 @@ def _pair_row_length(steps):
 
 @numba.njit(cache=True, nogil=True)
 def _tile_conv_into(a_tiles, z_pqt, K, dilation, stride, steps, out_on):
-    """out[o, t] = sum_k sum_c w[o, c, k] z[c, t + k dilation] for t < steps (a multiple of 32; out [O, >=
-    steps], O and C multiples of 32), w and z given by their parts (``a_tiles``: ``_weight_tiles``,
-    ``z_pqt``: ``_split_pair_into``), on this thread's tiles.  With a stride s, z holds s phases one after
-    the other (rows p C / 2 .. of pairs: the samples t s + p of the input) and tap k reads phase k % s at
-    the offset k // s.  For each 32 outputs and 32 steps, four
-    float32 tiles of sums run through ``TILE_CONV_STEPS`` steps of the reduction (32 channels of one tap
-    each) before they are stored, and are loaded again for the next steps (a store and reload of the sums
-    every 7 steps cost a quarter of the multiplies' time: the store waits for the last multiply); each step
-    sums the six products of parts in an order that reloads one operand at a time (lh, mh, mm, hm, hl,
-    hh: a tile load waits for the multiplies still reading that tile, and reloading both each time
-    stalled the tiles 2.5 times longer).  The sums of an output are a float32 chain over its terms, in
-    the order of the reduction.  A NaN in z gives NaN as the float32 product does; an infinity would give
-    NaN too where a weight's mid or lo part is 0 (0 x inf), but none reaches it: SnakeBeta of an infinity
-    is NaN."""
+    """out[o, t] = sum_k sum_c w[o, c, k] z[c, t + k dilation] for t < steps (a multiple of 32; O and C
+    multiples of 32), w and z given by their parts (``a_tiles``: ``_weight_tiles``, ``z_pqt``:
+    ``_split_pair_into``), on this thread's tiles.  With a stride s, z holds s phases one after the other
+    (the samples t s + p) and tap k reads phase k % s at the offset k // s.  An output's sums are a float32
+    chain in the order of the reduction.  A NaN in z gives NaN; an infinity would too where a weight's part
+    is 0, but none reaches here (SnakeBeta of an infinity is NaN)."""
     S = a_tiles.shape[1]
     O = a_tiles.shape[0] * 16
     L = z_pqt.shape[2]
@@ -335,7 +322,7 @@ def _tile_conv_into(a_tiles, z_pqt, K, dilation, stride, steps, out_on):
     phase = pz // stride  # pairs of words per phase
     _tile_config(_tile_shapes())
     blocks = S // K  # of 32 channels
-    chunk = max(1, TILE_CONV_STEPS // K)  # blocks summed in the tiles before they are stored
+    chunk = max(1, TILE_CONV_STEPS // K)  # blocks summed in the tiles before they are stored (a store waits)
     for b0 in range(0, blocks, chunk):
         for o0 in range(0, O, 32):
             for t0 in range(0, steps, 32):
@@ -355,6 +342,8 @@ def _tile_conv_into(a_tiles, z_pqt, K, dilation, stride, steps, out_on):
                     a = ((o0 // 16) * S + s) * 1536  # tile (o0 / 16, step s, part p): a + 512 p
                     a2 = a + S * 1536  # outputs o0 + 16 ..
                     z = cb * 16 * L + t0 + (k % stride) * phase + (k // stride) * dilation  # (pairs 16 cb ..)
+                    # the six products of parts (lh, mh, mm, hm, hl, hh), one operand reloaded at a time: a
+                    # tile load waits for the multiplies still reading that tile
                     _load_a4(A, a + 1024, 64)  # wl
                     _load_a5(A, a2 + 1024, 64)
                     _load_b6(Z, z, 4 * L)  # zh
@@ -437,11 +426,10 @@ def _thread_words(n: int):
 
 def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
     """Whether convs between C and H channels over T output steps (a residual unit C -> C -> C, a block
-    C -> H -> C, a strided conv C -> H) with these weights run on the tiles: granted (``USE_TILES``),
-    whole tiles of channels both ways, and a signal long enough that the weights' split is a small part of
-    it: ``KEPT_TILES_MIN_STEPS`` where every weight is read-only (``_read_only``: a model's, split once and
-    kept), else ``UNIT_TILES_MIN_STEPS`` (split for this call).  Kept tiles never wait longer than split ones:
-    ``UNIT_TILES_MIN_STEPS`` set lower (the tiles' tests take every length so) lowers both."""
+    C -> H -> C, a strided conv C -> H) with these weights run on the tiles: granted (``USE_TILES``), whole
+    tiles of channels, and a signal long enough that the weights' split is a small part of the work:
+    ``KEPT_TILES_MIN_STEPS`` where every weight is read-only (a model's: split once and kept), else
+    ``UNIT_TILES_MIN_STEPS`` (split for this call; set lower, as the tests do, it lowers both)."""
     kept = all(_read_only(w) for w in weights)
     min_steps = min(KEPT_TILES_MIN_STEPS, UNIT_TILES_MIN_STEPS) if kept else UNIT_TILES_MIN_STEPS
     return amx.USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= min_steps

@@ -13,55 +13,11 @@ from .intrinsics import FASTMATH, _exp_f32
 from .pieces import run_pieces
 
 
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _attend_new_positions(q_thd, k_gsd, v_gsd, n, out_thd):
-    """out[t, h] = softmax(q[t, h] . k[g, :n + t + 1] / sqrt(D)) @ v[g, :n + t + 1] for each new position t
-    (the cache's n + t) and each head h of group g (GQA): the attention of the T new positions over the
-    cached keys and the new ones up to their own (``nn.attention``), one parallel loop over the heads for
-    all of them (a loop per position: a 28-position prompt launched 28 per layer).  A head's weighted sum
-    of the values runs in its own D floats, stored into ``out`` once: summed in ``out`` itself, which the
-    compiler cannot prove apart from ``v``, the loop over d ran one lane at a time (a step's attention
-    over 41 positions 47 us, 12 us so; the same sums in the same order, the same bits)."""
-    G, D = k_gsd.shape[0], k_gsd.shape[2]
-    T, H = q_thd.shape[0], q_thd.shape[1] // D
-    scale = np.float32(D**-0.5)
-    for hd in prange(H):
-        g = hd // (H // G)
-        scores = np.empty(n + T, dtype=np.float32)
-        sum_d = np.empty(D, dtype=np.float32)
-        for t in range(T):
-            S = n + t + 1
-            q_d = q_thd[t, hd * D : (hd + 1) * D]
-            m = np.float32(-np.inf)
-            for s_ in range(S):
-                k_d = k_gsd[g, s_]
-                acc = np.float32(0.0)
-                for d in range(D):
-                    acc += q_d[d] * k_d[d]
-                scores[s_] = acc * scale
-                if scores[s_] > m:
-                    m = scores[s_]
-            total = np.float32(0.0)
-            for s_ in range(S):
-                scores[s_] = np.exp(scores[s_] - m)
-                total += scores[s_]
-            for d in range(D):
-                sum_d[d] = 0.0
-            for s_ in range(S):
-                p = scores[s_] / total
-                v_d = v_gsd[g, s_]
-                for d in range(D):
-                    sum_d[d] += p * v_d[d]
-            for d in range(D):
-                out_thd[t, hd * D + d] = sum_d[d]
-
-
 @numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
 def _exp_shifted_into(scores_s, m):
     """scores = exp(scores - m), by ``_exp_f32`` (its own function: compiled without reassociation, which
     would break the exp's range reduction, while its caller sums with it); a masked key's -inf is 0 without
-    its exp (exp(-inf - m) rounds through subnormal products, each a microcode assist: 2000 rows of 250
-    scores, half of them masked, 2.29 against 0.40 ms)."""
+    its exp (exp(-inf - m) rounds through subnormal products, each a slow microcode assist)."""
     for s in range(scores_s.shape[0]):
         x = scores_s[s]
         e = _exp_f32(x - m if x != -np.inf else np.float32(0.0))
@@ -85,8 +41,7 @@ def _mask_scores(scores_s, b, qp, key_pos_s, window, valid_bs, use_valid, scale)
 
 @numba.njit(fastmath=FASTMATH, inline="always")
 def _row_max(x_s):
-    """The largest of x (no NaN in it), over 16 lanes of maxima (one chain of maxima does not vectorise:
-    0.37 against 0.20 ms for 2000 rows of 250)."""
+    """The largest of x (no NaN in it), over 16 lanes of maxima (one chain of maxima does not vectorise)."""
     lanes = np.full(16, -np.inf, dtype=np.float32)
     S = x_s.shape[0]
     for s0 in range(0, S - 15, 16):
@@ -137,9 +92,9 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
     """``nn.attention`` for float32 and an ``AttentionMask`` (every caller's): the reference's products
     (BLAS) around one pass over each row of scores for the mask, the scale and the softmax
     (``_masked_softmax_rows``, rows in pieces side by side; the mask read from its positions, never built),
-    where the reference's scale, mask and softmax make a new array of scores each (the codec encoder's 8
-    heads x 250 x 250 scores a layer: 2.0-2.3 against 3.1-4.6 ms).  An explicit boolean mask, float64,
-    another array type, positions that are not integers, no query or no key go to the reference."""
+    where the reference's scale, mask and softmax make a new array of scores each.  An explicit boolean
+    mask, float64, another array type, positions that are not integers, no query or no key go to the
+    reference."""
     arrays = (q_bhtd, k_bgsd, v_bgsd)
     if not isinstance(allowed, nn.AttentionMask) or not all(
         isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 4 for a in arrays
@@ -183,3 +138,46 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
         run_pieces(piece, [(r0,) for r0 in range(0, rows_rs.shape[0], n)])
         out_bhtd[:, :, start:stop] = np.matmul(scores_bhts, v_bgsd)
     return out_bhtd
+
+
+# the fused decoder layer's attention: its few new positions over the KV cache
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+def _attend_new_positions(q_thd, k_gsd, v_gsd, n, out_thd):
+    """out[t, h] = softmax(q[t, h] . k[g, :n + t + 1] / sqrt(D)) @ v[g, :n + t + 1] for each new position t
+    (the cache's n + t) and each head h of group g (GQA): the attention of the T new positions over the
+    cached keys and the new ones up to their own (``nn.attention``), one parallel loop over the heads for
+    all of them (not one per position).  A head's weighted sum of the values runs in its own D floats,
+    stored into ``out`` once: summed in ``out`` itself, which the compiler cannot prove apart from ``v``,
+    the loop over d ran one lane at a time (the same sums in the same order, the same bits)."""
+    G, D = k_gsd.shape[0], k_gsd.shape[2]
+    T, H = q_thd.shape[0], q_thd.shape[1] // D
+    scale = np.float32(D**-0.5)
+    for hd in prange(H):
+        g = hd // (H // G)
+        scores = np.empty(n + T, dtype=np.float32)
+        sum_d = np.empty(D, dtype=np.float32)
+        for t in range(T):
+            S = n + t + 1
+            q_d = q_thd[t, hd * D : (hd + 1) * D]
+            m = np.float32(-np.inf)
+            for s_ in range(S):
+                k_d = k_gsd[g, s_]
+                acc = np.float32(0.0)
+                for d in range(D):
+                    acc += q_d[d] * k_d[d]
+                scores[s_] = acc * scale
+                if scores[s_] > m:
+                    m = scores[s_]
+            total = np.float32(0.0)
+            for s_ in range(S):
+                scores[s_] = np.exp(scores[s_] - m)
+                total += scores[s_]
+            for d in range(D):
+                sum_d[d] = 0.0
+            for s_ in range(S):
+                p = scores[s_] / total
+                v_d = v_gsd[g, s_]
+                for d in range(D):
+                    sum_d[d] += p * v_d[d]
+            for d in range(D):
+                out_thd[t, hd * D + d] = sum_d[d]

@@ -65,12 +65,11 @@ def residual_unit_push(
     x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation, context_bcs=None
 ):
     """``codec.decoder.residual_unit_push`` (float32, C -> C channels) over pieces of ``UNIT_PIECE`` time
-    steps, each carried through the whole unit by one thread while it is in that core's cache: SnakeBeta of
-    the piece and its 6 * dilation samples of left context (before the push: ``context_bcs``, or zeros)
-    straight into the 7 stacked taps, one matrix product for the k7 conv, bias + SnakeBeta, one for the k1
-    conv, bias + residual into the output.  Nothing of the signal's length is allocated but the output (the
-    reference makes five such arrays); the next push's context is SnakeBeta of the last samples, computed by
-    the same row kernel (the bits the reference path keeps)."""
+    steps, each carried through the whole unit by one thread in its core's cache: SnakeBeta of the piece
+    and its left context (``context_bcs`` before the push, or zeros) straight into the stacked taps, one
+    product for the k7 conv, bias + SnakeBeta, one for the k1 conv, bias + residual into the output, the
+    only array of the signal's length (the reference makes five).  The next push's context is SnakeBeta of
+    the last samples, by the same row kernel.  On the AMX tiles: ``_residual_unit_on_tiles``."""
     if x_bct.dtype != np.float32 or w1_oik.shape[0] != w1_oik.shape[1] or w2_oi1.shape[-1] != 1:
         return NotImplemented  # (float64: the reference runs)
     rows_bcs, T = _whole_rows(x_bct)  # no copy of a trimmed transposed-conv output
@@ -120,8 +119,8 @@ def _snake_conv_few_into(x_ct, T, t0, alpha_c, inv_beta_c, w_oik, context_cs, ro
     """out[o, j] = sum_c sum_k w[o, c, k] * SnakeBeta(x[c, t0 - (K - 1) + k + j]) for a few outputs o:
     SnakeBeta of one row of x at a time into ``row_s`` (N + K - 1 samples, in the first-level cache; before
     the push's start the context's samples, ``context_cs`` [C, K - 1], or zeros where it is empty), then
-    its K taps multiplied into every output row (a stacked copy of the taps for a product with one row
-    would read 7 times the samples from memory)."""
+    its K taps multiplied into every output row (stacked for a product with one row, the taps would read
+    K times the samples from memory)."""
     O, C, K = w_oik.shape
     N = out_on.shape[1]
     left = K - 1
@@ -142,11 +141,10 @@ def _snake_conv_few_into(x_ct, T, t0, alpha_c, inv_beta_c, w_oik, context_cs, ro
 def snake_causal_conv_push(x_bct, log_alpha_c, log_beta_c, w_oik, b_o, context_bcs=None):
     """``codec.decoder.snake_causal_conv_push`` (float32) over pieces of ``UNIT_PIECE`` time steps side by
     side: SnakeBeta of the piece and its K - 1 samples of left context, multiplied tap by tap into the few
-    outputs (``_snake_conv_few_into``: up to ``PER_TAP_MAX_OUT``, the decoder's 96 -> 1), or stacked into
+    outputs (``_snake_conv_few_into``: up to ``PER_TAP_MAX_OUT``, the decoder's last conv), or stacked into
     the K taps for one matrix product (``_snake_taps``), + bias.  Neither SnakeBeta's full-length output
-    nor a padded copy of it is made (the reference's two 92 MB arrays for 10 s, the padded copy alone 220
-    ms of fresh pages in a decode; tap by tap 56 -> 25 ms against the stacked taps); the next push's
-    context is ``residual_unit_push``'s."""
+    nor a padded copy of it is made (the reference's two arrays of the signal's length, the copy's fresh
+    pages a good part of a decode); the next push's context is ``residual_unit_push``'s."""
     if x_bct.dtype != np.float32:
         return NotImplemented  # (float64: the reference runs)
     rows_bcs, T = _whole_rows(x_bct)
@@ -196,8 +194,8 @@ def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation
     layout, the k7 conv (``_tile_conv_into``), bias + SnakeBeta_2 split likewise, the 1x1 conv, then
     bias + residual into ``out`` (the reference's order).  ``params_6c``: alpha, 1 / beta of both
     SnakeBetas, the two biases; ``scratch``: this thread's words (``_unit_scratch_words``), which hold the
-    split signals, the sums and two rows (fresh arrays of a megabyte, first touched in every piece, were
-    a third of a piece's time)."""
+    split signals, the sums and two rows (fresh arrays, first touched in every piece, took a large part of
+    its time)."""
     C = x_ct.shape[0]
     K = a1_tiles.shape[1] * 32 // C
     left = (K - 1) * dilation

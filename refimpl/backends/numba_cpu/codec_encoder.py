@@ -28,10 +28,9 @@ from .pieces import run_pieces
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _stack_elu_taps_into(x_ct, negative_cs, a, first, stride, dilation, cols_ckn):
     """cols[c, k, j] = ELU(x[c, p]), p = first + j * stride + k * dilation, as ``elu`` computes it, and 0
-    where p is outside x (a causal conv's zero padding; ELU(0) = 0): ``elu`` is max(x, 0) + expm1(min(x, 0)),
-    one of whose terms is 0, so it is x where x > 0 and else negative[c, p - a] = expm1(min(x, 0)) (NumPy's
-    expm1, taken by the caller over x[:, a : a + S]; NaN stays NaN).  The taps stacked with the ELU on the
-    way: the ELU's own max, sum and zero-padded copy are never made."""
+    where p is outside x (a causal conv's zero padding): ``elu``'s max(x, 0) + expm1(min(x, 0)) is x where
+    x > 0, else negative[c, p - a] (NumPy's expm1 of min(x, 0), taken by the caller over x[:, a : a + S];
+    NaN stays NaN).  The ELU's own max, sum and zero-padded copy are never made."""
     C, K, N = cols_ckn.shape
     z = a + negative_cs.shape[1]  # x is read at a <= p < z
     for c in range(C):
@@ -89,12 +88,11 @@ def _keep_positive_else_into(h_on, negative_on):
 
 def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     """``codec.encoder.resnet_block_offline`` (float32, zero padding) over pieces of time, each carried
-    through the whole block by one thread while it is in that core's cache: ELU of the piece and its
-    (K - 1) * dilation samples of left context (zeros before the start), its K taps stacked, one matrix
-    product for the k3 conv (C -> H), bias + ELU, one for the k1 conv (H -> C), bias + residual into the
-    output.  The ELUs are ``elu``'s own operations (NumPy's expm1; the same bits as the reference's), the
-    first taken as its taps are stacked (``_elu_taps``), the second with the bias (``_add_bias_and_split_into``),
-    and the k1 conv's bias and the residual added in one pass."""
+    through the whole block by one thread in its core's cache: ELU of the piece and its left context as
+    its taps are stacked (``_elu_taps``), one product for the k3 conv (C -> H), bias + ELU
+    (``_add_bias_and_split_into``), one for the k1 conv (H -> C), bias + residual into the output in one
+    pass.  The ELUs are ``elu``'s own operations (NumPy's expm1: the reference's bits).  On the AMX tiles:
+    ``_resnet_block_on_tiles``."""
     B, C, T = x_bct.shape
     H, _, K = w1_oik.shape
     if x_bct.dtype != np.float32 or pad_mode != "constant" or w2_oi1.shape != (C, H, 1) or b1_o is None or b2_o is None:
@@ -180,8 +178,8 @@ def _resnet_piece_on_tiles(x_ct, t0, n, a1_tiles, b1_o, a2_tiles, b2_o, dilation
     its (K - 1) dilation samples before (``_elu_row_into``) split into the pair layout, the k3 conv C -> H
     (``_tile_conv_into``), bias + ELU split likewise, the 1x1 conv H -> C, then bias + residual into ``out``.
     The ELU's expm1 is ``_expm1_f32`` (within 2 ulp of NumPy's, tested), so that the piece is one call of
-    compiled code and the two threads' pieces run side by side (with NumPy's expm1 between Numba calls, a
-    piece's dozen steps from Python took two threads to 1.36x one, where OpenBLAS's pieces reach 1.77x)."""
+    compiled code and the threads' pieces run side by side (with NumPy's expm1 between Numba calls, the
+    piece's steps from Python held the threads back)."""
     C, T = x_ct.shape
     H = a1_tiles.shape[0] * 16
     K = a1_tiles.shape[1] * 32 // C

@@ -14,7 +14,7 @@ from .intrinsics import FASTMATH, _prefetch
 from .linear import F32_FEW_ROWS, F32_FEW_ROWS_MIN_BYTES, _few_rows_f32
 from .pieces import _piece_threads, run_pieces
 
-CONV_PIECE_BYTES = 4 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32; 2 MB: encode +4%)
+CONV_PIECE_BYTES = 4 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32; half was slower)
 CONV_PIECE_MIN_COLUMNS = 256  # with many stacked taps, pieces this wide still (each piece reads the weight once)
 PER_TAP_MAX_OUT = 8  # up to this many output channels (the decoder's last conv, 96 -> 1): a product per tap
 MIN_PIECES = 8  # fewer pieces than this share out unevenly over the threads: then one piece on BLAS's threads
@@ -43,8 +43,8 @@ def _one_channel_conv_into(x_t, w_ok, b_o, dilation, t0, t1, out_ot):
     """out[o, t] = (((w[o, 0] x[t] + w[o, 1] x[t + d]) + w[o, 2] x[t + 2 d]) + ...) + b[o] for t0 <= t < t1:
     a stride-1 conv of ONE input channel, its taps summed in order and the bias last, each product rounded
     before its sum (no fused multiply-adds): the reference's operations in its order, its bits.  A chunk of
-    columns at a time for every output channel, two taps a pass (the encoder's first conv, 1 -> 64 channels
-    x 7 taps: stacking the taps for a product writes and reads 7 copies of the input)."""
+    columns at a time for every output channel, two taps a pass (stacked for a product, the taps of one
+    channel would write and read K copies of the input)."""
     O, K = w_ok.shape
     acc_n = np.empty(ONE_CHANNEL_CHUNK, dtype=np.float32)
     for c0 in range(t0, t1, ONE_CHANNEL_CHUNK):
@@ -73,10 +73,9 @@ SMALL_WEIGHT_SHARE = 8  # a weight of at most 1/8 of the stacked taps' bytes is 
 
 def _few_conv_pieces(weight_values: int, taps_per_column: int, T_out: int) -> int:
     """The columns of each piece of a conv with too few pieces to share out evenly: one equal share per
-    thread where the weight is small against the stacked taps, so that the stacking runs on every thread
-    too (the encoder's first conv, 1 -> 64 channels over 240,000 samples: each thread stacks its own taps
-    and reads the 1.8 KB weight again; 9.4-9.8 against 10.9-11.9 ms as one piece), else all of them in one
-    piece, on BLAS's threads."""
+    thread where the weight is small against the stacked taps (each thread stacks its own taps and reads
+    the weight again: the stacking runs on every thread too), else all of them in one piece, on BLAS's
+    threads."""
     threads = _piece_threads()
     share = -(-T_out // max(threads, 1))
     small_weight = SMALL_WEIGHT_SHARE * weight_values <= taps_per_column * T_out
@@ -86,17 +85,16 @@ def _few_conv_pieces(weight_values: int, taps_per_column: int, T_out: int) -> in
 
 
 def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: int = 1):
-    """``nn.conv1d`` by one of four arrangements chosen by shape:
+    """``nn.conv1d`` by the arrangement the shapes call for (other group counts: the reference):
 
-    - dense with at most ``PER_TAP_MAX_OUT`` output channels: one product per tap, accumulated through one
-      reused buffer (stacking K copies of the input would cost more than a product with so few rows);
-    - 1x1, stride 1: one matrix product;
-    - dense otherwise: pieces of output columns whose taps, stacked ("im2col", [I * K, columns], about
-      ``CONV_PIECE_BYTES``, at least ``CONV_PIECE_MIN_COLUMNS`` columns), are ONE matrix product each with
-      the weight as stored ([O, I * K], no copy), written into the output in place; the pieces run side by
-      side (``run_pieces``), or, fewer than ``MIN_PIECES``, as one piece on BLAS's threads;
-    - depthwise (groups = channels): a multiply-add per tap, no matrix product at all.
-    Other group counts go to the reference."""
+    - one input channel, stride 1: ``_one_channel_conv``, the reference's bits;
+    - at most ``PER_TAP_MAX_OUT`` outputs: a product per tap, accumulated in one reused buffer;
+    - 1x1, stride 1: one product (on the AMX tiles for bf16 weights: ``_one_by_one_tiles``);
+    - a few output columns and a big float32 weight: ``_few_columns_conv``;
+    - dense otherwise: pieces of columns side by side, each ONE product of its stacked taps ("im2col",
+      about ``CONV_PIECE_BYTES``) by the weight as stored, in place (fewer than ``MIN_PIECES``:
+      ``_few_conv_pieces``);
+    - depthwise: a multiply-add per tap."""
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
     nn.check_conv1d_shapes(x_bct, w_oik, stride, dilation, groups)
@@ -179,10 +177,10 @@ def _few_columns(x_bct, w_oik, b_o, T_out: int) -> bool:
 
 
 def _few_columns_conv(x_bct, w_oik, b_o, stride, dilation, T_out):
-    """A dense conv with 2 to 8 output columns and a weight of at least a megabyte (the decoder's first
-    conv, 1024 -> 1536 x 7 taps, over the 4 steps of a 1-frame decode): the stacked taps, transposed, are a
-    few rows times the weight ([O, I * K] as stored) by ``_few_rows_f32``, the weight read once from
-    memory (44 MB: 3.6-4.1 -> 3.1 ms), where BLAS packs it first; ``conv1d`` has checked the shapes."""
+    """A dense conv with a few output columns and a big weight (the decoder's first conv over the steps of
+    a short decode): the stacked taps, transposed, are a few rows times the weight ([O, I * K] as stored)
+    by ``_few_rows_f32``, the weight read once from memory, where BLAS packs it first; ``conv1d`` has
+    checked the shapes."""
     O, I, K = w_oik.shape
     cols_ikn = np.empty((I, K, T_out), x_bct.dtype)
     _stack_taps_into(np.ascontiguousarray(x_bct[0]), 0, stride, dilation, cols_ikn)
@@ -212,8 +210,7 @@ def _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_ot):
     t0 <= t < t0 + n, phases p < stride and j < K / stride, over the input frames z holds (frames
     first .. first + F - 1; the others are zeros): the taps' products added where they land, tap block j
     by tap block j over the frames where it has input (no test inside the loop), then the bias: the sum of
-    a sample in the order j = 0, 1, ..., bias, as one sample at a time summed it (the same bits; 0.74
-    against 1.2 ms for 96 channels x 1820 frames x 3 phases)."""
+    a sample in the order j = 0, 1, ..., bias, as one sample at a time summed it (the same bits)."""
     O, K, F = z_okf.shape
     J = K // stride
     for o in range(O):
@@ -238,7 +235,7 @@ def _few_frames_times(x_if, w_ij, j0, j1, columns, z_jf):
     ``columns`` columns, the strip's rows read in order, i = 0 .. I - 1, each row times x[i, f] added into
     the strip's sums for every frame (in the first-level cache), row i + 8 asked for meanwhile.  The
     weight is read once, from memory, where BLAS packs its every block (a copy) before multiplying a few
-    columns (1536 -> 768 channels x 16 taps, 4 frames, 75 MB cold: 3.8 against 8.8 ms on 2 threads)."""
+    columns."""
     I, J = w_ij.shape
     F = x_if.shape[1]
     words = w_ij.reshape(-1)
@@ -262,14 +259,11 @@ def _few_frames_times(x_if, w_ij, j0, j1, columns, z_jf):
 
 def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     """``nn.conv_transpose1d`` for K = J * stride taps (the codec's K = 2 * stride): a piece of output
-    frames t0 .. t0 + n - 1 (stride samples each) and output channels o0 .. o1 - 1 takes the products of
-    their taps with input frames t0 - J + 1 .. t0 + n - 1 in ONE matrix product, the weight as stored read
-    transposed, W^T [O * K, I], times x [I, frames], and adds each where it lands (``_overlap_add_into``).
-    The pieces' outputs are disjoint (the J - 1 frames before a piece are multiplied again), so they run
-    side by side (``run_pieces``).  Pieces span every channel and ``TRANSPOSED_PIECE_BYTES`` of products
-    (few channels, long signals), or, where that would read the weight more often than it saves
-    (``_transposed_pieces``), a thread's share of the channels and ``TRANSPOSED_CHANNEL_PIECE_BYTES``.
-    Up to ``FEW_FRAMES`` input frames, the products of every tap come from ``_few_frames_times``."""
+    frames and channels takes the products of their taps with the input frames they read in ONE matrix
+    product, W^T [O * K, I] (the weight as stored, read transposed) times x [I, frames], and adds each where
+    it lands (``_overlap_add_into``).  The pieces' outputs are disjoint (the J - 1 frames before a piece are
+    multiplied again), so they run side by side; their size is ``_transposed_pieces``'s.  Up to
+    ``FEW_FRAMES`` input frames, the products come from ``_few_frames_times``."""
     B, C, T = x_bct.shape
     I, O, K = w_iok.shape
     if x_bct.dtype != np.float32 or K % stride or C != I:
@@ -306,11 +300,9 @@ def _transposed_pieces(O: int, K: int, frames: int, weight_bytes: int) -> tuple:
     """(channels, frames) of a piece of ``conv_transpose1d``: every channel and ``TRANSPOSED_PIECE_BYTES``
     of products (each piece reads the whole weight), unless a thread's share of the channels, with pieces
     of ``TRANSPOSED_CHANNEL_PIECE_BYTES`` (each piece reads its share of the weight), moves fewer bytes,
-    counting the weight's reads and the products written and read again out of the cache: 1536 -> 768
-    channels over 500 frames 103 -> 65 ms, 768 -> 384 over 4000 frames 85 -> 73 ms (cold weights, 2
-    threads); 384 -> 192 over 20000 frames keeps all channels (its products would be 123 MB).  Too few
-    frames for a piece per thread: shares too (1536 -> 768 over 4 frames, one frame piece on BLAS's
-    two threads, 9.3 -> 7.8 ms)."""
+    counting the weight's reads and the products written and read again out of the cache (big weights over
+    a few hundred frames take shares; small ones over long signals every channel).  Too few frames for a
+    piece per thread: shares too."""
     row_bytes = 4 * O * K  # the products of one frame
     n_all = max(16, TRANSPOSED_PIECE_BYTES // row_bytes)
     n_share = max(16, TRANSPOSED_CHANNEL_PIECE_BYTES // row_bytes)

@@ -51,8 +51,7 @@ def _elu_into(x, alpha, out) -> None:
 
 def softmax(x, axis: int = -1):
     """``nn.softmax`` over the last axis of a host float array: the reference itself on pieces of rows side by
-    side (``run_pieces``), each piece's three arrays in the cache, into one output (the same bits; 1.7
-    against 3.4 ms for 1536 x 937)."""
+    side (``run_pieces``), each piece's three arrays in the cache, into one output (the same bits)."""
     if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64) or x.ndim == 0 or x.size == 0:
         return NotImplemented
     if axis not in (-1, x.ndim - 1):
@@ -97,11 +96,11 @@ def _pairwise_block(a, lo, n):
 
 @numba.njit(cache=True, nogil=True)
 def _pairwise_sum(a, lo, n):
-    """sum(a[lo : lo + n]) as NumPy's float32 ``np.add.reduce`` of a contiguous row adds it, so with its bits:
-    a row longer than PAIRWISE_BLOCK is split in two at a multiple of 8 near its middle, each half summed
-    so, then the halves added; up to PAIRWISE_BLOCK values ``_pairwise_block``.  NumPy's recursion written
-    as a loop over a stack of pieces (a recursive Numba function breaks in the on-disk cache): a piece
-    (kind 0) is summed or split into its halves and a combination (kind 1), which adds the last two sums."""
+    """sum(a[lo : lo + n]) with the bits of NumPy's float32 ``np.add.reduce`` of a contiguous row: a row
+    longer than PAIRWISE_BLOCK split in two at a multiple of 8 near its middle, each half summed so, the
+    halves added; a shorter one by ``_pairwise_block``.  The recursion is a loop over a stack (a recursive
+    Numba function breaks in the on-disk cache): a piece (kind 0) is summed, or split into its halves and
+    a combination (kind 1), which adds the last two sums."""
     lo_s, n_s, kind_s = np.empty(128, np.int64), np.empty(128, np.int64), np.empty(128, np.int64)
     sums = np.empty(64, dtype=np.float32)
     lo_s[0], n_s[0], kind_s[0], top, done = lo, n, 0, 1, 0
@@ -142,9 +141,8 @@ def _rms_norm_rows(x_rc, w_c, eps, out_rc):
 
 def rms_norm(x, w, eps: float):
     """``nn.rms_norm`` for float32 host arrays, C-contiguous, and a weight of the last axis's length: one
-    compiled pass per row with the reference's bits (``_rms_norm_rows``), rows in pieces side by side
-    when there are many.  A generation step's norm after its stack was six small NumPy calls, 121 us a
-    code predictor step (its caches cold after the layers' weights streamed through)."""
+    compiled pass per row with the reference's bits (``_rms_norm_rows``), where the reference makes six
+    small NumPy calls; rows in pieces side by side when there are many."""
     if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in (x, w)) or x.ndim == 0:
         return NotImplemented
     if not x.flags.c_contiguous or w.shape != x.shape[-1:] or x.size == 0:
@@ -165,8 +163,8 @@ def rms_norm(x, w, eps: float):
 
 def gelu_erf(x):
     """``nn.gelu_erf``, 0.5 * x * (1 + erf(x / sqrt(2))), in pieces, each the reference's float32
-    operations in its order.  Float32: erf by ``_erf_f64`` in a Numba loop (``_gelu_erf_into``; SciPy's
-    erf, one value at a time, took 11 ns a value, most of the time of the codecs' GELU MLPs); float64 (the
+    operations in its order.  Float32: erf by ``_erf_f64`` in a Numba loop that vectorises
+    (``_gelu_erf_into``; SciPy's float32 erf is scalar code, most of the codecs' GELU time); float64 (the
     explicit backend): SciPy's erf, the reference's bits."""
     scale = x.dtype.type(1.0 / math.sqrt(2.0))
     if x.dtype == np.float32:
@@ -226,7 +224,7 @@ def _horner_8(c, u):
 def _erf_f64(y):
     """erf(y) in float64 to about 4e-13, for y clamped to [-4, 4]: the polynomial in three parts of 8
     powers, P0 + u^8 (P1 + u^8 P2) (a Horner loop over all 23 is not unrolled, and the loop over the values
-    then does not vectorise: 5.9 against 0.88 ns a value)."""
+    then does not vectorise)."""
     y = min(max(y, -4.0), 4.0)
     u = y * y * 0.125 - 1.0
     u8 = ((u * u) * (u * u)) * ((u * u) * (u * u))
@@ -259,7 +257,7 @@ def _sin_up_to_sign(z):
     z / pi, sin(z) = (-1)^k sin(z - k pi) and |z - k pi| <= pi / 2, where a 7-term polynomial is exact
     to float32 precision."""
     zd = np.float64(z)
-    r = zd - np.rint(zd * (1.0 / np.pi)) * np.pi  # (np.rint: the same integers, 38 against 43 us a 96 x 1024 row block)
+    r = zd - np.rint(zd * (1.0 / np.pi)) * np.pi  # (np.rint: the same integers as rounding by hand, faster)
     r2 = r * r
     p = _SIN_TAYLOR[6]
     for j in range(5, -1, -1):
@@ -288,14 +286,19 @@ def snake_beta(x_bct, log_alpha_c, log_beta_c):
     return out_bct
 
 
+def _snake_params(log_alpha_c, log_beta_c):
+    """(alpha, 1 / (beta + 1e-9)) in float32, as ``snake_beta`` computes them."""
+    alpha_c = np.exp(log_alpha_c).astype(np.float32)
+    return alpha_c, (1.0 / (np.exp(log_beta_c) + np.float32(1e-9))).astype(np.float32)
+
+
 @numba.njit(fastmath=FASTMATH, inline="always")
 def _snake_row_into(x_t, T, start, bias, alpha, inv_beta, out_n):
     """out[j] = SnakeBeta(x[start + j] + bias) where 0 <= start + j < T, else 0 (the causal conv's zero
     padding, which the reference applies to SnakeBeta's output).  The loop runs over two 1-D views from
-    index 0: written with an offset (``x[start + j]``), LLVM's run-time overlap test of the two rows
-    failed whenever the output began within a row after the input's end (two arrays allocated one after
-    the other: h and SnakeBeta(h) in the residual unit) and the scalar loop ran, 2.7 ns a value against
-    0.43 (0.8 with the offset and no overlap; 96 rows of 1024, one thread)."""
+    index 0: written with an offset (``x[start + j]``), LLVM's run-time test that the rows do not overlap
+    failed where the output began within a row after the input's end (h and SnakeBeta(h), allocated one
+    after the other, in the residual unit), and the scalar loop ran."""
     N = out_n.shape[0]
     j0, j1 = min(max(-start, 0), N), max(min(T - start, N), 0)  # x exists for j0 <= j < j1
     out_n[:j0] = 0.0
@@ -315,6 +318,9 @@ def _snake_rows_into(x_ct, bias_c, alpha_c, inv_beta_c, out_ct):
         _snake_row_into(x_ct[c], x_ct.shape[1], 0, bias_c[c], alpha_c[c], inv_beta_c[c], out_ct[c])
 
 
+# The pass that ends the codecs' fused steps: bias, then residual.
+
+
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _add_bias_and_residual(h_cn, bias_c, x_ct, start, out_ct):
     """out[c, start + j] = (h[c, j] + bias[c]) + x[c, start + j] (the reference's order: bias, then residual):
@@ -331,9 +337,3 @@ def _add_bias_and_residual_rows(sums_cw, n, bias_c, x_ct, t0, out_ct):
         bias, sums_n, x_n, out_n = bias_c[c], sums_cw[c, :n], x_ct[c, t0 : t0 + n], out_ct[c, t0 : t0 + n]
         for j in range(n):
             out_n[j] = (sums_n[j] + bias) + x_n[j]
-
-
-def _snake_params(log_alpha_c, log_beta_c):
-    """(alpha, 1 / (beta + 1e-9)) in float32, as ``snake_beta`` computes them."""
-    alpha_c = np.exp(log_alpha_c).astype(np.float32)
-    return alpha_c, (1.0 / (np.exp(log_beta_c) + np.float32(1e-9))).astype(np.float32)

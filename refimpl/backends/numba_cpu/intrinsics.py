@@ -17,6 +17,7 @@ from numba.extending import intrinsic
 FASTMATH = {"reassoc", "contract"}
 
 
+# bit casts between float32 and bfloat16 words
 @intrinsic
 def _bf16_to_f32(typingctx, bits):
     """One bfloat16 word -> its float32: the word in the upper half of a 32-bit pattern (exact)."""
@@ -40,7 +41,21 @@ def _f32_from_bits(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _bits_of(typingctx, value):
+    """The 32-bit pattern of a float32."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+# exp and expm1 in plain arithmetic
 _LOG2E = np.float32(1.4426950408889634)
+
+
 _LN2_PARTS = (np.float32(0.693359375), np.float32(-2.12194440e-4))  # ln 2 = sum: the first exact in 9 bits
 _EXP_R = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2))
 _EXP_R += (np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))  # (Cephes' expf, by S. L. Moshier)
@@ -49,13 +64,12 @@ _EXP_R += (np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))  # (Cephes'
 @numba.njit(fastmath={"contract"}, inline="always")
 def _exp_f32(x):
     """exp(x) for float32 in plain arithmetic, so that the loops calling it vectorise (Numba's np.exp is
-    a scalar libm call: 2.6 ns a value where this is 0.45): x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in
-    two parts, the product with the first exact), exp(r) = 1 + r + r^2 P(r) with the degree-5 P of
-    Cephes' expf, times 2^n built from exponent bits in two factors (2^n alone would overflow at n = 128
-    or be subnormal below -126).  Within 1.0 ulp of exp over 4 million points of -87.3 .. 88.72 (NumPy's
-    float32 exp: 2.4); inf above 88.72, 0 below -103.97, subnormals between, NaN stays NaN.  Inlined,
-    it takes its caller's flags: call it from code compiled without reassociation (``_silu_times_into``),
-    as the reduction's order is what makes r exact."""
+    a scalar libm call): x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, the product with the
+    first exact), exp(r) = 1 + r + r^2 P(r) with the degree-5 P of Cephes' expf, times 2^n built from
+    exponent bits in two factors (2^n alone would overflow at n = 128 or be subnormal below -126).  Within
+    1 ulp of exp (tested); inf above 88.72, 0 below -103.97, subnormals between, NaN stays NaN.  Inlined,
+    it takes its caller's flags: call it from code compiled without reassociation, as the reduction's
+    order is what makes r exact."""
     xc = min(max(x, np.float32(-104.0)), np.float32(88.75))
     n = np.floor(xc * _LOG2E + np.float32(0.5))
     r = (xc - n * _LN2_PARTS[0]) - n * _LN2_PARTS[1]
@@ -69,14 +83,31 @@ def _exp_f32(x):
     return x if x != x else y
 
 
+_EXPM1_TAYLOR = tuple(np.float32(1.0 / math.factorial(k)) for k in range(2, 11))  # 1/2!, ..., 1/10!
+
+
+@numba.njit(fastmath={"contract"}, inline="always")
+def _expm1_f32(x):
+    """exp(x) - 1 for float32 x <= 0 in plain arithmetic, so that the loops calling it vectorise (NumPy's
+    expm1 is a call the tiles' pieces would have to make from Python): for -0.5 <= x <= 0 the Taylor series
+    to x^10 / 10! (its remainder below 2^-32 of the result), x + x^2 (1/2 + x (1/6 + ...)); below, exp(x) - 1
+    with ``_exp_f32`` (the result at least 0.39 in size, so exp's ulp is at most 2.6 of the result's).  NaN
+    stays NaN.  Inlined, it takes its caller's flags: call it from code compiled without reassociation."""
+    q = _EXPM1_TAYLOR[8]
+    for i in range(7, -1, -1):
+        q = q * x + _EXPM1_TAYLOR[i]
+    small = x + (x * x) * q
+    return small if x >= np.float32(-0.5) or x != x else _exp_f32(x) - np.float32(1.0)
+
+
+# prefetch requests
 PREFETCH_LOCALITY = 2  # LLVM's locality 2: prefetcht1, into level 2 (3 would be prefetcht0, into level 1)
 
 
 @intrinsic
 def _prefetch(typingctx, array, index):
     """Ask the processor to start loading array[index] into its level-2 cache (``prefetcht1``; no effect
-    on the result).  Into level 1 instead (``prefetcht0``), a generation frame measured 5-6% slower
-    (149-153 ms against 139-144 ms, alternating)."""
+    on the result).  Into level 1 instead (``prefetcht0``), a generation frame measured slower."""
     sig = types.void(array, index)
 
     def codegen(context, builder, signature, args):
@@ -115,6 +146,7 @@ def _prefetch_row(words, I, o):
         _prefetch(words, j)
 
 
+# rows on cache lines
 CACHE_LINE_FLOATS = 16  # 64 bytes: one 16-lane vector
 
 
@@ -146,31 +178,3 @@ def _rows_on_cache_lines(x_ni):
     """``_line_aligned_rows`` for Python callers, compiled once into the cache (the inlined helper called
     from Python would be compiled again in every process)."""
     return _line_aligned_rows(x_ni)
-
-
-@intrinsic
-def _bits_of(typingctx, value):
-    """The 32-bit pattern of a float32."""
-    sig = types.uint32(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return sig, codegen
-
-
-_EXPM1_TAYLOR = tuple(np.float32(1.0 / math.factorial(k)) for k in range(2, 11))  # 1/2!, ..., 1/10!
-
-
-@numba.njit(fastmath={"contract"}, inline="always")
-def _expm1_f32(x):
-    """exp(x) - 1 for float32 x <= 0 in plain arithmetic, so that the loops calling it vectorise (NumPy's
-    expm1 is a call the tiles' pieces would have to make from Python): for -0.5 <= x <= 0 the Taylor series
-    to x^10 / 10! (its remainder below 2^-32 of the result), x + x^2 (1/2 + x (1/6 + ...)); below, exp(x) - 1
-    with ``_exp_f32`` (the result at least 0.39 in size, so exp's ulp is at most 2.6 of the result's).  NaN
-    stays NaN.  Inlined, it takes its caller's flags: call it from code compiled without reassociation."""
-    q = _EXPM1_TAYLOR[8]
-    for i in range(7, -1, -1):
-        q = q * x + _EXPM1_TAYLOR[i]
-    small = x + (x * x) * q
-    return small if x >= np.float32(-0.5) or x != x else _exp_f32(x) - np.float32(1.0)

@@ -31,7 +31,54 @@ from .intrinsics import (
 from .packed_words import _packed_products_into, packed_words
 from .pieces import _piece_threads, run_pieces
 
+MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
+BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
+WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
+F32_FEW_ROWS = (2, 8)  # float32 weights: from 2 to 8 rows of x, ``_rows_times_f32`` on the piece threads ...
+F32_FEW_ROWS_MIN_BYTES = 1 << 20  # ... for a weight of at least 1 MB (below, the pieces' hand-off outweighs the gain)
 
+
+def linear(x, w_oi, b_o=None):
+    """``nn.linear``.  A ``BF16Matrix`` weight is read as stored: for a few rows of x (a generation step)
+    by the matrix-vector kernels (from its packed words where it has them), for more on the AMX tiles
+    where granted, else by the block kernel (a short prompt) or by BLAS on blocks of rows widened one at a
+    time, so that no float32 copy of the whole matrix ever exists.  Float32 weights go to BLAS as in the
+    reference, but for a few rows of x and a big weight (``_few_rows_f32``)."""
+    if not isinstance(w_oi, BF16Matrix):
+        few = _few_rows_f32(x, w_oi, b_o) if isinstance(w_oi, np.ndarray) and isinstance(x, np.ndarray) else None
+        return nn.linear.reference(x, w_oi, b_o) if few is None else few
+    O, I = w_oi.shape
+    x_ni = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, I)
+    packed = packed_words(w_oi) if x_ni.shape[0] <= MATVEC_MAX_ROWS else None
+    if packed is not None:  # (a code predictor's head)
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _packed_products_into(x_ni, packed, out_no)
+    elif x_ni.shape[0] == 1:  # (a generation step's head: the layers' matrix-vector kernel, the fastest for one row)
+        out_no = np.empty((1, O), dtype=np.float32)
+        _matvec_bf16_into(x_ni[0], w_oi.bits, out_no[0])
+    elif x_ni.shape[0] <= MATVEC_MAX_ROWS:
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _bf16_rows_times(x_ni, w_oi.bits, out_no)
+    elif _tiles_take(amx.USE_TILES, O, I):
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _tile_bf16_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
+    elif x_ni.shape[0] <= BLOCK_MAX_ROWS:
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _bf16_block_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
+    else:  # each block of output channels is a contiguous block of rows of out_on: BLAS writes it in place
+        out_on = np.empty((O, x_ni.shape[0]), dtype=np.float32)
+        block_oi = np.empty((min(O, WIDEN_BLOCK_ROWS), I), dtype=np.float32)  # reused for every block
+        for start in range(0, O, WIDEN_BLOCK_ROWS):
+            stop = min(O, start + WIDEN_BLOCK_ROWS)
+            _widen_bf16_into(w_oi.bits[start:stop], block_oi[: stop - start])
+            np.matmul(block_oi[: stop - start], x_ni.T, out=out_on[start:stop])
+        out_no = np.ascontiguousarray(out_on.T)
+    if b_o is not None:
+        out_no += b_o
+    return out_no.reshape(x.shape[:-1] + (O,))
+
+
+# bfloat16 weights, read as stored
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _bf16_rows_times(x_ni, bits_oi, out_no):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x.
@@ -63,8 +110,7 @@ def _dot_bf16(x_i, bits_oi, o):
 def _matvec_bf16_into(x_i, bits_oi, out_o):
     """out[o] = sum_i x[i] * widen(bits[o, i]) for ONE row of x, parallel over the weight rows, row o + 8
     asked for while row o is multiplied.  One matrix per parallel loop: a loop whose body chooses between
-    two or three matrices (the q/k/v rows stacked) streamed them at 20 GB/s where one loop per matrix
-    reads 28 (the same weights, 2 threads: docs/performance.md)."""
+    two or three matrices (the q/k/v rows stacked) streams them more slowly than one loop per matrix."""
     O, I = bits_oi.shape
     words = bits_oi.reshape(-1)
     for o in prange(O):
@@ -73,39 +119,9 @@ def _matvec_bf16_into(x_i, bits_oi, out_o):
         out_o[o] = _dot_bf16(x_i, bits_oi, o)
 
 
-@numba.njit(fastmath=FASTMATH, cache=True)
-def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
-    """out = x @ widen(bits)^T for the rows of x of a generation step or a short prompt, by the kernel
-    ``linear`` chooses for ``rows`` rows: one by ``_matvec_bf16_into``, up to ``MATVEC_MAX_ROWS`` by
-    ``_bf16_rows_times`` (each weight row read once for all of them), more by the AMX tile kernel
-    (``_tile_bf16_times``) where ``tiles`` and the shapes let it, else by the block kernel
-    (``_bf16_block_times``).  ``rows`` is the layer's count of new positions, also where x holds fewer
-    (the last position alone): each kernel sums a row the same way whatever the others, so the last
-    position's output has the same bits either way."""
-    O, I = bits_oi.shape
-    if rows == 1:
-        _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
-    elif rows <= MATVEC_MAX_ROWS:
-        _bf16_rows_times(x_ni, bits_oi, out_no)
-    elif _tiles_take(tiles, O, I):
-        _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
-    else:
-        _bf16_block_times(x_ni, bits_oi, out_no, n_threads)
-
-
-@numba.njit(cache=True)
-def _widen_bf16_into(bits_oi, out_oi):
-    """out = the float32 values of the bfloat16 words (exact).  One thread: it alternates with BLAS calls,
-    and Numba's parallel threads would still be spinning while BLAS's run (measured: 3x slower prompts)."""
-    O, I = bits_oi.shape
-    for o in range(O):
-        for i in range(I):
-            out_oi[o, i] = _bf16_to_f32(bits_oi[o, i])
-
-
-BLOCK_N = 4  # the block kernel's register tile: 4 rows of x ...
-BLOCK_O = 6  # ... times 6 weight rows: 24 accumulators (4 x 4 measured 181 against 186-198 GFLOP/s, 4 x 8 125)
-BLOCK_I_CHUNK = 1024  # columns summed at a time (512 measured the same)
+BLOCK_N = 4  # the block kernel's register block: 4 rows of x ...
+BLOCK_O = 6  # ... times 6 weight rows: 24 accumulators (4 x 4 and 4 x 8 measured slower)
+BLOCK_I_CHUNK = 1024  # columns summed at a time (half as many measured the same)
 
 
 @numba.njit(inline="always")
@@ -133,20 +149,12 @@ def _store_6(out_no, n, o0, cols, add, v0, v1, v2, v3, v4, v5):
 
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
-    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for a few dozen rows of x (a prompt): each thread takes
-    a contiguous range of weight rows, widens 6 of them at a time into its own small float32 buffer
-    (L1/L2-resident) and multiplies them with every row of x, 4 rows of x at a time, so each loaded
-    value feeds 4 or 6 multiply-adds (24 accumulators; the remainders repeat the last row and drop it).
-    The next block's weight rows (contiguous words) are asked for a slice at a time, one slice per 4 rows
-    of x, so the requests spread over the block's work instead of coming in one burst the memory system
-    drops: 181 -> 192 GFLOP/s over a Talker's 28 layers of cold weights, 28 rows of x, 2 threads.  The sums
-    run over ``BLOCK_I_CHUNK`` columns at a time, for every row of x, so that the 6 weight rows' and 4 x
-    rows' chunks (40 KB) stay in the first-level cache: the o and down products (2048 and 3072 columns)
-    186-203 -> 204-232 GFLOP/s, a Talker's 28 layers 2-7% faster; up to 1024 columns the same bits.  The
-    loops run over 1-D views from index 0 (indexed from ``c0``, LLVM gathered the values one by one).  The
-    rows of x and of the widened buffer start on 64-byte boundaries (x copied where its rows do not): from
-    Numba's or NumPy's 32- or 16-byte starts every load spanned two cache lines, and a Talker's 28 layers
-    over 28 rows took 141-148 ms against 118-123 aligned (the same bits)."""
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for a few dozen rows of x (a prompt): each thread
+    takes a range of weight rows, widens ``BLOCK_O`` of them at a time into its own float32 buffer and
+    multiplies them with every row of x, ``BLOCK_N`` at a time (each loaded value feeds several
+    multiply-adds; the remainders repeat the last row and drop it), over ``BLOCK_I_CHUNK`` columns at a
+    time so that the rows' chunks stay in the first-level cache (up to that many columns, the same bits).
+    The rows of x and of the buffer start on cache lines (x copied where they do not): no load spans two."""
     O, I = bits_oi.shape
     N = x_ni.shape[0]
     x_ni = _line_aligned_rows(x_ni)
@@ -165,7 +173,9 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
             ahead0 = min((o0 + BLOCK_O) * I, O * I)  # the next block's words: [ahead0, ahead1)
             ahead1 = min((o0 + 2 * BLOCK_O) * I, O * I)
             chunks = (I + BLOCK_I_CHUNK - 1) // BLOCK_I_CHUNK
-            pieces = n_blocks * chunks  # the next block's words asked for a slice per tile of every chunk
+            # the next block's words asked for a slice per block of x of every chunk: spread over the work,
+            # not in one burst the memory system drops
+            pieces = n_blocks * chunks
             slice_ = ((ahead1 - ahead0 + pieces - 1) // pieces + 31) // 32 * 32  # whole 64-byte lines
             for c0 in range(0, I, BLOCK_I_CHUNK):
                 c1 = min(I, c0 + BLOCK_I_CHUNK)
@@ -178,6 +188,7 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
                     a10 = a11 = a12 = a13 = a14 = a15 = np.float32(0.0)
                     a20 = a21 = a22 = a23 = a24 = a25 = np.float32(0.0)
                     a30 = a31 = a32 = a33 = a34 = a35 = np.float32(0.0)
+                    # 1-D views from index 0 (indexed from c0, LLVM gathered the values one by one)
                     x0_i, x1_i, x2_i, x3_i = x_ni[n0, c0:c1], x_ni[n1, c0:c1], x_ni[n2, c0:c1], x_ni[n3, c0:c1]
                     w0_i, w1_i, w2_i = w[0, c0:c1], w[1, c0:c1], w[2, c0:c1]
                     w3_i, w4_i, w5_i = w[3, c0:c1], w[4, c0:c1], w[5, c0:c1]
@@ -218,47 +229,25 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
                         _store_6(out_no, n3, o0, cols, c0 > 0, a30, a31, a32, a33, a34, a35)
 
 
-def _matrix_rows(w):
-    """O of a layer step's matrix [O, I], given as bf16 words or packed (``_weight_products_into``)."""
+@numba.njit(cache=True)
+def _widen_bf16_into(bits_oi, out_oi):
+    """out = the float32 values of the bfloat16 words (exact).  One thread: it alternates with BLAS calls,
+    and Numba's parallel threads would still be spinning while BLAS's run (prompts measured far slower)."""
+    O, I = bits_oi.shape
+    for o in range(O):
+        for i in range(I):
+            out_oi[o, i] = _bf16_to_f32(bits_oi[o, i])
 
 
-@overload(_matrix_rows)
-def _matrix_rows_for(w):
-    if isinstance(w, types.Array):
-        return lambda w: w.shape[0]
-    return lambda w: w[0].shape[0]
-
-
-def _weight_products_into(x_ni, w, out_no, n_threads, rows, tiles):
-    """out = x @ W^T for a layer step's matrix W, given as bf16 words (``_products_into``) or packed
-    (``_packed_products_into``): the layer kernels are compiled for either (``numba.extending.overload``)."""
-
-
-@overload(_weight_products_into, jit_options={"fastmath": FASTMATH})
-def _weight_products_for(x_ni, w, out_no, n_threads, rows, tiles):
-    if isinstance(w, types.Array):
-        return lambda x_ni, w, out_no, n_threads, rows, tiles: _products_into(x_ni, w, out_no, n_threads, rows, tiles)
-    return lambda x_ni, w, out_no, n_threads, rows, tiles: _packed_products_into(x_ni, w, out_no)
-
-
-MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
-BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
-WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
-
-
-F32_FEW_ROWS = (2, 8)  # float32 weights: from 2 to 8 rows of x, ``_rows_times_f32`` on the piece threads ...
-F32_FEW_ROWS_MIN_BYTES = 1 << 20  # ... for a weight of at least 1 MB (below, the pieces' hand-off outweighs the gain)
-
-
+# float32 weights: a few rows of x, each weight row read once
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _rows_times_f32(x_ni, w_oi, o0, o1, out_no):
     """out[n, o] = sum_i x[n, i] w[o, i] for the weight rows o0 <= o < o1: each row read once, from memory,
     for all the few rows of x (in the first-level cache meanwhile), 4 rows of x at a time (each loaded
-    weight value feeds 4 multiply-adds: 1536 x 7168 over 4 rows 3.8 -> 2.8 ms against one row of x at a
-    time, the same bits), row o + 8 asked for.  BLAS packs the weight before multiplying a few rows (in a 1-
-    or 2-frame decode, 2 threads: the upsampler's ConvNeXt products of 2 rows, 4096 x 1024, 1.86 against
-    0.96 ms; the transformer's of 2 rows, 1024 x 512, 312 against 220 us; one row stays BLAS's: 119 us
-    against 200 with the pieces' hand-off)."""
+    weight value feeds 4 multiply-adds; the same bits as one row at a time), row o + 8 asked for.  BLAS
+    packs the weight before multiplying a few rows, which costs more than the product itself in a short
+    decode's ConvNeXt and transformer products (one row stays BLAS's: there the pieces' hand-off costs
+    more than it saves)."""
     I = w_oi.shape[1]
     N = x_ni.shape[0]
     words = w_oi.reshape(-1)
@@ -298,7 +287,7 @@ def _few_rows_f32(x, w_oi, b_o):
         return None
     if b_o is not None and getattr(b_o, "dtype", None) != np.float32:
         return None  # (the reference's promotion)
-    x_ni = _rows_on_cache_lines(np.ascontiguousarray(x).reshape(rows, I))  # (rows on cache lines: 5-20% faster)
+    x_ni = _rows_on_cache_lines(np.ascontiguousarray(x).reshape(rows, I))  # (no load spanning two cache lines)
     out_no = np.empty((rows, O), np.float32)
     n = _piece_threads()
     run_pieces(
@@ -309,41 +298,43 @@ def _few_rows_f32(x, w_oi, b_o):
     return out_no.reshape(x.shape[:-1] + (O,))
 
 
-def linear(x, w_oi, b_o=None):
-    """``nn.linear``.  A ``BF16Matrix`` weight is read as stored: for a few rows of x (a generation step)
-    by the matrix-vector kernel, for a few dozen (a short prompt) by the block kernel, for more by BLAS
-    on blocks of rows widened one block at a time, so no float32 copy of the whole matrix ever exists.
-    Float32 weights go to BLAS as in the reference, but for a few rows of x and a big weight
-    (``_few_rows_f32``)."""
-    if not isinstance(w_oi, BF16Matrix):
-        few = _few_rows_f32(x, w_oi, b_o) if isinstance(w_oi, np.ndarray) and isinstance(x, np.ndarray) else None
-        return nn.linear.reference(x, w_oi, b_o) if few is None else few
-    O, I = w_oi.shape
-    x_ni = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, I)
-    packed = packed_words(w_oi) if x_ni.shape[0] <= MATVEC_MAX_ROWS else None
-    if packed is not None:  # (a code predictor's head)
-        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
-        _packed_products_into(x_ni, packed, out_no)
-    elif x_ni.shape[0] == 1:  # (a generation step's head: the layers' kernel, 190 against 225 us a 4 MB head)
-        out_no = np.empty((1, O), dtype=np.float32)
-        _matvec_bf16_into(x_ni[0], w_oi.bits, out_no[0])
-    elif x_ni.shape[0] <= MATVEC_MAX_ROWS:
-        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
-        _bf16_rows_times(x_ni, w_oi.bits, out_no)
-    elif _tiles_take(amx.USE_TILES, O, I):
-        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
-        _tile_bf16_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
-    elif x_ni.shape[0] <= BLOCK_MAX_ROWS:
-        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
-        _bf16_block_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
-    else:  # each block of output channels is a contiguous block of rows of out_on: BLAS writes it in place
-        out_on = np.empty((O, x_ni.shape[0]), dtype=np.float32)
-        block_oi = np.empty((min(O, WIDEN_BLOCK_ROWS), I), dtype=np.float32)  # reused for every block
-        for start in range(0, O, WIDEN_BLOCK_ROWS):
-            stop = min(O, start + WIDEN_BLOCK_ROWS)
-            _widen_bf16_into(w_oi.bits[start:stop], block_oi[: stop - start])
-            np.matmul(block_oi[: stop - start], x_ni.T, out=out_on[start:stop])
-        out_no = np.ascontiguousarray(out_on.T)
-    if b_o is not None:
-        out_no += b_o
-    return out_no.reshape(x.shape[:-1] + (O,))
+# the same choice in compiled code, for the fused decoder layer
+@numba.njit(fastmath=FASTMATH, cache=True)
+def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
+    """out = x @ widen(bits)^T for a generation step or a short prompt, by the kernel ``linear`` takes for
+    ``rows`` rows: ``_matvec_bf16_into`` for one, ``_bf16_rows_times`` up to ``MATVEC_MAX_ROWS``, more on the
+    AMX tiles (``_tile_bf16_times``) where ``tiles`` and the shapes let them, else ``_bf16_block_times``.
+    ``rows`` is the layer's count of new positions, also where x holds fewer (the last position alone):
+    each kernel sums a row the same way whatever the others, so that position has the same bits either way."""
+    O, I = bits_oi.shape
+    if rows == 1:
+        _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
+    elif rows <= MATVEC_MAX_ROWS:
+        _bf16_rows_times(x_ni, bits_oi, out_no)
+    elif _tiles_take(tiles, O, I):
+        _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
+    else:
+        _bf16_block_times(x_ni, bits_oi, out_no, n_threads)
+
+
+def _matrix_rows(w):
+    """O of a layer step's matrix [O, I], given as bf16 words or packed (``_weight_products_into``)."""
+
+
+@overload(_matrix_rows)
+def _matrix_rows_for(w):
+    if isinstance(w, types.Array):
+        return lambda w: w.shape[0]
+    return lambda w: w[0].shape[0]
+
+
+def _weight_products_into(x_ni, w, out_no, n_threads, rows, tiles):
+    """out = x @ W^T for a layer step's matrix W, given as bf16 words (``_products_into``) or packed
+    (``_packed_products_into``): the layer kernels are compiled for either (``numba.extending.overload``)."""
+
+
+@overload(_weight_products_into, jit_options={"fastmath": FASTMATH})
+def _weight_products_for(x_ni, w, out_no, n_threads, rows, tiles):
+    if isinstance(w, types.Array):
+        return lambda x_ni, w, out_no, n_threads, rows, tiles: _products_into(x_ni, w, out_no, n_threads, rows, tiles)
+    return lambda x_ni, w, out_no, n_threads, rows, tiles: _packed_products_into(x_ni, w, out_no)

@@ -120,10 +120,9 @@ def _row_dots_intrinsic(R: int):
     64 at a time in 512-bit vectors: the 32 code bytes split into 64 codes (low nibbles, high nibbles), the
     64 high bytes looked up by one byte shuffle (``vpshufb``, the 16-entry table in each 128-bit lane), low
     and high bytes unpacked into words and the words, above zero words, into float32 (the bf16 widening),
-    both within 128-bit lanes (``vpunpck*``: 6 instructions, where interleaving the bytes across the whole
-    vector and widening the words took 10; the block's words are stored in the order this gives back,
-    ``bf16.stored_order``), and each row's 64 products summed in 64 lanes; the lanes summed by halves at the
-    end."""
+    both within 128-bit lanes (``vpunpck*``: fewer instructions than across the whole vector; the block's
+    words are stored in the order this gives back, ``bf16.stored_order``), and each row's 64 products
+    summed in 64 lanes, the lanes summed by halves at the end."""
 
     @intrinsic
     def row_dots(typingctx, x_ni, n0, low_i, codes_h, high_64, out_no, o):
@@ -239,8 +238,7 @@ def _packed_products_into(x_ni, packed, out_no):
     """out = x @ words^T for a packed matrix (``bf16.PackedWords``) and a few rows of x (C-contiguous
     float32): parallel over the weight rows, each read once for all rows of x (row o + 8's low bytes and
     codes asked for meanwhile) by ``_packed_row_dots``; then for each listed word its product added and the
-    placeholder's taken back out, in their order (in the parallel loop, row by row, they took a tenth of
-    its time)."""
+    placeholder's taken back out, in their order (row by row in the parallel loop, they were slower)."""
     low_oi, codes_oh, high_64, rows_e, cols_e, values_e = packed
     O, I = low_oi.shape
     low_words, code_words = low_oi.reshape(-1), codes_oh.reshape(-1)
@@ -250,7 +248,7 @@ def _packed_products_into(x_ni, packed, out_no):
                 _prefetch(low_words, j)
             for j in range((o + PREFETCH_ROWS_AHEAD) * (I // 2), (o + PREFETCH_ROWS_AHEAD + 1) * (I // 2), 64):
                 _prefetch(code_words, j)
-        if x_ni.shape[0] == 1:  # (a generation step's one row: its own call, 3% faster than the loop's)
+        if x_ni.shape[0] == 1:  # (a generation step's one row: its own call, faster than the loop's)
             _row_dots_1(x_ni, 0, low_oi[o], codes_oh[o], high_64, out_no, o)
         else:
             _packed_row_dots(x_ni, low_oi[o], codes_oh[o], high_64, out_no, o)

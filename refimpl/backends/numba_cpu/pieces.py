@@ -35,7 +35,7 @@ def run_pieces(piece, pieces: list) -> None:
     as many Python threads as BLAS has, BLAS running one thread per call meanwhile: its threads are lent to
     the pieces, so that each piece is one core's from its input to its output (the Numba kernels release the
     GIL), the elementwise work between the matrix products runs on every core too, and no thread spins
-    waiting for another (Numba's parallel loops between BLAS calls did: the whole decode 15% slower).  Each
+    waiting for another (Numba's parallel loops between BLAS calls did, and slowed the whole decode).  Each
     piece computes the same bits whichever thread runs it."""
     controllers, n_threads = _blas_controller(), _piece_threads()
     if n_threads <= 1 or len(pieces) < 2 or threading.current_thread().name.startswith("refimpl-piece"):

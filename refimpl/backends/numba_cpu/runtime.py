@@ -5,7 +5,7 @@ made safe, and the CPU's AMX tile registers asked for.
 Compiled kernels are cached on disk (``cache=True``): next to this package's files when that is writable,
 else in the user's cache directory (``$XDG_CACHE_HOME/refimpl/numba`` or ``~/.cache/refimpl/numba``), else a
 temporary directory; ``NUMBA_CACHE_DIR`` set by the user wins.  Loops use 512-bit vectors where the
-processor has them (LLVM prefers 256-bit ones by default, which halves the speed of these loops).
+processor has them (LLVM prefers 256-bit ones by default, which slows these loops down).
 Parallel loops run on Numba's default (OpenMP) threads; ``NUMBA_NUM_THREADS`` sets their number (default:
 the cores).  The "workqueue" pool, whose threads sleep between loops, is slower for generation: waking them
 costs more than a frame's many small parallel loops can hide (docs/performance.md).

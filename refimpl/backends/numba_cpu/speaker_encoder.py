@@ -44,7 +44,7 @@ def _add_bias_and_relu(h_on, bias_o):
 
 
 TDNN_RELU_PIECE = 1 << 21  # values per piece of the bias + ReLU pass (8 MB): smaller outputs in one pass here, as a
-# piece thread's hand-off costs more than it saves (512 x 937 frames: 42 us on this thread, 117 in two pieces)
+# piece thread's hand-off costs more than it saves for small inputs
 
 
 def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
@@ -100,10 +100,10 @@ def _res2net_tiles(w_joik, T):
 def res2net_offline(x_bct, w_joik, b_jo, dilation):
     """``tts.speaker_encoder.res2net_offline`` (float32): each group's TDNN written in place in the
     concatenated output (its rows of channels are a contiguous block of it), the sum with the previous
-    group's output taken into one small buffer; group 0 copied.  Where the reference splits, adds into a
-    fresh array, makes a TDNN's output and concatenates them all again (seven TDNNs of 64 channels in
-    each of the released encoder's three blocks, 937 frames for 10 s: 0.23 ms each, a third of it the
-    work around the product)."""
+    group's output taken into one small buffer; group 0 copied, where the reference splits, adds into a
+    fresh array, makes a TDNN's output and concatenates them all again (for the released encoder's small
+    groups, a good part of the time).  On the AMX tiles, all the groups of a range of steps in one call
+    (``_res2net_range_on_tiles``)."""
     B, C, T = x_bct.shape
     G = C // (len(w_joik) + 1)  # channels per group
     if x_bct.dtype != np.float32 or C % (len(w_joik) + 1) or any(w.shape[:2] != (G, G) for w in w_joik):
@@ -150,7 +150,7 @@ def _gated_residual_rows(h_ct, gates_c, x_ct, out_ct):
 
 def gated_residual(h_bct, gates_bc1, x_bct):
     """``tts.speaker_encoder.gated_residual`` (float32): one pass into one output where the reference makes
-    two arrays (512 x 937 frames: 0.34 -> 0.20 ms)."""
+    two arrays."""
     arrays = (h_bct, gates_bc1, x_bct)
     if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 3 for a in arrays):
         return NotImplemented
@@ -248,7 +248,7 @@ def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12):
     reference's [B, C, T] weights, and mean_and_std's four temporaries): each row's maximum by NumPy, then
     per row exp(l - max) into a row buffer, its sum and the two weighted sums, rows of channels side by
     side (``run_pieces``).  exp is ``_exp_f32`` (within 1 ulp) and the sums run in another order than the
-    reference's: float32 rounding apart, the same numbers.  1536 x 937: 2.33 -> 0.96 ms."""
+    reference's: float32 rounding apart, the same numbers."""
     if not isinstance(logits_bct, np.ndarray) or x_bct.dtype != np.float32 or logits_bct.dtype != np.float32:
         return NotImplemented
     if logits_bct.shape != x_bct.shape or x_bct.shape[-1] == 0:
@@ -287,8 +287,8 @@ def _magnitude_rows(spectrum_tf, out_tf):
 
 def spectral_magnitude(spectrum_btf):
     """``tts.speaker_encoder.spectral_magnitude`` (complex64): one pass over the spectrum, rows of frames
-    side by side, where the reference's strided squares and sums make three passes and a temporary (937
-    frames of 513 bins: 1.3 ms -> 0.2); the same bits."""
+    side by side, where the reference's strided squares and sums make three passes and a temporary; the
+    same bits."""
     if not isinstance(spectrum_btf, np.ndarray) or spectrum_btf.dtype != np.complex64 or spectrum_btf.ndim != 3:
         return NotImplemented
     B, T, F = spectrum_btf.shape
@@ -311,9 +311,9 @@ TILE_RES2NET_MIN_STEPS = 128
 def _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, a, b, out_ct):
     """``res2net_offline``'s output steps a <= t < b of one item [C, T], all its groups on this thread: group 0
     copied; group j's TDNN (``_taps_blocks_on_tiles``, k3, reflect padding) on x_j + y_(j-1) over the steps
-    its successors need (the range widened by the dilation once per later group, within 0 .. T - 1), so
-    that the cascade needs nothing of another thread's range.  Each step's sums see its own row alone: the
-    same bits as the groups' TDNNs on the tiles over the whole signal."""
+    its successors need (the range widened by the dilation once per later group), so that the cascade needs
+    nothing of another thread's range.  Each step's sums see its own row alone: the same bits as the
+    groups' TDNNs on the tiles over the whole signal."""
     C, T = x_ct.shape
     J = len(tiles_j)  # groups after the first
     G = C // (J + 1)

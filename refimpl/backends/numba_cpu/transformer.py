@@ -20,8 +20,8 @@ from .packed_words import packed_words
 @numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
 def _silu_times_into(gate_tf, act_tf):
     """act = SiLU(gate) * act = gate * (1 / (1 + exp(-gate))) * act (``nn.silu`` times the up projection),
-    in place; exp by ``_exp_f32`` (NumPy's error model: a division by zero is IEEE's, not a raised error,
-    so the loop vectorises).  A 28-row prompt's 28 x 3072 values: 39 us against 226 with np.exp."""
+    in place; exp by ``_exp_f32``, which vectorises where Numba's np.exp is a scalar call (NumPy's error
+    model: a division by zero is IEEE's, not a raised error, so the loop vectorises)."""
     T, F = gate_tf.shape
     for t in range(T):
         gate_f, act_f = gate_tf[t], act_tf[t]
@@ -57,15 +57,13 @@ def _decoder_step_bf16(
     x_tc, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_td, sin_td,
     k_gsd, v_gsd, n, eps, n_threads, first_out, tiles
 ):  # fmt: skip
-    """One Qwen3 decoder layer for T new positions of ONE row (a step's one, the code predictor's first
-    pass's two, a prompt's up to ``transformer.STEP_MAX_POSITIONS``), on bf16 words, with its KV cache
-    (written at indices n..n+T-1; position t attends over 0..n+t): returns the layer's output at positions
-    first_out..T-1 [T - first_out, C] (the keys and values of all T are cached; q, the attention, o and the
-    MLP run for those positions only: a prompt's last layer needs its last position alone).  One
-    parallel loop per matrix (q, k, v, o, gate, up, down: ``_products_into``) and one over the heads for
-    the new positions' attention; the norms, RoPE, the residual sums and SiLU between them on one thread;
-    the formulas of ``transformer.transformer_layer`` in the same order.  ``tiles``: a prompt's products
-    may run on the AMX tile registers (``USE_TILES``)."""
+    """One Qwen3 decoder layer for T new positions of ONE row (up to ``transformer.STEP_MAX_POSITIONS``),
+    on bf16 words, with its KV cache (written at n..n+T-1; position t attends over 0..n+t): the layer's
+    output at positions first_out..T-1 (every key and value is cached; q, the attention, o and the MLP run
+    for those positions only: a prompt's last layer needs its last position alone).  A parallel loop per
+    matrix (``_weight_products_into``) and one over the heads for the attention; the norms, RoPE, residual
+    sums and SiLU on one thread: ``transformer.transformer_layer``'s formulas in its order.  ``tiles``: the
+    products may run on the AMX tiles."""
     T, C = x_tc.shape
     G, D = k_gsd.shape[0], k_gsd.shape[2]
     Oq, Ok, F = _matrix_rows(q_oi), _matrix_rows(k_oi), _matrix_rows(gate_fi)
