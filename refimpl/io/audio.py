@@ -35,6 +35,7 @@ __all__ = [
     "read_wav_bytes",
     "write_wav",
     "wav_bytes",
+    "StreamedWav",
     "ClippingWarning",
     "resample",
     "resample_polyphase",
@@ -118,7 +119,10 @@ def check_amplitude(arr: np.ndarray, what: str = "audio") -> None:
 # other chunks (LIST, fact, ...) are skipped.  Every size is checked against the file's real size.
 
 WAVE_FORMAT_PCM, WAVE_FORMAT_FLOAT, WAVE_FORMAT_EXTENSIBLE = 0x0001, 0x0003, 0xFFFE
-STREAMED_DATA_SIZE = 0xFFFFFFFF  # written by tools that stream a WAV before knowing its length: "to the end"
+# The data size of a WAV written before its length was known (to a pipe): "to the end of the stream".
+# 0xFFFFFFFF is FFmpeg's (and ours, ``StreamedWav``); 0x7FFFF000 is SoX's (``MS_UNSPEC`` in its wav.c).
+STREAMED_DATA_SIZE = 0xFFFFFFFF
+SOX_STREAMED_DATA_SIZE = 0x7FFFF000
 MAX_CHANNELS = 64
 
 
@@ -196,7 +200,7 @@ def _read_wav_chunks(f, path: str) -> tuple[_Format, bytes]:
 
 
 def _read_data_chunk(f, path: str, fmt: _Format, chunk_size: int, left: int) -> bytes:
-    if chunk_size == STREAMED_DATA_SIZE:
+    if chunk_size == STREAMED_DATA_SIZE or (chunk_size == SOX_STREAMED_DATA_SIZE and chunk_size > left):
         chunk_size = left - left % fmt.frame_bytes
     if chunk_size > left:
         raise ValueError(
@@ -256,11 +260,10 @@ class ClippingWarning(UserWarning):
     """Samples outside [-1, 1] were clipped to full scale when written as 16-bit PCM."""
 
 
-def wav_bytes(audio, sample_rate: int, sample_format: str = "pcm16") -> bytes:
-    """A whole WAV file for mono float audio: ``sample_format`` is ``"pcm16"`` (clipped to [-1, 1],
-    rounded) or ``"float"`` (32-bit IEEE float, unclipped).  Clipping is reported, not hidden: a
-    ``ClippingWarning`` says how many samples were outside [-1, 1] (``--float-wav`` keeps them).  NaN or
-    infinite samples are refused: they would silently become noise or a broken float WAV."""
+def wav_samples(audio, sample_format: str = "pcm16") -> tuple[np.ndarray, int]:
+    """Mono float audio as a WAV stores it: ``sample_format`` ``"pcm16"`` (int16, round(clip(x, -1, 1) *
+    32767)) or ``"float"`` (float32, unclipped), and the number of samples clipped.  NaN or infinite
+    samples are refused: they would silently become noise or a broken float WAV."""
     audio = np.asarray(audio)
     if audio.ndim != 1:
         raise ValueError(f"write_wav expects mono audio [N], got shape {audio.shape}")
@@ -274,23 +277,77 @@ def wav_bytes(audio, sample_rate: int, sample_format: str = "pcm16") -> bytes:
         )
     if sample_format == "pcm16":
         clipped = int(np.count_nonzero(np.abs(audio) > 1.0))
-        if clipped:
-            warnings.warn(
-                f"{clipped} of {audio.size} samples were outside [-1, 1] and clipped to 16-bit full "
-                f"scale (largest |sample| {float(np.max(np.abs(audio))):.3g}; a float WAV keeps them)",
-                ClippingWarning,
-                stacklevel=2,
-            )
-        data = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
-    elif sample_format == "float":
+        return np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16), clipped
+    if sample_format == "float":
         if audio.size and np.max(np.abs(audio)) > np.finfo(np.float32).max:
             raise ValueError("refusing to write samples beyond the float32 range to a float WAV")
-        data = audio.astype(np.float32)
-    else:
-        raise ValueError(f"unknown sample format {sample_format!r}: use 'pcm16' or 'float'")
+        return audio.astype(np.float32), 0
+    raise ValueError(f"unknown sample format {sample_format!r}: use 'pcm16' or 'float'")
+
+
+def warn_clipping(clipped: int, total: int, peak: float) -> None:
+    """The ``ClippingWarning`` of ``clipped`` samples out of ``total`` (largest magnitude ``peak``)."""
+    warnings.warn(
+        f"{clipped} of {total} samples were outside [-1, 1] and clipped to 16-bit full "
+        f"scale (largest |sample| {peak:.3g}; a float WAV keeps them)",
+        ClippingWarning,
+        stacklevel=3,
+    )
+
+
+def wav_bytes(audio, sample_rate: int, sample_format: str = "pcm16") -> bytes:
+    """A whole WAV file for mono float audio: ``sample_format`` is ``"pcm16"`` (clipped to [-1, 1],
+    rounded) or ``"float"`` (32-bit IEEE float, unclipped), see ``wav_samples``.  Clipping is reported,
+    not hidden: a ``ClippingWarning`` says how many samples were outside [-1, 1] (``--float-wav`` keeps
+    them)."""
+    data, clipped = wav_samples(audio, sample_format)
+    if clipped:
+        warn_clipping(clipped, data.size, float(np.max(np.abs(audio))))
     buffer = io.BytesIO()
     wavfile.write(buffer, check_sample_rate(sample_rate, "output sample rate"), data)
     return buffer.getvalue()
+
+
+class StreamedWav:
+    """A mono WAV written as its samples come, to an output that cannot seek back (a pipe): ``header``
+    first, then ``samples(chunk)`` for each chunk, then ``finish()``.
+
+    The header is ``wav_bytes``' with the RIFF and data sizes STREAMED_DATA_SIZE (0xFFFFFFFF), FFmpeg's
+    convention on such an output: a reader takes the data to run to the end of the stream (ours, Python's
+    ``wave``, libsndfile; players such as ``aplay`` play until the pipe ends).  The float header has no
+    ``fact`` chunk (its sample count is not known yet), as FFmpeg's.  The samples are ``wav_samples``'
+    (the whole file's, chunk by chunk: the rule is per sample), and clipping is reported once, by
+    ``finish``, for the whole stream."""
+
+    def __init__(self, sample_rate: int, sample_format: str = "pcm16"):
+        rate = check_sample_rate(sample_rate, "output sample rate")
+        if sample_format not in ("pcm16", "float"):
+            raise ValueError(f"unknown sample format {sample_format!r}: use 'pcm16' or 'float'")
+        tag, bits, extension = (
+            (WAVE_FORMAT_PCM, 16, b"") if sample_format == "pcm16" else (WAVE_FORMAT_FLOAT, 32, b"\0\0")
+        )
+        fmt = struct.pack("<HHIIHH", tag, 1, rate, rate * bits // 8, bits // 8, bits) + extension
+        self.header = (
+            b"RIFF" + struct.pack("<I", STREAMED_DATA_SIZE) + b"WAVE"
+            + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+            + b"data" + struct.pack("<I", STREAMED_DATA_SIZE)
+        )  # fmt: skip
+        self.sample_format = sample_format
+        self.count, self.clipped, self.peak = 0, 0, 0.0
+
+    def samples(self, chunk) -> bytes:
+        """One chunk's sample bytes (little-endian, as in the file)."""
+        data, clipped = wav_samples(chunk, self.sample_format)
+        self.count += data.size
+        if clipped:
+            self.clipped += clipped
+            self.peak = max(self.peak, float(np.max(np.abs(chunk))))
+        return data.astype(data.dtype.newbyteorder("<")).tobytes()
+
+    def finish(self) -> None:
+        """The stream's ``ClippingWarning``, if any sample was clipped."""
+        if self.clipped:
+            warn_clipping(self.clipped, self.count, self.peak)
 
 
 def write_wav(path, audio, sample_rate: int, sample_format: str = "pcm16") -> None:

@@ -10,6 +10,8 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
+import wave
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from refimpl.io.audio import (
     check_sample_rate,
     polyphase_factors,
     read_wav,
+    read_wav_bytes,
     resample,
     write_wav,
 )
@@ -122,6 +125,13 @@ def test_streamed_data_size_reads_to_the_end(tmp_path):
     data = pcm16(60)
     audio, _ = read_wav(write(tmp_path, riff(fmt_chunk(), b"data" + struct.pack("<I", 0xFFFFFFFF) + data)))
     assert audio.shape == (60,)
+
+
+def test_soxs_streamed_data_size_reads_to_the_end(tmp_path):
+    """SoX writes 0x7FFFF000 (its MS_UNSPEC) on a pipe: "to the end" when the file is shorter than that."""
+    data = pcm16(60)
+    audio, _ = read_wav(write(tmp_path, riff(fmt_chunk(), b"data" + struct.pack("<I", 0x7FFFF000) + data)))
+    np.testing.assert_array_equal(audio, np.frombuffer(data, "<i2") / np.float32(32768))
 
 
 # ----------------------------------------------------------------------------- reading: damaged files
@@ -300,6 +310,55 @@ def test_written_wav_reads_back(tmp_path):
     assert sr == 24000 and np.array_equal(audio, x)
     sr2, data = wavfile.read(io.BytesIO(audio_mod.wav_bytes(x, 24000)))
     assert sr2 == 24000 and data.dtype == np.int16 and data[-1] == 32767
+
+
+# ----------------------------------------------------------------------------- a WAV streamed to a pipe
+
+
+@pytest.mark.parametrize("sample_format", ["pcm16", "float"])
+def test_streamed_wav_is_the_files_samples_under_a_header_of_unknown_length(tmp_path, sample_format):
+    """``StreamedWav``: the header of ``wav_bytes`` with the RIFF and data sizes 0xFFFFFFFF (and no fact
+    chunk), then the samples chunk by chunk; ours and Python's ``wave`` (16-bit PCM; it reads no float)
+    read it back, saved as a file or held in memory, to the samples of the whole file."""
+    audio = np.random.default_rng(3).uniform(-1.2, 1.2, 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", audio_mod.ClippingWarning)
+        whole = audio_mod.wav_bytes(audio, 24000, sample_format)
+    streamed = audio_mod.StreamedWav(24000, sample_format)
+    data = streamed.header + b"".join(streamed.samples(audio[i : i + 300]) for i in range(0, 1000, 300))
+    unknown = struct.pack("<I", 0xFFFFFFFF)
+    if sample_format == "pcm16":
+        assert data == whole[:4] + unknown + whole[8:40] + unknown + whole[44:]
+    else:  # fmt of 18 bytes (cbSize 0), then no fact chunk
+        assert data[:38] == whole[:4] + unknown + whole[8:38] and whole[38:42] == b"fact"
+        assert data[38:] == b"data" + unknown + whole[58:]
+    expected = read_wav_bytes(whole)[0]
+    np.testing.assert_array_equal(read_wav_bytes(data)[0], expected)
+    np.testing.assert_array_equal(read_wav(write(tmp_path, data))[0], expected)
+    if sample_format == "pcm16":
+        with wave.open(str(tmp_path / "x.wav")) as w:
+            assert w.getframerate() == 24000 and w.getnframes() == 0xFFFFFFFF // 2  # wave trusts the size
+            assert w.readframes(1 << 20) == data[44:]  # and reads to the end
+
+
+def test_streamed_wav_reports_clipping_once_and_refuses_what_wav_bytes_refuses():
+    streamed = audio_mod.StreamedWav(24000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for chunk in ([0.5, 1.5], [0.0], [-3.0, 0.1]):
+            streamed.samples(np.array(chunk))
+        assert caught == []
+        streamed.finish()
+    assert [str(w.message) for w in caught] == [
+        "2 of 5 samples were outside [-1, 1] and clipped to 16-bit full scale (largest |sample| 3; a float WAV "
+        "keeps them)"
+    ]
+    with pytest.raises(ValueError, match="NaN or infinite samples .first at sample 1"):
+        streamed.samples(np.array([0.0, np.nan]))
+    with pytest.raises(ValueError, match="unknown sample format 'pcm24'"):
+        audio_mod.StreamedWav(24000, "pcm24")
+    with pytest.raises(ValueError, match="output sample rate 5 Hz is outside"):
+        audio_mod.StreamedWav(5)
 
 
 # ----------------------------------------------------------------------------- arrays and rates
