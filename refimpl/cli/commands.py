@@ -14,7 +14,16 @@ import numpy as np
 
 from ..backends import active_backend
 from ..io.hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
-from .files import MAX_WAV_BYTES, input_bytes, output_name, read_codes, read_text_argument, write_audio, write_output
+from .files import (
+    MAX_WAV_BYTES,
+    AudioOutput,
+    input_bytes,
+    output_name,
+    read_codes,
+    read_text_argument,
+    write_audio,
+    write_output,
+)
 from .output import CliError, Reporter, embedded_model_note
 
 # model kind a command needs -> the embedded tiny checkpoint of that kind (refimpl/data/)
@@ -56,7 +65,7 @@ def generation_kwargs(args) -> dict:
 
 def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int:
     """Shared body of say / design / clone: load, generate (or stream) with ``make_call(tts)`` as the
-    arguments, with progress bars, and write the WAV."""
+    arguments, with progress bars, and write the WAV (streamed to standard output chunk by chunk)."""
     path = model_dir(args, kind, say)
     t0 = time.perf_counter()
     tts = load_tts(path, args.dtype_np)
@@ -65,36 +74,40 @@ def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int
     if "text" in call:
         call["text"] = read_text_argument(call["text"])
     t0 = time.perf_counter()
+    sr = tts.sample_rate
     if args.stream:
         chunks = getattr(tts, "stream_" + method)(chunk_frames=args.chunk_frames, **call)
-        wav = collect_stream(chunks, tts.sample_rate, say)
-        sr = tts.sample_rate
+        output = AudioOutput(args.output, sr, args.float_wav)
+        write_stream(chunks, output, say)
+        samples = output.samples
     else:
         wavs, sr, codes = getattr(tts, "generate_" + method)(return_codes=True, progress=say.progress, **call)
-        wav = wavs[0]
+        samples = wavs[0].shape[0]
     elapsed = time.perf_counter() - t0
-    seconds = wav.shape[0] / sr
+    seconds = samples / sr
     rtf = f", real-time factor {elapsed / seconds:.2f}" if seconds > 0 else ""
     say(f"{seconds:.2f} s of audio in {elapsed:.2f} s{rtf}")
-    write_audio(args.output, wav, sr, args.float_wav)
+    if args.stream:
+        output.close()
+    else:
+        write_audio(args.output, wavs[0], sr, args.float_wav)
     say(f"wrote {output_name(args.output)}")
     return 0
 
 
-def collect_stream(chunks, sample_rate: int, say: Reporter) -> np.ndarray:
-    """The streamed waveform chunks concatenated, with a bar counting seconds of audio (and the time to the
-    first chunk, the latency a listener would wait)."""
-    pieces, t0 = [], time.perf_counter()
+def write_stream(chunks, output: AudioOutput, say: Reporter) -> None:
+    """Each streamed waveform chunk to ``output`` as it comes, with a bar counting seconds of audio (and
+    the time to the first chunk, the latency a listener would wait)."""
+    t0 = time.perf_counter()
     bar = say.bar(desc="streamed audio")
     for chunk in chunks:
-        if not pieces and bar is not None:
+        if not output.samples and bar is not None:
             bar.set_postfix_str(f"first chunk after {time.perf_counter() - t0:.2f} s", refresh=False)
-        pieces.append(chunk)
+        output.write(chunk)
         if bar is not None:
-            bar.update(round(chunk.shape[0] / sample_rate, 2))
+            bar.update(round(chunk.shape[0] / output.sample_rate, 2))
     if bar is not None:
         bar.close()
-    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
 def cmd_say(args, say: Reporter) -> int:
@@ -183,27 +196,31 @@ def cmd_codec_decode(args, say: Reporter) -> int:
     tok = SpeechTokenizer.from_pretrained(model_dir(args, "custom_voice", say), dtype=args.dtype_np)
     t0 = time.perf_counter()
     if args.stream:
-        stream, pieces = tok.stream(), []
+        if len(codes) == 0:
+            tok.decode_full(codes)  # validates the (empty) array's shape
+        stream, output = tok.stream(), AudioOutput(args.output, tok.sample_rate, args.float_wav)
         bar = say.bar(desc="decoding", total=len(codes))
         for start in range(0, len(codes), args.chunk_frames):
             piece = codes[start : start + args.chunk_frames]
-            pieces.append(stream.push(piece))
+            output.write(stream.push(piece))
             if bar is not None:
                 bar.update(len(piece))
         if bar is not None:
             bar.close()
-        wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        if len(codes) == 0:
-            tok.decode_full(codes)  # validates the (empty) array's shape
+        samples = output.samples
     else:
         wav = tok.decode(codes, progress=say.progress)
+        samples = wav.shape[0]
     elapsed = time.perf_counter() - t0
-    seconds = wav.shape[0] / tok.sample_rate
+    seconds = samples / tok.sample_rate
     say(
         f"{seconds:.2f} s of audio in {elapsed:.2f} s"
         + (f", real-time factor {elapsed / seconds:.2f}" if seconds else "")
     )
-    write_audio(args.output, wav, tok.sample_rate, args.float_wav)
+    if args.stream:
+        output.close()
+    else:
+        write_audio(args.output, wav, tok.sample_rate, args.float_wav)
     say(f"wrote {output_name(args.output)}")
     return 0
 

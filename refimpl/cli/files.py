@@ -1,8 +1,9 @@
 """The command line's inputs and outputs: a path, or "-" for standard input or output.
 
 Outputs are checked before any work (``check_output_path``) and written atomically or to standard output
-in full (``write_output``); inputs from standard input are read up to a limit, and refused at their
-first bytes when they are not what the command reads (``input_bytes``)."""
+in full (``write_output``); streamed audio reaches standard output chunk by chunk (``AudioOutput``).
+Inputs from standard input are read up to a limit, and refused at their first bytes when they are not
+what the command reads (``input_bytes``)."""
 
 from __future__ import annotations
 
@@ -35,19 +36,24 @@ def check_output_path(path: str) -> None:
         raise CliError(f"cannot write {path}: directory {parent} is not writable")
 
 
+def write_stdout(data: bytes) -> None:
+    """Bytes to standard output, flushed: every byte, or an error (a short write, e.g. past a file-size
+    limit, is not a success; a reader that has gone raises ``BrokenPipeError``, ended quietly by ``main``)."""
+    try:
+        written = sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise CliError(f"cannot write standard output: {e.strerror or e}") from None
+    if written is not None and written != len(data):
+        raise CliError(f"cannot write standard output: only {written} of {len(data)} bytes were written")
+
+
 def write_output(path: str, data: bytes) -> None:
-    """Bytes to a file (atomically) or, for "-", to standard output: every byte, or an error (a short
-    write, e.g. past a file-size limit, is not a success)."""
+    """Bytes to a file (atomically) or, for "-", to standard output (``write_stdout``)."""
     if path == STDIO:
-        try:
-            written = sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise CliError(f"cannot write standard output: {e.strerror or e}") from None
-        if written is not None and written != len(data):
-            raise CliError(f"cannot write standard output: only {written} of {len(data)} bytes were written")
+        write_stdout(data)
         return
     try:
         write_atomically(path, data)
@@ -63,6 +69,42 @@ def write_audio(path: str, wav: np.ndarray, sr: int, float_wav: bool) -> None:
     from ..io.audio import wav_bytes
 
     write_output(path, wav_bytes(wav, sr, "float" if float_wav else "pcm16"))
+
+
+class AudioOutput:
+    """Where a streamed waveform goes, chunk by chunk (``write``, then ``close``).  Standard output gets
+    each chunk as it comes: a WAV header of unknown length (``refimpl.io.audio.StreamedWav``) with the
+    first, then each chunk's samples, flushed, so that a player at the other end of the pipe starts after
+    the first chunk.  A file gets the whole WAV at the end, atomically, as without streaming: a failed
+    run never leaves half a file in place of a good one."""
+
+    def __init__(self, path: str, sample_rate: int, float_wav: bool):
+        from ..io.audio import StreamedWav
+
+        self.path, self.sample_rate, self.float_wav = path, sample_rate, float_wav
+        self.streamed = StreamedWav(sample_rate, "float" if float_wav else "pcm16") if path == STDIO else None
+        self.pieces: list[np.ndarray] = []  # collected for a file
+        self.header_written = False
+        self.samples = 0
+
+    def write(self, chunk: np.ndarray) -> None:
+        self.samples += chunk.shape[0]
+        if self.streamed is None:
+            self.pieces.append(chunk)
+            return
+        data = self.streamed.samples(chunk)
+        write_stdout(data if self.header_written else self.streamed.header + data)
+        self.header_written = True
+
+    def close(self) -> None:
+        if self.streamed is None:
+            wav = np.concatenate(self.pieces) if self.pieces else np.zeros(0, np.float32)
+            write_audio(self.path, wav, self.sample_rate, self.float_wav)
+            return
+        if not self.header_written:  # no chunk came: the header alone, an empty WAV
+            write_stdout(self.streamed.header)
+            self.header_written = True
+        self.streamed.finish()
 
 
 def read_text_argument(text: str) -> str:

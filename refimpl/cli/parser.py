@@ -15,6 +15,7 @@ examples:
   refimpl say "Hello there." -o hello.wav
   refimpl say "你好" --speaker vivian --language chinese --seed 7 -o hi.wav
   refimpl say "Streaming, chunk by chunk." --stream -o s.wav
+  echo "Played while it is made." | refimpl say - --stream -o - | aplay
   refimpl design "Good morning." --instruct "A calm, deep male voice." -o design.wav
   refimpl clone "Now in my voice." --ref-audio me.wav --ref-text "What I said in me.wav." -o clone.wav
   refimpl codec encode speech.wav -o codes.npy
@@ -27,6 +28,8 @@ real layout, so the whole pipeline runs with no download, but the output is nois
 input and output:
   TEXT "-" reads the text from standard input (UTF-8), "-o -" writes the WAV (or the .npy of
   "codec encode") to standard output, and "codec encode -" / "codec decode -" read standard input.
+  With --stream, "-o -" gets each chunk as it is decoded (a WAV header of unknown length, 0xFFFFFFFF,
+  first), so that a player reading the pipe starts after the first chunk.
   Output files are written atomically: a failed write leaves an existing file as it was.
   Limits (text and audio lengths, sample rates, amplitudes): docs/limits.md.
 
@@ -86,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         "code drawn at the last step is not expanded into a frame)",
     )
     synth.add_argument(
-        "--stream", action="store_true", help="decode audio while the codes are generated (exact streaming decoder)"
+        "--stream",
+        action="store_true",
+        help="decode audio while the codes are generated (exact streaming decoder); "
+        'with "-o -" each chunk is written as soon as it is decoded',
     )
     synth.add_argument(
         "--chunk-frames", type=count(1), default=4, metavar="N", help="frames per streamed chunk (default 4 = 320 ms)"
@@ -167,7 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cd.add_argument("input", metavar="NPY", help='codes [frames, 16] as a .npy file ("-": standard input)')
     cd.add_argument("-o", "--output", required=True, metavar="WAV", help="output WAV file; - for standard output")
-    cd.add_argument("--stream", action="store_true", help="decode with the streaming decoder, chunk by chunk")
+    cd.add_argument(
+        "--stream",
+        action="store_true",
+        help='decode with the streaming decoder, chunk by chunk (with "-o -" each chunk is written at once)',
+    )
     cd.add_argument("--chunk-frames", type=count(1), default=4, metavar="N", help="frames per chunk with --stream")
     cd.add_argument("--float-wav", action="store_true", help="write 32-bit float WAV instead of 16-bit PCM")
     cd.set_defaults(func=cmd_codec_decode)

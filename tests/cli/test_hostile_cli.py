@@ -292,7 +292,7 @@ def test_closed_stdout_with_an_output_file_succeeds(tmp_path):
     assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()
 
 
-@pytest.mark.parametrize("command", [[*SAY, "-o", "-"], ["info"]])
+@pytest.mark.parametrize("command", [[*SAY, "-o", "-"], [*SAY, "--stream", "-o", "-"], ["info"]])
 def test_closed_stdout_as_the_output_is_an_error(command):
     r = run_with_closed([1], *command)
     assert r.returncode == 1, r.stderr
