@@ -170,7 +170,7 @@ def kernel_rates(tts, repeats: int = 5) -> str:
     mats = talker_matrices(tts)
     nbytes = sum(m.nbytes for m in mats)
     xs = {I: np.random.default_rng(0).standard_normal((28, I)).astype(np.float32) for I in {m.shape[1] for m in mats}}
-    outs = [np.empty((28, m.shape[0]), np.float32) for m in mats]
+    pairs = [(m, np.empty((28, m.shape[0]), np.float32)) for m in mats]  # (matrix, its output)
     threads = numba.get_num_threads()
 
     def best(fn):
@@ -178,10 +178,8 @@ def kernel_rates(tts, repeats: int = 5) -> str:
         return best_time(fn, repeats)[0]
 
     read = ReadKernel([m.reshape(-1) for m in mats]).seconds(repeats)
-    matvec = best(lambda: [numba_cpu.linear._matvec_bf16_into(xs[m.shape[1]][0], m, o[0]) for m, o in zip(mats, outs)])
-    block = best(
-        lambda: [numba_cpu.linear._bf16_block_times(xs[m.shape[1]], m, o, threads) for m, o in zip(mats, outs)]
-    )
+    matvec = best(lambda: [numba_cpu.linear._matvec_bf16_into(xs[m.shape[1]][0], m, o[0]) for m, o in pairs])
+    block = best(lambda: [numba_cpu.linear._bf16_block_times(xs[m.shape[1]], m, o, threads) for m, o in pairs])
     flops = sum(2 * 28 * m.size for m in mats)
     return (
         f"Talker's {len(mats)} matrices ({nbytes / 1e9:.2f} GB): read kernel {nbytes / read / 1e9:.1f} GB/s, "

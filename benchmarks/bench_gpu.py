@@ -40,6 +40,7 @@ import platform
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import common  # noqa: F401  (first: OpenBLAS's idle spin set before NumPy loads it)
@@ -172,7 +173,7 @@ def part_decode(report: Report, args) -> None:
         load_s = time.perf_counter() - t0
         codes = np.random.default_rng(0).integers(0, tok.codebook_size, size=(args.frames, tok.num_quantizers))
         audio_s = args.frames * tok.samples_per_frame / tok.sample_rate
-        took, wav = timed(lambda: tok.decode(codes), args.repeats)
+        took, wav = timed(partial(tok.decode, codes), args.repeats)
         report.put(
             "decode",
             name,
@@ -187,7 +188,7 @@ def part_decode(report: Report, args) -> None:
         )
         if name == "float32":
 
-            def streamed():
+            def streamed(tok=tok, codes=codes):
                 stream = tok.stream()
                 return np.concatenate([stream.push(codes[i : i + 5]) for i in range(0, args.frames, 5)])
 
@@ -211,7 +212,7 @@ def part_encode(report: Report, args) -> None:
     audio = test_audio(args.seconds)
     for name, dtype in DTYPES.items():
         tok = load_on(BACKEND["name"], SpeechTokenizer.from_pretrained, path, dtype=dtype)
-        took, codes = timed(lambda: tok.encode(audio, sr=24000), args.repeats)
+        took, codes = timed(partial(tok.encode, audio, sr=24000), args.repeats)
         report.keep_codes(f"encode_{name}", codes)
         report.put("encode", name, {"audio_s": args.seconds, "seconds": took, "x_realtime": args.seconds / took})
         tok = None
@@ -256,7 +257,7 @@ def part_end_to_end(report: Report, args) -> None:
         tts = load_on(BACKEND["name"], Qwen3TTS.from_pretrained, path, dtype=dtype)
         load_s = time.perf_counter() - t0
         took, (wav, codes) = timed(
-            lambda: run_custom_voice(tts, found["speaker"], max_new_tokens=frames + 1),
+            partial(run_custom_voice, tts, found["speaker"], max_new_tokens=frames + 1),
             1 if name == "float64" else args.repeats,
         )
         report.keep_codes(f"end_to_end_{name}", codes)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from functools import partial
 
 import common  # noqa: F401  (puts the repository on sys.path, sets OpenBLAS's idle spin before NumPy loads it)
 import numba
@@ -140,6 +141,7 @@ def step_attention_rates(repeats: int) -> None:
     formula (``nn.attention.reference``: NumPy's products around the masked softmax)."""
     H, G, D = 16, 8, 128
     rng = np.random.default_rng(2)
+    calls = 50
     for T, n in ((1, 40), (1, 200), (28, 0)):
         q = rng.standard_normal((T, H * D)).astype(np.float32)
         k, v = rng.standard_normal((2, G, n + T, D)).astype(np.float32)
@@ -147,16 +149,13 @@ def step_attention_rates(repeats: int) -> None:
         q_bhtd = np.ascontiguousarray(q.reshape(T, H, D).transpose(1, 0, 2)[None])
         allowed = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
 
-        def formula():
-            nn.attention.reference(q_bhtd, k[None], v[None], allowed, D**-0.5)
+        def twin(q=q, k=k, v=v, n=n, out=out):
+            for _ in range(calls):
+                numba_cpu.attention._attend_new_positions(q, k, v, n, out)
 
         numba_cpu.attention._attend_new_positions(q, k, v, n, out)  # compiled or loaded before timing
-        calls = 50
-        t_twin = (
-            best(lambda: [numba_cpu.attention._attend_new_positions(q, k, v, n, out) for _ in range(calls)], repeats)
-            / calls
-        )
-        t_ref = best(formula, max(3, repeats // 4))
+        t_twin = best(twin, repeats) / calls
+        t_ref = best(partial(nn.attention.reference, q_bhtd, k[None], v[None], allowed, D**-0.5), max(3, repeats // 4))
         flops = 4 * H * D * sum(n + t + 1 for t in range(T))
         print(
             f"step attention T={T} after n={n}: formula {1e6 * t_ref:.0f} us, twin {1e6 * t_twin:.1f} us "
@@ -201,8 +200,8 @@ def decoder_pieces_gflops(repeats: int) -> None:
         x = rng.standard_normal((1, I, T)).astype(np.float32)
         w = (rng.standard_normal((I, I // 2, 2 * rate)) / np.sqrt(I)).astype(np.float32)
         flops = 2 * I * (I // 2) * 2 * rate * T
-        t_ref = best(lambda: nn.conv_transpose1d.reference(x, w, None, rate), repeats)
-        t_twin = best(lambda: numba_cpu.conv.conv_transpose1d(x, w, None, rate), repeats)
+        t_ref = best(partial(nn.conv_transpose1d.reference, x, w, None, rate), repeats)
+        t_twin = best(partial(numba_cpu.conv.conv_transpose1d, x, w, None, rate), repeats)
         print(
             f"conv_transpose1d {I}->{I // 2} k{2 * rate} s{rate} T={T}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
             f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)"
@@ -297,8 +296,8 @@ def tile_rates(rng, repeats: int) -> None:
     z_pairs = _on_cache_lines(3 * 16 * 48 * STEP_OPERANDS + 64, np.uint32)
     _tile_multiplies(1, words), _prompt_steps(1, a_words, b_words, 0), _conv_steps(1, a_words, z_pairs, 0)
     t_mul = best(lambda: _tile_multiplies(n, words), repeats) / (4 * n)
-    prompt = [best(lambda: _prompt_steps(n, a_words, b_words, s), repeats) / n for s in (0, 16)]
-    conv = [best(lambda: _conv_steps(n, a_words, z_pairs, s), repeats) / n for s in (0, 1, 3)]
+    prompt = [best(partial(_prompt_steps, n, a_words, b_words, s), repeats) / n for s in (0, 16)]
+    conv = [best(partial(_conv_steps, n, a_words, z_pairs, s), repeats) / n for s in (0, 1, 3)]
     print(
         f"tiles, one core: a multiply {1e9 * t_mul:.1f} ns ({TILE_MULTIPLY_FLOPS / t_mul / 1e9:.0f} GFLOP/s of bf16 "
         f"products); in the first-level cache, a step of the prompt kernel (12 multiplies, 8 loads) "
@@ -312,10 +311,10 @@ def tile_rates(rng, repeats: int) -> None:
     mats = [BF16Matrix(float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32))) for shape in shapes]
     rows = 28
     x = {c: rng.standard_normal((rows, c)).astype(np.float32) for c in (1024, 2048, 3072)}
-    outs = [np.empty((rows, m.shape[0]), np.float32) for m in mats]
+    pairs = [(m, np.empty((rows, m.shape[0]), np.float32)) for m in mats]  # (matrix, its output)
 
     def run():
-        return [numba_cpu.amx._tile_bf16_times(x[m.shape[1]], m.bits, o, threads) for m, o in zip(mats, outs)]
+        return [numba_cpu.amx._tile_bf16_times(x[m.shape[1]], m.bits, o, threads) for m, o in pairs]
 
     run()
     t_run = best(run, repeats)
@@ -336,8 +335,8 @@ def conv_gflops(repeats: int) -> None:
         x = rng.standard_normal((1, C, T + 6 * dilation)).astype(np.float32)
         w = (0.05 * rng.standard_normal((C, C, 7))).astype(np.float32)
         flops = 2 * C * C * 7 * T
-        t_ref = best(lambda: nn.conv1d.reference(x, w, None, 1, dilation), max(3, repeats // 6))
-        t_twin = best(lambda: numba_cpu.conv.conv1d(x, w, None, 1, dilation), max(3, repeats // 6))
+        t_ref = best(partial(nn.conv1d.reference, x, w, None, 1, dilation), max(3, repeats // 6))
+        t_twin = best(partial(numba_cpu.conv.conv1d, x, w, None, 1, dilation), max(3, repeats // 6))
         print(
             f"conv1d k7 C={C} T={T} d={dilation}: reference {flops / t_ref / 1e9:.0f} GFLOP/s, "
             f"twin {flops / t_twin / 1e9:.0f} GFLOP/s ({1e3 * t_twin:.0f} ms)"

@@ -88,7 +88,7 @@ print(int(next(line for line in open("/proc/self/status") if line.startswith("Vm
 
 
 def load_average() -> str:
-    return "load %.2f %.2f %.2f" % os.getloadavg()
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def alternate(ours, official, repeats: int):

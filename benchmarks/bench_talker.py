@@ -33,7 +33,7 @@ class StageTimer:
 
     def __init__(self, tts):
         self.seconds = {"prefill": 0.0, "talker step": 0.0, "code predictor": 0.0}
-        self.calls = {k: 0 for k in self.seconds}
+        self.calls = dict.fromkeys(self.seconds, 0)
         talker = tts.talker
         self._wrap(talker, "forward", lambda: "prefill" if self.calls["prefill"] == 0 else "talker step")
         self._wrap(

@@ -184,7 +184,7 @@ print(f"    max |streamed - one pass| {'<' if err < 2e-5 else '>='} 2e-5 (float3
 assert err < 2e-5
 if plt is not None:  # channel 0 of every stage, on one time axis (two frames = 160 ms)
     fig, axes = plt.subplots(len(stages), 1, figsize=(9, 0.55 * len(stages)), sharex=True)
-    for ax, (name, x) in zip(axes, stages.items()):
+    for ax, (name, x) in zip(axes, stages.items(), strict=True):
         y = (x[0, :, 0] if name == "pre_transformer" else x[0, 0]).astype(np.float64)  # [B, T, C] there
         ax.plot((np.arange(y.size) + 0.5) / y.size * len(frames), y, linewidth=0.6)
         ax.set_yticks([])

@@ -38,7 +38,7 @@ def check_wavs_sr(out, expected: dict, what: str) -> None:
     assert [type(w).__name__ for w in wavs] == expected["wav_types"], what
     assert [str(w.dtype) for w in wavs] == expected["wav_dtypes"], what
     assert [list(w.shape) for w in wavs] == expected["wav_shapes"], what
-    for w, s in zip(wavs, expected["wavs"]):
+    for w, s in zip(wavs, expected["wavs"], strict=True):
         np.testing.assert_allclose(w[:8], s["first"], rtol=0, atol=WAVEFORM_ATOL, err_msg=what)
         assert abs(float(np.sqrt(np.mean(w.astype(np.float64) ** 2))) - s["rms"]) <= WAVEFORM_ATOL, what
         assert abs(float(np.max(np.abs(w))) - s["peak"]) <= WAVEFORM_ATOL, what
@@ -48,7 +48,7 @@ def check_prompt(items, expected: dict, what: str) -> None:
     assert type(items).__name__ == expected["type"], what
     assert [type(i).__name__ for i in items] == expected["item_types"], what
     assert list(items[0].__dataclass_fields__) == expected["fields"], what
-    for item, e in zip(items, expected["items"]):
+    for item, e in zip(items, expected["items"], strict=True):
         if e["ref_code"] is None:
             assert item.ref_code is None, what
         else:
@@ -77,7 +77,7 @@ def check_encoded(enc, expected: dict, what: str) -> None:
     assert [c.dtype for c in codes] == [np.int64] * len(codes)
     assert all(d == "torch.int64" for d in expected["code_dtypes"])
     assert len(codes) == len(expected["codes"]), what
-    for c, e in zip(codes, expected["codes"]):
+    for c, e in zip(codes, expected["codes"], strict=True):
         np.testing.assert_array_equal(c, e, err_msg=what)
 
 

@@ -231,7 +231,7 @@ def prompt_layouts(out: Path) -> None:
         return names.get(int(row[0]), str(row[0]))
 
     fig, axes = plt.subplots(len(cases), 1, figsize=(13, 1.75 * len(cases)))
-    for ax, (title, model, kw) in zip(axes, cases):
+    for ax, (title, model, kw) in zip(axes, cases, strict=True):
         cfg = model.config
         layout = build_layout(cfg, text, **kw)
         segment_of = {}
@@ -318,7 +318,7 @@ def attention_masks(out: Path) -> None:
         axes[2],
         allowed,
         "left padding: row 0 of a batch\n(5-position prompt beside an 8-position one)",
-        [f"{c}\n{'pad' if not v else q}" for c, v, q in zip(range(S), valid[0], positions[0])],
+        [f"{c}\n{'pad' if not v else q}" for c, v, q in zip(range(S), valid[0], positions[0], strict=True)],
         range(S),
     )
     axes[2].set_xlabel("cache index / rotary position")
@@ -519,7 +519,7 @@ def decoder_chain(out: Path) -> None:
         "decoder.6",
     ]
     axes = [fig.add_axes([0.47, 0.86 - i * 0.083, 0.52, 0.07]) for i in range(len(stages))]
-    for ax, name in zip(axes, stages):
+    for ax, name in zip(axes, stages, strict=True):
         x = trace[name]  # [B, C, T]; the transformer's output is [B, T, C]
         y = x[0, :, 0] if name == "pre_transformer" else x[0, 0]
         if y.size <= 64:  # one value per time step: draw it as a constant over its interval
@@ -1234,7 +1234,7 @@ def speaker_encoder_figure(out: Path) -> None:
         "one SE-Res2Net block (blocks.1)",
         "attentive statistics pooling (asp)",
     )
-    for ax, items, title in zip(axes, (main, block, asp), titles):
+    for ax, items, title in zip(axes, (main, block, asp), titles, strict=True):
         n = len(items)
         ax.set_xlim(0, 10)
         ax.set_ylim(-0.2, 9.9)

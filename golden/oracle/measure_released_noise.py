@@ -265,7 +265,7 @@ def measure_talker(bench) -> dict:
     rows = compare(dict(off32), off64, ours, keys)
     return {
         "checkpoint": directory.name,
-        "input": {k: v for k, v in kwargs.items()},
+        "input": dict(kwargs),
         "ours_codes_f32_equal_f64": bool(np.array_equal(codes32, codes64)),
         "ours_codes": np.asarray(codes32).tolist(),
         "official_codes_f32_equal_f64": official_equal,

@@ -21,9 +21,9 @@ import mmap
 import os
 import stat
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -109,7 +109,7 @@ class WeightView:
     def __contains__(self, name: str) -> bool:
         return self.prefix + name in self.weights
 
-    def sub(self, prefix: str) -> "WeightView":
+    def sub(self, prefix: str) -> WeightView:
         return WeightView(self.weights, self.prefix + prefix)
 
     def __repr__(self) -> str:
@@ -289,13 +289,9 @@ def read_safetensors_file(
         arr = raw[data_start + begin : data_start + end].view(stored).reshape(shape)
         if info["dtype"] == "BF16":
             arr = bf16_bits_to_float32(arr)
-        if arr.dtype.kind == "f":
-            # stored in the compute dtype: a read-only view of the memory map (no copy, pages read on use);
-            # otherwise a converted copy
-            arr = np.ascontiguousarray(arr, dtype=dtype)
-        else:
-            arr = np.array(arr)
-        out[name] = arr
+        # a float stored in the compute dtype: a read-only view of the memory map (no copy, pages read on use);
+        # otherwise a converted copy
+        out[name] = np.ascontiguousarray(arr, dtype=dtype) if arr.dtype.kind == "f" else np.array(arr)
     return out
 
 

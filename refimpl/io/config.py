@@ -8,14 +8,15 @@ the numerics never read.  Note that the official *defaults* are not the released
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Type, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from .checkpoint import CheckpointError
 
 T = TypeVar("T")
 
 
-def config_from_dict(cls: Type[T], data: Mapping[str, Any] | None) -> T:
+def config_from_dict(cls: type[T], data: Mapping[str, Any] | None) -> T:
     """Build the dataclass ``cls`` from a dict: known keys become fields (lists become tuples where
     the default is a tuple), everything else lands in the ``extra`` dict field."""
     if data is not None and not isinstance(data, Mapping):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

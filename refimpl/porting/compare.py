@@ -497,10 +497,7 @@ def steps_per_frame(key: str, length: int, frames: int) -> int | None:
     name = base_name(key)
     if name.startswith(CODES_KEYS):
         return 1 if length == frames else None
-    if name == "random_draws":
-        k = length // frames
-    else:
-        k = max(d for d in FRAME_DIVISORS if d * frames <= length)
+    k = length // frames if name == "random_draws" else max(d for d in FRAME_DIVISORS if d * frames <= length)
     return k if length - frames * k < k else None
 
 
@@ -533,9 +530,9 @@ def frame_counts(trace: Trace) -> dict[int, int]:
         return {0: frames}
     for key, array in trace.items:
         shape = np.shape(array)
-        if key.split(":")[0] == "decoder" and shape and all(d == 1 for d in shape[:-1]):
-            if shape[-1] % SAMPLES_PER_FRAME == 0:
-                counts[item_of(key)] = shape[-1] // SAMPLES_PER_FRAME  # type: ignore[index]  # a decoder key's item
+        waveform = key.split(":")[0] == "decoder" and shape and all(d == 1 for d in shape[:-1])
+        if waveform and shape[-1] % SAMPLES_PER_FRAME == 0:
+            counts[item_of(key)] = shape[-1] // SAMPLES_PER_FRAME  # type: ignore[index]  # a decoder key's item
     return counts
 
 

@@ -100,7 +100,8 @@ def code_divergences(ref_codes, cand_codes, eos_id: int | None = None) -> list:
     if ref is None or cand is None or ref.shape[1] != cand.shape[1]:
         return []
     T = min(ref.shape[0], cand.shape[0])
-    out = [(int(t), int(g), int(ref[t, g]), int(cand[t, g])) for t, g in zip(*np.nonzero(ref[:T] != cand[:T]))]
+    frames, codebooks = np.nonzero(ref[:T] != cand[:T])
+    out = [(int(t), int(g), int(ref[t, g]), int(cand[t, g])) for t, g in zip(frames, codebooks, strict=True)]
     if ref.shape[0] != cand.shape[0]:
         r = int(ref[T, 0]) if ref.shape[0] > T else eos_id
         c = int(cand[T, 0]) if cand.shape[0] > T else eos_id

@@ -57,7 +57,7 @@ def read_mono(path) -> tuple:
     return (audio.mean(axis=1) if audio.ndim == 2 else audio), sr
 
 
-def trace_case(model, stage: str, inp, options: dict, dtype) -> "trace_files.Trace":
+def trace_case(model, stage: str, inp, options: dict, dtype) -> trace_files.Trace:
     """One traced run.  ``inp``: codes path / array (codec-decode), WAV path or (audio, sr) (codec-encode,
     speaker), text (say, design, clone); ``options``: the generation keywords of the Python API (for
     clone ``ref_audio`` may be a WAV path); ``random_draws`` replays recorded uniforms."""
@@ -328,7 +328,7 @@ def run_cases(
             raise ValueError("--dask needs dask.distributed: pip install 'qwen3-tts-refimpl[dask]'") from None
         with Client(dask_address) as client:
             futures = [client.submit(run, *a, pure=False) for a in args]
-            return [dask_result(f, case) for f, case in zip(progress(futures, "tracing cases"), cases)]
+            return [dask_result(f, case) for f, case in zip(progress(futures, "tracing cases"), cases, strict=True)]
     if jobs <= 1:
         return list(progress((run(*a) for a in args), "tracing cases"))
     entries = in_processes(run, args, jobs, progress)

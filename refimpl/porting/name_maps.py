@@ -153,7 +153,7 @@ class Entry:
         # each placeholder a run of digits; with a non-digit between any two, a name splits one way only,
         # and a failed match costs at most a few passes over the name (no nested backtracking)
         groups = [f"(?P<{n}>[0-9]+)" for n in self.names] + [r"\Z"]
-        self.regex = re.compile("".join(re.escape(lit) + g for lit, g in zip(self.literals, groups)))
+        self.regex = re.compile("".join(re.escape(lit) + g for lit, g in zip(self.literals, groups, strict=True)))
         self.skeleton = PATTERN_RUNS.sub("#", pattern)
         self.select_text = target.get("select")
         try:
@@ -192,7 +192,7 @@ class Entry:
                 f"of {MAX_KEY_CHARS}"
             )
         out = [self.key_literals[0]]
-        for k, literal in zip(self.key_names, self.key_literals[1:]):
+        for k, literal in zip(self.key_names, self.key_literals[1:], strict=True):
             out += [numbers[k], literal]
         return "".join(out)
 

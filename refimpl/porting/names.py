@@ -31,8 +31,8 @@ code: a streamed generation's raw ``CallLog`` is compared key for key with a who
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..recorder import EXTRA_PREFIX
 

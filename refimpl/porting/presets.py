@@ -226,7 +226,7 @@ RELEASED_SPEAKER_IDS = {
     "dylan": 2878,
 }
 RELEASED_SPEAKER_DIALECTS = {
-    **{s: False for s in RELEASED_SPEAKER_IDS},
+    **dict.fromkeys(RELEASED_SPEAKER_IDS, False),
     "eric": "sichuan_dialect",
     "dylan": "beijing_dialect",
 }

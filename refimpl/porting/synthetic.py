@@ -31,8 +31,10 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -332,7 +334,7 @@ def learn_bpe_merges(text: str, num_merges: int, whole_words: Iterable[str] = ()
         pairs: Counter[tuple[str, str]] = Counter()
         for w, count in words.items():
             s = split[w]
-            for a, b in zip(s[:-1], s[1:]):
+            for a, b in pairwise(s):
                 if a + b not in made:
                     pairs[(a, b)] += count
         if not pairs:

@@ -399,7 +399,9 @@ def finish(log: CallLog, metadata: dict, wrappers: frozenset = frozenset()) -> T
     run's conv units), name the calls by the ``:N`` rule and move our non-module stage records to ``refimpl.``."""
     calls = official_calls(log.calls, wrappers)
     keys = call_names([k for k, _ in calls])
-    items = [(EXTRA_PREFIX + k if k.split(":")[0] in NOT_MODULES else k, v) for k, (_, v) in zip(keys, calls)]
+    items = [
+        (EXTRA_PREFIX + k if k.split(":")[0] in NOT_MODULES else k, v) for k, (_, v) in zip(keys, calls, strict=True)
+    ]
     return Trace(items, metadata)
 
 

@@ -68,8 +68,9 @@ def test_bf16_checkpoint_in_real_layout_loads(tmp_path):
     """A bf16 speech tokenizer (the released checkpoints are bf16) decodes like the f32 one rounded to bf16."""
     config = presets.preset(presets.TINY_SPEECH_TOKENIZER)
     synthetic.write_speech_tokenizer(tmp_path / "bf16", config, seed=5, dtype="bfloat16")
-    header_len = int.from_bytes(open(tmp_path / "bf16" / "model.safetensors", "rb").read(8), "little")
-    header = json.loads(open(tmp_path / "bf16" / "model.safetensors", "rb").read(8 + header_len)[8:])
+    with open(tmp_path / "bf16" / "model.safetensors", "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
     w = read_checkpoint_weights(tmp_path / "bf16", np.float32, prefix="decoder.")
     ref = synthetic.random_weights(synthetic.speech_tokenizer_weight_spec(config), seed=5)

@@ -33,7 +33,7 @@ def write_outputs(results: Path, case: dict, trace: trace_files.Trace, **replace
     folder = results / case["name"]
     folder.mkdir(parents=True)
     for out, key in case["outputs"].items():
-        value = replace.get(out.replace(".", "_"), None)
+        value = replace.get(out.replace(".", "_"))
         np.save(folder / f"{out}.npy", np.squeeze(trace[key]) if value is None else value)
     return folder
 
@@ -284,7 +284,7 @@ def test_the_docs_tolerance_table_is_the_rule():
     for precision in ("float32", "bfloat16", "float16"):
         row = next(line for line in doc.splitlines() if line.startswith(f"| {precision} |"))
         cells = [float(c) for c in row.strip("|").split("|")[1:]]
-        for net, cell in zip(columns, cells):
+        for net, cell in zip(columns, cells, strict=True):
             assert cell == pytest.approx(table[precision][net], rel=0.05), (precision, net)
 
 

@@ -224,7 +224,7 @@ def test_teacher_forcing_judges_every_frame_past_the_first_divergence(model, tmp
     assert ours.shape == theirs.shape
     report = compare_traces(forced, port)
     where = [(d.frame, d.codebook) for d in report.divergences]
-    assert where == [(int(t), int(g)) for t, g in zip(*np.nonzero(ours != theirs))] and len(where) >= 2
+    assert where == [(int(t), int(g)) for t, g in zip(*np.nonzero(ours != theirs), strict=True)] and len(where) >= 2
     assert {(d.verdict, d.processor) for d in report.divergences} == {("rule", "repetition_penalty")}
     # the talker's hidden states stay comparable after the first divergence: same history, same tensors
     last = f"talker.model:{ours.shape[0] - 1}"

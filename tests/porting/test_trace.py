@@ -148,7 +148,7 @@ def test_metadata_and_formats(tmp_path):
         trace.save(tmp_path / name)
         back = tracing.load_trace(tmp_path / name)
         assert back.keys == trace.keys
-        assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(back.items, trace.items))
+        assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(back.items, trace.items, strict=True))
         m = back.metadata
         assert m["producer"] == "refimpl" and m["stage"] == "codec-decode" and m["dtype"] == "float32"
         assert m["config"]["decoder_config"]["codebook_size"] == 64 and len(m["weights_sha256"]) == 64

@@ -544,7 +544,7 @@ def format_report(report: dict[str, Any]) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths)) + "  " + r[5])
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths, strict=True)) + "  " + r[5])
     lines.append("")
     for c in report["cases"]:
         if c["status"] != "pass" and c["message"]:

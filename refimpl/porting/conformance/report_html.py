@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
+import itertools
 import math
 import struct
 import zlib
@@ -447,10 +448,11 @@ def largest_jump(points: list) -> TensorPoint | None:
     """The tensor whose error rises the most decades (at least JUMP) over the previous tensor's, up to
     within a decade of its tolerance: where the error grows before it fails."""
     best, best_step = None, JUMP
-    for a, b in zip(points, points[1:]):
-        if a.y is not None and b.y is not None and math.isfinite(a.y) and math.isfinite(b.y) and b.y >= -1:
-            if b.y - a.y >= best_step:
-                best, best_step = b, b.y - a.y
+    for a, b in itertools.pairwise(points):
+        if a.y is None or b.y is None or not (math.isfinite(a.y) and math.isfinite(b.y)):
+            continue
+        if b.y >= -1 and b.y - a.y >= best_step:
+            best, best_step = b, b.y - a.y
     return best
 
 

@@ -205,7 +205,7 @@ def case_inputs(case: Case, models: Models) -> dict[str, tuple[np.ndarray, int |
 
 
 def generation_keywords(case: Case, inputs: dict) -> dict[str, Any]:
-    kwargs = {k: v for k, v in case.options.items()}
+    kwargs = dict(case.options)
     if "ref_audio" in inputs:
         kwargs["ref_audio"] = inputs["ref_audio"]
     if case.stage == "say":
@@ -439,7 +439,7 @@ def finish_case(case: Case, models: Models, directory: Path, started: dict) -> d
         "covers": case.covers,
         "checkpoint": case.checkpoint,
         "inputs": files,
-        "options": {k: v for k, v in case.options.items()},
+        "options": dict(case.options),
         "outputs": output_keys(case),
         "references": dict(REFERENCE_FILES),
         "frames": started["frames"],
