@@ -1,4 +1,4 @@
-"""The conformance report card (refimpl/porting/conformance/report_html.py): a report of 14 realistic cases
+"""The conformance report card (refimpl/porting/conformance/report_html/): a report of 14 realistic cases
 (keys and shapes of the committed trace, golden/trace/official_keys.json) rendered and checked for its
 structure and its escaping, then opened in headless Chromium: no console message, every plot in the DOM,
 and a screenshot that shows the report (many colours, the verdict's red, the plots' green).
