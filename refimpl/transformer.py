@@ -30,7 +30,6 @@ import numpy as np
 
 from . import nn
 from .backends import primitive
-from .backends.bf16 import BF16Matrix
 from .io.checkpoint import WeightSpec, WeightView
 from .recorder import NULL_RECORDER, Recorder, record_attention_details
 
@@ -332,70 +331,6 @@ def transformer_layer(
 
 
 @primitive
-def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last_only: bool = False):
-    """One Qwen3 layer (``QWEN3``) for a few new positions of ONE row (a generation step: one; the code
-    predictor's first pass: two; a short prompt: up to ``STEP_MAX_POSITIONS``), nothing recorded, new
-    position t seeing every cached key and the new ones up to itself: ``transformer_layer`` itself (the
-    reference of the fused twin in ``refimpl/backends/numba_cpu/transformer.py``, which runs the layer in one call).
-    ``cache`` (a ``KVCache``) must have room for the positions.  ``last_only``: the output at the last
-    position alone [1, 1, C] (every position's keys and values are cached all the same; the twin computes
-    the rest of the layer for the last position only)."""
-    n, T = cache.length, x_btc.shape[1]
-    mask = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
-    y_btc = transformer_layer(lw, QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, cache, eps)
-    return y_btc[:, -1:] if last_only else y_btc
-
-
-@primitive
-def decoder_stack_step(x_btc, layers: list, cfg, cos_btd, sin_btd, caches: list, eps: float, last_only: bool = False):
-    """``decoder_layer_step`` through every layer in turn, each with its own cache (room made for the new
-    positions first), the last one with ``last_only``: a generation step's whole stack.  The reference of the
-    numba twin, which runs the stack in one call: 16 calls a frame instead of 103, the Python of a frame 2.50
-    -> 2.32 ms, about 1% of a frame (docs/performance.md)."""
-    for i, (lw, cache) in enumerate(zip(layers, caches)):
-        cache.reserve(x_btc.shape[1])
-        x_btc = decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps, last_only and i == len(layers) - 1)
-    return x_btc
-
-
-STEP_MAX_POSITIONS = 64  # new positions a fused step takes at most (a short prompt too; more: layer by layer)
-
-
-def _fused_step_fits(layers: list, kind: LayerKind, x_btc, allowed, caches, record: Recorder) -> bool:
-    """Whether ``transformer_stack`` may run its layers through ``decoder_layer_step``: one row, at most
-    ``STEP_MAX_POSITIONS`` new positions that are the cache's next ones and see the keys causally (one
-    position sees them all), Qwen3 layers with bf16 matrices and no biases, plain caches, no window, no
-    padding, nothing recorded (the fused twin's conditions; elsewhere it is ``transformer_layer`` all the
-    same)."""
-    B, T = x_btc.shape[:2]
-    if kind != QWEN3 or caches is None or record.enabled or B != 1 or not 1 <= T <= STEP_MAX_POSITIONS or not layers:
-        return False
-    if not isinstance(allowed, nn.AttentionMask) or allowed.window is not None:
-        return False
-    fits = all(type(c) is KVCache for c in caches) and all(
-        isinstance(lw[n], BF16Matrix) and b not in lw for lw in layers for n, b in zip(_STEP_MATRICES, _STEP_BIASES)
-    )  # (on a device backend a single row has no key mask: the Talker leaves it out when nothing is padding)
-    if fits and T > 1:  # several new positions: the causal order must be the cache's
-        n = caches[0].length
-        fits = all(c.length == n for c in caches) and _is_range(allowed.query_positions_t, n, n + T)
-        fits = fits and _is_range(allowed.key_positions_s, 0, n + T)
-    return fits and (allowed.key_valid_bs is None or bool(np.all(nn.to_host(allowed.key_valid_bs))))
-
-
-def _is_range(positions, start: int, stop: int) -> bool:
-    """Whether ``positions`` is exactly start, start + 1, ..., stop - 1."""
-    positions = np.asarray(nn.to_host(positions))  # (host-side: a decision, not stage arithmetic)
-    if positions.shape != (stop - start,):
-        return False
-    return positions.size == 0 or (int(positions[0]) == start and bool(np.all(np.diff(positions) == 1)))
-
-
-_STEP_MATRICES = tuple(f"self_attn.{p}_proj.weight" for p in "qkvo") + tuple(
-    f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")
-)
-_STEP_BIASES = tuple(f"{n[: -len('weight')]}bias" for n in _STEP_MATRICES)  # the fused step has none of them
-
-
 def transformer_stack(
     layers: list,
     kind: LayerKind,
@@ -411,10 +346,10 @@ def transformer_stack(
 ):
     """Every layer in turn (no final norm: each stack has its own ending).  ``caches`` is None or one
     cache per layer.  Each layer's output is recorded as ``layers.{i}``, its parts as ``layers.{i}.mlp``...
-    ``last_only``: return the last position's output alone [B, 1, C] (a prompt whose next code only the last
-    position decides; the fused steps then run the last layer past its keys and values for it alone)."""
-    if _fused_step_fits(layers, kind, x_btc, allowed, caches, record):  # a generation step: fused layers
-        return decoder_stack_step(x_btc, layers, cfg, cos_btd, sin_btd, caches, eps, last_only)
+    ``last_only``: return the last position's output alone [B, 1, C], for a caller that reads no other (a
+    prompt whose next code only the last position decides): a fused twin then runs the last layer past its
+    keys and values for that position alone.  A primitive: a backend may run a stack it can take in one
+    call while nothing is recorded (numba: a generation step's Qwen3 layers, ``numba_cpu/transformer.py``)."""
     for i, lw in enumerate(layers):
         x_btc = transformer_layer(
             lw,

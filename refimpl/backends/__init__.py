@@ -40,6 +40,7 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -397,11 +398,21 @@ def twin_of(name: str, backend_name: str) -> Callable[..., Any] | None:
 
 
 def primitive(reference: F) -> F:
-    """Mark a plain NumPy primitive: a call runs the twin of the same name of the backend
-    ``backend_for_call`` chooses, or the reference where that backend has no twin of it, or where the
-    twin returns ``NotImplemented`` (a dtype or shape it has no kernel for).  The plain function stays
-    reachable as ``.reference``."""
+    """Mark a primitive: a call runs the twin of the same name of the backend ``backend_for_call`` chooses,
+    or the reference where that backend has no twin of it, or where the twin returns ``NotImplemented`` (a
+    dtype, shape or layout it has no kernel for: a twin checks its own eligibility).  The plain function
+    stays reachable as ``.reference``.
+
+    A primitive is either a formula of ``refimpl/nn.py`` (its first argument an array) or a whole stage whose
+    body is its recorded formula (a parameter named ``record``: ``transformer_stack``, the codec's residual
+    unit...), which a backend may run as one fused twin.  The one rule for stages: while its ``record``
+    records, the reference runs (a twin records nothing); the backend is chosen from the stage's first array
+    argument (its input: the weights and settings before it have no dtype).  A stage twin has the stage's
+    signature but for ``record``'s default, None (it never receives a recorder that records)."""
     name = reference.__name__
+    parameters = list(inspect.signature(reference).parameters)
+    if "record" in parameters:
+        return _stage_primitive(reference, name, parameters.index("record"))
 
     @functools.wraps(reference)
     def dispatch(*args: Any, **kwargs: Any) -> Any:
@@ -411,6 +422,26 @@ def primitive(reference: F) -> F:
             result = twin(*args, **kwargs)
             if result is not NotImplemented:
                 return result
+        return reference(*args, **kwargs)
+
+    dispatch.reference = reference  # type: ignore[attr-defined]
+    return dispatch  # type: ignore[return-value]  # functools.wraps: the same signature as ``reference``
+
+
+def _stage_primitive(reference: F, name: str, record_at: int) -> F:
+    """``primitive`` for a stage (a ``record`` parameter at position ``record_at``): the reference while the
+    call records, else the twin of the backend its first array argument chooses."""
+
+    @functools.wraps(reference)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        record = args[record_at] if len(args) > record_at else kwargs.get("record")
+        if not getattr(record, "enabled", False):
+            first = next((a for a in args if hasattr(a, "dtype") and hasattr(a, "shape")), None)
+            twin = REGISTRY[backend_for_call(active_backend()[0], first)].twins.get(name)
+            if twin is not None:
+                result = twin(*args, **kwargs)
+                if result is not NotImplemented:
+                    return result
         return reference(*args, **kwargs)
 
     dispatch.reference = reference  # type: ignore[attr-defined]

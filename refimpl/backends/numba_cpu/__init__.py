@@ -6,7 +6,7 @@ kernel for (float64, another pad mode), where the reference runs.
 Each module is named after the code it speeds up; the modules below them hold what they share:
 
     elementwise, conv, linear, attention    the primitives of refimpl/nn.py
-    transformer                             refimpl/transformer.py: a decoder layer, a stack's step
+    transformer                             refimpl/transformer.py: a generation step's whole stack
     codec_decoder, codec_encoder,           refimpl/codec/: the fused residual units and blocks, the
     codec_quantization                      quantizer's nearest rows
     speaker_encoder                         refimpl/tts/speaker_encoder.py
@@ -51,8 +51,7 @@ TWINS = {
     "linear": linear.linear,
     "attention": attention.attention,
     # refimpl/transformer.py
-    "decoder_layer_step": transformer.decoder_layer_step,
-    "decoder_stack_step": transformer.decoder_stack_step,
+    "transformer_stack": transformer.transformer_stack,
     # refimpl/codec/
     "residual_unit_push": codec_decoder.residual_unit_push,
     "snake_causal_conv_push": codec_decoder.snake_causal_conv_push,

@@ -1,6 +1,6 @@
-"""The twins of ``refimpl/transformer.py``: one Qwen3 decoder layer for a few new positions of one row, on
-bfloat16 words, in one Numba call (``decoder_layer_step``), and a generation step through a whole stack of
-them (``decoder_stack_step``)."""
+"""The twin of ``refimpl/transformer.py``'s ``transformer_stack`` for a generation step: Qwen3 decoder layers
+for a few new positions of one row, on bfloat16 words, the whole stack in one Numba call, and the check of
+which stacks it takes (``_fits``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import operator
 import numba
 import numpy as np
 
+from ... import nn
+from ..bf16 import BF16Matrix
 from . import amx
 from .attention import _attend_new_positions
 from .intrinsics import FASTMATH, _exp_f32, _line_aligned_empty
@@ -57,7 +59,7 @@ def _decoder_step_bf16(
     x_tc, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_td, sin_td,
     k_gsd, v_gsd, n, eps, n_threads, first_out, tiles
 ):  # fmt: skip
-    """One Qwen3 decoder layer for T new positions of ONE row (up to ``transformer.STEP_MAX_POSITIONS``),
+    """One Qwen3 decoder layer for T new positions of ONE row (up to ``STEP_MAX_POSITIONS``),
     on bf16 words, with its KV cache (written at n..n+T-1; position t attends over 0..n+t): the layer's
     output at positions first_out..T-1 (every key and value is cached; q, the attention, o and the MLP run
     for those positions only: a prompt's last layer needs its last position alone).  A parallel loop per
@@ -154,14 +156,83 @@ def _one_array_type(arrays: tuple) -> bool:
     )
 
 
-def decoder_stack_step(x_btc, layers: list, cfg, cos_btd, sin_btd, caches: list, eps: float, last_only: bool = False):
-    """``transformer.decoder_stack_step`` (a generation step through every layer of a stack, each a Qwen3
-    layer on bf16 words with its ``KVCache``) in one Numba call: the layers' tensors taken from the weights
-    dict in one C call (``_stack_tensor_names``) and passed as tuples, one per argument of the layer kernel;
-    the numbers are those of ``decoder_layer_step`` layer by layer, the same kernel in the same order."""
-    weights, n, T = layers[0].weights, caches[0].length, x_btc.shape[1]
-    if any(lw.weights is not weights for lw in layers) or any(c.length != n for c in caches):
+STEP_MAX_POSITIONS = 64  # new positions a fused step takes at most (a short prompt too; more: layer by layer)
+
+
+def transformer_stack(
+    layers: list,
+    kind,
+    cfg,
+    x_btc,
+    cos_btd,
+    sin_btd,
+    allowed,
+    caches=None,
+    eps: float = 1e-6,
+    record=None,
+    last_only: bool = False,
+):
+    """``transformer.transformer_stack`` for a stack it can take (``_fits``: a generation step, a short
+    prompt) in one Numba call: the layers' tensors taken from the weights dict in one C call
+    (``_stack_tensor_names``) and passed as tuples, one per argument of the layer kernel; layers that cannot
+    pass as one tuple run one call each, the same kernel in the same order.  ``last_only``: the last layer
+    computed for the last position alone.  Anything else: ``NotImplemented`` (the reference runs)."""
+    if not _fits(layers, kind, x_btc, allowed, caches):
         return NotImplemented
+    T = x_btc.shape[1]
+    for cache in caches:
+        cache.reserve(T)
+    stack = _stack_arguments(layers, caches, T)
+    if stack is not None:
+        return _run_stack(x_btc, stack, cos_btd, sin_btd, caches, eps, last_only)
+    one_by_one = [_stack_arguments([lw], [c], T) for lw, c in zip(layers, caches)]
+    if any(one is None for one in one_by_one):
+        return NotImplemented  # (before any layer ran: the reference runs them all)
+    for i, one in enumerate(one_by_one):
+        x_btc = _run_stack(x_btc, one, cos_btd, sin_btd, caches[i : i + 1], eps, last_only and i == len(layers) - 1)
+    return x_btc
+
+
+def _fits(layers: list, kind, x_btc, allowed, caches) -> bool:
+    """Whether the fused step takes the stack: one row, at most ``STEP_MAX_POSITIONS`` new positions that are
+    the caches' next ones and see the keys causally (one position sees them all), Qwen3 layers (RMSNorm,
+    q/k norm, SwiGLU, no LayerScale) with bf16 matrices and no biases, plain ``KVCache``s (no window), no
+    padding.  Read on the host: this backend's arrays live there."""
+    B, T = x_btc.shape[:2]
+    qwen3 = kind.norm == "rms" and kind.qk_norm and kind.mlp == "swiglu" and not kind.layer_scale
+    if not qwen3 or caches is None or B != 1 or not 1 <= T <= STEP_MAX_POSITIONS or not layers:
+        return False
+    if not isinstance(allowed, nn.AttentionMask) or allowed.window is not None:
+        return False
+    if not all(hasattr(c, "reserve") for c in caches):  # a KVCache (a SlidingKVCache forgets keys)
+        return False
+    fits = all(isinstance(lw[n], BF16Matrix) and b not in lw for lw in layers for n, b in zip(_MATRICES, _BIASES))
+    if fits and T > 1:  # several new positions: the causal order must be the cache's
+        n = caches[0].length
+        fits = all(c.length == n for c in caches) and _is_range(allowed.query_positions_t, n, n + T)
+        fits = fits and _is_range(allowed.key_positions_s, 0, n + T)
+    return fits and (allowed.key_valid_bs is None or bool(np.all(allowed.key_valid_bs)))
+
+
+def _is_range(positions, start: int, stop: int) -> bool:
+    """Whether ``positions`` is exactly start, start + 1, ..., stop - 1."""
+    positions = np.asarray(positions)
+    if positions.shape != (stop - start,):
+        return False
+    return positions.size == 0 or (int(positions[0]) == start and bool(np.all(np.diff(positions) == 1)))
+
+
+_MATRICES = tuple(STEP_TENSORS[j] for j in STEP_MATRICES)
+_BIASES = tuple(f"{n[: -len('weight')]}bias" for n in _MATRICES)  # the fused step has none of them
+
+
+def _stack_arguments(layers: list, caches: list, T: int):
+    """The layer kernel's arguments that differ by layer, each a tuple over ``layers`` (the matrices as
+    packed words where every one has them and few rows are multiplied, else their words), then the caches'
+    keys and values: None where the layers' or caches' arrays are not one Numba type each."""
+    weights, n = layers[0].weights, caches[0].length
+    if any(lw.weights is not weights for lw in layers) or any(c.length != n for c in caches):
+        return None
     tensors = _stack_tensor_names(tuple(lw.prefix for lw in layers))(weights)
     K = len(STEP_TENSORS)
     by_argument = [tensors[j::K] for j in range(K)]
@@ -169,21 +240,23 @@ def decoder_stack_step(x_btc, layers: list, cfg, cos_btd, sin_btd, caches: list,
     use_packed = bool(packed) and all(p is not None for words in packed.values() for p in words)
     for j in STEP_MATRICES:  # a streamed stack's packed words (all of its matrices), else its words as they are
         by_argument[j] = packed[j] if use_packed else tuple(m.bits for m in by_argument[j])
-    for cache in caches:
-        cache.reserve(T)
     k_caches, v_caches = tuple(c.k[0] for c in caches), tuple(c.v[0] for c in caches)
     arrays = [a for j, a in enumerate(by_argument) if not (use_packed and j in STEP_MATRICES)]
     if not all(map(_one_array_type, (*arrays, k_caches, v_caches))):
-        return NotImplemented  # (the reference then runs the layers one call each)
-    C = x_btc.shape[2]
+        return None
+    return (*by_argument, k_caches, v_caches)
+
+
+def _run_stack(x_btc, stack: tuple, cos_btd, sin_btd, caches: list, eps: float, last_only: bool):
+    """``_decoder_steps_bf16`` on one stack's arguments (``_stack_arguments``); the caches' lengths advanced."""
+    n, T, C = caches[0].length, x_btc.shape[1], x_btc.shape[2]
     x_tc = np.array(x_btc, dtype=np.float32, order="C").reshape(T, C)  # (a writable copy: the layers' type)
     out_tc = _decoder_steps_bf16(
         x_tc,
-        *by_argument,
+        *stack[:-2],
         np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(T, -1),
         np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(T, -1),
-        k_caches,
-        v_caches,
+        *stack[-2:],
         n,
         np.float32(eps),
         numba.get_num_threads(),
@@ -193,10 +266,3 @@ def decoder_stack_step(x_btc, layers: list, cfg, cos_btd, sin_btd, caches: list,
     for cache in caches:
         cache.length = n + T
     return out_tc.reshape((1, out_tc.shape[0], C))
-
-
-def decoder_layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps: float, last_only: bool = False):
-    """``transformer.decoder_layer_step`` (one Qwen3 layer, a few new positions of one row, bf16 weights, a
-    ``KVCache`` with room for them) in one Numba call: the stack of this one layer (``decoder_stack_step``);
-    ``last_only``: the output at the last position alone, computed for it alone."""
-    return decoder_stack_step(x_btc, [lw], cfg, cos_btd, sin_btd, [cache], eps, last_only)

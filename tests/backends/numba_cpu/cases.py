@@ -51,6 +51,18 @@ def random_qwen3_layer(rng, C, H, G, D, F, dtype):
     return WeightView(weights), cfg
 
 
+def layer_step(x_btc, lw, cfg, cos_btd, sin_btd, cache, eps, last_only=False, fused=True):
+    """One Qwen3 layer for the new positions of one row, each seeing the cached keys and itself: numba's
+    fused ``transformer_stack`` of this one layer (``fused``), else the reference stack of it."""
+    from refimpl import nn
+    from refimpl.recorder import NULL_RECORDER
+
+    n, T = cache.length, x_btc.shape[1]
+    mask = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
+    stack = numba_cpu.transformer.transformer_stack if fused else transformer.transformer_stack.reference
+    return stack([lw], transformer.QWEN3, cfg, x_btc, cos_btd, sin_btd, mask, [cache], eps, NULL_RECORDER, last_only)
+
+
 def bf16_values(rng, shape):
     """Random float32 numbers that are bfloat16 values (their low 16 bits zero), as widened at load."""
     return bf16_bits_to_float32(float32_to_bf16_bits(rng.standard_normal(shape).astype(np.float32)))

@@ -19,7 +19,7 @@ from refimpl import nn, transformer
 from refimpl.backends import bf16, numba_cpu
 from refimpl.backends.bf16 import BF16Matrix, PackedWords, bf16_bits_to_float32, float32_to_bf16_bits, unpack_words
 
-from .cases import random_qwen3_layer
+from .cases import layer_step, random_qwen3_layer
 
 pytestmark = pytest.mark.skipif(
     not numba_cpu.packed_words.PACKED_COMPILED, reason="the packed kernel needs 512-bit byte shuffles (avx512bw)"
@@ -176,13 +176,8 @@ def test_fused_layer_on_packed_words_equals_the_layer(n_cached, T):
         cache = transformer.KVCache(1, G, D, dtype, capacity=4)
         cache.append(*np.random.default_rng(13).standard_normal((2, 1, G, n_cached, D)).astype(dtype))
         cache.reserve(T)
-        step = (
-            numba_cpu.transformer.decoder_layer_step
-            if kind in ("packed", "words")
-            else transformer.decoder_layer_step.reference
-        )
         with kernels.use_backend("numpy"):
-            y = step(x, lw, cfg, cos[None], sin[None], cache, eps)
+            y = layer_step(x, lw, cfg, cos[None], sin[None], cache, eps, fused=kind in ("packed", "words"))
         keys, values = cache.k[:, :, : n_cached + T], cache.v[:, :, : n_cached + T]
         results[kind] = [a.astype(np.float64) for a in (y, keys, values)]
     if T == 1:  # (another kernel's sums: not the words' path)

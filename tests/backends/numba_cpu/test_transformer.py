@@ -1,5 +1,5 @@
-"""The fused decoder layer and stack step (``decoder_layer_step``, ``decoder_stack_step``) against the
-layers they replace, and where the stack takes them."""
+"""The fused stack (numba's ``transformer_stack``: a generation step's Qwen3 layers in one call) against the
+layers it replaces, and which stacks it takes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from refimpl import backends as kernels
 from refimpl import nn, transformer
 from refimpl.backends import numba_cpu
 
-from .cases import needs_tiles, random_qwen3_layer
+from .cases import layer_step, needs_tiles, random_qwen3_layer
 
 
 @needs_tiles
@@ -36,13 +36,10 @@ def test_fused_layer_on_tiles_equals_the_layer(T, monkeypatch):
             cache.reserve(T)
             if tiles is not None:
                 monkeypatch.setattr(numba_cpu.amx, "USE_TILES", tiles)
-            step = (
-                numba_cpu.transformer.decoder_layer_step
-                if tiles is not None
-                else transformer.decoder_layer_step.reference
-            )
             with kernels.use_backend("numpy"):
-                out[kind, np.dtype(dtype).name] = step(x, lw, cfg, cos[None], sin[None], cache, 1e-6)
+                out[kind, np.dtype(dtype).name] = layer_step(
+                    x, lw, cfg, cos[None], sin[None], cache, 1e-6, fused=tiles is not None
+                )
     exact = out["reference", "float64"].astype(np.float64)
     composition = out["reference", "float32"].astype(np.float64)
     floor = 2 * F * np.finfo(np.float32).eps * np.max(np.abs(exact))
@@ -55,7 +52,7 @@ def test_fused_layer_on_tiles_equals_the_layer(T, monkeypatch):
 @pytest.mark.parametrize("n_cached", [0, 1, 16, 40])
 @pytest.mark.parametrize("T", [1, 2, 5, 17, 30])  # 17 and 30: a prompt's positions, by the block kernel
 @pytest.mark.parametrize("seed", [0, 1])
-def test_decoder_layer_step_twin_equals_the_layer(n_cached, T, seed):
+def test_fused_layer_equals_the_layer(n_cached, T, seed):
     """The fused layer for T new positions (bf16 words) against the composition transformer_layer, both in float32,
     each measured against the same layer in float64 (the exact values of the same bf16 weights): the twin
     may be off by no more than twice the float32 composition, plus a floor of the float32 rounding of the
@@ -73,11 +70,8 @@ def test_decoder_layer_step_twin_equals_the_layer(n_cached, T, seed):
             cache = transformer.KVCache(1, G, D, dtype, capacity=4)
             cache.append(past[0], past[1])
             cache.reserve(T)
-            step = (
-                numba_cpu.transformer.decoder_layer_step if kind == "twin" else transformer.decoder_layer_step.reference
-            )
             with kernels.use_backend("numpy"):
-                y = step(x, lw, cfg, cos[None], sin[None], cache, eps)
+                y = layer_step(x, lw, cfg, cos[None], sin[None], cache, eps, fused=kind == "twin")
             assert y.shape == (1, T, C) and y.dtype == dtype and cache.length == n_cached + T
             out[kind, np.dtype(dtype).name] = (
                 y,
@@ -104,16 +98,13 @@ def test_fused_layer_for_the_last_position_alone_keeps_its_bits(n_cached, T):
     cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
     past = np.random.default_rng(T + 2).standard_normal((2, 1, G, n_cached, D)).astype(np.float32)
     out = {}
-    for kind, step in (
-        ("twin", numba_cpu.transformer.decoder_layer_step),
-        ("reference", transformer.decoder_layer_step.reference),
-    ):
+    for kind in ("twin", "reference"):
         for last_only in (False, True):
             cache = transformer.KVCache(1, G, D, np.float32, capacity=4)
             cache.append(past[0], past[1])
             cache.reserve(T)
             with kernels.use_backend("numpy"):
-                y = step(x, lw, cfg, cos[None], sin[None], cache, 1e-6, last_only)
+                y = layer_step(x, lw, cfg, cos[None], sin[None], cache, 1e-6, last_only, fused=kind == "twin")
             out[kind, last_only] = (y, cache.k[:, :, : n_cached + T].copy(), cache.v[:, :, : n_cached + T].copy())
     for kind in ("twin", "reference"):
         full, last = out[kind, False], out[kind, True]
@@ -149,7 +140,7 @@ def test_the_stack_returns_the_last_position_alone_with_the_same_bits():
 
 
 def test_the_stack_takes_the_fused_step_only_where_it_fits():
-    """transformer_stack runs decoder_stack_step (the layers fused, one call for the stack) for up to 64 new
+    """transformer_stack runs numba's twin (the layers fused, one call for the stack) for up to 64 new
     positions of one row with bf16 layers and plain caches, nothing recorded; a longer prompt (65 positions),
     a recorder or float32 matrices take the layer by layer path.  Over a prompt, a 30-position continuation,
     a 2-position step and two 1-position steps the two paths give the same values (float32 bound)."""
@@ -160,16 +151,17 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
     lw, cfg = random_qwen3_layer(rng, C, H, G, D, F, np.float32)
     layers = [lw, lw]
     calls = []
-    fused = numba_cpu.transformer.decoder_stack_step
+    fused = numba_cpu.transformer.transformer_stack
 
     def counting(*args):
-        calls.append(1)
-        return fused(*args)
+        result = fused(*args)
+        calls.extend([1] if result is not NotImplemented else [])
+        return result
 
     results = {}
     for path in ("fused", "layer by layer"):
         caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
-        many = transformer.STEP_MAX_POSITIONS + 1
+        many = numba_cpu.transformer.STEP_MAX_POSITIONS + 1
         xs = np.random.default_rng(4).standard_normal((1, many + 34, C)).astype(np.float32)
         outs = []
         for start, stop in (
@@ -184,7 +176,7 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
             mask = nn.AttentionMask(pos, nn.arange(stop))
             record = Recorder({}) if path == "layer by layer" else Recorder(None)
             table = kernels.REGISTRY["numba"].twins  # the table the registry reads (numba_cpu.TWINS)
-            table["decoder_stack_step"] = counting
+            table["transformer_stack"] = counting
             try:
                 with kernels.use_backend("numba"):
                     outs.append(
@@ -202,7 +194,7 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
                         )
                     )
             finally:
-                table["decoder_stack_step"] = fused
+                table["transformer_stack"] = fused
         results[path] = np.concatenate(outs, axis=1)
         assert len(calls) == 4  # the four steps, not the 65-position prompt; unchanged with a recorder given
     np.testing.assert_allclose(results["fused"], results["layer by layer"], rtol=1e-4, atol=1e-5)
@@ -212,14 +204,12 @@ def test_several_new_positions_take_the_fused_step_only_in_the_cache_order():
     """Two new positions are fused where they are the cache's next two and see the keys causally; queries at
     other positions (a mask not the cache's order), caches of different lengths, two rows or more than
     STEP_MAX_POSITIONS positions take the layer by layer path."""
-    from refimpl.recorder import Recorder
-
     lw, _ = random_qwen3_layer(np.random.default_rng(0), 16, 2, 1, 8, 32, np.float32)
     caches = [transformer.KVCache(1, 1, 8, np.float32, capacity=8) for _ in range(2)]
     for c in caches:
         c.append(*np.zeros((2, 1, 1, 3, 8), np.float32))
-    fits = lambda x, mask, cs=caches: transformer._fused_step_fits(  # noqa: E731
-        [lw, lw], transformer.QWEN3, x, mask, cs, Recorder(None)
+    fits = lambda x, mask, cs=caches: numba_cpu.transformer._fits(  # noqa: E731
+        [lw, lw], transformer.QWEN3, x, mask, cs
     )
     two = np.zeros((1, 2, 16), np.float32)
     assert fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(5)))
@@ -228,7 +218,7 @@ def test_several_new_positions_take_the_fused_step_only_in_the_cache_order():
     uneven = [caches[0], transformer.KVCache(1, 1, 8, np.float32, capacity=8)]
     assert not fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(5)), uneven)
     assert not fits(np.zeros((2, 2, 16), np.float32), nn.AttentionMask(nn.arange(3, 5), nn.arange(5)))
-    many = transformer.STEP_MAX_POSITIONS + 1
+    many = numba_cpu.transformer.STEP_MAX_POSITIONS + 1
     assert not fits(np.zeros((1, many, 16), np.float32), nn.AttentionMask(nn.arange(3, 3 + many), nn.arange(3 + many)))
 
 
@@ -245,25 +235,31 @@ def random_qwen3_stack(seed, L, C, H, G, D, F):
 @pytest.mark.parametrize("T", [1, 2, 17])  # a generation step, the code predictor's first pass, a prompt
 @pytest.mark.parametrize("n_cached", [0, 3])
 @pytest.mark.parametrize("last_only", [False, True])
-def test_decoder_stack_step_twin_is_its_layers_one_call_each(T, n_cached, last_only):
-    """The whole stack in one call (numba's decoder_stack_step) has the bits of its reference, the layer
-    twin called once a layer: the output, every layer's new keys and values, and the caches' lengths, with
-    caches that grow (capacity 2) and three layers of different weights."""
+def test_fused_stack_is_its_layers_fused_one_call_each(T, n_cached, last_only):
+    """The whole stack in one call (numba's transformer_stack) has the bits of its layers fused one call
+    each: the output, every layer's new keys and values, and the caches' lengths, with caches that grow
+    (capacity 2) and three layers of different weights."""
     C, H, G, D, F = 32, 4, 2, 8, 64
     weights, layers, cfg = random_qwen3_stack(11, 3, C, H, G, D, F)
     x = np.random.default_rng(T).standard_normal((1, T, C)).astype(np.float32)
     cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
     past = np.random.default_rng(T + 1).standard_normal((len(layers), 2, 1, G, n_cached, D)).astype(np.float32)
     out = {}
-    for kind, stack in (
-        ("twin", numba_cpu.transformer.decoder_stack_step),
-        ("layers", transformer.decoder_stack_step.reference),
-    ):
+    for kind in ("twin", "layers"):
         caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
         for cache, (k, v) in zip(caches, past):
             cache.append(k, v)
         with kernels.use_backend("numba"):
-            y = stack(x, layers, cfg, cos[None], sin[None], caches, 1e-6, last_only)
+            if kind == "twin":
+                mask = nn.AttentionMask(nn.arange(n_cached, n_cached + T), nn.arange(n_cached + T))
+                y = numba_cpu.transformer.transformer_stack(
+                    *(layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches, 1e-6, None, last_only)
+                )
+            else:
+                y = x
+                for i, (lw, cache) in enumerate(zip(layers, caches)):
+                    cache.reserve(T)
+                    y = layer_step(y, lw, cfg, cos[None], sin[None], cache, 1e-6, last_only and i == len(layers) - 1)
         assert y is not NotImplemented and all(c.length == n_cached + T for c in caches)
         out[kind] = (y, [(c.k[:, :, : n_cached + T].copy(), c.v[:, :, : n_cached + T].copy()) for c in caches])
     assert out["twin"][0].shape == (1, 1 if last_only else T, C)
@@ -273,14 +269,15 @@ def test_decoder_stack_step_twin_is_its_layers_one_call_each(T, n_cached, last_o
         np.testing.assert_array_equal(v1, v2)
 
 
-def test_decoder_stack_step_twin_declines_layers_it_cannot_pass_as_one_tuple():
+def test_fused_stack_runs_layers_it_cannot_pass_as_one_tuple_one_call_each():
     """Layers of two weights dicts, caches of different lengths, or a tensor whose type differs from the
-    other layers' (a read-only norm among writable ones: no tuple Numba could index at run time) get
-    NotImplemented, and the stack then runs its layers one call each, with the same bits."""
+    other layers' (a read-only norm among writable ones: no tuple Numba could index at run time) are no one
+    stack's arguments (``_stack_arguments``): the twin runs them one call each, with the same bits."""
     C, H, G, D, F = 32, 4, 2, 8, 64
     weights, layers, cfg = random_qwen3_stack(21, 2, C, H, G, D, F)
     x = np.random.default_rng(1).standard_normal((1, 1, C)).astype(np.float32)
     cos, sin = nn.rope_cos_sin(np.arange(0, 1), D, 10000.0, np.float32)
+    mask = nn.AttentionMask(nn.arange(0, 1), nn.arange(1))
 
     def caches(lengths=(0, 0)):
         made = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
@@ -289,18 +286,23 @@ def test_decoder_stack_step_twin_declines_layers_it_cannot_pass_as_one_tuple():
         return made
 
     def twin(layers, cs):
-        return numba_cpu.transformer.decoder_stack_step(x, layers, cfg, cos[None], sin[None], cs, 1e-6)
+        assert numba_cpu.transformer._stack_arguments(layers, cs, 1) is None
+        return numba_cpu.transformer.transformer_stack(
+            layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, cs
+        )
 
-    expected = twin(layers, caches())
+    expected = numba_cpu.transformer.transformer_stack(
+        layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches()
+    )
     assert expected is not NotImplemented
     other = dict(weights)
-    assert twin([layers[0], transformer.layer_views(other, "model.layers.", 2)[1]], caches()) is NotImplemented
-    assert twin(layers, caches((0, 1))) is NotImplemented
+    np.testing.assert_array_equal(
+        twin([layers[0], transformer.layer_views(other, "model.layers.", 2)[1]], caches()), expected
+    )
+    uneven = caches((0, 1))
+    twin(layers, uneven)
+    assert [c.length for c in uneven] == [1, 2]
     norm = weights["model.layers.1.input_layernorm.weight"].copy()
     norm.flags.writeable = False
     weights["model.layers.1.input_layernorm.weight"] = norm
-    assert twin(layers, caches()) is NotImplemented
-    mask = nn.AttentionMask(nn.arange(0, 1), nn.arange(1))
-    with kernels.use_backend("numba"):
-        y = transformer.transformer_stack(layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches(), 1e-6)
-    np.testing.assert_array_equal(y, expected)
+    np.testing.assert_array_equal(twin(layers, caches()), expected)
