@@ -181,6 +181,7 @@ def decoder_pieces_gflops(repeats: int) -> None:
     """The codec decoder's fused residual units (each block's channels at its rate, 10 s of audio) against
     the same unit primitive by primitive, and its transposed convolutions, in GFLOP/s of their products."""
     from refimpl.codec import decoder
+    from refimpl.io.checkpoint import WeightView
 
     rng = np.random.default_rng(2)
     for C, T in ((768, 4000), (384, 20000), (192, 80000), (96, 240000)):
@@ -190,7 +191,9 @@ def decoder_pieces_gflops(repeats: int) -> None:
         args += [(0.3 * rng.standard_normal(C)).astype(np.float32) for _ in range(2)]
         args += [(rng.standard_normal((C, C, 1)) / np.sqrt(C)).astype(np.float32), np.zeros(C, np.float32)]
         flops = 2 * C * C * 8 * T
-        t_parts = best(lambda: decoder.residual_unit_push.reference(x, *args, 3), repeats)
+        names = ("act1.alpha", "act1.beta", "conv1.conv.weight", "conv1.conv.bias")
+        unit = WeightView(dict(zip(names + tuple(n.replace("1", "2") for n in names), args)))
+        t_parts = best(lambda: decoder.residual_unit.reference(unit, 3, x, decoder.OFFLINE), repeats)
         t_fused = best(lambda: numba_cpu.codec_decoder.residual_unit_push(x, *args, 3), repeats)
         print(
             f"residual unit C={C} T={T}: primitive by primitive {flops / t_parts / 1e9:.0f} GFLOP/s "

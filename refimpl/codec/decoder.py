@@ -342,39 +342,11 @@ def upsample_stage(u: WeightView, ratio: int, x_bct, state: ConvStates, record: 
 
 
 @primitive
-def residual_unit_push(
-    x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation, context_bcs=None
-):
-    """x + conv_k1(SnakeBeta_2(causal_conv_k7_dilated(SnakeBeta_1(x)))) for one push of a signal, nothing
-    recorded: ``residual_unit``'s formula on plain arrays.  ``context_bcs`` is the k7 conv's left context,
-    the last 6 * dilation outputs of SnakeBeta_1 of the pushes before ([B, C, 6 * dilation]; None at the
-    signal's start: zeros); returns (y, the context for the next push).  Offline the whole signal is one
-    push.  The reference of the fused twin in ``refimpl/backends/numba_cpu/codec_decoder.py`` (which runs it over
-    cache-sized pieces of time)."""
-    conv1 = nn.CausalConvState(context_bcs)
-    h_bct = nn.snake_beta(x_bct, log_alpha1_c, log_beta1_c)
-    h_bct = nn.causal_conv1d(h_bct, w1_oik, b1_o, dilation=dilation, state=conv1)
-    h_bct = nn.snake_beta(h_bct, log_alpha2_c, log_beta2_c)
-    h_bct = nn.causal_conv1d(h_bct, w2_oi1, b2_o)  # k1: no context
-    return x_bct + h_bct, conv1.context_bct
-
-
 def residual_unit(u: WeightView, dilation: int, x_bct, state: ConvStates, record: Recorder = NULL_RECORDER):
-    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))); all views scoped to the unit.  With nothing
-    recorded it is one call (``residual_unit_push``), offline or streaming (conv1's state carries the
-    context; conv2, a 1x1 conv, has none to carry)."""
-    if not record.enabled:
-        conv1, conv2 = state.sub("conv1.").conv(nn.CausalConvState), state.sub("conv2.").conv(nn.CausalConvState)
-        y_bct, context_bcs = residual_unit_push(
-            x_bct,
-            *(u["act1.alpha"], u["act1.beta"], u["conv1.conv.weight"], u["conv1.conv.bias"]),
-            *(u["act2.alpha"], u["act2.beta"], u["conv2.conv.weight"], u["conv2.conv.bias"]),
-            dilation,
-            None if conv1 is None else conv1.context_bct,
-        )
-        if conv1 is not None:
-            conv1.context_bct, conv2.context_bct = context_bcs, y_bct[:, :, :0]  # a 1x1 conv keeps no samples
-        return y_bct
+    """x + conv_k1(SnakeBeta(conv_k7_dilated(SnakeBeta(x)))); all views scoped to the unit.  Streaming,
+    conv1's state carries the left context; conv2, a 1x1 conv, has none to carry.  A primitive: numba's twin
+    (``refimpl/backends/numba_cpu/codec_decoder.py``) runs the unit in one pass over cache-sized pieces of
+    time while nothing is recorded."""
     h = snake(u, "act1", x_bct, record)
     h = causal_conv(u.sub("conv1."), h, state.sub("conv1."), record.scope("conv1."), dilation=dilation)
     h = snake(u, "act2", h, record)
@@ -408,31 +380,16 @@ def conv_stages(w, cfg: DecoderConfig, x_bct, states: ConvStates, record: Record
         record(f"decoder.{i + 1}", x_bct)
     n = len(cfg.upsample_rates)
     a, p = f"decoder.{n + 1}", f"decoder.{n + 2}."
-    if not record.enabled:  # one call: the SnakeBeta's output, full length, never exists
-        conv = states.sub(p).conv(nn.CausalConvState)
-        y_bct, context_bcs = snake_causal_conv_push(
-            x_bct,
-            *(w[f"{a}.alpha"], w[f"{a}.beta"], w[f"{p}conv.weight"], w[f"{p}conv.bias"]),
-            None if conv is None else conv.context_bct,
-        )
-        if conv is not None:
-            conv.context_bct = context_bcs
-        return y_bct
-    x_bct = snake(w, a, x_bct, record)
-    return causal_conv(w.sub(p), x_bct, states.sub(p), record.scope(p))
+    return snake_causal_conv(w, a, p, x_bct, states, record)
 
 
 @primitive
-def snake_causal_conv_push(x_bct, log_alpha_c, log_beta_c, w_oik, b_o, context_bcs=None):
-    """causal_conv(SnakeBeta(x)) for one push of a signal, nothing recorded: the decoder's last SnakeBeta
-    and conv (96 channels -> 1) on plain arrays.  ``context_bcs`` is the conv's left context, the last
-    K - 1 outputs of SnakeBeta of the pushes before ([B, C, K - 1]; None at the signal's start: zeros);
-    returns (y, the context for the next push).  The reference of the fused twin in
-    ``refimpl/backends/numba_cpu/codec_decoder.py``, which takes SnakeBeta of each piece of time as it multiplies it
-    into the conv's taps (for 10 s, SnakeBeta's output and its padded copy were two 92 MB arrays)."""
-    conv = nn.CausalConvState(context_bcs)
-    h_bct = nn.snake_beta(x_bct, log_alpha_c, log_beta_c)
-    return nn.causal_conv1d(h_bct, w_oik, b_o, state=conv), conv.context_bct
+def snake_causal_conv(w: WeightView, act: str, conv: str, x_bct, state: ConvStates, record: Recorder = NULL_RECORDER):
+    """causal_conv(SnakeBeta(x)): the decoder's last SnakeBeta (``act``) and conv (``conv``, 96 channels -> 1).
+    A primitive: numba's twin takes SnakeBeta of each piece of time as it multiplies it into the conv's taps,
+    so that SnakeBeta's output of the signal's length is never made."""
+    x_bct = snake(w, act, x_bct, record)
+    return causal_conv(w.sub(conv), x_bct, state.sub(conv), record.scope(conv))
 
 
 # ----------------------------------------------------------------------------- the whole decoder

@@ -53,8 +53,8 @@ TWINS = {
     # refimpl/transformer.py
     "transformer_stack": transformer.transformer_stack,
     # refimpl/codec/
-    "residual_unit_push": codec_decoder.residual_unit_push,
-    "snake_causal_conv_push": codec_decoder.snake_causal_conv_push,
+    "residual_unit": codec_decoder.residual_unit,
+    "snake_causal_conv": codec_decoder.snake_causal_conv,
     "resnet_block_offline": codec_encoder.resnet_block_offline,
     "elu_causal_conv_offline": codec_encoder.elu_causal_conv_offline,
     "nearest_rows": codec_quantization.nearest_rows,

@@ -1,12 +1,15 @@
 """The twins of ``refimpl/codec/decoder.py``: the residual unit (SnakeBeta, k7 conv, SnakeBeta, 1x1 conv,
 residual) and SnakeBeta into a causal conv, each over pieces of time carried through in one thread's cache;
-the residual unit on the AMX tiles where granted."""
+the residual unit on the AMX tiles where granted.  The twins (``residual_unit``, ``snake_causal_conv``) take
+the stage's weights and streaming state and hand their arrays to one push of a signal (``residual_unit_push``,
+``snake_causal_conv_push``)."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
+from ... import nn
 from ..host_memory import new_output
 from .amx_conv import (
     _convs_take_tiles,
@@ -61,10 +64,32 @@ def _whole_rows(x_bct):
     return np.ascontiguousarray(x_bct), T
 
 
+def residual_unit(u, dilation: int, x_bct, state, record=None):
+    """``codec.decoder.residual_unit`` in one pass (``residual_unit_push``) from the unit's weights and its
+    conv1's left context (streaming; offline: zeros); the next context kept in conv1's state."""
+    conv1, conv2 = state.sub("conv1.").conv(nn.CausalConvState), state.sub("conv2.").conv(nn.CausalConvState)
+    pushed = residual_unit_push(
+        x_bct,
+        *(u["act1.alpha"], u["act1.beta"], u["conv1.conv.weight"], u["conv1.conv.bias"]),
+        *(u["act2.alpha"], u["act2.beta"], u["conv2.conv.weight"], u["conv2.conv.bias"]),
+        dilation,
+        None if conv1 is None else conv1.context_bct,
+    )
+    if pushed is NotImplemented:
+        return pushed
+    y_bct, context_bcs = pushed
+    if conv1 is not None:
+        conv1.context_bct, conv2.context_bct = context_bcs, y_bct[:, :, :0]  # a 1x1 conv keeps no samples
+    return y_bct
+
+
 def residual_unit_push(
     x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation, context_bcs=None
 ):
-    """``codec.decoder.residual_unit_push`` (float32, C -> C channels) over pieces of ``UNIT_PIECE`` time
+    """x + conv_k1(SnakeBeta_2(causal_conv_k7_dilated(SnakeBeta_1(x)))) for one push of a signal (float32,
+    C -> C channels): ``residual_unit``'s formula on plain arrays, ``context_bcs`` the k7 conv's left context
+    (the last 6 * dilation outputs of SnakeBeta_1 of the pushes before; None: zeros), returning (y, the
+    context for the next push).  Over pieces of ``UNIT_PIECE`` time
     steps, each carried through the whole unit by one thread in its core's cache: SnakeBeta of the piece
     and its left context (``context_bcs`` before the push, or zeros) straight into the stacked taps, one
     product for the k7 conv, bias + SnakeBeta, one for the k1 conv, bias + residual into the output, the
@@ -138,8 +163,27 @@ def _snake_conv_few_into(x_ct, T, t0, alpha_c, inv_beta_c, w_oik, context_cs, ro
                     out_n[j] += weight * taps_n[j]
 
 
+def snake_causal_conv(w, act: str, conv: str, x_bct, state, record=None):
+    """``codec.decoder.snake_causal_conv`` in one pass (``snake_causal_conv_push``) from the weights of the
+    SnakeBeta ``act`` and the conv ``conv`` and the conv's left context; the next context kept in its state."""
+    conv_state = state.sub(conv).conv(nn.CausalConvState)
+    pushed = snake_causal_conv_push(
+        x_bct,
+        *(w[f"{act}.alpha"], w[f"{act}.beta"], w[f"{conv}conv.weight"], w[f"{conv}conv.bias"]),
+        None if conv_state is None else conv_state.context_bct,
+    )
+    if pushed is NotImplemented:
+        return pushed
+    y_bct, context_bcs = pushed
+    if conv_state is not None:
+        conv_state.context_bct = context_bcs
+    return y_bct
+
+
 def snake_causal_conv_push(x_bct, log_alpha_c, log_beta_c, w_oik, b_o, context_bcs=None):
-    """``codec.decoder.snake_causal_conv_push`` (float32) over pieces of ``UNIT_PIECE`` time steps side by
+    """causal_conv(SnakeBeta(x)) for one push of a signal (float32), ``context_bcs`` the conv's left context
+    (the last K - 1 outputs of SnakeBeta of the pushes before; None: zeros), returning (y, the context for the
+    next push), over pieces of ``UNIT_PIECE`` time steps side by
     side: SnakeBeta of the piece and its K - 1 samples of left context, multiplied tap by tap into the few
     outputs (``_snake_conv_few_into``: up to ``PER_TAP_MAX_OUT``, the decoder's last conv), or stacked into
     the K taps for one matrix product (``_snake_taps``), + bias.  Neither SnakeBeta's full-length output

@@ -9,10 +9,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refimpl import backends as kernels
+from refimpl import nn
 from refimpl.backends import numba_cpu
 from refimpl.codec import decoder as codec_decoder
+from refimpl.io.checkpoint import WeightView
 
 from .cases import needs_tiles, within_float32_noise
+
+
+def unit_reference(x, a1, b1, w1, c1, a2, b2, w2, c2, dilation, context):
+    """``codec_decoder.residual_unit``'s reference on plain arrays, streaming from ``context``: (y, the next
+    context), as ``numba_cpu.codec_decoder.residual_unit_push`` returns them."""
+    names = ("act1.alpha", "act1.beta", "conv1.conv.weight", "conv1.conv.bias")
+    names += ("act2.alpha", "act2.beta", "conv2.conv.weight", "conv2.conv.bias")
+    u = WeightView(dict(zip(names, (a1, b1, w1, c1, a2, b2, w2, c2))))
+    convs = {"conv1": nn.CausalConvState(context), "conv2": nn.CausalConvState()}
+    y = codec_decoder.residual_unit.reference(u, dilation, x, codec_decoder.ConvStates(convs))
+    return y, convs["conv1"].context_bct
+
+
+def snake_conv_reference(x, alpha, beta, w, b, context):
+    """``codec_decoder.snake_causal_conv``'s reference on plain arrays, streaming from ``context``: (y, the
+    next context), as ``numba_cpu.codec_decoder.snake_causal_conv_push`` returns them."""
+    weights = WeightView({"act.alpha": alpha, "act.beta": beta, "conv.conv.weight": w, "conv.conv.bias": b})
+    convs = {"conv": nn.CausalConvState(context)}
+    y = codec_decoder.snake_causal_conv.reference(weights, "act", "conv.", x, codec_decoder.ConvStates(convs))
+    return y, convs["conv"].context_bct
 
 
 def _residual_unit_case(seed, B, C, T, dilation, with_context):
@@ -30,10 +52,10 @@ def _residual_unit_case(seed, B, C, T, dilation, with_context):
     context = rng.standard_normal((B, C, 6 * dilation)) if with_context else None
     context32 = None if context is None else context.astype(np.float32)
     with kernels.use_backend("numpy"):
-        ref, _ = codec_decoder.residual_unit_push(x, *args32, dilation, context32)
-        exact, _ = codec_decoder.residual_unit_push(x.astype(np.float64), *args, dilation, context)
+        ref, _ = unit_reference(x, *args32, dilation, context32)
+        exact, _ = unit_reference(x.astype(np.float64), *args, dilation, context)
     with kernels.use_backend("numba"):
-        _, kept = codec_decoder.residual_unit_push.reference(x, *args32, dilation, context32)
+        _, kept = unit_reference(x, *args32, dilation, context32)
     return x, args, args32, context, context32, ref, exact, kept
 
 
@@ -90,10 +112,10 @@ def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, wi
     context = rng.standard_normal((B, C, 6)) if with_context else None
     context32 = None if context is None else context.astype(np.float32)
     with kernels.use_backend("numpy"):
-        ref, _ = codec_decoder.snake_causal_conv_push(x, *args32, context32)
-        exact, _ = codec_decoder.snake_causal_conv_push(x.astype(np.float64), *args, context)
+        ref, _ = snake_conv_reference(x, *args32, context32)
+        exact, _ = snake_conv_reference(x.astype(np.float64), *args, context)
     with kernels.use_backend("numba"):
-        _, kept = codec_decoder.snake_causal_conv_push.reference(x, *args32, context32)
+        _, kept = snake_conv_reference(x, *args32, context32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", tile)
         got, got_context = numba_cpu.codec_decoder.snake_causal_conv_push(x, *args32, context32)
