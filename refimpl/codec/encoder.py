@@ -282,33 +282,9 @@ def elu(name: str, x_bct, record: Recorder):
 
 
 @primitive
-def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
-    """x + conv_k1(ELU(causal_conv_k3(ELU(x)))) with an identity shortcut, nothing recorded:
-    ``resnet_block``'s formula on plain arrays, the reference of the fused twin in
-    ``refimpl/backends/numba_cpu/codec_encoder.py`` (which runs it over cache-sized pieces of time)."""
-    h_bct = nn.elu(x_bct)
-    h_bct = mimi_causal_conv1d(h_bct, w1_oik, b1_o, dilation=dilation, pad_mode=pad_mode)
-    h_bct = nn.elu(h_bct)
-    h_bct = mimi_causal_conv1d(h_bct, w2_oi1, b2_o, pad_mode=pad_mode)
-    return x_bct + h_bct
-
-
-@primitive
-def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
-    """causal_conv(ELU(x)), nothing recorded: the SEANet's ELU and the (strided) conv after it on plain
-    arrays, the reference of the fused twin in ``refimpl/backends/numba_cpu/codec_encoder.py`` (which takes the ELU of
-    each piece of time as it stacks the conv's taps, so the ELU's full-length output never exists)."""
-    return mimi_causal_conv1d(nn.elu(x_bct), w_oik, b_o, stride=stride, pad_mode=pad_mode)
-
-
 def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Recorder = NULL_RECORDER):
     """x + conv_k1(ELU(conv_k3(ELU(x)))): C -> C / compress -> C (the shortcut is a 1x1 conv if configured).
-    With an identity shortcut and nothing recorded it is one call (``resnet_block_offline``)."""
-    b1, b3 = f"{p}.block.1.conv.", f"{p}.block.3.conv."
-    if not cfg.use_conv_shortcut and not record.enabled:
-        return resnet_block_offline(
-            x_bct, w[f"{b1}weight"], w.get(f"{b1}bias"), w[f"{b3}weight"], w.get(f"{b3}bias"), dilation, cfg.pad_mode
-        )
+    A primitive: numba's twin runs a block with an identity shortcut in one pass over pieces of time."""
     h = elu(f"{p}.block.0", x_bct, record)
     h = named_causal_conv(w, f"{p}.block.1", h, record, dilation=dilation, pad_mode=cfg.pad_mode)
     h = elu(f"{p}.block.2", h, record)
@@ -318,27 +294,31 @@ def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Re
     return x_bct + h
 
 
+@primitive
+def elu_causal_conv(w, cfg: EncoderConfig, a: str, p: str, stride: int, x_bct, record: Recorder = NULL_RECORDER):
+    """The ELU ``a`` and the (strided) causal conv ``p`` after it.  A primitive: numba's twin takes the ELU of
+    each piece of time as it stacks the conv's taps, so that the ELU's full-length output is never made."""
+    x_bct = elu(a, x_bct, record)
+    return named_causal_conv(w, p, x_bct, record, stride=stride, pad_mode=cfg.pad_mode)
+
+
 def seanet_encoder(w, cfg: EncoderConfig, x_bct, record: Recorder = NULL_RECORDER):
     """[B, 1, N] audio -> [B, hidden, ceil(N / hop)] at 25 Hz.  Each layer's output is recorded as
-    ``encoder.layers.{i}``.  Nothing recorded, each ELU and the conv after it are one call
-    (``elu_causal_conv_offline``)."""
-    pending_elu = False  # an ELU the next conv takes in (nothing recorded)
+    ``encoder.layers.{i}``; an ELU runs with the conv after it (``elu_causal_conv``)."""
+    elu_before = None  # the ELU layer the next conv takes in
     for kind, idx, details in seanet_layout(cfg):
         p = f"encoder.layers.{idx}"
-        if kind == "conv" and pending_elu:
-            w_oik, b_o = w[f"{p}.conv.weight"], w.get(f"{p}.conv.bias")
-            x_bct = elu_causal_conv_offline(x_bct, w_oik, b_o, details[3], cfg.pad_mode)
-            pending_elu = False
+        if kind == "elu":
+            elu_before = p
+        elif kind == "conv" and elu_before is not None:
+            x_bct = elu_causal_conv(w, cfg, elu_before, p, details[3], x_bct, record)
+            elu_before = None
         elif kind == "conv":
             x_bct = named_causal_conv(w, p, x_bct, record, stride=details[3], pad_mode=cfg.pad_mode)
-        elif kind == "resblock":
+        else:
             x_bct = resnet_block(w, cfg, p, details[1], x_bct, record)
             record(p, x_bct)
-        elif not record.enabled:
-            pending_elu = True
-        else:
-            x_bct = elu(p, x_bct, record)
-    assert not pending_elu, "the SEANet layout ends with an ELU"
+    assert elu_before is None, "the SEANet layout ends with a conv"
     return x_bct
 
 

@@ -55,8 +55,8 @@ TWINS = {
     # refimpl/codec/
     "residual_unit": codec_decoder.residual_unit,
     "snake_causal_conv": codec_decoder.snake_causal_conv,
-    "resnet_block_offline": codec_encoder.resnet_block_offline,
-    "elu_causal_conv_offline": codec_encoder.elu_causal_conv_offline,
+    "resnet_block": codec_encoder.resnet_block,
+    "elu_causal_conv": codec_encoder.elu_causal_conv,
     "nearest_rows": codec_quantization.nearest_rows,
     # refimpl/tts/speaker_encoder.py
     "tdnn_offline": speaker_encoder.tdnn_offline,

@@ -86,8 +86,25 @@ def _keep_positive_else_into(h_on, negative_on):
             h_n[j] = v if v > 0 else negative_n[j]
 
 
+def resnet_block(w, cfg, p: str, dilation: int, x_bct, record=None):
+    """``codec.encoder.resnet_block`` with an identity shortcut in one pass (``resnet_block_offline``) from
+    the block's weights; a 1x1 conv shortcut: ``NotImplemented``."""
+    if cfg.use_conv_shortcut:
+        return NotImplemented
+    b1, b3 = f"{p}.block.1.conv.", f"{p}.block.3.conv."
+    return resnet_block_offline(
+        x_bct, w[f"{b1}weight"], w.get(f"{b1}bias"), w[f"{b3}weight"], w.get(f"{b3}bias"), dilation, cfg.pad_mode
+    )
+
+
+def elu_causal_conv(w, cfg, a: str, p: str, stride: int, x_bct, record=None):
+    """``codec.encoder.elu_causal_conv`` in one pass (``elu_causal_conv_offline``) from the conv's weights."""
+    return elu_causal_conv_offline(x_bct, w[f"{p}.conv.weight"], w.get(f"{p}.conv.bias"), stride, cfg.pad_mode)
+
+
 def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
-    """``codec.encoder.resnet_block_offline`` (float32, zero padding) over pieces of time, each carried
+    """x + conv_k1(ELU(causal_conv_k3(ELU(x)))) with an identity shortcut, on plain arrays (float32, zero
+    padding; else ``NotImplemented``: the reference runs) over pieces of time, each carried
     through the whole block by one thread in its core's cache: ELU of the piece and its left context as
     its taps are stacked (``_elu_taps``), one product for the k3 conv (C -> H), bias + ELU
     (``_add_bias_and_split_into``), one for the k1 conv (H -> C), bias + residual into the output in one
@@ -121,7 +138,8 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
 
 
 def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
-    """``codec.encoder.elu_causal_conv_offline`` (float32, zero padding) over pieces of output columns, each
+    """causal_conv(ELU(x)) on plain arrays (float32, zero padding; else ``NotImplemented``) over pieces of
+    output columns, each
     one thread's: the ELU of the input span the piece reads (zeros in the causal padding, where the
     reference pads the ELU's output with zeros), its K taps stacked with the stride as the ELU is taken
     (``_elu_taps``), one matrix product, + bias.  The ELU is ``elu``'s own operations (the same bits as the

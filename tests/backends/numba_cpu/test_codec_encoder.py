@@ -3,6 +3,8 @@ references, in pieces and on the AMX tiles."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,6 +18,22 @@ from refimpl.codec import encoder as codec_encoder
 from .cases import needs_tiles, within_float32_noise
 
 
+def block_reference(x, w1, b1, w2, b2, dilation, pad_mode):
+    """``codec_encoder.resnet_block``'s reference (identity shortcut) on plain arrays, as
+    ``numba_cpu.codec_encoder.resnet_block_offline`` takes them."""
+    w = {"b.block.1.conv.weight": w1, "b.block.1.conv.bias": b1, "b.block.3.conv.weight": w2, "b.block.3.conv.bias": b2}
+    cfg = types.SimpleNamespace(use_conv_shortcut=False, pad_mode=pad_mode)
+    return codec_encoder.resnet_block.reference({k: v for k, v in w.items() if v is not None}, cfg, "b", dilation, x)
+
+
+def elu_conv_reference(x, w_oik, b_o, stride, pad_mode):
+    """``codec_encoder.elu_causal_conv``'s reference on plain arrays, as
+    ``numba_cpu.codec_encoder.elu_causal_conv_offline`` takes them."""
+    w = {"c.conv.weight": w_oik} | ({} if b_o is None else {"c.conv.bias": b_o})
+    cfg = types.SimpleNamespace(pad_mode=pad_mode)
+    return codec_encoder.elu_causal_conv.reference(w, cfg, "a", "c", stride, x)
+
+
 def _resnet_block_case(seed, B, C, H, T, dilation):
     """A random encoder block's input, float32 arguments and the reference's float32 and float64 outputs."""
     rng = np.random.default_rng(seed)
@@ -24,8 +42,8 @@ def _resnet_block_case(seed, B, C, H, T, dilation):
     args += (rng.standard_normal((C, H, 1)) / np.sqrt(H), rng.standard_normal(C) * 0.1)
     args32 = [a.astype(np.float32) for a in args]
     with kernels.use_backend("numpy"):
-        ref = codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
-        exact = codec_encoder.resnet_block_offline(x.astype(np.float64), *args, dilation, "constant")
+        ref = block_reference(x, *args32, dilation, "constant")
+        exact = block_reference(x.astype(np.float64), *args, dilation, "constant")
     return x, args32, ref, exact
 
 
@@ -50,7 +68,7 @@ def test_resnet_block_twin_equals_reference(B, C, H, T, dilation, seed):
     assert within_float32_noise(got, ref, exact)
     x[0, 0, T // 2] = np.nan  # spoils the conv's outputs around it, through both ELUs: the same ones on both sides
     with kernels.use_backend("numpy"):
-        nan_ref = np.isnan(codec_encoder.resnet_block_offline(x, *args32, dilation, "constant"))
+        nan_ref = np.isnan(block_reference(x, *args32, dilation, "constant"))
     np.testing.assert_array_equal(
         np.isnan(numba_cpu.codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")), nan_ref
     )
@@ -83,8 +101,8 @@ def test_elu_causal_conv_twin_equals_reference(B, C, O, kernel_stride, T, with_b
     b = rng.standard_normal(O) * 0.1 if with_bias else None
     w32, b32 = w.astype(np.float32), None if b is None else b.astype(np.float32)
     with kernels.use_backend("numpy"):
-        ref = codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
-        exact = codec_encoder.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant")
+        ref = elu_conv_reference(x, w32, b32, stride, "constant")
+        exact = elu_conv_reference(x.astype(np.float64), w, b, stride, "constant")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.codec_encoder, "CONV_PIECE_BYTES", 1)
         got = numba_cpu.codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
@@ -155,9 +173,9 @@ def test_elu_causal_conv_on_tiles_equals_reference(C, O, kernel_stride, T, with_
     x_nan = x.copy()
     x_nan[0, 0, T // 2] = np.nan
     with kernels.use_backend("numpy"):
-        ref = codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
-        exact = codec_encoder.elu_causal_conv_offline(x.astype(np.float64), w, b, stride, "constant")
-        nan_ref = np.isnan(codec_encoder.elu_causal_conv_offline(x_nan, w32, b32, stride, "constant"))
+        ref = elu_conv_reference(x, w32, b32, stride, "constant")
+        exact = elu_conv_reference(x.astype(np.float64), w, b, stride, "constant")
+        nan_ref = np.isnan(elu_conv_reference(x_nan, w32, b32, stride, "constant"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
         mp.setattr(numba_cpu.codec_encoder, "BLOCK_TILE_VALUES", piece * C * stride)
@@ -199,5 +217,5 @@ def test_resnet_block_on_tiles_equals_reference(C, T, dilation, piece, seed):
     assert within_float32_noise(got, ref, exact)
     assert T < 4 or not np.array_equal(got, blas)
     with kernels.use_backend("numpy"):
-        nan_ref = np.isnan(codec_encoder.resnet_block_offline(x_nan, *args32, dilation, "constant"))
+        nan_ref = np.isnan(block_reference(x_nan, *args32, dilation, "constant"))
     np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
