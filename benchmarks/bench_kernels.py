@@ -97,7 +97,7 @@ def main() -> None:
 def tdnn_tile_rates(rng, repeats: int) -> None:
     """The speaker encoder's products over 10 s (937 frames) with bf16 weights, as released: each TDNN shape
     and a Res2Net (7 groups of 64 x 64 x 3) through the twins on the AMX tiles (``_tdnn_into``,
-    ``res2net_offline``) against the same twins on OpenBLAS (``USE_TILES`` off), in ms and GFLOP/s of float32
+    ``res2net``) against the same twins on OpenBLAS (``USE_TILES`` off), in ms and GFLOP/s of float32
     products, alternating."""
     if not numba_cpu.amx.USE_TILES:
         print("speaker encoder on the tiles: no tiles here (its TDNNs run on OpenBLAS)")
@@ -118,7 +118,7 @@ def tdnn_tile_rates(rng, repeats: int) -> None:
     w_j = tuple(bf16_weight((64, 64, 3)) for _ in range(7))
     b_j = tuple(np.zeros(64, np.float32) for _ in range(7))
     x_res = rng.standard_normal((1, 512, T)).astype(np.float32)
-    run = lambda: numba_cpu.speaker_encoder.res2net_offline(x_res, w_j, b_j, 2)  # noqa: E731
+    run = lambda: numba_cpu.speaker_encoder.res2net(x_res, w_j, b_j, 2)  # noqa: E731
     cases.append(("Res2Net 7 x (64 x 64 x 3)", 7 * 2 * 64 * 64 * 3 * T, run))
     for name, flops, run in cases:
         times = {}

@@ -55,6 +55,12 @@ class Recorder:
         if self.store is not None:
             self.store[self.prefix + name] = _on_host(value)
 
+    def lazy(self, name: str, make) -> None:
+        """Record ``make()`` under ``name``, calling it only when recording: a tensor only a trace needs (the
+        math makes something cheaper in its place)."""
+        if self.store is not None:
+            self.store[self.prefix + name] = _on_host(make())
+
     def extra(self, name: str, value) -> None:
         """Record a tensor that no official module outputs (a residual, a margin, a mask...) under the
         separate namespace ``refimpl.`` + the full name."""

@@ -211,55 +211,35 @@ def relu(x):
 
 
 @primitive
-def tdnn_offline(x_bct, w_oik, b_o, dilation):
-    """ReLU(reflect-"same" conv(x)), nothing recorded: ``tdnn``'s formula on plain arrays, the reference of
-    the fused twin in ``refimpl/backends/numba_cpu/speaker_encoder.py`` (the reflected taps read in place, one product,
-    bias and ReLU in one pass)."""
-    return relu(reflect_same_conv1d(x_bct, w_oik, b_o, dilation))
-
-
-def tdnn(w, p, x_bct, dilation: int = 1, record: Recorder = NULL_RECORDER):
-    """TDNN block: ReLU(reflect-"same" conv).  Records ``{p}.conv`` and ``{p}`` (the official name of the
-    same tensor, ``{p}.activation``, is added by ``refimpl.porting.names``); nothing recorded, one call
-    (``tdnn_offline``)."""
-    if not record.enabled:
-        return tdnn_offline(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation)
-    h = reflect_same_conv1d(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation)
-    record(f"{p}.conv", h)
+def tdnn(x_bct, w_oik, b_o, dilation: int, record: Recorder = NULL_RECORDER):
+    """TDNN block: ReLU(reflect-"same" conv).  ``record`` scoped to the block (``blocks.0.``) receives ``conv``
+    and the block's output (the official name of the same tensor, ``{p}.activation``, is added by
+    ``refimpl.porting.names``).  A primitive: numba's twin reads the reflected taps in place and adds the bias
+    and takes the ReLU in one pass."""
+    h = reflect_same_conv1d(x_bct, w_oik, b_o, dilation)
+    record("conv", h)
     h = relu(h)
-    record(p, h)
+    record.output(h)
     return h
 
 
-def res2net(w, p, x_bct, scale: int, dilation: int, record: Recorder = NULL_RECORDER):
-    """Res2Net: split the channels into ``scale`` groups; group 0 passes through, group 1 goes
-    through its TDNN, and each later group j goes through its TDNN after adding the output of
-    group j - 1 (a cascade that widens the receptive field); the outputs are concatenated.  Nothing
-    recorded, one call (``res2net_offline``)."""
-    if not record.enabled:
-        names = [f"{p}.blocks.{j}.conv" for j in range(scale - 1)]
-        weights = tuple(w[f"{n}.weight"] for n in names)
-        return res2net_offline(x_bct, weights, tuple(w[f"{n}.bias"] for n in names), dilation)
-    groups = np.split(x_bct, scale, axis=1)
-    outputs = [groups[0]]
-    previous = None
-    for j in range(1, scale):
-        inp = groups[j] if previous is None else groups[j] + previous
-        previous = tdnn(w, f"{p}.blocks.{j - 1}", inp, dilation, record)
-        outputs.append(previous)
-    return np.concatenate(outputs, axis=1)
+def tdnn_block(w, p: str, x_bct, dilation: int, record: Recorder):
+    """The TDNN ``p`` of the checkpoint (``{p}.conv.weight``, ``{p}.conv.bias``), recorded under ``p``."""
+    return tdnn(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation, record.scope(f"{p}."))
 
 
 @primitive
-def res2net_offline(x_bct, w_joik, b_jo, dilation):
-    """``res2net``'s formula on plain arrays, nothing recorded: ``len(w_joik) + 1`` groups of channels, the
-    weights and biases of the TDNNs of groups 1, 2, ... in order; the reference of the twin in
-    ``backends/numba_cpu/speaker_encoder.py`` (each TDNN's output written in place in the concatenated output)."""
+def res2net(x_bct, w_joik, b_jo, dilation: int, record: Recorder = NULL_RECORDER):
+    """Res2Net: split the channels into ``len(w_joik) + 1`` groups; group 0 passes through, group 1 goes
+    through its TDNN, and each later group j goes through its TDNN after adding the output of group j - 1 (a
+    cascade that widens the receptive field); the outputs are concatenated.  ``w_joik``, ``b_jo``: the
+    weights and biases of the TDNNs of groups 1, 2, ... in order, recorded as ``blocks.{j - 1}``.  A
+    primitive: numba's twin writes each TDNN's output in place in the concatenated output."""
     groups = np.split(x_bct, len(w_joik) + 1, axis=1)
     outputs = [groups[0]]
     for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo), start=1):
         inp = groups[j] if j == 1 else groups[j] + outputs[-1]
-        outputs.append(tdnn_offline(inp, w_oik, b_o, dilation))
+        outputs.append(tdnn(inp, w_oik, b_o, dilation, record.scope(f"blocks.{j - 1}.")))
     return np.concatenate(outputs, axis=1)
 
 
@@ -279,25 +259,25 @@ def squeeze_excitation_gates(w, p, x_bct, record: Recorder = NULL_RECORDER):
 
 
 @primitive
-def gated_residual(h_bct, gates_bc1, x_bct):
-    """h * gates + x: the squeeze-excitation's output plus the block's input (two fresh arrays here; the
-    twin's one pass rounds the product and the sum as these two steps do: the same bits)."""
-    return h_bct * gates_bc1 + x_bct
+def gated_residual(h_bct, gates_bc1, x_bct, record: Recorder = NULL_RECORDER):
+    """h * gates + x: the squeeze-excitation's output (recorded as ``se_block``) plus the block's input.  A
+    primitive: numba's twin is one pass, rounding the product and the sum as these two steps do."""
+    h_bct = h_bct * gates_bc1
+    record("se_block", h_bct)
+    return h_bct + x_bct
 
 
 def se_res2net_block(w, cfg: SpeakerEncoderConfig, i: int, x_bct, record):
     """TDNN k1 -> Res2Net (kernel k_i, dilation d_i) -> TDNN k1 -> squeeze-excitation, + x."""
     p = f"blocks.{i}"
-    h = tdnn(w, f"{p}.tdnn1", x_bct, record=record)
-    h = res2net(w, f"{p}.res2net_block", h, cfg.enc_res2net_scale, cfg.enc_dilations[i], record)
+    h = tdnn_block(w, f"{p}.tdnn1", x_bct, 1, record)
+    convs = [f"{p}.res2net_block.blocks.{j}.conv" for j in range(cfg.enc_res2net_scale - 1)]
+    weights, biases = tuple(w[f"{c}.weight"] for c in convs), tuple(w[f"{c}.bias"] for c in convs)
+    h = res2net(h, weights, biases, cfg.enc_dilations[i], record.scope(f"{p}.res2net_block."))
     record(f"{p}.res2net_block", h)
-    h = tdnn(w, f"{p}.tdnn2", h, record=record)
+    h = tdnn_block(w, f"{p}.tdnn2", h, 1, record)
     gates_bc1 = squeeze_excitation_gates(w, f"{p}.se_block", h, record)
-    if not record.enabled:  # the squeeze-excitation and the residual in one call
-        return gated_residual(h, gates_bc1, x_bct)
-    h = h * gates_bc1
-    record(f"{p}.se_block", h)
-    return h + x_bct
+    return gated_residual(h, gates_bc1, x_bct, record.scope(f"{p}."))
 
 
 @primitive
@@ -310,10 +290,19 @@ def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
 
 
 @primitive
-def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12):
-    """``mean_and_std`` of x with the weights softmax(logits) over time: the attentive pooling's statistics
-    from its logits, nothing recorded (the twin never makes the weights)."""
-    return mean_and_std(x_bct, nn.softmax(logits_bct, axis=2), eps)
+def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record: Recorder = NULL_RECORDER):
+    """``mean_and_std`` of x with the weights softmax(logits) over time (recorded as ``asp.weights``): the
+    attentive pooling's statistics from its logits.  A primitive: numba's twin never makes the weights."""
+    weights_bct = nn.softmax(logits_bct, axis=2)
+    record("asp.weights", weights_bct)
+    return mean_and_std(x_bct, weights_bct, eps)
+
+
+def asp_context(x_bct, mean_bc, std_bc):
+    """[x; mean; std] [B, 3C, T], the statistics repeated at every frame: the input of the official's TDNN."""
+    T = x_bct.shape[-1]
+    repeated = [np.repeat(mean_bc[:, :, None], T, axis=2), np.repeat(std_bc[:, :, None], T, axis=2)]
+    return np.concatenate([x_bct, *repeated], axis=1)
 
 
 def attentive_statistics_pooling(w, x_bct, record):
@@ -322,9 +311,7 @@ def attentive_statistics_pooling(w, x_bct, record):
     B, C, T = x_bct.shape
     uniform_bct = nn.module_of(x_bct).full((B, 1, T), 1.0 / T, dtype=x_bct.dtype)
     mean_bc, std_bc = mean_and_std(x_bct, uniform_bct)
-    if record.enabled:  # the TDNN's input as the official builds it: [x; mean; std], the statistics at every frame
-        repeated = [np.repeat(mean_bc[:, :, None], T, axis=2), np.repeat(std_bc[:, :, None], T, axis=2)]
-        record("asp.context", np.concatenate([x_bct, *repeated], axis=1))
+    record.lazy("asp.context", lambda: asp_context(x_bct, mean_bc, std_bc))  # the TDNN's input as the official's
     # The TDNN's conv (k1) on that context, regrouped: W [x; m; s] + b = W_x x + (W_m m + W_s s + b).  The
     # statistics' share is a bias per row, so the 3C x T context (17 MB for 10 s) is never made.
     w_a3c = w["asp.tdnn.conv.weight"][:, :, 0]
@@ -337,12 +324,7 @@ def attentive_statistics_pooling(w, x_bct, record):
     record("asp.tanh", h)
     logits_bct = nn.conv1d(h, w["asp.conv.weight"], w["asp.conv.bias"])
     record("asp.conv", logits_bct)
-    if record.enabled:
-        weights_bct = nn.softmax(logits_bct, axis=2)
-        record("asp.weights", weights_bct)
-        mean_bc, std_bc = mean_and_std(x_bct, weights_bct)
-    else:
-        mean_bc, std_bc = softmax_mean_and_std(x_bct, logits_bct)
+    mean_bc, std_bc = softmax_mean_and_std(x_bct, logits_bct, record=record)
     pooled = np.concatenate([mean_bc, std_bc], axis=1)[:, :, None]
     record("asp", pooled)
     return pooled
@@ -354,13 +336,13 @@ def encode_mels(w, cfg: SpeakerEncoderConfig, mels_btm, trace=None):
     If ``trace`` is a dict (or a ``Recorder``), the output of every stage (see ``STAGES``) is stored in it."""
     record = as_recorder(trace)
     x_bct = np.swapaxes(mels_btm, 1, 2)
-    x_bct = tdnn(w, "blocks.0", x_bct, cfg.enc_dilations[0], record)
+    x_bct = tdnn_block(w, "blocks.0", x_bct, cfg.enc_dilations[0], record)
     block_outputs = []
     for i in range(1, len(cfg.enc_channels) - 1):
         x_bct = se_res2net_block(w, cfg, i, x_bct, record)
         record(f"blocks.{i}", x_bct)
         block_outputs.append(x_bct)
-    x_bct = tdnn(w, "mfa", np.concatenate(block_outputs, axis=1), cfg.enc_dilations[-1], record)
+    x_bct = tdnn_block(w, "mfa", np.concatenate(block_outputs, axis=1), cfg.enc_dilations[-1], record)
     pooled_bc1 = attentive_statistics_pooling(w, x_bct, record)
     xvec_bd1 = nn.conv1d(pooled_bc1, w["fc.weight"], w["fc.bias"])
     record("fc", xvec_bd1)

@@ -59,8 +59,8 @@ TWINS = {
     "elu_causal_conv": codec_encoder.elu_causal_conv,
     "nearest_rows": codec_quantization.nearest_rows,
     # refimpl/tts/speaker_encoder.py
-    "tdnn_offline": speaker_encoder.tdnn_offline,
-    "res2net_offline": speaker_encoder.res2net_offline,
+    "tdnn": speaker_encoder.tdnn,
+    "res2net": speaker_encoder.res2net,
     "gated_residual": speaker_encoder.gated_residual,
     "mean_and_std": speaker_encoder.mean_and_std,
     "softmax_mean_and_std": speaker_encoder.softmax_mean_and_std,

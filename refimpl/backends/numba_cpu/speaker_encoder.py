@@ -73,8 +73,8 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
     )
 
 
-def tdnn_offline(x_bct, w_oik, b_o, dilation):
-    """``tts.speaker_encoder.tdnn_offline`` (float32): ``_tdnn_into`` for each item, where the reference pads
+def tdnn(x_bct, w_oik, b_o, dilation: int, record=None):
+    """``tts.speaker_encoder.tdnn`` (float32): ``_tdnn_into`` for each item, where the reference pads
     a copy of x and adds the bias and takes the ReLU as two more passes, each a fresh array."""
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
@@ -97,8 +97,8 @@ def _res2net_tiles(w_joik, T):
     return None if any(t is None for t in tiles_j) else tiles_j
 
 
-def res2net_offline(x_bct, w_joik, b_jo, dilation):
-    """``tts.speaker_encoder.res2net_offline`` (float32): each group's TDNN written in place in the
+def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
+    """``tts.speaker_encoder.res2net`` (float32): each group's TDNN written in place in the
     concatenated output (its rows of channels are a contiguous block of it), the sum with the previous
     group's output taken into one small buffer; group 0 copied, where the reference splits, adds into a
     fresh array, makes a TDNN's output and concatenates them all again (for the released encoder's small
@@ -148,7 +148,7 @@ def _gated_residual_rows(h_ct, gates_c, x_ct, out_ct):
             out_t[t] = h_t[t] * gate + x_t[t]
 
 
-def gated_residual(h_bct, gates_bc1, x_bct):
+def gated_residual(h_bct, gates_bc1, x_bct, record=None):
     """``tts.speaker_encoder.gated_residual`` (float32): one pass into one output where the reference makes
     two arrays."""
     arrays = (h_bct, gates_bc1, x_bct)
@@ -243,7 +243,7 @@ def _softmax_mean_and_std_rows(x_ct, l_ct, m_c, eps, mean_c, std_c):
         std_c[c] = np.sqrt(eps) if variance < eps else np.sqrt(variance)  # (NaN stays NaN)
 
 
-def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12):
+def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record=None):
     """``tts.speaker_encoder.softmax_mean_and_std`` (float32): the softmax's weights never made (the
     reference's [B, C, T] weights, and mean_and_std's four temporaries): each row's maximum by NumPy, then
     per row exp(l - max) into a row buffer, its sum and the two weighted sums, rows of channels side by
@@ -309,7 +309,7 @@ TILE_RES2NET_MIN_STEPS = 128
 
 @numba.njit(cache=True, nogil=True)
 def _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, a, b, out_ct):
-    """``res2net_offline``'s output steps a <= t < b of one item [C, T], all its groups on this thread: group 0
+    """``res2net``'s output steps a <= t < b of one item [C, T], all its groups on this thread: group 0
     copied; group j's TDNN (``_taps_blocks_on_tiles``, k3, reflect padding) on x_j + y_(j-1) over the steps
     its successors need (the range widened by the dilation once per later group), so that the cascade needs
     nothing of another thread's range.  Each step's sums see its own row alone: the same bits as the

@@ -37,15 +37,15 @@ def test_tdnn_twin_reads_the_reflected_taps_of_the_reference(B, C, O, K, dilatio
     x = rng.standard_normal((B, C, T)).astype(np.float32)
     w = rng.standard_normal((O, C, K)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
-    ref = speaker_encoder.tdnn_offline.reference(x, w, b, dilation)
-    got = numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)
+    ref = speaker_encoder.tdnn.reference(x, w, b, dilation)
+    got = numba_cpu.speaker_encoder.tdnn(x, w, b, dilation)
     assert got.shape == ref.shape == (B, O, T) and got.dtype == np.float32
     padded = np.pad(np.abs(x).astype(np.float64), ((0, 0), (0, 0), (left, right)), mode="reflect")
     abs_sum = nn.conv1d.reference(padded, np.abs(w).astype(np.float64), np.abs(b).astype(np.float64), dilation=dilation)
     assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
     x[0, 0, T // 2] = np.nan
-    nan_ref = np.isnan(speaker_encoder.tdnn_offline.reference(x, w, b, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)), nan_ref)
+    nan_ref = np.isnan(speaker_encoder.tdnn.reference(x, w, b, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.tdnn(x, w, b, dilation)), nan_ref)
     assert nan_ref.any()
 
 
@@ -53,14 +53,11 @@ def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     x = np.zeros((1, 3, 2), np.float32)
     w = np.zeros((2, 3, 5), np.float32)
     assert (
-        numba_cpu.speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1) is NotImplemented
+        numba_cpu.speaker_encoder.tdnn(x, w, np.zeros(2, np.float32), 1) is NotImplemented
     )  # 2 frames, a padding of 2
-    assert (
-        numba_cpu.speaker_encoder.tdnn_offline(x.astype(np.float64), w.astype(np.float64), np.zeros(2), 1)
-        is NotImplemented
-    )
+    assert numba_cpu.speaker_encoder.tdnn(x.astype(np.float64), w.astype(np.float64), np.zeros(2), 1) is NotImplemented
     with pytest.raises(ValueError, match="too few for a reflect padding"):
-        speaker_encoder.tdnn_offline(x, w, np.zeros(2, np.float32), 1)  # the reference's error
+        speaker_encoder.tdnn(x, w, np.zeros(2, np.float32), 1)  # the reference's error
 
 
 @needs_tiles
@@ -79,7 +76,7 @@ def test_tdnn_on_the_tiles_is_the_tile_kernel_of_its_stacked_taps(O, C, K, dilat
     w = bf16_values(rng, (O, C, K))
     w.flags.writeable = False
     b = rng.standard_normal(O).astype(np.float32)
-    got = numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)
+    got = numba_cpu.speaker_encoder.tdnn(x, w, b, dilation)
     left, right = speaker_encoder.same_padding(K, dilation)
     padded = np.pad(x[0], ((0, 0), (left, right)), mode="reflect")
     stacked = np.stack([padded[:, k * dilation : k * dilation + T] for k in range(K)], axis=1)  # [C, K, T]
@@ -88,15 +85,15 @@ def test_tdnn_on_the_tiles_is_the_tile_kernel_of_its_stacked_taps(O, C, K, dilat
     numba_cpu.amx._tile_bf16_times(rows, float32_to_bf16_bits(w.reshape(O, C * K)), sums, 2)
     with_bias = sums.T + b[:, None]
     np.testing.assert_array_equal(got[0], np.where(with_bias <= 0, np.float32(0), with_bias))
-    ref = speaker_encoder.tdnn_offline.reference(x, w, b, dilation)
+    ref = speaker_encoder.tdnn.reference(x, w, b, dilation)
     abs_sum = np.abs(w.reshape(O, C * K)).astype(np.float64) @ np.abs(rows.T) + np.abs(b)[:, None]
     assert np.all(np.abs(got[0].astype(np.float64) - ref[0]) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
     monkeypatch.setattr(numba_cpu.amx, "USE_TILES", False)
-    assert not np.array_equal(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation), got)
+    assert not np.array_equal(numba_cpu.speaker_encoder.tdnn(x, w, b, dilation), got)
     monkeypatch.setattr(numba_cpu.amx, "USE_TILES", True)
     x[0, 0, T // 2] = np.nan
-    nan_ref = np.isnan(speaker_encoder.tdnn_offline.reference(x, w, b, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.tdnn_offline(x, w, b, dilation)), nan_ref)
+    nan_ref = np.isnan(speaker_encoder.tdnn.reference(x, w, b, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.tdnn(x, w, b, dilation)), nan_ref)
     assert nan_ref.any()
 
 
@@ -122,10 +119,10 @@ def test_res2net_twin_writes_each_group_where_the_reference_concatenates_it(B, g
         (rng.standard_normal((width, width, K)) / np.sqrt(width * K)).astype(np.float32) for _ in range(groups - 1)
     )
     bs = tuple(rng.standard_normal(width).astype(np.float32) for _ in range(groups - 1))
-    got = numba_cpu.speaker_encoder.res2net_offline(x, ws, bs, dilation)
+    got = numba_cpu.speaker_encoder.res2net(x, ws, bs, dilation)
     with kernels.use_backend("numpy"):
-        ref = speaker_encoder.res2net_offline.reference(x, ws, bs, dilation)
-    exact = speaker_encoder.res2net_offline.reference(
+        ref = speaker_encoder.res2net.reference(x, ws, bs, dilation)
+    exact = speaker_encoder.res2net.reference(
         x.astype(np.float64), tuple(w.astype(np.float64) for w in ws), tuple(b.astype(np.float64) for b in bs), dilation
     )
     assert got.shape == ref.shape == x.shape and got.dtype == np.float32
@@ -134,12 +131,12 @@ def test_res2net_twin_writes_each_group_where_the_reference_concatenates_it(B, g
     group_by_group = [x[:, :width]]
     for j in range(1, groups):
         inp = x[:, j * width : (j + 1) * width] + (group_by_group[-1] if j > 1 else 0)
-        group_by_group.append(numba_cpu.speaker_encoder.tdnn_offline(inp, ws[j - 1], bs[j - 1], dilation))
+        group_by_group.append(numba_cpu.speaker_encoder.tdnn(inp, ws[j - 1], bs[j - 1], dilation))
     np.testing.assert_array_equal(got, np.concatenate(group_by_group, axis=1))
     x[0, width, T // 2] = np.nan  # in group 1: it spoils every later group through the cascade
     with kernels.use_backend("numpy"):
-        nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, ws, bs, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net_offline(x, ws, bs, dilation)), nan_ref)
+        nan_ref = np.isnan(speaker_encoder.res2net.reference(x, ws, bs, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net(x, ws, bs, dilation)), nan_ref)
     assert nan_ref.any()
 
 
@@ -231,7 +228,7 @@ def test_res2net_on_the_tiles_is_its_groups_tdnns_on_the_tiles(dilation, T, monk
         w.flags.writeable = False
     b_j = tuple(rng.standard_normal(G).astype(np.float32) for _ in range(groups - 1))
     x = rng.standard_normal((1, groups * G, T)).astype(np.float32)
-    got = numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation)
+    got = numba_cpu.speaker_encoder.res2net(x, w_j, b_j, dilation)
     whole = np.empty_like(got[0])
     tiles_j = numba_cpu.speaker_encoder._res2net_tiles(w_j, T)
     numba_cpu.speaker_encoder._res2net_range_on_tiles(x[0], tiles_j, b_j, dilation, 0, T, whole)
@@ -240,14 +237,14 @@ def test_res2net_on_the_tiles_is_its_groups_tdnns_on_the_tiles(dilation, T, monk
     with monkeypatch.context() as mp:  # the groups one by one, each TDNN on the tiles
         mp.setattr(numba_cpu.speaker_encoder, "TILE_TDNN_MIN_OUT", 32)
         mp.setattr(numba_cpu.speaker_encoder, "_res2net_tiles", lambda w_joik, T: None)
-        np.testing.assert_array_equal(numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation), got)
-    ref = speaker_encoder.res2net_offline.reference(x, w_j, b_j, dilation)
+        np.testing.assert_array_equal(numba_cpu.speaker_encoder.res2net(x, w_j, b_j, dilation), got)
+    ref = speaker_encoder.res2net.reference(x, w_j, b_j, dilation)
     as64 = [tuple(a.astype(np.float64) for a in arrays) for arrays in (w_j, b_j)]
-    exact = speaker_encoder.res2net_offline.reference(x.astype(np.float64), *as64, dilation)
+    exact = speaker_encoder.res2net.reference(x.astype(np.float64), *as64, dilation)
     assert within_float32_noise(got, ref, exact)
     x[0, 3 * G, T // 2] = np.nan
-    nan_ref = np.isnan(speaker_encoder.res2net_offline.reference(x, w_j, b_j, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net_offline(x, w_j, b_j, dilation)), nan_ref)
+    nan_ref = np.isnan(speaker_encoder.res2net.reference(x, w_j, b_j, dilation))
+    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net(x, w_j, b_j, dilation)), nan_ref)
     assert nan_ref.any()
 
 
@@ -255,13 +252,11 @@ def test_res2net_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     x = np.zeros((1, 4, 2), np.float32)
     w = (np.zeros((2, 2, 5), np.float32),)
     b = (np.zeros(2, np.float32),)
-    assert numba_cpu.speaker_encoder.res2net_offline(x, w, b, 1) is NotImplemented  # 2 frames, a padding of 2
-    assert (
-        numba_cpu.speaker_encoder.res2net_offline(np.zeros((1, 5, 9), np.float32), w, b, 1) is NotImplemented
-    )  # 5 / 2 groups
-    assert numba_cpu.speaker_encoder.res2net_offline(x.astype(np.float64), w, b, 1) is NotImplemented
+    assert numba_cpu.speaker_encoder.res2net(x, w, b, 1) is NotImplemented  # 2 frames, a padding of 2
+    assert numba_cpu.speaker_encoder.res2net(np.zeros((1, 5, 9), np.float32), w, b, 1) is NotImplemented  # 5 / 2 groups
+    assert numba_cpu.speaker_encoder.res2net(x.astype(np.float64), w, b, 1) is NotImplemented
     with pytest.raises(ValueError, match="too few for a reflect padding"):
-        speaker_encoder.res2net_offline(x, w, b, 1)  # the reference's error
+        speaker_encoder.res2net(x, w, b, 1)  # the reference's error
 
 
 @settings(max_examples=60, deadline=None)

@@ -17,13 +17,13 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
         *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
         *("transformer_stack", "residual_unit", "resnet_block"),
         *("elu_causal_conv",),
-        *("snake_causal_conv", "softmax", "tdnn_offline", "res2net_offline", "mean_and_std", "nearest_rows"),
+        *("snake_causal_conv", "softmax", "tdnn", "res2net", "mean_and_std", "nearest_rows"),
         *("softmax_mean_and_std", "gated_residual", "spectral_magnitude", "attention", "rms_norm"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # transformer_stack is the transformer's stage, residual_unit and snake_causal_conv the
         # codec decoder's, resnet_block and elu_causal_conv the codec encoder's,
-        # tdnn_offline, res2net_offline, mean_and_std, softmax_mean_and_std, gated_residual and
+        # tdnn, res2net, mean_and_std, softmax_mean_and_std, gated_residual and
         # spectral_magnitude the speaker encoder's, nearest_rows the codec's quantizer's
         stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder, quantization)
         reference = next(getattr(m, name) for m in stages if hasattr(m, name))
