@@ -192,9 +192,9 @@ def decoder_pieces_gflops(repeats: int) -> None:
         args += [(rng.standard_normal((C, C, 1)) / np.sqrt(C)).astype(np.float32), np.zeros(C, np.float32)]
         flops = 2 * C * C * 8 * T
         names = ("act1.alpha", "act1.beta", "conv1.conv.weight", "conv1.conv.bias")
-        unit = WeightView(dict(zip(names + tuple(n.replace("1", "2") for n in names), args)))
-        t_parts = best(lambda: decoder.residual_unit.reference(unit, 3, x, decoder.OFFLINE), repeats)
-        t_fused = best(lambda: numba_cpu.codec_decoder.residual_unit_push(x, *args, 3), repeats)
+        unit = WeightView(dict(zip(names + tuple(n.replace("1", "2") for n in names), args, strict=True)))
+        t_parts = best(lambda unit=unit, x=x: decoder.residual_unit.reference(unit, 3, x, decoder.OFFLINE), repeats)
+        t_fused = best(lambda x=x, args=args: numba_cpu.codec_decoder.residual_unit_push(x, *args, 3), repeats)
         print(
             f"residual unit C={C} T={T}: primitive by primitive {flops / t_parts / 1e9:.0f} GFLOP/s "
             f"({1e3 * t_parts:.0f} ms), fused {flops / t_fused / 1e9:.0f} GFLOP/s ({1e3 * t_fused:.0f} ms)"

@@ -134,7 +134,7 @@ def linears(x, weights, biases=None):
     """Several linear maps of the same input: (linear(x, W_1, b_1), linear(x, W_2, b_2), ...); ``biases``
     None or one bias (or None) per weight.  (A twin may compute them in one pass over the weights.)"""
     biases = (None,) * len(weights) if biases is None else biases
-    return tuple(linear(x, w, b) for w, b in zip(weights, biases))
+    return tuple(linear(x, w, b) for w, b in zip(weights, biases, strict=True))
 
 
 @primitive
@@ -169,7 +169,7 @@ def check_conv1d_shapes(x_bct, w_oik, stride: int, dilation: int, groups: int) -
     if stride < 1 or dilation < 1:
         raise ValueError(f"conv1d: stride {stride} and dilation {dilation} must be positive")
     span = dilation * (K - 1) + 1
-    if T < span:
+    if span > T:
         raise ValueError(f"conv1d: input length {T} is shorter than the kernel span {span}")
 
 

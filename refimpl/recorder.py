@@ -72,13 +72,13 @@ class Recorder:
         if self.store is not None:
             self.store[self.prefix.rstrip(".")] = _on_host(value)
 
-    def extra_scope(self, prefix: str) -> "Recorder":
+    def extra_scope(self, prefix: str) -> Recorder:
         """A recorder whose names all go to the ``refimpl.`` namespace: ``refimpl.`` + this prefix + prefix."""
         if self.store is None:
             return self
         return Recorder(self.store, EXTRA_PREFIX + self.prefix + prefix, self.attention)
 
-    def scope(self, prefix: str) -> "Recorder":
+    def scope(self, prefix: str) -> Recorder:
         """A recorder into the same store whose names start with ``prefix`` (after this one's)."""
         if self.store is None:
             return self
@@ -120,7 +120,7 @@ class CallLog(dict):
 
     def named(self) -> list:
         """[(key, value)] in call order, with ``:N`` appended to every call of a name called more than once."""
-        return list(zip(call_names([n for n, _ in self.calls]), (v for _, v in self.calls)))
+        return list(zip(call_names([n for n, _ in self.calls]), (v for _, v in self.calls), strict=True))
 
 
 def call_names(names: list) -> list:

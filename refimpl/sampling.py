@@ -286,7 +286,7 @@ def checked_uniforms(replay) -> np.ndarray:
     return arr
 
 
-def choose(scores_bv, sample: bool, rng: "np.random.Generator | UniformDraws | None"):
+def choose(scores_bv, sample: bool, rng: np.random.Generator | UniformDraws | None):
     """argmax, or one draw per row from softmax(scores) by inverting the cumulative distribution.
 
     The sampling procedure, exactly (what a port replaying recorded uniforms must do): with one uniform

@@ -290,7 +290,7 @@ def ref_linear(x, w, b):
         for o, wrow in enumerate(W):
             acc = bias[o] if bias is not None else 0.0
             m = abs(acc)
-            for xi, wi in zip(row, wrow):
+            for xi, wi in zip(row, wrow, strict=True):
                 acc += xi * wi
                 m += abs(xi * wi)
             out[r, o] = acc
@@ -414,7 +414,7 @@ def ref_conv1d(x, w, b=None, stride=1, dilation=1, groups=1):
     (b, o, t, i, k); also sum|terms| of each output, for the tolerance."""
     B, C, T = x.shape
     O, I, K = w.shape
-    assert C == I * groups and O % groups == 0
+    assert I * groups == C and O % groups == 0
     span = dilation * (K - 1) + 1
     T_out = (T - span) // stride + 1
     X, W = x.tolist(), w.tolist()

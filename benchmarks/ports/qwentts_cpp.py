@@ -172,7 +172,7 @@ def convert(python: Path, kind: str, directory: Path, sha: str, args) -> tuple:
         if not args.quantize_tool:
             why = f"--quant {args.quant} needs the port's quantize tool (tools/quantize.cpp), which the wheel lacks"
             return None, dict(record, error=why + ": build it from the checkout and pass --quantize-tool")
-        for src, dst in zip(f32, want):
+        for src, dst in zip(f32, want, strict=True):
             partial = dst.with_name(dst.name + ".partial")
             argv = [str(args.quantize_tool), str(src), str(partial), args.quant]
             run = harness.run_limited(argv, args.timeout * 3, args.memory_gib * harness.GIB, harness.child_env(2))

@@ -70,7 +70,7 @@ class DecoderConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data) -> "DecoderConfig":
+    def from_dict(cls, data) -> DecoderConfig:
         cfg = config_from_dict(cls, data)
         check_decoder_config(cfg)
         if cfg.head_dim is None:
@@ -262,7 +262,7 @@ class ConvStates:
         self.convs = convs
         self.prefix = prefix
 
-    def sub(self, prefix: str) -> "ConvStates":
+    def sub(self, prefix: str) -> ConvStates:
         return ConvStates(self.convs, self.prefix + prefix)
 
     def conv(self, kind: type):
@@ -400,7 +400,7 @@ def decode_stages(
     cfg: DecoderConfig,
     codes_bqt,
     tables: dict,
-    state: "DecoderState | None" = None,
+    state: DecoderState | None = None,
     record: Recorder = NULL_RECORDER,
 ):
     """Stages 1-5 over new frames: codes [B, Q, T] -> waveform [B, T * samples_per_frame] in [-1, 1].

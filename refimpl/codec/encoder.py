@@ -102,7 +102,7 @@ class EncoderConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data) -> "EncoderConfig":
+    def from_dict(cls, data) -> EncoderConfig:
         cfg = config_from_dict(cls, data)
         check_encoder_config(cfg)
         if cfg.head_dim is None:
@@ -252,7 +252,7 @@ def pad_for_causal_conv(x_bct, left: int, right: int, pad_mode: str):
         return np.pad(x_bct, ((0, 0), (0, 0), (left, right)), mode="edge")
     if pad_mode == "reflect":
         T, widest = x_bct.shape[-1], max(left, right)
-        extra = widest - T + 1 if T <= widest else 0
+        extra = widest - T + 1 if widest >= T else 0
         x_bct = np.pad(x_bct, ((0, 0), (0, 0), (0, extra)))
         out = np.pad(x_bct, ((0, 0), (0, 0), (left, right)), mode="reflect")
         return out[:, :, : out.shape[-1] - extra]

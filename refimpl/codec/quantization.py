@@ -73,7 +73,7 @@ def encoder_tables(w, cfg) -> dict:
     """Per split part, the effective codebooks [K, D] and their squared row norms [K], for every layer."""
     tables = {}
     for part, n in zip(
-        QUANTIZER_PARTS, (cfg.num_semantic_quantizers, cfg.num_quantizers - cfg.num_semantic_quantizers)
+        QUANTIZER_PARTS, (cfg.num_semantic_quantizers, cfg.num_quantizers - cfg.num_semantic_quantizers), strict=True
     ):
         books = [WeightView(w, f"quantizer.{part}.layers.{j}.codebook.") for j in range(n)]
         rows = [codebook_table(cb["embed_sum"], cb["cluster_usage"]) for cb in books]
@@ -130,7 +130,7 @@ def split_rvq_encode(w, cfg, latent_bct, n_codes: int, tables=None, record: Reco
     if not n_sem <= n_codes <= cfg.num_quantizers:
         raise ValueError(f"number of codes {n_codes} must be in [{n_sem}, {cfg.num_quantizers}]")
     codes, margins = [], []
-    for part, n in zip(QUANTIZER_PARTS, (n_sem, n_codes - n_sem)):
+    for part, n in zip(QUANTIZER_PARTS, (n_sem, n_codes - n_sem), strict=True):
         if n == 0:
             continue
         c, m, projected = rvq_encode(w, part, tables, latent_bct, n, record)

@@ -17,8 +17,8 @@ Weights are a flat dict keyed by the checkpoint names with the ``talker.code_pre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -65,7 +65,7 @@ class CodePredictorConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data) -> "CodePredictorConfig":
+    def from_dict(cls, data) -> CodePredictorConfig:
         cfg = config_from_dict(cls, data)
         if cfg.num_key_value_heads is None:
             cfg.num_key_value_heads = cfg.num_attention_heads
@@ -99,7 +99,7 @@ def code_predictor_weight_spec(cfg: CodePredictorConfig, talker_hidden: int) -> 
         for g in range(n_groups)
     ]
     spec += [WeightSpec(f"lm_head.{g}.weight", (cfg.vocab_size, C)) for g in range(n_groups)]
-    if C != talker_hidden:
+    if talker_hidden != C:
         spec += [
             WeightSpec("small_to_mtp_projection.weight", (C, talker_hidden)),
             WeightSpec("small_to_mtp_projection.bias", (C,), "bias"),

@@ -152,7 +152,7 @@ def _per_text(texts: list, **arguments: tuple[Any, Any]) -> list[list]:
         else:
             out.append([default if value is None else value] * len(texts))
     if any(len(values) != len(texts) for values in out):
-        sizes = ", ".join(f"{name}={len(values)}" for name, values in zip(arguments, out))
+        sizes = ", ".join(f"{name}={len(values)}" for name, values in zip(arguments, out, strict=True))
         raise ValueError(f"Batch size mismatch: text={len(texts)}, {sizes}")
     return out
 
@@ -345,7 +345,7 @@ class Qwen3TTS:
         return Prompts.of_layouts(
             [
                 self._layout(t, lang, non_streaming_mode, speaker=spk, instruct=ins)
-                for t, lang, spk, ins in zip(texts, languages, speakers, instructs)
+                for t, lang, spk, ins in zip(texts, languages, speakers, instructs, strict=True)
             ]
         )
 
@@ -364,7 +364,7 @@ class Qwen3TTS:
         return Prompts.of_layouts(
             [
                 self._layout(t, lang, non_streaming_mode, instruct=ins)
-                for t, lang, ins in zip(texts, languages, instructs)
+                for t, lang, ins in zip(texts, languages, instructs, strict=True)
             ]
         )
 
@@ -389,7 +389,7 @@ class Qwen3TTS:
         (items,) = _per_text(texts, prompt=(items, None))
 
         prompts = Prompts([], [], [])
-        for t, lang, it in zip(texts, languages, items):
+        for t, lang, it in zip(texts, languages, items, strict=True):
             if not isinstance(it, VoiceClonePromptItem):
                 raise ValueError(f"voice_clone_prompt items must be VoiceClonePromptItem, got {type(it).__name__}")
             icl = bool(it.icl_mode) and it.ref_code is not None
@@ -538,7 +538,7 @@ class Qwen3TTS:
         """The vectors generation starts from: each prompt [T, H] (its speaker slot filled), each text's
         trailing vectors [N, H] and the tts_pad vector [H]; ``record`` receives the layouts' ids."""
         record_layouts(record, layouts)
-        prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors)]
+        prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors, strict=True)]
         trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
         pad = self.talker.embed_text([self.config.tts_pad_token_id])[0]
         return prompts, trailing, pad
@@ -554,7 +554,7 @@ class Qwen3TTS:
         """The audio of each item's codes, float32 as the official returns it; ``record`` receives it in the
         compute dtype (``refimpl.waveform.{i}``)."""
         wavs = []
-        for i, (c, ref) in enumerate(zip(codes, ref_codes)):
+        for i, (c, ref) in enumerate(zip(codes, ref_codes, strict=True)):
             if ref is None:
                 wav = self.speech_tokenizer.decode(c, progress=progress)
             else:  # voice clone ICL: decode reference + new codes together, then cut the reference's share
@@ -707,7 +707,7 @@ class Qwen3TTS:
                 f"x_vector_only_mode={len(xvec)}"
             )
         loaded = [self._load_audio(a) for a in audios]
-        for i, (rt, xo) in enumerate(zip(ref_texts, xvec)):
+        for i, (rt, xo) in enumerate(zip(ref_texts, xvec, strict=True)):
             if not xo and (rt is None or rt == ""):
                 raise ValueError(f"ref_text is required when x_vector_only_mode=False (ICL mode). Bad index={i}")
         rates = {sr for _, sr in loaded}
@@ -718,7 +718,7 @@ class Qwen3TTS:
         else:
             codes = [self.speech_tokenizer.encode(w, sr=sr, trace=encode_trace) for w, sr in loaded]
         items = []
-        for (wav, sr), code, rt, xo in zip(loaded, codes, ref_texts, xvec):
+        for (wav, sr), code, rt, xo in zip(loaded, codes, ref_texts, xvec, strict=True):
             emb = self.extract_speaker_embedding(wav, sr, trace)
             items.append(
                 VoiceClonePromptItem(

@@ -76,7 +76,7 @@ class TTSConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data) -> "TTSConfig":
+    def from_dict(cls, data) -> TTSConfig:
         data = dict(data or {})
         talker = data.pop("talker_config", None)
         cfg = config_from_dict(cls, data)

@@ -89,7 +89,7 @@ class SpeakerEncoderConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data) -> "SpeakerEncoderConfig":
+    def from_dict(cls, data) -> SpeakerEncoderConfig:
         cfg = config_from_dict(cls, data)
         check_speaker_encoder_config(cfg)
         cfg.validate()
@@ -237,7 +237,7 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record: Recorder = NULL_RECORDER
     primitive: numba's twin writes each TDNN's output in place in the concatenated output."""
     groups = np.split(x_bct, len(w_joik) + 1, axis=1)
     outputs = [groups[0]]
-    for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo), start=1):
+    for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo, strict=True), start=1):
         inp = groups[j] if j == 1 else groups[j] + outputs[-1]
         outputs.append(tdnn(inp, w_oik, b_o, dilation, record.scope(f"blocks.{j - 1}.")))
     return np.concatenate(outputs, axis=1)
@@ -351,7 +351,7 @@ def encode_mels(w, cfg: SpeakerEncoderConfig, mels_btm, trace=None):
 
 def min_mel_frames(cfg: SpeakerEncoderConfig) -> int:
     """The fewest mel frames the network accepts: every reflect padding must be shorter than the input."""
-    return 1 + max(max(same_padding(k, d)) for k, d in zip(cfg.enc_kernel_sizes, cfg.enc_dilations))
+    return 1 + max(max(same_padding(k, d)) for k, d in zip(cfg.enc_kernel_sizes, cfg.enc_dilations, strict=True))
 
 
 # ----------------------------------------------------------------------------- the public object
@@ -390,7 +390,7 @@ class SpeakerEncoder:
         self.sample_rate = int(self.config.sample_rate)
 
     @classmethod
-    def from_pretrained(cls, path, dtype=np.float32) -> "SpeakerEncoder":
+    def from_pretrained(cls, path, dtype=np.float32) -> SpeakerEncoder:
         """Read ``speaker_encoder_config`` and the ``speaker_encoder.*`` tensors of a (Base) model directory."""
         directory = Path(path)
         if not directory.is_dir():

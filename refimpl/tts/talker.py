@@ -97,7 +97,7 @@ class TalkerConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data) -> "TalkerConfig":
+    def from_dict(cls, data) -> TalkerConfig:
         data = dict(data or {})
         predictor = data.pop("code_predictor_config", None)
         cfg = config_from_dict(cls, data)
@@ -190,7 +190,7 @@ def mrope_stream_of_channel(mrope_section, interleaved: bool, head_dim: int) -> 
     return np.concatenate([np.full(n, i % 3, dtype=np.int64) for i, n in enumerate(sizes)])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _uploaded_streams(mrope_section: tuple, interleaved: bool, head_dim: int, backend: str):
     """``mrope_stream_of_channel`` uploaded once per device backend (a constant of the config)."""
     return nn.to_device(mrope_stream_of_channel(mrope_section, interleaved, head_dim))

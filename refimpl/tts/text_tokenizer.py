@@ -32,12 +32,13 @@ marks (Devanagari, Thai, ...).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import unicodedata
-from functools import lru_cache
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 from ..io.checkpoint import CheckpointError, read_json_object
 from ..io.files import MAX_JSON_BYTES, read_limited
@@ -103,7 +104,7 @@ def instruct_prompt(instruct: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def byte_to_unicode() -> dict:
     """Byte value -> one printable character (GPT-2's byte-level alphabet).
 
@@ -421,7 +422,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
 def _bpe_word(symbols: list, ranks: Mapping[tuple, int]) -> list:
     """Merge the best-ranked adjacent pair (every occurrence, left to right) until none is ranked."""
     while len(symbols) > 1:
-        pairs = [(ranks.get((a, b)), i) for i, (a, b) in enumerate(zip(symbols[:-1], symbols[1:]))]
+        pairs = [(ranks.get((a, b)), i) for i, (a, b) in enumerate(itertools.pairwise(symbols))]
         ranked = [p for p in pairs if p[0] is not None]
         if not ranked:
             break

@@ -55,7 +55,7 @@ def device_memory_from(array):
     up to its last element, read through the array's own buffer."""
     if array.size == 0:
         return array.reshape(-1)
-    span = 1 + sum((n - 1) * s for n, s in zip(array.shape, array.strides)) // array.itemsize
+    span = 1 + sum((n - 1) * s for n, s in zip(array.shape, array.strides, strict=True)) // array.itemsize
     assert all(s >= 0 for s in array.strides)
     return np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,), writeable=False)
 
@@ -185,7 +185,7 @@ def emulate_attention_split_combine(grid, block, args):
     T = out.dtype.type
     for row in range(grid[0]):
         m_row, l_row = part_max[row * n_splits : (row + 1) * n_splits], part_sum[row * n_splits : (row + 1) * n_splits]
-        M = max((m for m, l in zip(m_row, l_row) if l > 0), default=T(-np.inf))
+        M = max((m for m, l in zip(m_row, l_row, strict=True) if l > 0), default=T(-np.inf))
         with np.errstate(invalid="ignore"):
             M = M if M - M == 0 else T(0)
         total = T(0)
@@ -202,7 +202,7 @@ def emulate_attention_split_combine(grid, block, args):
 
 def kernel_emulations(unwrap=lambda emulation: emulation) -> dict:
     """{name of a kernel of kernels/*.cu: its NumPy replay} (``unwrap`` adapts the launch)."""
-    emulations = {name: emulate_attention_rows for name in cuda_attention.ATTENTION_KERNELS.values()}
+    emulations = dict.fromkeys(cuda_attention.ATTENTION_KERNELS.values(), emulate_attention_rows)
     for partials, combine in cuda_attention.ATTENTION_SPLIT_KERNELS.values():
         emulations[partials], emulations[combine] = emulate_attention_split_partials, emulate_attention_split_combine
     emulations["bf16_rows_times"] = emulate_bf16_rows_times
@@ -265,7 +265,7 @@ def emulate_bf16_rows_times(grid, block, args):
     out.reshape(N, O)[:, :covered] = lanes_no32[..., 0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def defines_kernel(file_name: str, name: str) -> bool:
     """Does kernels/<file_name> (read as the package reads it) define the kernel ``name`` ("rope_rows<float>":
     the template ``rope_rows``)?"""

@@ -120,7 +120,7 @@ def test_without_cupy_the_error_names_the_extras(monkeypatch, fresh_availability
     with pytest.raises(RuntimeError, match="CuPy is not installed"):
         cupy_cuda.to_device(np.zeros(3))
     with pytest.raises(cupy_cuda.BackendUnavailable):
-        cupy_cuda.xp
+        _ = cupy_cuda.xp
 
 
 def fake_cupy(device_count):
@@ -158,7 +158,7 @@ def test_to_host_keeps_numpy_arrays_and_calls_get():
     assert cupy_cuda.to_host(a) is a
     assert cupy_cuda.to_host(types.SimpleNamespace(get=lambda: a)) is a
     with pytest.raises(AttributeError, match="no attribute 'cupy'"):
-        cupy_cuda.cupy
+        _ = cupy_cuda.cupy
 
 
 def test_importing_refimpl_and_the_backend_module_does_not_import_cupy():

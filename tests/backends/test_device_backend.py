@@ -83,7 +83,7 @@ def test_functions_cupy_lacks_are_refused(a):
     with pytest.raises(TypeError, match="not a ufunc CuPy implements"):
         np.spacing(a)
     with pytest.raises(AttributeError, match="no 'fft'"):
-        xp.fft
+        _ = xp.fft
     assert "put_along_axis" not in strict_device.CUPY_FUNCTIONS
 
 
@@ -180,9 +180,8 @@ def test_cupy_without_a_gpu_is_one_clear_error(monkeypatch, no_loaded_cupy):
         runtime=types.SimpleNamespace(getDeviceCount=no_device), is_available=lambda: False
     )
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    with pytest.raises(BackendUnavailable, match=r"(?i)cupy.*installed.*CUDA.*device"):
-        with use_backend("cupy"):
-            pass
+    with pytest.raises(BackendUnavailable, match=r"(?i)cupy.*installed.*CUDA.*device"), use_backend("cupy"):
+        pass
     assert issubclass(BackendUnavailable, RuntimeError)
 
 
@@ -271,7 +270,7 @@ def assert_equal_trees(host, device, what):
             assert_equal_trees(host[k], device[k], f"{what}[{k!r}]")
     elif isinstance(host, (list, tuple)):
         assert len(host) == len(device), what
-        for i, (h, d) in enumerate(zip(host, device)):
+        for i, (h, d) in enumerate(zip(host, device, strict=True)):
             assert_equal_trees(h, d, f"{what}[{i}]")
     elif isinstance(host, np.ndarray):
         assert host.dtype == device.dtype and host.shape == device.shape, what
@@ -360,12 +359,12 @@ def test_streaming_and_voice_clone_equal_the_host(pairs, host_reference):
     assert_equal_trees(*(vars(p[0]) for p in prompts), "voice clone prompt")
     outs = [
         m.generate_voice_clone("Cloned.", voice_clone_prompt=p, max_new_tokens=8, seed=2, return_codes=True)
-        for m, p in zip((host, dev), prompts)
+        for m, p in zip((host, dev), prompts, strict=True)
     ]
     assert_equal_trees(*outs, "voice clone")
     chunks = [
         list(m.stream_voice_clone("Cloned.", voice_clone_prompt=p, max_new_tokens=8, seed=2, chunk_frames=3))
-        for m, p in zip((host, dev), prompts)
+        for m, p in zip((host, dev), prompts, strict=True)
     ]
     assert_equal_trees(*chunks, "voice clone stream")
 
@@ -393,9 +392,11 @@ def test_host_syncs_per_generated_frame_are_exactly_the_logits(pairs, host_refer
 
 def test_a_model_runs_on_the_backend_it_was_loaded_on(pairs, host_reference):
     host, dev = pairs["customvoice"]
-    with pytest.raises(ValueError, match="loaded with its weights on the host.*use_backend\\('strict'\\)"):
-        with use_backend("strict"):
-            host.generate_custom_voice("x", speaker="vivian", max_new_tokens=2, **GREEDY)
+    with (
+        pytest.raises(ValueError, match="loaded with its weights on the host.*use_backend\\('strict'\\)"),
+        use_backend("strict"),
+    ):
+        host.generate_custom_voice("x", speaker="vivian", max_new_tokens=2, **GREEDY)
     with use_backend("numba"):  # a host backend asked for: the device model still runs on its device
         wavs, _ = dev.generate_custom_voice("x", speaker="vivian", max_new_tokens=2, **GREEDY)
     assert isinstance(wavs[0], np.ndarray)
@@ -407,9 +408,11 @@ def test_a_device_model_refuses_another_device(pairs, host_reference, monkeypatc
     other = kernels.Backend("other", "refimpl.backends.strict_device", on_device=True, offered=False)
     monkeypatch.setitem(kernels.REGISTRY, "other", other)
     _, dev = pairs["customvoice"]
-    with use_backend("other"):
-        with pytest.raises(ValueError, match="loaded on backend 'strict', not on the active 'other'"):
-            dev.speech_tokenizer.decode(np.zeros((2, 16), dtype=np.int64))
+    with (
+        use_backend("other"),
+        pytest.raises(ValueError, match="loaded on backend 'strict', not on the active 'other'"),
+    ):
+        dev.speech_tokenizer.decode(np.zeros((2, 16), dtype=np.int64))
 
 
 # ----------------------------------------------------------------------------- 5. stage modules create no host arrays

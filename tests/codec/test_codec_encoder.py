@@ -71,13 +71,15 @@ def compare_codes(ours_tq, official_tq, margins_tq, threshold, n_semantic=1):
     T, Q = official_tq.shape
     excused = np.zeros((T, Q), dtype=bool)
     near = []
-    for t, q in zip(*np.nonzero(margins_tq <= threshold)):
+    for t, q in zip(*np.nonzero(margins_tq <= threshold), strict=True):
         near.append((int(t), int(q), float(margins_tq[t, q]), int(ours_tq[t, q]), int(official_tq[t, q])))
         if ours_tq[t, q] != official_tq[t, q]:
             end = n_semantic if q < n_semantic else Q
             excused[t, q:end] = True
     bad = (ours_tq != official_tq) & ~excused
-    return [(int(t), int(q), int(ours_tq[t, q]), int(official_tq[t, q])) for t, q in zip(*np.nonzero(bad))], near
+    return [
+        (int(t), int(q), int(ours_tq[t, q]), int(official_tq[t, q])) for t, q in zip(*np.nonzero(bad), strict=True)
+    ], near
 
 
 def assert_codes_equal(ours_tq, official_tq, margins_tq, prec: str, key: str) -> None:
@@ -85,7 +87,9 @@ def assert_codes_equal(ours_tq, official_tq, margins_tq, prec: str, key: str) ->
     mismatches, near = compare_codes(ours_tq, official_tq, margins_tq, MARGIN_THRESHOLD[prec])
     if near:
         warnings.warn(
-            f"{key}: {len(near)} near-tie code(s) (frame, group, margin, ours, official): {near[:10]}", NearTieWarning
+            f"{key}: {len(near)} near-tie code(s) (frame, group, margin, ours, official): {near[:10]}",
+            NearTieWarning,
+            stacklevel=2,
         )
     assert not mismatches, (
         f"{key}: codes differ from the official codes (frame, group, ours, official): {mismatches[:10]}"
@@ -151,7 +155,7 @@ def test_margin_threshold_covers_measured_noise(tokenizers):
     for name in NAMES:
         out, _ = encoded(tokenizers, name, "f32", "full")
         worst = max(worst, float(np.abs(out.margins - GOLDEN[f"{name}/f32/full/margins"]).max()))
-    assert 0 < worst and MARGIN_THRESHOLD["f32"] >= 10 * worst, worst
+    assert worst > 0 and MARGIN_THRESHOLD["f32"] >= 10 * worst, worst
 
 
 def test_sliding_window_matters_only_for_long_inputs(tokenizers):

@@ -23,7 +23,7 @@ def codes_and_splits(draw):
     codes = np.random.default_rng(seed).integers(0, 64, size=(T, 16))
     cuts = sorted(draw(st.lists(st.integers(min_value=0, max_value=T), max_size=8)))  # repeats = empty pushes
     bounds = [0] + cuts + [T]
-    return codes, [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return codes, [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 @pytest.mark.parametrize("precision", ["f64", "f32"])
@@ -105,5 +105,5 @@ def test_long_stream_against_golden(speech_tokenizers):
     for precision in ("f32", "f64"):
         stream = speech_tokenizers[precision].stream()
         bounds = [0, 1, 2, 9, 9, 80, 200, 311]
-        wav = np.concatenate([stream.push(codes[a:b]) for a, b in zip(bounds[:-1], bounds[1:])])
+        wav = np.concatenate([stream.push(codes[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
         assert_close_to_oracle(wav, gold["t311/f32/full"], gold["t311/f64/full"], precision, "streamed t311")

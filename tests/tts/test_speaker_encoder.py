@@ -135,14 +135,14 @@ def test_public_mel_spectrogram_defaults_and_batch():
     assert_close_to_official(single.T, "noise_6000/f32/mel", "noise_6000/f64/mel", "f64", "public mel")
     batch = mel.mel_spectrogram(np.stack([a, b]).astype(np.float32))
     assert batch.dtype == np.float32 and batch.shape == (2,) + single.shape
-    for row, audio in zip(batch, (a, b)):  # rows are independent: equal to one-at-a-time in float32
+    for row, audio in zip(batch, (a, b), strict=True):  # rows are independent: equal to one-at-a-time in float32
         np.testing.assert_allclose(row, mel.mel_spectrogram(audio.astype(np.float32)), rtol=0, atol=1e-6)
 
 
 def test_shortest_accepted_length_is_the_official_one(encoders):
     enc = encoders["f32"]
     rng = np.random.default_rng(0)
-    for n, accepted in zip(GOLDEN["lengths/n"], GOLDEN["lengths/accepted"]):
+    for n, accepted in zip(GOLDEN["lengths/n"], GOLDEN["lengths/accepted"], strict=True):
         audio = 0.1 * rng.standard_normal(int(n))
         if accepted:
             assert enc.embed(audio).shape == (24,)

@@ -225,8 +225,8 @@ def test_sampling_is_seeded_and_respects_the_code_ranges():
     _, _, a = m.generate_custom_voice(**kw, seed=7)
     _, _, b = m.generate_custom_voice(**kw, seed=7)
     _, _, c = m.generate_custom_voice(**kw, seed=8)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
     for x in a + c:  # suppression leaves only the 64 codes (and EOS) for code 0; the predictor has 64 ids
         assert x.min() >= 0 and x.max() < 64
 

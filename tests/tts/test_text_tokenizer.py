@@ -73,7 +73,7 @@ def test_ids_equal_official(layout, golden, tokenizers_by_layout):
     tok = tokenizers_by_layout[layout]
     expected = golden["layouts"][layout]["ids"]
     ours = [tok.encode(t) for t in golden["texts"]]
-    mismatches = [(t, o, e) for t, o, e in zip(golden["texts"], ours, expected) if o != e]
+    mismatches = [(t, o, e) for t, o, e in zip(golden["texts"], ours, expected, strict=True) if o != e]
     assert not mismatches, f"{len(mismatches)} of {len(expected)} texts differ, first: {mismatches[0]!r}"
     assert tok.encode_batch(golden["texts"][:20]) == expected[:20]
 
@@ -102,7 +102,9 @@ def test_released_layout_uses_the_case_aware_pattern(golden):
     assert layouts["tiny"]["split_pattern"] == QWEN2_SPLIT_PATTERN  # vocabulary too small for the swap
     differ = [
         t
-        for t, a, b in zip(golden["texts"], layouts["real_released"]["ids"], layouts["real_config_4_57_1"]["ids"])
+        for t, a, b in zip(
+            golden["texts"], layouts["real_released"]["ids"], layouts["real_config_4_57_1"]["ids"], strict=True
+        )
         if a != b
     ]
     assert "JavaScript and TypeScript, McDonald's, OpenAI's GPT-4o, XMLHttpRequest" in differ
@@ -116,7 +118,7 @@ def test_explicit_bpe_equals_official(layout, golden, layout_dirs, tokenizers_by
     tok = tokenizers_by_layout[layout]
     expected = golden["layouts"][layout]["ids"]
     step = 1 if layout == "tiny" else 3  # the pure-Python merge loop is slow on the full vocabulary
-    for text, ids in list(zip(golden["texts"], expected))[::step]:
+    for text, ids in list(zip(golden["texts"], expected, strict=True))[::step]:
         assert bpe_encode_explicit(text, vocab, merges, tok.added_tokens, tok.split_pattern) == ids, text
 
 
@@ -129,7 +131,7 @@ def test_chat_templates_keep_the_official_slices(layout, golden, tokenizers_by_l
     assert len(nl) == len(assistant) == len(user) == 1
     kinds, texts, ids = golden["kinds"], golden["texts"], golden["layouts"][layout]["ids"]
     n = 0
-    for kind, text, official in zip(kinds, texts, ids):
+    for kind, text, official in zip(kinds, texts, ids, strict=True):
         if kind == "assistant":
             body = text[len("<|im_start|>assistant\n") : -len("<|im_end|>\n<|im_start|>assistant\n")]
             assert assistant_prompt(body) == text and tok.encode(assistant_prompt(body)) == official

@@ -111,14 +111,14 @@ def contiguous(array):
 # ----------------------------------------------------------------------------- the kernels of kernels/*.cu
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_source(file_name: str) -> str:
     """The CUDA C of ``kernels/<file_name>``, read from the installed package (setup.cfg ships the ``.cu``
     files as package data)."""
     return (importlib.resources.files(__package__) / "kernels" / file_name).read_text(encoding="utf-8")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _raw_module(file_name: str, instances: tuple):
     """``kernels/<file_name>`` compiled by CuPy's RawModule (NVRTC), with the template ``instances``."""
     if instances:
@@ -126,7 +126,7 @@ def _raw_module(file_name: str, instances: tuple):
     return array_module().RawModule(code=cuda_source(file_name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernel(file_name: str, name: str, instances: tuple = ()):
     """The compiled kernel ``name`` of ``kernels/<file_name>``: the file compiled once, on first use, with
     its template ``instances`` ("attention_rows<float>", ...: CuPy's name_expressions; none for a file of

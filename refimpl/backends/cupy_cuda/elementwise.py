@@ -36,7 +36,7 @@ GELU_ERF = ElementwiseSpec(
 ELEMENTWISE_SPECS = (SNAKE_BETA, ELU, SILU, GELU_ERF)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _elementwise(spec: ElementwiseSpec):
     """The compiled-on-first-call ``cupy.ElementwiseKernel`` of ``spec``."""
     return device.array_module().ElementwiseKernel(spec.in_params, spec.out_params, spec.operation, spec.name)

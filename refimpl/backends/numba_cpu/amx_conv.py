@@ -179,13 +179,13 @@ def _taps_blocks_on_tiles(
                     _store_c1(chunk, 32 * v + 16, 4 * NB)
                     _store_c2(chunk, 16 * NB + 32 * v, 4 * NB)
                     _store_c3(chunk, 16 * NB + 32 * v + 16, 4 * NB)
-                if s0 == 0 and S > steps:
+                if s0 == 0 and steps < S:
                     sums_rn[:, :n] = chunk_rn[:, :n]
                 elif s0 > 0:
                     for r in range(32):
                         for t in range(n):
                             sums_rn[r, t] += chunk_rn[r, t]
-            final_rn = chunk_rn if S <= steps else sums_rn  # (one chunk: its sums are the sums)
+            final_rn = chunk_rn if steps >= S else sums_rn  # (one chunk: its sums are the sums)
             for r in range(32):
                 o = 32 * up + r
                 bias, sums_t, out_t = b_o[o], final_rn[r], out_ot[o, t0 : t0 + n]
@@ -432,4 +432,4 @@ def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
     ``UNIT_TILES_MIN_STEPS`` (split for this call; set lower, as the tests do, it lowers both)."""
     kept = all(_read_only(w) for w in weights)
     min_steps = min(KEPT_TILES_MIN_STEPS, UNIT_TILES_MIN_STEPS) if kept else UNIT_TILES_MIN_STEPS
-    return amx.USE_TILES and C % 32 == 0 and H % 32 == 0 and T >= min_steps
+    return amx.USE_TILES and C % 32 == 0 and H % 32 == 0 and min_steps <= T

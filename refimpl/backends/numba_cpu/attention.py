@@ -122,7 +122,7 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
         n = max(1, ELEMENTWISE_PIECE // max(S, 1))
         positions = query_pos_t[start:stop]
 
-        def piece(r0, rows_rs=rows_rs, positions=positions):
+        def piece(r0, rows_rs=rows_rs, positions=positions, n=n):
             _masked_softmax_rows(
                 rows_rs[r0 : r0 + n],
                 r0,

@@ -222,7 +222,7 @@ def _next_context(x_bct, log_alpha_c, log_beta_c, left, context_bcs):
     twin: the bits the step path keeps)."""
     B, C, T = x_bct.shape
     snaked_bct = snake_beta(x_bct[:, :, max(T - left, 0) :], log_alpha_c, log_beta_c)
-    if T >= left:
+    if left <= T:
         return snaked_bct
     before = context_bcs if context_bcs is not None else np.zeros((B, C, left), np.float32)
     return np.concatenate([before[:, :, T:], snaked_bct], axis=-1)

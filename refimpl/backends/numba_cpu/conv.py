@@ -278,7 +278,7 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
         n_threads, z_jf = _piece_threads(), np.empty((O * K, T), np.float32)
         ranges = [(O * K * t // n_threads, O * K * (t + 1) // n_threads) for t in range(n_threads)]
         for b in range(B):
-            run_pieces(lambda j0, j1: _few_frames_times(x_bct[b], w_t.T, j0, j1, FEW_FRAMES_COLUMNS, z_jf), ranges)
+            run_pieces(lambda j0, j1, b=b: _few_frames_times(x_bct[b], w_t.T, j0, j1, FEW_FRAMES_COLUMNS, z_jf), ranges)
             _overlap_add_into(z_jf.reshape(O, K, T), 0, 0, frames, stride, bias_o, out_bot[b])
         return out_bot
     step, n_piece = _transposed_pieces(O, K, frames, w_t.nbytes)

@@ -186,12 +186,12 @@ def _row_dots_intrinsic(R: int):
                 new_sums.append(builder.call(fma_fn, [xv, w, sums[r]]))
             b_next = builder.add(b, ir.Constant(_I64, 1))
             b.add_incoming(b_next, loop)
-            for s, t in zip(sums, new_sums):
+            for s, t in zip(sums, new_sums, strict=True):
                 s.add_incoming(t, loop)
             builder.cbranch(builder.icmp_unsigned("<", b_next, blocks), loop, done)
             builder.position_at_end(done)
             totals = [builder.phi(_vector(_F32, 64)) for _ in range(R)]  # (the phis first in the block)
-            for total, t in zip(totals, new_sums):
+            for total, t in zip(totals, new_sums, strict=True):
                 total.add_incoming(zero, entry)
                 total.add_incoming(t, loop)
             out_row_bytes = builder.extract_value(out.strides, 0)

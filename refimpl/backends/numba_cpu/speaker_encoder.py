@@ -79,7 +79,7 @@ def tdnn(x_bct, w_oik, b_o, dilation: int, record=None):
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
     left = dilation * (K - 1) // 2
-    too_short = T <= max(left, dilation * (K - 1) - left)  # (the reference's error)
+    too_short = max(left, dilation * (K - 1) - left) >= T  # (the reference's error)
     if x_bct.dtype != np.float32 or w_oik.dtype != np.float32 or I != C or b_o is None or too_short:
         return NotImplemented
     out_bot = new_output((B, O, T))
@@ -110,7 +110,7 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
         return NotImplemented
     K = w_joik[0].shape[-1]
     left = dilation * (K - 1) // 2
-    too_short = T <= max(left, dilation * (K - 1) - left)  # (the reference's error)
+    too_short = max(left, dilation * (K - 1) - left) >= T  # (the reference's error)
     if too_short or any(w.dtype != np.float32 or w.shape[-1] != K for w in w_joik) or any(b is None for b in b_jo):
         return NotImplemented
     out_bct = new_output((B, C, T))
@@ -122,7 +122,9 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
             x_ct, out_ct = np.ascontiguousarray(x_bct[b]), out_bct[b]
             cuts = [T * i // n for i in range(n + 1)]
             run_pieces(
-                lambda t0, t1: _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, t0, t1, out_ct),
+                lambda t0, t1, x_ct=x_ct, out_ct=out_ct: _res2net_range_on_tiles(
+                    x_ct, tiles_j, b_jo, dilation, t0, t1, out_ct
+                ),
                 [(cuts[i], cuts[i + 1]) for i in range(n)],
             )
         return out_bct
@@ -130,7 +132,7 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
     sum_ct = np.empty((G, T), np.float32)
     cols_gkt = np.empty((G, K, T), np.float32)  # every group's stacked taps, in one buffer
     for b in range(B):
-        for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo), start=1):
+        for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo, strict=True), start=1):
             group_ct = x_bct[b, j * G : (j + 1) * G]
             if j > 1:  # plus the previous group's output: rows of out just written
                 group_ct = np.add(group_ct, out_bct[b, (j - 1) * G : j * G], out=sum_ct)

@@ -185,7 +185,7 @@ def transformer_stack(
     stack = _stack_arguments(layers, caches, T)
     if stack is not None:
         return _run_stack(x_btc, stack, cos_btd, sin_btd, caches, eps, last_only)
-    one_by_one = [_stack_arguments([lw], [c], T) for lw, c in zip(layers, caches)]
+    one_by_one = [_stack_arguments([lw], [c], T) for lw, c in zip(layers, caches, strict=True)]
     if any(one is None for one in one_by_one):
         return NotImplemented  # (before any layer ran: the reference runs them all)
     for i, one in enumerate(one_by_one):
@@ -206,7 +206,9 @@ def _fits(layers: list, kind, x_btc, allowed, caches) -> bool:
         return False
     if not all(hasattr(c, "reserve") for c in caches):  # a KVCache (a SlidingKVCache forgets keys)
         return False
-    fits = all(isinstance(lw[n], BF16Matrix) and b not in lw for lw in layers for n, b in zip(_MATRICES, _BIASES))
+    fits = all(
+        isinstance(lw[n], BF16Matrix) and b not in lw for lw in layers for n, b in zip(_MATRICES, _BIASES, strict=True)
+    )
     if fits and T > 1:  # several new positions: the causal order must be the cache's
         n = caches[0].length
         fits = all(c.length == n for c in caches) and _is_range(allowed.query_positions_t, n, n + T)

@@ -110,11 +110,11 @@ def test_short_signals_take_the_tiles_only_with_kept_weight_tiles(T):
         numba_cpu.amx_conv.KEPT_TILES_MIN_STEPS,
         numba_cpu.amx_conv.UNIT_TILES_MIN_STEPS,
     )
-    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, read_only, frozen) == (tiles and T >= kept_from)
-    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, writable, read_only) == (tiles and T >= split_from)
+    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, read_only, frozen) == (tiles and kept_from <= T)
+    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, writable, read_only) == (tiles and split_from <= T)
     view_of_writable = writable[:]
     view_of_writable.flags.writeable = False  # writable through its base
-    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, view_of_writable) == (tiles and T >= split_from)
+    assert numba_cpu.amx_conv._convs_take_tiles(32, 32, T, view_of_writable) == (tiles and split_from <= T)
     assert not numba_cpu.amx_conv._convs_take_tiles(48, 32, T, read_only)
 
 

@@ -22,7 +22,7 @@ def unit_reference(x, a1, b1, w1, c1, a2, b2, w2, c2, dilation, context):
     context), as ``numba_cpu.codec_decoder.residual_unit_push`` returns them."""
     names = ("act1.alpha", "act1.beta", "conv1.conv.weight", "conv1.conv.bias")
     names += ("act2.alpha", "act2.beta", "conv2.conv.weight", "conv2.conv.bias")
-    u = WeightView(dict(zip(names, (a1, b1, w1, c1, a2, b2, w2, c2))))
+    u = WeightView(dict(zip(names, (a1, b1, w1, c1, a2, b2, w2, c2), strict=True)))
     convs = {"conv1": nn.CausalConvState(context), "conv2": nn.CausalConvState()}
     y = codec_decoder.residual_unit.reference(u, dilation, x, codec_decoder.ConvStates(convs))
     return y, convs["conv1"].context_bct

@@ -87,9 +87,9 @@ def test_the_window_holds_the_most_words_and_the_others_are_listed():
     assert counts[base : base + bf16.PACK_WINDOW].sum() == max(counts[b : b + 8].sum() for b in range(121))
     assert list(packed.high_64[:16]) == [base + k for k in range(8)] + [128 + base + k for k in range(8)]
     np.testing.assert_array_equal(packed.high_64, np.tile(packed.high_64[:16], 4))
-    listed = list(zip(packed.rows_e.tolist(), packed.cols_e.tolist()))
+    listed = list(zip(packed.rows_e.tolist(), packed.cols_e.tolist(), strict=True))
     assert {(0, 0), (0, 1), (0, 2), (0, 3), (1, 5), (2, 6)} <= set(listed)
-    values = dict(zip(listed, packed.values_e.tolist()))
+    values = dict(zip(listed, packed.values_e.tolist(), strict=True))
     assert values[1, 5] == np.inf and values[2, 6] == 2.0**-133 and values[0, 0] == 0.0
     assert np.signbit(values[0, 1]) and not np.signbit(values[0, 0])
     place = {int(w): p for p, w in enumerate(bf16.stored_order())}[5]  # where word 5 of a block is stored

@@ -159,7 +159,7 @@ def test_pooling_statistics_from_logits_never_make_the_weights(B, C, T, scale, s
     with kernels.use_backend("numpy"):
         ref = speaker_encoder.softmax_mean_and_std.reference(x, logits)
     exact = speaker_encoder.softmax_mean_and_std.reference(x.astype(np.float64), logits.astype(np.float64))
-    for g, r, e in zip(got, ref, exact):
+    for g, r, e in zip(got, ref, exact, strict=True):
         assert g.shape == (B, C) and g.dtype == np.float32 and within_float32_noise(g, r, e)
     x[0, 0, T // 2], logits[-1, -1, 0] = np.nan, np.nan
     nan_rows = np.zeros((B, C), bool)
@@ -278,7 +278,7 @@ def test_mean_and_std_twin_is_within_float32_noise(B, C, T, per_channel, seed):
     got = numba_cpu.speaker_encoder.mean_and_std(x, w)
     ref = speaker_encoder.mean_and_std.reference(x, w)
     exact = speaker_encoder.mean_and_std.reference(x.astype(np.float64), w.astype(np.float64))
-    for g, r, e in zip(got, ref, exact):
+    for g, r, e in zip(got, ref, exact, strict=True):
         assert g.shape == r.shape == (B, C) and g.dtype == np.float32
         assert within_float32_noise(g.astype(np.float64), r.astype(np.float64), e)
     constant = np.ones((1, 2, 8), np.float32)

@@ -135,7 +135,7 @@ def test_the_stack_returns_the_last_position_alone_with_the_same_bits():
             outs[last_only] = (y, [c.k[:, :, :28].copy() for c in caches])
         assert outs[True][0].shape == (1, 1, C)
         np.testing.assert_array_equal(outs[True][0], outs[False][0][:, -1:])
-        for a, b in zip(outs[True][1], outs[False][1]):
+        for a, b in zip(outs[True][1], outs[False][1], strict=True):
             np.testing.assert_array_equal(a, b)
 
 
@@ -247,7 +247,7 @@ def test_fused_stack_is_its_layers_fused_one_call_each(T, n_cached, last_only):
     out = {}
     for kind in ("twin", "layers"):
         caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
-        for cache, (k, v) in zip(caches, past):
+        for cache, (k, v) in zip(caches, past, strict=True):
             cache.append(k, v)
         with kernels.use_backend("numba"):
             if kind == "twin":
@@ -257,14 +257,14 @@ def test_fused_stack_is_its_layers_fused_one_call_each(T, n_cached, last_only):
                 )
             else:
                 y = x
-                for i, (lw, cache) in enumerate(zip(layers, caches)):
+                for i, (lw, cache) in enumerate(zip(layers, caches, strict=True)):
                     cache.reserve(T)
                     y = layer_step(y, lw, cfg, cos[None], sin[None], cache, 1e-6, last_only and i == len(layers) - 1)
         assert y is not NotImplemented and all(c.length == n_cached + T for c in caches)
         out[kind] = (y, [(c.k[:, :, : n_cached + T].copy(), c.v[:, :, : n_cached + T].copy()) for c in caches])
     assert out["twin"][0].shape == (1, 1 if last_only else T, C)
     np.testing.assert_array_equal(out["twin"][0], out["layers"][0])
-    for (k1, v1), (k2, v2) in zip(out["twin"][1], out["layers"][1]):
+    for (k1, v1), (k2, v2) in zip(out["twin"][1], out["layers"][1], strict=True):
         np.testing.assert_array_equal(k1, k2)
         np.testing.assert_array_equal(v1, v2)
 
@@ -281,7 +281,7 @@ def test_fused_stack_runs_layers_it_cannot_pass_as_one_tuple_one_call_each():
 
     def caches(lengths=(0, 0)):
         made = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
-        for c, n in zip(made, lengths):
+        for c, n in zip(made, lengths, strict=True):
             c.append(*np.zeros((2, 1, G, n, D), np.float32))
         return made
 
