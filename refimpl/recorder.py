@@ -55,11 +55,15 @@ class Recorder:
         if self.store is not None:
             self.store[self.prefix + name] = _on_host(value)
 
-    def lazy(self, name: str, make) -> None:
-        """Record ``make()`` under ``name``, calling it only when recording: a tensor only a trace needs (the
-        math makes something cheaper in its place)."""
-        if self.store is not None:
-            self.store[self.prefix + name] = _on_host(make())
+    def lazy(self, name: str, make, *args):
+        """Record ``make(*args)`` under ``name``, calling it only when recording: a tensor only a trace needs
+        (the math makes something cheaper in its place).  Returns what it recorded (None when not recording),
+        for a second name of the same tensor."""
+        if self.store is None:
+            return None
+        value = make(*args)
+        self.store[self.prefix + name] = _on_host(value)
+        return value
 
     def extra(self, name: str, value) -> None:
         """Record a tensor that no official module outputs (a residual, a margin, a mask...) under the
@@ -135,14 +139,18 @@ def call_names(names: list) -> list:
     return out
 
 
-def record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope: bool = False) -> None:
+def record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope: bool = False, per_row: bool = False) -> None:
     """Trace the stack-level rotary module (``rotary_emb``: cos, [3, B, T, D] for the Talker's mRoPE
-    whose three streams are equal here, else [B, T, D]) and, as extras, sin and the dense attention mask."""
+    whose three streams are equal here, else [B, T, D]) and, as extras, sin and the dense attention mask:
+    [T, S], or [B, 1, T, S] where it has padding or ``per_row`` (the Talker's, even when no row is padded)."""
     if not record.enabled:
         return
     record("rotary_emb", np.broadcast_to(cos_btd, (3,) + cos_btd.shape) if mrope else cos_btd)
     record.extra("rotary_emb.sin", sin_btd)
-    record.extra("attention_mask", mask.rows(0, len(mask.query_positions_t)))
+    dense = mask.rows(0, len(mask.query_positions_t))
+    if per_row and dense.ndim == 2:
+        dense = np.repeat(to_host(dense)[None, None], cos_btd.shape[0], axis=0)
+    record.extra("attention_mask", dense)
 
 
 def record_attention_details(record, q_bhtd, k_bgsd, allowed, scale: float, k_new_bgtd) -> None:

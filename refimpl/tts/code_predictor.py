@@ -217,12 +217,8 @@ class CodePredictor:
         logits_gbv = []
         for g in range(n_groups):
             h_btc = self.step(x, caches, record)
-            h = h_btc[:, -1]
-            logits_gbv.append(self.head(g, h))
-            if record.enabled:
-                all_logits = self.head(g, h_btc)
-                record(f"lm_head.{g}", all_logits)
-                record.output(all_logits)
+            logits_gbv.append(self.head(g, h_btc[:, -1]))  # the next code reads the last position's alone
+            record.output(record.lazy(f"lm_head.{g}", self.head, g, h_btc))  # the official: every position's
             codes[:, g] = choose(g, logits_gbv[-1])
             if g + 1 < n_groups:
                 x = self.embed(g + 1, codes[:, g])[:, None]

@@ -221,15 +221,14 @@ def talker_step(talker, x_btc, positions_bt, valid_bs, caches, record: Recorder 
     """One Talker pass over new positions -> (hidden [B, H], logits [B, V]) at the last one.  When
     tracing, the official modules ``talker.model``, ``talker.codec_head`` and ``talker`` are recorded
     over all new positions, as the official forward computes them."""
-    last_only = not record.enabled  # (a trace records every position's hidden state and logits)
+    # What is read decides what is computed: a trace reads every new position (the official modules' outputs),
+    # generation the last one's alone, and the fused stack then runs its last layer for that position only.
+    last_only = not record.enabled
     hidden_btc = talker.forward(x_btc, positions_bt, valid_bs, caches, record.scope("talker.model."), last_only)
     hidden = hidden_btc[:, -1]
     logits = talker.logits(hidden)
-    if record.enabled:
-        record("talker.model", hidden_btc)
-        all_logits = talker.logits(hidden_btc)
-        record("talker.codec_head", all_logits)
-        record("talker", all_logits)
+    record("talker.model", hidden_btc)
+    record("talker", record.lazy("talker.codec_head", talker.logits, hidden_btc))  # the Talker's output is its head's
     return hidden, logits
 
 

@@ -308,13 +308,7 @@ class Talker:
         key_valid = None if unpadded else nn.to_device(key_valid_bs)
         mask = nn.AttentionMask(nn.arange(start, S), nn.arange(S), key_valid_bs=key_valid)
         record = as_recorder(trace)
-        if record.enabled and unpadded:  # the trace's dense mask keeps its [B, 1, T, S] form
-            traced = nn.AttentionMask(
-                mask.query_positions_t, mask.key_positions_s, key_valid_bs=nn.to_device(key_valid_bs)
-            )
-            record_rope_and_mask(record, cos_btd, sin_btd, traced, mrope=True)
-        else:
-            record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope=True)
+        record_rope_and_mask(record, cos_btd, sin_btd, mask, mrope=True, per_row=True)
         h = transformer_stack(
             self.layers, QWEN3, c, x, cos_btd, sin_btd, mask, caches, c.rms_norm_eps, record, last_only
         )
