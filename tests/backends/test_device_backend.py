@@ -464,6 +464,7 @@ HOST_SIDE = {
     ("tts.mel", "mel_filterbank"): "the log-mel front end runs on the host (input preprocessing)",
     ("tts.mel", "hann_window"): "the log-mel front end runs on the host",
     ("tts.mel", "stft_magnitude"): "the log-mel front end runs on the host",
+    ("tts.mel", "real_fft"): "the log-mel front end runs on the host (SciPy's FFT)",
     ("codec.speech_tokenizer", "SpeechTokenizer.encode_detailed"): "assembles the host input batch, uploaded once",
     ("codec.speech_tokenizer", "DecodeStream.push"): "an empty host codes array for an empty push (input checking)",
 }

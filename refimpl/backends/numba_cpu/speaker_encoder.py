@@ -1,6 +1,7 @@
 """The twins of ``refimpl/tts/speaker_encoder.py``: the TDNN (reflected taps read in place, bias and ReLU in
 one pass) and the Res2Net built of them, on the AMX tiles where the weights are bf16 values; the gated
-residual, the pooling statistics and the spectral magnitude, each one pass without temporaries."""
+residual, the pooling statistics and the spectral magnitude, each one pass without temporaries; the log-mel
+front end's FFT on more than one of SciPy's threads."""
 
 from __future__ import annotations
 
@@ -285,6 +286,18 @@ def _magnitude_rows(spectrum_tf, out_tf):
         for f in range(s_f.shape[0]):
             re, im = s_f[f].real, s_f[f].imag
             out_f[f] = np.sqrt((re * re + im * im) + np.float32(1e-9))
+
+
+FFT_WORKERS = 2  # SciPy's threads for the frames' transforms (each frame's transform the same on any number)
+
+
+def real_fft(frames_btn):
+    """``tts.mel.real_fft`` with the frames split over ``FFT_WORKERS`` of SciPy's threads: the same transforms."""
+    if not isinstance(frames_btn, np.ndarray):
+        return NotImplemented
+    import scipy.fft
+
+    return scipy.fft.rfft(frames_btn, axis=-1, workers=FFT_WORKERS)
 
 
 def spectral_magnitude(spectrum_btf):

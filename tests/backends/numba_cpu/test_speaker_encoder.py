@@ -1,5 +1,5 @@
-"""The speaker encoder's twins (TDNN, Res2Net, gated residual, pooling statistics, spectral magnitude)
-against their references, and the TDNNs on the AMX tiles."""
+"""The speaker encoder's twins (TDNN, Res2Net, gated residual, pooling statistics, the front end's FFT and
+spectral magnitude) against their references, and the TDNNs on the AMX tiles."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from refimpl import backends as kernels
 from refimpl import nn
 from refimpl.backends import numba_cpu
 from refimpl.backends.bf16 import float32_to_bf16_bits
-from refimpl.tts import speaker_encoder
+from refimpl.tts import mel, speaker_encoder
 
 from .cases import bf16_values, needs_tiles, within_float32_noise
 
@@ -285,3 +285,13 @@ def test_mean_and_std_twin_is_within_float32_noise(B, C, T, per_channel, seed):
     assert np.all(
         numba_cpu.speaker_encoder.mean_and_std(constant, np.full((1, 1, 8), 1 / 8, np.float32))[1] == np.float32(1e-6)
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_real_fft_twin_splits_the_frames_and_keeps_every_bit(dtype):
+    """SciPy's FFT on the twin's threads: each frame's transform is the reference's, so the same bits."""
+    frames = np.random.default_rng(0).standard_normal((2, 937, 1024)).astype(dtype)
+    ref = mel.real_fft.reference(frames)
+    got = numba_cpu.speaker_encoder.real_fft(frames)
+    assert got.dtype == ref.dtype == np.result_type(dtype, np.complex64) and got.shape == (2, 937, 513)
+    np.testing.assert_array_equal(got, ref)
