@@ -154,7 +154,7 @@ def test_linear_twin_edge_shapes():
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31), O=st.integers(1, 70), I=st.integers(1, 300))
 def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I):
-    """The one-row matrix-vector kernel of decoder_layer_step and of linear's single rows (one parallel loop
+    """The one-row matrix-vector kernel of the fused step and of linear's single rows (one parallel loop
     per matrix, rows prefetched ahead, widths that are and are not a multiple of the vector length) gives
     the bits of linear's kernel for a few rows, row by row (a row's output does not depend on the rows
     beside it), and so stays within the reduction-length bound of the float64 product of the same bf16
