@@ -187,20 +187,13 @@ def write_outputs(action: str, given: dict, out: Path) -> None:
         np.save(out / "waveform.npy", np.asarray(given["samples"], dtype=np.float32))
 
 
-def tokenizer_hash(directory: Path) -> str:
-    from refimpl.porting.trace_files import weights_hash
-
-    return weights_hash(directory / "speech_tokenizer")
-
-
 def child_env(threads: int) -> dict:
     return dict(harness.child_env(threads), RAYON_NUM_THREADS=str(threads))
 
 
 def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     suite, results = Path(args.suite), Path(args.results)
-    codec_kind = next((c["checkpoint"] for c in manifest["cases"] if c["stage"].startswith("codec")), None)
-    same = "base" in dirs and codec_kind in dirs and tokenizer_hash(dirs["base"]) == tokenizer_hash(dirs[codec_kind])
+    same = harness.same_codec_tokenizer(manifest, dirs)
     record = {"port": f"{PACKAGE} {VERSION}", "machine": harness.machine(), "views": {}, "cases": {}}
     wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
     jobs = Path(tempfile.mkdtemp(prefix="candle-jobs-"))

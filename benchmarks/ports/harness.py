@@ -143,6 +143,17 @@ def checkpoint_dirs(suite: Path, manifest: dict, model_dirs: list) -> dict:
     return found
 
 
+def same_codec_tokenizer(manifest: dict, dirs: dict) -> bool:
+    """Whether the Base checkpoint's speech tokenizer has the same weights as the one the suite's codec cases
+    ran on (then a port that loads only a Base model can run the codec cases too)."""
+    from refimpl.porting.trace_files import weights_hash
+
+    codec_kind = next((c["checkpoint"] for c in manifest["cases"] if c["stage"].startswith("codec")), None)
+    if "base" not in dirs or codec_kind not in dirs:
+        return False
+    return weights_hash(dirs["base"] / "speech_tokenizer") == weights_hash(dirs[codec_kind] / "speech_tokenizer")
+
+
 def reference_input(suite: Path, case: dict) -> dict:
     """The ``input`` of the case's float64 reference metadata (the speaker a say case ran with, ...), read
     from the header alone."""

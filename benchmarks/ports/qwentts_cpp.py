@@ -309,18 +309,11 @@ def child_env(threads: int) -> dict:
     return dict(harness.child_env(threads), GGML_NO_BACKTRACE="1")
 
 
-def tokenizer_hash(directory: Path) -> str:
-    from refimpl.porting.trace_files import weights_hash
-
-    return weights_hash(directory / "speech_tokenizer")
-
-
 def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     from refimpl.io.files import InputError
 
     results = Path(args.results)
-    codec_kind = next((c["checkpoint"] for c in manifest["cases"] if c["stage"].startswith("codec")), None)
-    same = "base" in dirs and codec_kind in dirs and tokenizer_hash(dirs["base"]) == tokenizer_hash(dirs[codec_kind])
+    same = harness.same_codec_tokenizer(manifest, dirs)
     port = f"{PACKAGE} {VERSION} (qwentts.cpp, CPU), {args.quant} GGUF"
     record = {"port": port, "machine": harness.machine(), "conversions": {}, "cases": {}}
     models = {}

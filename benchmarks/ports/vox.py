@@ -118,16 +118,9 @@ def job_of(case: dict, action: str, tmod: Path, out: Path, reference: dict, args
     return job
 
 
-def tokenizer_hash(directory: Path) -> str:
-    from refimpl.porting.trace_files import weights_hash
-
-    return weights_hash(directory / "speech_tokenizer")
-
-
 def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     suite, results = Path(args.suite), Path(args.results)
-    codec_kind = next((c["checkpoint"] for c in manifest["cases"] if c["stage"].startswith("codec")), None)
-    same = "base" in dirs and codec_kind in dirs and tokenizer_hash(dirs["base"]) == tokenizer_hash(dirs[codec_kind])
+    same = harness.same_codec_tokenizer(manifest, dirs)
     record = {"port": f"{PACKAGE} {VERSION}", "machine": harness.machine(), "conversions": {}, "cases": {}}
     tmods = {}
     wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
