@@ -180,6 +180,39 @@ def test_a_differing_code_gets_its_frame_codebook_and_verdict(made, tmp_path):
     assert div["verdict"] in ("numeric", "near_tie", "rule") and result["codes"]["frames_equal"] == 5
 
 
+def test_audio_alone_says_where_the_codes_likely_part(made, tmp_path):
+    """A port that gives only audio: one code changed at frame k is reported at frame k (its audio is our
+    decoder on the changed codes); the reference's codes decoded give every frame; an error of the decoder
+    alone (over the tolerance, under half a code change) leaves the codes equal."""
+    suite_dir, manifest = made
+    case = cases_of(manifest)["say-greedy"]
+    codes = np.array(reference(suite_dir, "say-greedy")["refimpl.codes.0"])
+    tok = SpeechTokenizer.from_pretrained(suite_dir / "checkpoints" / "customvoice", dtype=np.float32)
+
+    def graded_audio(wav, name):
+        folder = tmp_path / name / case["name"]
+        folder.mkdir(parents=True)
+        np.save(folder / "waveform.npy", wav)
+        return graded(suite_dir, tmp_path / name, case["name"])
+
+    for k, codebook in ((0, 0), (5, 3), (len(codes) - 1, 15)):
+        changed = codes.copy()
+        changed[k, codebook] = (changed[k, codebook] + 1) % tok.codebook_size
+        result, report = graded_audio(tok.decode(changed), f"changed-{k}")
+        audio = result["codes_from_audio"]
+        assert result["status"] == "fail" and result["codes"] is None
+        assert audio["frames_likely_equal"] == audio["first_frame_out_of_tolerance"] == k
+        assert f"likely part at frame {k}" in result["message"]
+        assert f"{k}/{len(codes)} likely equal (audio)" in grade.format_report(report)
+    result, _ = graded_audio(tok.decode(codes), "same")
+    assert result["status"] == "pass" and result["codes_from_audio"]["frames_likely_equal"] == len(codes)
+    numerics = tok.decode(codes) + np.float32(1e-3) * np.sin(np.arange(len(codes) * 1920, dtype=np.float32))
+    result, _ = graded_audio(numerics, "numerics")
+    audio = result["codes_from_audio"]
+    assert result["status"] == "fail" and audio["first_frame_out_of_tolerance"] == 0
+    assert audio["frames_likely_equal"] == len(codes) and "codes likely equal in all" in result["message"]
+
+
 def test_the_behaviours_a_port_chose(made, tmp_path):
     """One more frame (max_new_tokens frames) fails the official length, passes with length=natural; the
     exact one-pass decode of 330 frames fails the official 300/25 chunking, passes with decode=exact."""

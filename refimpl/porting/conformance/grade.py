@@ -27,6 +27,7 @@ from ..compare import (
     frame_errors,
     metadata_mismatches,
     network_of,
+    scale_of,
     summarise,
     tolerance,
 )
@@ -194,6 +195,7 @@ def grade_case(
         "tensors": [],
         "first_failure": None,
         "codes": None,
+        "codes_from_audio": None,
         "waveform": None,
     }
     try:
@@ -266,12 +268,17 @@ def case_verdict(
     cand = dict(candidate.items)
     out["codes"] = codes_report(case, ref, cand, report)
     out["waveform"] = waveform_report(case, ref, cand, report.precision, size)
+    out["codes_from_audio"] = codes_from_audio(case, ref, cand, out["waveform"]) if out["codes"] is None else None
     if not rows:
         hint = f" (its names: {', '.join(candidate.keys[:5])})" if candidate.keys else ""
         return dict(out, status="unusable", message="no tensor of the results has a name of the reference" + hint)
     wrong_length = length_verdict(out["codes"], behaviours)
     passed = report.passed and wrong_length is None
-    message = "" if passed else failure_message(first, tensors, out["codes"], out["waveform"], mismatched)
+    message = (
+        ""
+        if passed
+        else failure_message(first, tensors, out["codes"], out["waveform"], mismatched, out["codes_from_audio"])
+    )
     if wrong_length:
         message = wrong_length if report.passed else f"{message}; {wrong_length}"
     if report.notes:
@@ -284,7 +291,12 @@ def finite(x: float | None) -> float | None:
 
 
 def failure_message(
-    first: str | None, tensors: list[dict], codes: dict | None, waveform: dict | None, mismatched: dict[str, list]
+    first: str | None,
+    tensors: list[dict],
+    codes: dict | None,
+    waveform: dict | None,
+    mismatched: dict[str, list],
+    from_audio: dict | None = None,
 ) -> str:
     if first in mismatched:
         a, b = mismatched[first]
@@ -298,6 +310,8 @@ def failure_message(
         )
     if waveform and waveform["first_divergent_frame"] is not None:
         parts.append(f"waveform from frame {waveform['first_divergent_frame']}")
+    if from_audio:
+        parts.append(from_audio["verdict"])
     return "; ".join(parts)
 
 
@@ -417,10 +431,59 @@ def waveform_report(case: dict, ref: dict, cand: dict, precision: str, size: str
         "snr_db": None if noise == 0 else round(10 * math.log10(max(float(np.sum(a[:n] ** 2)), 1e-300) / noise), 2),
         "max_abs": float(err.max()) if n else 0.0,
         "tol": tol,
+        "scale": scale_of(a),
         "frame_errors": per_frame or [],
         "first_divergent_frame": first_frame,
         "first_divergent_sample": first_sample,
         "spectrogram": spectrogram_difference(a[:n], b[:n]),
+    }
+
+
+# The smallest move of its own frame that one changed code gives the decoder's audio, as a fraction of the
+# waveform's scale (``compare.scale_of``): measured by ``benchmarks/ports/code_change_bound.py`` over every
+# frame and codebook of the generated cases, each code changed to the nearest other row of its codebook and to
+# a random one, on the tiny suite (0.034 at the least) and the full-size 0.6B CustomVoice (0.080);
+# docs/conformance.md, "A port that gives only audio".  The decoder is causal: no change moved an earlier frame.
+CODE_MOVE_BOUND = 0.03
+
+
+def codes_from_audio(case: dict, ref: dict, cand: dict, waveform: dict | None) -> dict[str, Any] | None:
+    """What the audio of a port that gives no codes says of its codes (the reference's codes decoded by our
+    decoder are the reference's audio: teacher forcing on our side).  A changed code moves the samples of its
+    own frame by at least ``CODE_MOVE_BOUND`` × scale and none before it, so the frames before the first one
+    whose error reaches half that bound hold the reference's codes, likely (a port's decoder error below the
+    other half cannot hide a changed code); frames within the waveform's tolerance hold them a fortiori."""
+    key = case["outputs"].get("codes")
+    if not waveform or key is None or key not in ref or key in cand:
+        return None
+    frames = int(np.shape(ref[key])[-2]) if np.ndim(ref[key]) >= 2 else 0
+    per_frame = waveform["frame_errors"]
+    if not frames or not per_frame:
+        return None
+    bound = CODE_MOVE_BOUND * waveform["scale"]
+    over = [j for j, e in enumerate(per_frame[:frames]) if e >= bound / 2]
+    likely = over[0] if over else min(frames, len(per_frame))
+    within = waveform["first_divergent_frame"]
+    if over:
+        verdict = (
+            f"codes likely equal in frames 0-{likely - 1}, likely part at frame {likely}"
+            if likely
+            else "codes likely part at frame 0"
+        )
+        verdict += f" (its audio moves by {per_frame[likely]:.3g}, at least half a code change's {bound:.3g})"
+    else:
+        verdict = f"codes likely equal in all {likely} frames"
+        if within is not None:
+            verdict += f" (the audio leaves the tolerance at frame {within}, by less than half a code change's"
+            verdict += f" {bound:.3g})"
+    if likely < frames and len(per_frame) < frames:
+        verdict += f"; the audio has {len(per_frame)} of the {frames} frames"
+    return {
+        "frames_reference": frames,
+        "frames_likely_equal": likely,
+        "first_frame_out_of_tolerance": within,
+        "bound": bound,
+        "verdict": verdict,
     }
 
 
@@ -540,7 +603,14 @@ def format_report(report: dict[str, Any]) -> str:
         tensors = f"{compared - failed}/{compared}" if c["coverage"] else "-"
         status = c["status"].upper().replace("_", " ")
         rows.append(
-            (c["name"], status, tensors, codes_cell(c["codes"]), wave_cell(c["waveform"]), c["first_failure"] or "-")
+            (
+                c["name"],
+                status,
+                tensors,
+                codes_cell(c["codes"], c.get("codes_from_audio")),
+                wave_cell(c["waveform"]),
+                c["first_failure"] or "-",
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
@@ -558,7 +628,9 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def codes_cell(codes: dict | None) -> str:
+def codes_cell(codes: dict | None, from_audio: dict | None = None) -> str:
+    if not codes and from_audio:
+        return f"{from_audio['frames_likely_equal']}/{from_audio['frames_reference']} likely equal (audio)"
     if not codes:
         return "-"
     text = f"{codes['frames_equal']}/{codes['frames_reference']} frames equal"
