@@ -29,6 +29,12 @@ suite, in one command:
 on our history: its Talker's logits at every frame, its code predictor's first step of every frame (its later
 steps are fed its own picks), the prompt, and its decoder's audio on our codes. The replayed codes are not given
 to the grader (they are ours).
+
+``--released-ids``: CrispASR takes the special tokens' ids from a table of the released tokenizer's
+(``<|im_start|>`` 151644, ``<|im_end|>`` 151645), not from the checkpoint's tokenizer; our synthetic checkpoints'
+tokenizer numbers them otherwise (the config's ``im_start_token_id``, ``im_end_token_id``). The option copies the
+text embedding's rows of the checkpoint's ids to the released ids in a copy of the converted Talker GGUF (nothing
+else changes), so that its prompt holds our tokens' embeddings, as it would on the released model.
 """
 
 from __future__ import annotations
@@ -123,6 +129,38 @@ def convert(python: Path, kind: str, directory: Path, sha: str, args) -> tuple:
     return want, record
 
 
+# its table of special-token ids (the released tokenizer's), and the rows of its text embedding they pick
+RELEASED_IDS = {"im_start_token_id": 151644, "im_end_token_id": 151645}
+COPY_ROWS = (  # run in the port's environment: copy rows of the GGUF's text embedding, in place
+    "import sys; from gguf import GGUFReader; r = GGUFReader(sys.argv[1], 'r+'); "
+    "t = next(t for t in r.tensors if t.name == 'talker.token_embd_text.weight'); "
+    "pairs = [int(a) for a in sys.argv[2:]]; "
+    "[t.data.__setitem__(pairs[i + 1], t.data[pairs[i]].copy()) for i in range(0, len(pairs), 2)]; "
+    "r.data.flush()"
+)
+
+
+def with_released_ids(python: Path, files: tuple, directory: Path, args) -> tuple:
+    """``--released-ids``: a copy of the Talker GGUF whose text-embedding rows at the released special ids
+    (``RELEASED_IDS``) are the rows of the checkpoint's own ids, so that its hard-coded ids pick our tokens'
+    embeddings (the released tokenizer has them there; our synthetic one does not). Cached beside the file."""
+    config = json.loads((directory / "config.json").read_text())
+    pairs = [(int(config[k]), v) for k, v in RELEASED_IDS.items() if k in config and int(config[k]) != v]
+    if not pairs:
+        return files, None
+    patched = files[0].with_name(files[0].stem + "-released-ids.gguf")
+    if not patched.is_file():
+        partial = patched.with_name(patched.name + ".partial")
+        shutil.copyfile(files[0], partial)
+        argv = [str(python), "-I", "-c", COPY_ROWS, str(partial), *[str(x) for p in pairs for x in p]]
+        run = harness.run_limited(argv, args.timeout, args.convert_memory_gib * harness.GIB, harness.child_env(2))
+        if run["rc"] != 0:
+            partial.unlink(missing_ok=True)
+            raise SystemExit(f"--released-ids: copying the rows failed: {tail(run)}")
+        os.replace(partial, patched)
+    return (patched, files[1]), {f"row {released}": f"row {ours}" for ours, released in pairs}
+
+
 # ----------------------------------------------------------------------------- the cases
 
 
@@ -210,6 +248,9 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
             if models[kind] is None:
                 record["cases"][name] = {"status": "failed", "message": "the conversion failed (see conversions)"}
                 continue
+            if args.released_ids and kind not in record["conversions"].get("released_ids", {}):
+                models[kind], copied = with_released_ids(python, models[kind], dirs[kind], args)
+                record["conversions"].setdefault("released_ids", {})[kind] = copied
             replay = replay_file(suite, case, jobs) if args.teacher_forced else None
             job = job_of(case, models[kind], out, replay, args)
             print(f"{name}: CrispASR say{' (teacher-forced)' if replay else ''} ...", flush=True)
@@ -236,6 +277,9 @@ def summary(record: dict) -> list:
     lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
     lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
     for kind, c in record["conversions"].items():
+        if kind == "released_ids":
+            lines.append(f"  --released-ids: text-embedding rows copied in its Talker GGUF: {c}")
+            continue
         how = "cached" if c.get("cached") else " + ".join(f"{s} s" for s in c.get("convert_s", []))
         lines.append(f"  convert {kind} ({c['checkpoint']}, f32): {c.get('error') or how}")
     for name, c in record["cases"].items():
@@ -258,6 +302,12 @@ def main(argv=None) -> int:
     ap.add_argument("--convert-memory-gib", type=int, default=24, help="address-space limit of a converter")
     ap.add_argument("--teacher-forced", action="store_true", help="replay the reference's codes (see above)")
     ap.add_argument("--watermarked", action="store_true", help="grade Session.synthesize's watermarked audio")
+    ap.add_argument(
+        "--released-ids",
+        action="store_true",
+        help="copy the text embedding's rows of the checkpoint's <|im_start|>, <|im_end|> ids to the released ids "
+        "CrispASR hard-codes, in a copy of its converted Talker (see docs/ports.md)",
+    )
     args = ap.parse_args(argv)
     suite, results, manifest, dirs = harness.prepare(args)
     python = harness.ensure_venv(ENV_NAME, f"{PACKAGE}=={VERSION}", MODULE, VERSION, distribution=PACKAGE)
