@@ -16,7 +16,8 @@ suite, in one command:
    (``crispasr_worker.py`` in its environment) under a time and a memory limit, with its debug switches on:
    ``CRISPASR_QWEN3_TTS_GREEDY=1`` (the Talker picks by argmax; its code predictor always samples, from its own
    generator: there is no switch for it), ``_MAX_FRAMES`` = the case's ``max_new_tokens``, ``_DUMP_DIR`` and
-   ``_DUMP_LOGITS``; the unwatermarked audio (``synthesize_raw``; ``--watermarked`` takes ``synthesize``'s).
+   ``_DUMP_LOGITS``; the watermarked audio of ``synthesize`` unless the person running the script passes
+   ``--accept-marking-responsibility`` (then ``synthesize_raw``'s unmarked audio).
    Its dumps are read by ``refimpl.porting.adapters.crispasr`` into ``RESULTS/<case>/crispasr-dump.safetensors``
    (the prompt, the Talker's logits of every frame, the code predictor's, its codes). A case that crashes or
    hangs is recorded with its message and the others go on;
@@ -170,7 +171,11 @@ def job_of(case: dict, files: tuple, out: Path, replay: Path | None, args) -> di
     job = {"case": case["name"], "model": str(files[0]), "codec": str(files[1]), "threads": args.threads}
     job.update(out=str(out), text=options["text"], language=options.get("language") or reference.get("language"))
     job.update(speaker=reference.get("speaker") or options.get("speaker"), instruct=options.get("instruct"))
-    job.update(max_frames=options["max_new_tokens"], replay=str(replay) if replay else None, raw=not args.watermarked)
+    job.update(
+        max_frames=options["max_new_tokens"],
+        replay=str(replay) if replay else None,
+        raw=args.accept_marking_responsibility,
+    )
     return job
 
 
@@ -301,7 +306,12 @@ def main(argv=None) -> int:
     ap.add_argument("--port-source", help="a checkout of CrispASR's repository: its models/ converters convert")
     ap.add_argument("--convert-memory-gib", type=int, default=24, help="address-space limit of a converter")
     ap.add_argument("--teacher-forced", action="store_true", help="replay the reference's codes (see above)")
-    ap.add_argument("--watermarked", action="store_true", help="grade Session.synthesize's watermarked audio")
+    ap.add_argument(
+        "--accept-marking-responsibility",
+        action="store_true",
+        help="you, running this, accept CrispASR's marking responsibility: grade its unwatermarked audio "
+        "(synthesize_raw) instead of the watermarked (synthesize)",
+    )
     ap.add_argument(
         "--released-ids",
         action="store_true",
