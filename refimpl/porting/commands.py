@@ -5,17 +5,15 @@ cases file and the parallel runs are ``golden_cases``."""
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import sys
 import time
 from pathlib import Path
 
-from ..io.files import InputError, write_atomically
+from ..io.files import InputError
 from ..io.validate import count
 from . import trace_files
 from .compare import NOISE_SIZES, PRECISIONS, compare_traces, metadata_mismatches, prefix_hint, report_json
-from .golden_cases import read_cases, read_codes, run_case, run_cases, trace_case
+from .golden_cases import make_corpus, read_cases, read_codes, run_case, run_cases, trace_case
 from .name_maps import load_map
 
 # run_case, run_cases and read_cases: importable from here as before (their home is golden_cases)
@@ -347,8 +345,9 @@ def add_compare_parser(sub) -> None:
 
 
 def cmd_golden(args, say) -> int:
-    """Check every case first (nothing runs when one is bad), run them, and write OUTDIR/index.json
-    (atomically) listing the cases done (``cases``) and those that failed (``failed``, with the error).
+    """Check every case first (nothing runs when one is bad), run those not already done in OUTDIR
+    (``make_corpus``: resumable), and write OUTDIR/index.json (atomically) listing the cases done
+    (``cases``) and those that failed (``failed``, with the error).
     Status 0: all done; 1: a case failed on bad input; 3: a case hit a bug."""
     if args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
@@ -358,28 +357,12 @@ def cmd_golden(args, say) -> int:
         raise InputError(f"cannot write the corpus to {out}: it exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    entries = run_cases(
-        args.model,
-        cases,
-        out,
-        args.format,
-        args.dtype,
-        args.jobs,
-        args.dask,
-        progress=functools.partial(say.progress, total=len(cases)),
-        note=say,
+    index = make_corpus(
+        args.model, cases, out, args.format, args.dtype, args.jobs, args.dask, progress=say.progress, note=say
     )
-    done = [e for e in entries if "error" not in e]
-    failed = [e for e in entries if "error" in e]
-    index = {
-        "model": str(args.model) if args.model else "(embedded default)",
-        "dtype": args.dtype,
-        "cases": done,
-        "failed": failed,
-    }
-    write_atomically(out / "index.json", (json.dumps(index, indent=1) + "\n").encode("utf-8"))
+    done, failed = index["cases"], index["failed"]
     where = f"on the Dask cluster {args.dask}" if args.dask else f"in {args.jobs} process(es)"
-    say(f"traced {len(done)} of {len(entries)} cases {where} in {time.perf_counter() - t0:.1f} s -> {out}/index.json")
+    say(f"traced {len(done)} of {len(cases)} cases {where} in {time.perf_counter() - t0:.1f} s -> {out}/index.json")
     for entry in failed:
         print(f"refimpl golden: case {entry['name']!r} ({entry['stage']}) failed: {entry['error']}", file=sys.stderr)
     if any(e["internal"] for e in failed):

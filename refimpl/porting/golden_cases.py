@@ -4,12 +4,20 @@ A case is one traced run: a stage (``STAGE_MODELS``), its input (codes, a WAV, a
 API's options for it (``trace_case``).  ``refimpl trace`` runs one; ``refimpl golden`` reads a cases file
 (``read_cases``: every case checked before any runs) and traces them in parallel processes or on a Dask
 cluster (``run_cases``), each into its own file (``run_case``).  The commands are in
-``refimpl/porting/commands.py``; docs/port_authors.md describes the cases file."""
+``refimpl/porting/commands.py``; docs/port_authors.md describes the cases file.
+
+``make_corpus`` is what ``refimpl golden`` runs: the cases into OUTDIR plus OUTDIR/index.json, resumable (a
+case whose trace the index records with the same case and SHA-256 is kept, the others run) and written as
+it goes (the index every few seconds, each trace atomically), so that a run stopped at any point leaves
+only complete traces and an index that names them."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import json
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +25,7 @@ import numpy as np
 
 from ..io.files import (
     MAX_INPUT_BYTES,
+    MAX_JSON_BYTES,
     InputError,
     Signalled,
     load_npy_codes,
@@ -24,10 +33,11 @@ from ..io.files import (
     plain_file_name,
     read_limited,
     signals_raise,
+    write_atomically,
 )
 from . import trace_files
 
-__all__ = ["STAGE_MODELS", "trace_case", "read_cases", "run_case", "run_cases"]
+__all__ = ["STAGE_MODELS", "trace_case", "read_cases", "run_case", "run_cases", "make_corpus"]
 
 # stage -> the embedded checkpoint it uses without --model (the same as the refimpl command of that stage)
 EMBEDDED = Path(__file__).resolve().parents[1] / "data"
@@ -305,33 +315,38 @@ def run_cases(
     progress=None,
     note=None,
     run=None,
+    on_entry=None,
 ) -> list:
     """Every case in parallel: ``jobs`` local processes (concurrent.futures), or the workers of the Dask
     scheduler at ``dask_address`` (dask.distributed).  Returns the index entries in case order; a case
     that failed has ``error`` (and no file) instead of ``file``.
     ``progress``: None or ``progress(iterable, desc) -> iterable``, wrapped around the finished cases;
     ``note``: None or ``note(text)``, told when cases run again.  ``run`` (tests): what runs one case in a
-    worker, ``run_case_or_fail`` by default.
+    worker, ``run_case_or_fail`` by default.  ``on_entry``: None or ``on_entry(i, entry)``, called in this
+    process as each case ends (in the order they end).
 
     A worker process that dies (killed from outside, or by the system when memory runs out) loses the
     cases in flight: those and the cases not started yet run again, each alone in a fresh process, and a
     case whose process dies again is listed as failed (``WORKER_DIED``).  SIGTERM or SIGHUP (or Ctrl-C)
     to this process stops every worker first (a trace being written removes its temporary file), so that
-    none goes on writing after the command has ended."""
+    none goes on writing after the command has ended; on a Dask cluster the cases not finished are
+    cancelled."""
     args = [(str(model) if model else None, case, str(out_dir), fmt, dtype) for case in cases]
     progress = progress or (lambda iterable, desc: iterable)
     run = run or run_case_or_fail
+    report = on_entry or (lambda i, entry: None)
     if dask_address:
-        try:
-            from distributed import Client
-        except ImportError:
-            raise ValueError("--dask needs dask.distributed: pip install 'qwen3-tts-refimpl[dask]'") from None
-        with Client(dask_address) as client:
-            futures = [client.submit(run, *a, pure=False) for a in args]
-            return [dask_result(f, case) for f, case in zip(progress(futures, "tracing cases"), cases, strict=True)]
+        return on_dask(dask_address, run, args, cases, progress, report)
     if jobs <= 1:
-        return list(progress((run(*a) for a in args), "tracing cases"))
-    entries = in_processes(run, args, jobs, progress)
+
+        def one_by_one():
+            for i, a in enumerate(args):
+                entry = run(*a)
+                report(i, entry)
+                yield entry
+
+        return list(progress(one_by_one(), "tracing cases"))
+    entries = in_processes(run, args, jobs, progress, report)
     lost = [i for i, e in enumerate(entries) if e is None]
     if lost and note:
         note(f"note: a worker process died; {len(lost)} case(s) it lost or had not started run again, each alone")
@@ -339,6 +354,38 @@ def run_cases(
         entries[i] = in_processes(run, [args[i]], 1, lambda iterable, desc: iterable)[0] or failed_entry(
             cases[i], WORKER_DIED
         )
+        report(i, entries[i])
+    return entries
+
+
+def on_dask(address: str, run, args: list, cases: list, progress, report) -> list:
+    """The cases on the Dask scheduler at ``address``.  A worker the scheduler gives up on (``KilledWorker``)
+    or a lost connection fails its case, not the corpus (``dask_result``); SIGTERM, SIGHUP or Ctrl-C cancels
+    the cases not finished before this process ends (a case already running on a worker may still finish
+    and write its trace: the index does not list it, so a rerun traces it again)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ValueError("--dask needs dask.distributed: pip install 'qwen3-tts-refimpl[dask]'") from None
+    import signal
+
+    entries, futures, stopped = [], [], None
+    with Client(address) as client:
+        try:
+            with signals_raise():
+                futures = [client.submit(run, *a, pure=False) for a in args]
+                for i, (future, case) in enumerate(zip(progress(futures, "tracing cases"), cases, strict=True)):
+                    entries.append(dask_result(future, case))
+                    report(i, entries[-1])
+        except (Signalled, KeyboardInterrupt) as e:
+            with contextlib.suppress(Exception):  # the scheduler may be gone already
+                client.cancel(futures, force=True)
+            stopped = e
+    if isinstance(stopped, Signalled):  # the handlers are restored: the default action ends the process here
+        signal.raise_signal(stopped.signum)
+        raise InterruptedError(4, f"interrupted by signal {stopped.signum}") from None
+    if stopped is not None:
+        raise stopped
     return entries
 
 
@@ -355,9 +402,9 @@ def dask_result(future, case: dict) -> dict:
         return failed_entry(case, f"the Dask worker failed: {type(e).__name__}: {' '.join(str(e).split())}")
 
 
-def in_processes(run, args: list, jobs: int, progress) -> list:
+def in_processes(run, args: list, jobs: int, progress, report=None) -> list:
     """``run(*a)`` for every ``a`` of ``args`` in ``jobs`` spawned processes; the entries in order, None for
-    a case whose worker process died first."""
+    a case whose worker process died first.  ``report(i, entry)`` is called as each case ends."""
     import gc
     import multiprocessing
     import signal
@@ -370,8 +417,10 @@ def in_processes(run, args: list, jobs: int, progress) -> list:
         try:
             with signals_raise():
                 futures = [pool.submit(run, *a) for a in args]
-                for _ in progress(as_completed(futures), "tracing cases"):
-                    pass
+                position = {future: i for i, future in enumerate(futures)}
+                for future in progress(as_completed(futures), "tracing cases"):
+                    if report is not None and future.exception() is None:
+                        report(position[future], future.result())
         except (Signalled, KeyboardInterrupt) as e:
             stop_workers(pool)
             stopped = e
@@ -398,3 +447,157 @@ def stop_workers(pool) -> None:
             process.kill()
             process.join(timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ----------------------------------------------------------------------------- the corpus, resumable
+
+INDEX = "index.json"
+INDEX_INTERVAL = 2.0  # seconds between two writes of the partial index while cases run
+
+
+def make_corpus(
+    model,
+    cases: list,
+    out_dir,
+    fmt: str = "safetensors",
+    dtype: str = "float32",
+    jobs: int = 1,
+    dask_address: str | None = None,
+    *,
+    progress=None,
+    note=None,
+    run=None,
+) -> dict:
+    """Trace ``cases`` (``read_cases``) into ``out_dir`` and write ``out_dir/index.json``; returns the index.
+
+    Resumable: a case that the existing index lists as done, with the same model, dtype and format, the
+    same case (``case_digest``: stage, options, the input's content) and a file whose SHA-256 is the one
+    recorded, is kept; every other case runs (those missing, changed, failed or whose file differs).  The
+    index is rewritten while the cases run (every ``INDEX_INTERVAL`` seconds, atomically, ``complete``
+    false) and once at the end (``complete`` true), and every trace is written atomically, so a run stopped
+    at any point (a signal, a crash, a power cut) leaves only complete traces, and the index lists only
+    those; the temporary files of an interrupted write are removed when the corpus is made again.
+    ``progress``: None or ``progress(iterable, desc, total=)``; ``note``: None or ``note(text)``."""
+    out = Path(out_dir)
+    note = note or (lambda text: None)
+    header = {"model": str(model) if model else "(embedded default)", "dtype": dtype, "format": fmt}
+    digests = [case_digest(case) for case in cases]
+    kept = verified_entries(out, header, cases, digests, fmt, note)
+    remove_partial_files(out, [f"{case['name']}.{fmt}" for case in cases] + [INDEX])
+    todo = [i for i, case in enumerate(cases) if case["name"] not in kept]
+    if kept:
+        note(f"note: {len(kept)} of {len(cases)} case(s) already in {out / INDEX}, their files verified: kept")
+    entries = [kept.get(case["name"]) for case in cases]
+    written = [time.monotonic()]
+
+    def write_index(complete: bool) -> dict:
+        index = {
+            **header,
+            "complete": complete,
+            "cases": [e for e in entries if e is not None and "error" not in e],
+            "failed": [e for e in entries if e is not None and "error" in e],
+        }
+        write_atomically(out / INDEX, (json.dumps(index, indent=1) + "\n").encode("utf-8"))
+        return index
+
+    def done(j: int, entry: dict) -> None:
+        entries[todo[j]] = with_digest(entry, digests[todo[j]])
+        if time.monotonic() - written[0] >= INDEX_INTERVAL:
+            write_index(False)
+            written[0] = time.monotonic()
+
+    if not todo:
+        return write_index(True)
+    bar = functools.partial(progress, total=len(todo)) if progress else None
+    results = run_cases(
+        model,
+        [cases[i] for i in todo],
+        out,
+        fmt,
+        dtype,
+        jobs,
+        dask_address,
+        progress=bar,
+        note=note,
+        run=run,
+        on_entry=done,
+    )
+    for i, entry in zip(todo, results, strict=True):
+        entries[i] = with_digest(entry, digests[i])
+    return write_index(True)
+
+
+def with_digest(entry: dict, digest: str) -> dict:
+    return entry if "error" in entry else {**entry, "case_sha256": digest}
+
+
+def sha256_of(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def case_digest(case: dict) -> str:
+    """SHA-256 of what makes a case's trace: its name, stage, options and input, a file (codes, WAV,
+    ``ref_audio``) by its content, not its path; inline codes by their values."""
+
+    def content(path) -> dict:
+        try:
+            return {"sha256": sha256_of(path)}
+        except OSError as e:
+            raise InputError(f"case {case['name']!r}: cannot read {path}: {e.strerror or e}") from None
+
+    inp = case["input"]
+    if isinstance(inp, (np.ndarray, list)):
+        inp = {"codes": trace_files.array_hash(np.asarray(inp, dtype=np.int64))}
+    elif case["stage"] in ("codec-decode", "codec-encode", "speaker"):
+        inp = content(inp)
+    options = dict(case.get("options") or {})
+    if isinstance(options.get("ref_audio"), (str, Path)):
+        options["ref_audio"] = content(options["ref_audio"])
+    what = {"name": case["name"], "stage": case["stage"], "input": inp, "options": options}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def verified_entries(out: Path, header: dict, cases: list, digests: list, fmt: str, note) -> dict:
+    """{name: entry} of the cases that ``out/index.json`` lists as done and that need not run again: made
+    with ``header``'s model, dtype and format, the same case (``case_digest``), and a regular file
+    ``out/<name>.<fmt>`` whose SHA-256 is the one recorded.  No index, or one that cannot be read: none."""
+    path = out / INDEX
+    if not path.exists():
+        return {}
+    try:
+        index = parse_json(read_limited(path, MAX_JSON_BYTES, f"{path}", regular_only=True), f"{path}")
+    except InputError as e:
+        note(f"note: {e}; every case runs again")
+        return {}
+    if not isinstance(index, dict) or any(index.get(k) != v for k, v in header.items()):
+        note(f"note: {path} is of another model, dtype or format (or refimpl): every case runs again")
+        return {}
+    wanted = {case["name"]: digest for case, digest in zip(cases, digests, strict=True)}
+    kept = {}
+    for entry in index.get("cases") if isinstance(index.get("cases"), list) else []:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or wanted.get(name) is None or entry.get("case_sha256") != wanted[name]:
+            continue
+        file = out / f"{name}.{fmt}"
+        if entry.get("file") != file.name or file.is_symlink() or not file.is_file():
+            continue
+        with contextlib.suppress(OSError):
+            if sha256_of(file) == entry.get("sha256"):
+                kept[name] = entry
+    return kept
+
+
+def remove_partial_files(out: Path, names: list) -> None:
+    """The temporary files an interrupted ``atomic_output`` left in ``out`` for these file names (a process
+    killed by SIGKILL, or a power cut, cannot remove its own): ``.<name>.<random>.tmp``."""
+    if not out.is_dir():
+        return
+    prefixes = tuple("." + name[:200] + "." for name in names)
+    for path in out.iterdir():
+        if path.name.startswith(prefixes) and path.name.endswith(".tmp") and path.is_file():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
