@@ -91,7 +91,8 @@ def add_conformance_parser(sub) -> None:
     m = csub.add_parser(
         "make",
         help="write the suite: inputs, float64 and float32 references, manifest, README",
-        description="Write a conformance suite to OUTDIR (absent or empty): every case in float64 and float32.",
+        description="Write a conformance suite to OUTDIR (absent, empty, or a suite left unfinished, which is "
+        "resumed): every case in float64 and float32.",
     )
     m.add_argument("-o", "--output", required=True, metavar="OUTDIR")
     m.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors")

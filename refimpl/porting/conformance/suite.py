@@ -311,44 +311,62 @@ def checkpoint_entry(directory: Path, copied_to: str | None) -> dict:
     }
 
 
+MAKING = "making.json"  # in a suite being made: what it is made from, and the cases that failed
+
+
 def make_suite(
     out_dir: str | os.PathLike[str],
     model_dirs: list[str | os.PathLike[str]] | None = None,
     progress: Progress | None = None,
     noise: str | None = None,
 ) -> dict:
-    """Write a conformance suite to ``out_dir`` (created; must be empty or absent) and return its manifest.
-    ``model_dirs``: checkpoints by type (any of CustomVoice, Base, VoiceDesign); without them the embedded
-    tiny checkpoints, copied into the suite.  Cases whose checkpoint is not given are left out.  ``noise``:
-    whose measured official noise the suite's tolerances allow (``compare.NOISE_SIZES``): by default
-    "tiny" for the embedded checkpoints, "released" for given ones."""
+    """Write a conformance suite to ``out_dir`` (created; must be empty or absent, or an unfinished suite)
+    and return its manifest.  ``model_dirs``: checkpoints by type (any of CustomVoice, Base, VoiceDesign);
+    without them the embedded tiny checkpoints, copied into the suite.  Cases whose checkpoint is not given
+    are left out.  ``noise``: whose measured official noise the suite's tolerances allow
+    (``compare.NOISE_SIZES``): by default "tiny" for the embedded checkpoints, "released" for given ones.
+
+    Resumable: while the suite is made, ``out_dir/making.json`` names the checkpoints (their SHA-256) and the
+    refimpl making it; a case is complete once its ``case.json`` is written (last, atomically).  Made again
+    into a folder that holds ``making.json`` (a run that was stopped, or whose cases failed) from the same
+    checkpoints by the same refimpl, the cases whose ``case.json`` matches and whose files have their
+    recorded SHA-256 are kept, the others made again.  A case that fails does not stop the others: they are
+    made, ``making.json`` lists the failures, no manifest is written, and the error (``SuiteIncomplete``, or
+    a ``RuntimeError`` when one was a bug) names them; the manifest (and README) come when every case is
+    made, and ``making.json`` then goes."""
     from ..._version import __version__
 
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InputError(f"cannot make a suite in {out}: it exists and is not an empty directory")
     directories, embedded = resolve_checkpoints(model_dirs)
     noise = noise or ("tiny" if embedded else "released")
     if noise not in NOISE_SIZES:
         raise InputError(f"noise must be one of {list(NOISE_SIZES)}, not {noise!r}")
+    copies = {kind: f"checkpoints/{kind}" if embedded else None for kind in directories}
+    making = {
+        "format": SUITE_FORMAT,
+        "version": SUITE_VERSION,
+        "refimpl": __version__,
+        "checkpoints": {kind: checkpoint_entry(d, copies[kind]) for kind, d in directories.items()},
+    }
+    check_suite_folder(out, making)
     # the codec cases run on the CustomVoice checkpoint's speech tokenizer, else on any (they are the same)
     codec_kind = "customvoice" if "customvoice" in directories else next(iter(directories))
     models = Models(directories)
     out.mkdir(parents=True, exist_ok=True)
+    write_atomically(out / MAKING, (json.dumps(making, indent=1) + "\n").encode("utf-8"))
     t0 = time.perf_counter()
-    checkpoints = {}
     for kind, directory in directories.items():
-        copied = None
-        if embedded:
-            copied = f"checkpoints/{kind}"
-            shutil.copytree(directory, out / copied)
-        checkpoints[kind] = checkpoint_entry(directory, copied)
-    cases = []
+        copy = copies[kind]
+        if copy is not None:
+            shutil.rmtree(out / copy, ignore_errors=True)  # a copy cut short is made again whole
+            shutil.copytree(directory, out / copy)
     selected = [
         dataclasses.replace(c, checkpoint=codec_kind) if c.stage.startswith("codec") else c
         for c in CASES
         if c.checkpoint in directories or c.stage.startswith("codec")
     ]
+    kept = {c.name: e for c in selected if (e := complete_case(c, out / "cases" / c.name)) is not None}
+    cases = list(kept.values())
     # checkpoint by checkpoint, every float64 reference and then every float32 one: one model in memory at a
     # time (at the released sizes a 1.7B model takes 14 GB in float64)
     work = [
@@ -356,24 +374,43 @@ def make_suite(
         for kind in directories
         for dtype in (np.float64, np.float32)
         for c in selected
-        if c.checkpoint == kind
+        if c.checkpoint == kind and c.name not in kept
     ]
-    started = {}
+    started: dict[str, dict] = {}
+    failed: list[dict] = []
     for kind, dtype, case in progress(work, "making cases") if progress else work:
-        models.keep_only(kind, dtype)
         directory = out / "cases" / case.name
-        if dtype is np.float64:
-            started[case.name] = start_case(case, models, directory)
-        else:
-            cases.append(finish_case(case, models, directory, started.pop(case.name)))
+        if dtype is np.float32 and case.name not in started:
+            continue  # its float64 reference failed
+        try:
+            models.keep_only(kind, dtype)
+            if dtype is np.float64:
+                shutil.rmtree(directory, ignore_errors=True)  # what a stopped or failed run left of it
+                started[case.name] = start_case(case, models, directory)
+            else:
+                cases.append(finish_case(case, models, directory, started.pop(case.name)))
+        except Exception as e:  # the case failed, not the suite: named at the end, the others made first
+            started.pop(case.name, None)
+            models.keep_only(None)  # a model that ran out of memory half-way is not used again
+            failed.append(failed_case(case, e))
+            making["failed"] = failed
+            write_atomically(out / MAKING, (json.dumps(making, indent=1) + "\n").encode("utf-8"))
     models.keep_only(None)
+    if failed:
+        (out / "manifest.json").unlink(missing_ok=True)
+        listed = "; ".join(f"{f['name']}: {f['error']}" for f in failed)
+        made = f"{len(cases)} of {len(selected)} cases are made in {out}"
+        again = "the same command again makes the others"
+        if any(f["internal"] for f in failed):
+            raise RuntimeError(f"{len(failed)} case(s) hit a bug: {listed} ({made}; {again})")
+        raise SuiteIncomplete(f"{len(failed)} case(s) failed: {listed} ({made}; {again})")
     cases.sort(key=lambda c: [x.name for x in CASES].index(c["name"]))
     manifest = {
         "format": SUITE_FORMAT,
         "version": SUITE_VERSION,
         "made_by": {"refimpl": __version__, "seconds": round(time.perf_counter() - t0, 1)},
         "agrees_with": AGREES_WITH,
-        "checkpoints": checkpoints,
+        "checkpoints": making["checkpoints"],
         "noise": noise,
         "tolerances": tolerance_table(noise),
         "behaviours": BEHAVIOURS,
@@ -383,7 +420,75 @@ def make_suite(
     from .readme import suite_readme
 
     write_atomically(out / "README.md", suite_readme(manifest).encode("utf-8"))
+    (out / MAKING).unlink()
     return manifest
+
+
+class SuiteIncomplete(InputError):
+    """Cases of a suite that failed while it was made (the others are made; making again retries them)."""
+
+
+def failed_case(case: Case, e: Exception) -> dict:
+    internal = not isinstance(e, (ValueError, OSError, MemoryError))
+    message = " ".join(str(e).split()) or type(e).__name__
+    return {"name": case.name, "error": f"{type(e).__name__}: {message}" if internal else message, "internal": internal}
+
+
+def check_suite_folder(out: Path, making: dict) -> bool:
+    """Whether ``out`` is an unfinished suite to resume (it holds ``making.json`` of the same checkpoints,
+    suite version and refimpl); False for an absent or empty folder; anything else is refused."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return False
+    path = out / MAKING
+    if not out.is_dir() or not path.is_file():
+        raise InputError(
+            f"cannot make a suite in {out}: it exists and is not an empty directory (nor an unfinished suite, "
+            f"which holds {MAKING})"
+        )
+    before = parse_json(read_limited(path, MAX_JSON_BYTES, f"{path}", regular_only=True), f"{path}")
+    if not isinstance(before, dict) or any(before.get(k) != making[k] for k in making):
+        raise InputError(
+            f"cannot resume the suite in {out}: {MAKING} says it was begun from other checkpoints, another "
+            "suite version or another refimpl; make it in an empty folder"
+        )
+    return True
+
+
+def complete_case(case: Case, directory: Path) -> dict | None:
+    """The entry of a case already made in ``directory`` (a stopped run's): its ``case.json`` says what this
+    refimpl would write for the case, and every file it lists has its recorded SHA-256; else None."""
+    path = directory / "case.json"
+    try:
+        entry = parse_json(read_limited(path, MAX_JSON_BYTES, f"{path}", regular_only=True), f"{path}")
+    except InputError:
+        return None
+    expected = {
+        "name": case.name,
+        "stage": case.stage,
+        "title": case.title,
+        "covers": case.covers,
+        "checkpoint": case.checkpoint,
+        "options": json.loads(json.dumps(dict(case.options))),
+        "outputs": output_keys(case),
+        "references": dict(REFERENCE_FILES),
+    }
+    if not isinstance(entry, dict) or any(entry.get(k) != v for k, v in expected.items()):
+        return None
+    hashes = entry.get("sha256")
+    inputs = entry.get("inputs")
+    if not isinstance(hashes, dict) or not isinstance(inputs, dict):
+        return None
+    needed = set(inputs.values()) | set(REFERENCE_FILES.values())
+    if not needed <= set(hashes) or not all(plain_file_name(f) for f in hashes):
+        return None
+    for name, digest in hashes.items():
+        file = directory / name
+        try:
+            if file.is_symlink() or not file.is_file() or sha256_of(file) != digest:
+                return None
+        except OSError:
+            return None
+    return entry
 
 
 # the official behaviours a port may choose differently, and the choice graded by default (the first)
