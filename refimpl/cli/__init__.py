@@ -21,6 +21,7 @@ import numpy as np
 
 from ..backends import use_backend
 from ..environment import check_switches, switch
+from ..io.mapped_files import handle_bus_errors
 from .commands import DEFAULT_MODELS
 from .files import check_output_path
 from .output import EMBEDDED_NOTE, NOTE_MARKER, CliError, Reporter, one_line
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
         return 2
     say = Reporter(getattr(args, "quiet", False))
     args.dtype_np = np.float64 if getattr(args, "dtype", "float32") == "float64" else np.float32
+    handle_bus_errors()  # a mapped checkpoint truncated under the run: one line, status 1 (docs/limits.md)
     try:
         check_switches()  # a REFIMPL_ switch that is not 1 or 0: one error before any work
         # golden's and conformance make's -o name a directory

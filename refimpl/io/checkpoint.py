@@ -30,6 +30,7 @@ import numpy as np
 from ..backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
 from ..backends.host_memory import huge_page_array, huge_pages_enabled
 from .files import MAX_JSON_BYTES, InputError, atomic_output, parse_json, plain_file_name, read_limited
+from .mapped_files import track
 
 __all__ = [
     "CheckpointError",
@@ -271,7 +272,9 @@ def read_safetensors_file(
     header, data_start = _read_header(path)
     # plain ndarray views of the map (the map stays open through their base): np.memmap's own views run
     # Python at every index (a generation step's embedding rows: 20-50 us a lookup)
-    raw = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    track(mapped, path)  # named if the file shrinks under the map (mapped_files.py: a bus error)
+    raw = mapped.view(np.ndarray)
     wanted = header.keys() if names is None else [n for n in names if n in header]
     kept = [n for n in wanted if keep_bf16 and np.dtype(dtype) == np.float32 and _is_bf16_matrix(header[n])]
     streamed = [n for n in kept if not is_lookup_table(n)]

@@ -35,6 +35,7 @@ from ..io.files import (
     signals_raise,
     write_atomically,
 )
+from ..io.mapped_files import handle_bus_errors
 from . import trace_files
 
 __all__ = ["STAGE_MODELS", "trace_case", "read_cases", "run_case", "run_cases", "make_corpus"]
@@ -413,7 +414,9 @@ def in_processes(run, args: list, jobs: int, progress, report=None) -> list:
 
     stopped, futures = None, []
     # spawned, not forked: a fork of a process whose Numba kernels already started OpenMP threads is unsafe
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # a worker whose mapped checkpoint is truncated says so (one line) before it dies (io/mapped_files.py)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn, initializer=handle_bus_errors) as pool:
         try:
             with signals_raise():
                 futures = [pool.submit(run, *a) for a in args]
