@@ -22,6 +22,7 @@ import numpy as np
 from ..backends import use_backend
 from ..environment import check_switches, switch
 from ..io.mapped_files import handle_bus_errors
+from ..io.memory import is_out_of_memory, memory_message
 from .commands import DEFAULT_MODELS
 from .files import check_output_path
 from .output import EMBEDDED_NOTE, NOTE_MARKER, CliError, Reporter, one_line
@@ -68,21 +69,31 @@ def main(argv=None) -> int:
         return status
     except BrokenPipeError:
         return quiet_after_closed_pipe()
-    except (CliError, ValueError, OSError) as e:  # CheckpointError and NonFiniteError are ValueErrors
-        print(f"refimpl: error: {one_line(e)}", file=sys.stderr)
+    except (MemoryError, OSError, ImportError) as e:
+        if not is_out_of_memory(e):
+            if isinstance(e, ImportError):
+                return internal_error(e)
+            print(f"refimpl: error: {one_line(e)}", file=sys.stderr)
+            return 1
+        # memory ran out (io/memory.py): an OutOfMemory names the file, the need and the limit
+        print(f"refimpl: error: {memory_message(e)}", file=sys.stderr)
         return 1
-    except MemoryError:
-        print("refimpl: error: out of memory (a shorter input needs less; see docs/limits.md)", file=sys.stderr)
+    except (CliError, ValueError) as e:  # CheckpointError and NonFiniteError are ValueErrors
+        print(f"refimpl: error: {one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("refimpl: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug, not a user error: still one line, unless REFIMPL_DEBUG asks for the traceback
-        if debug_requested():
-            raise
-        print(
-            f"refimpl: internal error: {type(e).__name__}: {e} (set REFIMPL_DEBUG=1 for the traceback; "
-            f"please report it)",
-            file=sys.stderr,
-        )
-        return 3
+        return internal_error(e)
+
+
+def internal_error(e: Exception) -> int:
+    """A bug, not a user error: one line and status 3, unless REFIMPL_DEBUG asks for the traceback."""
+    if debug_requested():
+        raise e
+    print(
+        f"refimpl: internal error: {type(e).__name__}: {e} (set REFIMPL_DEBUG=1 for the traceback; please report it)",
+        file=sys.stderr,
+    )
+    return 3

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..backends import active_backend
 from ..io.hub import DATA, KIND_TO_EMBEDDED, embedded_model, resolve_model
+from ..io.memory import loading
 from .files import (
     MAX_WAV_BYTES,
     AudioOutput,
@@ -47,7 +48,16 @@ def model_dir(args, kind: str, say: Reporter) -> Path:
 def load_tts(path: Path, dtype):
     from ..tts.model import Qwen3TTS
 
-    return Qwen3TTS.from_pretrained(path, dtype=dtype)
+    with loading(f"the model in {path}"):  # memory that runs out while loading says so (io/memory.py)
+        return Qwen3TTS.from_pretrained(path, dtype=dtype)
+
+
+def load_codec(args, say: Reporter):
+    from ..codec.speech_tokenizer import SpeechTokenizer
+
+    path = model_dir(args, "custom_voice", say)
+    with loading(f"the speech tokenizer of {path}"):
+        return SpeechTokenizer.from_pretrained(path, dtype=args.dtype_np)
 
 
 def generation_kwargs(args) -> dict:
@@ -164,7 +174,6 @@ def cmd_clone(args, say: Reporter) -> int:
 
 
 def cmd_codec_encode(args, say: Reporter) -> int:
-    from ..codec.speech_tokenizer import SpeechTokenizer
     from ..io.audio import read_wav, read_wav_bytes
 
     data = input_bytes(args.input, "a WAV file", b"RIFF", MAX_WAV_BYTES)
@@ -172,7 +181,7 @@ def cmd_codec_encode(args, say: Reporter) -> int:
     if audio.ndim == 2:
         say(f"note: {audio.shape[1]}-channel audio mixed down to mono")
         audio = audio.mean(axis=1)
-    tok = SpeechTokenizer.from_pretrained(model_dir(args, "custom_voice", say), dtype=args.dtype_np)
+    tok = load_codec(args, say)
     if sr != tok.input_sample_rate:
         say(f"note: resampling {sr} Hz to {tok.input_sample_rate} Hz")
     t0 = time.perf_counter()
@@ -190,10 +199,8 @@ def cmd_codec_encode(args, say: Reporter) -> int:
 
 
 def cmd_codec_decode(args, say: Reporter) -> int:
-    from ..codec.speech_tokenizer import SpeechTokenizer
-
     codes = read_codes(args.input)
-    tok = SpeechTokenizer.from_pretrained(model_dir(args, "custom_voice", say), dtype=args.dtype_np)
+    tok = load_codec(args, say)
     t0 = time.perf_counter()
     if args.stream:
         if len(codes) == 0:

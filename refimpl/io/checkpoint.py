@@ -31,6 +31,7 @@ from ..backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bi
 from ..backends.host_memory import huge_page_array, huge_pages_enabled
 from .files import MAX_JSON_BYTES, InputError, atomic_output, parse_json, plain_file_name, read_limited
 from .mapped_files import track
+from .memory import check_room, file_size, names_the_file_when_memory_runs_out
 
 __all__ = [
     "CheckpointError",
@@ -255,6 +256,7 @@ def check_data_covered(path, header: Mapping[str, dict], data_size: int) -> None
         )
 
 
+@names_the_file_when_memory_runs_out
 def read_safetensors_file(
     path: str | os.PathLike, dtype=np.float32, names: Iterable[str] | None = None, keep_bf16: bool = False
 ) -> dict:
@@ -272,12 +274,14 @@ def read_safetensors_file(
     header, data_start = _read_header(path)
     # plain ndarray views of the map (the map stays open through their base): np.memmap's own views run
     # Python at every index (a generation step's embedding rows: 20-50 us a lookup)
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
-    track(mapped, path)  # named if the file shrinks under the map (mapped_files.py: a bus error)
-    raw = mapped.view(np.ndarray)
     wanted = header.keys() if names is None else [n for n in names if n in header]
     kept = [n for n in wanted if keep_bf16 and np.dtype(dtype) == np.float32 and _is_bf16_matrix(header[n])]
     streamed = [n for n in kept if not is_lookup_table(n)]
+    # out of address space (ulimit -v): said before a byte is allocated (io/memory.py)
+    check_room(str(path), load_bytes(path, header, wanted, kept, streamed if huge_pages_enabled() else [], dtype))
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    track(mapped, path)  # named if the file shrinks under the map (io/mapped_files.py: a bus error)
+    raw = mapped.view(np.ndarray)
     copies = _read_copies(path, data_start, header, streamed) if huge_pages_enabled() else {}
     out = {}
     for name in wanted:
@@ -296,6 +300,20 @@ def read_safetensors_file(
         # otherwise a converted copy
         out[name] = np.ascontiguousarray(arr, dtype=dtype) if arr.dtype.kind == "f" else np.array(arr)
     return out
+
+
+def load_bytes(path: Path, header: Mapping[str, dict], wanted, kept, streamed, dtype) -> int:
+    """A lower bound of the address space ``read_safetensors_file`` holds at once: the map of the whole file,
+    the huge-page copies and the converted tensors."""
+    nbytes = {n: info["data_offsets"][1] - info["data_offsets"][0] for n, info in header.items()}
+    total = file_size(path) + sum(-(-nbytes[n] // 64) * 64 for n in streamed)
+    for name in set(wanted) - set(kept):
+        stored = np.dtype(STORED_DTYPES[header[name]["dtype"]])
+        if stored.kind != "f":
+            total += nbytes[name]  # an integer tensor: copied
+        elif stored != np.dtype(dtype):
+            total += nbytes[name] // stored.itemsize * np.dtype(dtype).itemsize  # converted
+    return total
 
 
 def _is_bf16_matrix(info: dict) -> bool:
