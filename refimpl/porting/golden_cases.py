@@ -439,7 +439,8 @@ def in_processes(run, args: list, jobs: int, progress, report=None) -> list:
 
 def stop_workers(pool) -> None:
     """End the worker processes of a ``ProcessPoolExecutor`` now (SIGTERM, then SIGKILL after 10 s) and wait
-    for them: ``shutdown`` would wait for the cases they are running."""
+    for them (``shutdown`` alone would wait for the cases they are running), then for the pool's own thread,
+    which releases its queues' semaphores (left to the resource tracker otherwise, with a warning)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's pool keeps them there
     for process in processes:
         with contextlib.suppress(Exception):
@@ -449,7 +450,7 @@ def stop_workers(pool) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=10)
-    pool.shutdown(wait=False, cancel_futures=True)
+    pool.shutdown(wait=True, cancel_futures=True)  # quick: no worker is left to wait for
 
 
 # ----------------------------------------------------------------------------- the corpus, resumable

@@ -406,9 +406,9 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_golden(tmp_path, jobs: int = 2):
-    """``refimpl golden --jobs`` on SLOW_CASES in a fresh process, and its worker processes once they run."""
-    cases = write_lines(tmp_path / "cases.jsonl", *SLOW_CASES)
+def start_golden(tmp_path, jobs: int = 2, cases: list = SLOW_CASES):
+    """``refimpl golden --jobs`` on ``cases`` in a fresh process, and its worker processes once they run."""
+    cases = write_lines(tmp_path / "cases.jsonl", *cases)
     limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))  # noqa: E731
     command = [sys.executable, "-m", "refimpl", "golden", "--cases", cases, "-o", str(tmp_path / "out"), "--jobs"]
     main_process = subprocess.Popen([*command, str(jobs)], stderr=subprocess.PIPE, text=True, env=ENV, preexec_fn=limit)
@@ -425,8 +425,11 @@ def start_golden(tmp_path, jobs: int = 2):
 def test_a_signal_to_golden_stops_its_workers(tmp_path, signum):
     """SIGTERM to ``refimpl golden --jobs 2`` used to leave its two workers running: they finished their
     cases, wrote them after the command had ended, and then waited forever with a model in memory.  Now
-    the workers end first, the command ends by the signal, and nothing is written afterwards."""
-    main_process, workers = start_golden(tmp_path)
+    the workers end first, the command ends by the signal, and nothing is written afterwards (an index of
+    the cases done before it, if any: the corpus resumes from it).  Forty cases, so that some are still
+    running when the signal comes, however fast the machine."""
+    many = [{**case, "name": f"c{i}"} for i, case in enumerate(SLOW_CASES * 10)]
+    main_process, workers = start_golden(tmp_path, cases=many)
     time.sleep(2)
     main_process.send_signal(signum)
     assert main_process.wait(timeout=120) == -signum, main_process.stderr.read()
@@ -436,7 +439,8 @@ def test_a_signal_to_golden_stops_its_workers(tmp_path, signum):
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     time.sleep(5)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == written
-    assert not any(name.endswith(".tmp") for name in written) and "index.json" not in written
+    assert not any(name.endswith(".tmp") for name in written)
+    assert len([name for name in written if name.endswith(".safetensors")]) < len(many)
 
 
 def test_a_worker_that_dies_loses_no_case(tmp_path):
