@@ -65,14 +65,14 @@ def _in_child(fn, *args) -> None:
 
 
 def _write_released_tts(path: Path, seed: int, tts_model_type: str) -> None:
-    """Like ``synthetic.write_tts_model`` with the tiny text tokenizer, but the text embedding keeps its
-    released size (151936 x 2048; the tiny tokenizer's ids all lie below it), bf16 on disk like the
+    """Like ``synthetic.write_tts_model`` with the tiny text tokenizer, its added tokens at their released
+    ids, and the text embedding of the released size (151936 x 2048), bf16 on disk like the
     release (speech_tokenizer/ is linked by the caller). ``tts_model_type`` "custom_voice" has the
     released speakers; "base" has none and the 0.6B-Base speaker encoder (enc_dim 1024)."""
     from refimpl.porting import presets, synthetic
 
     path.mkdir(parents=True, exist_ok=True)
-    added = synthetic.write_tiny_text_tokenizer(path)
+    added = synthetic.write_tiny_text_tokenizer(path, released_ids=True)
     base = tts_model_type == "base"
     talker = presets.RELEASED_TALKER_0_6B if base else presets.RELEASED_TALKER_0_6B_CUSTOMVOICE
     config = {

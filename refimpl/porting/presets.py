@@ -247,6 +247,13 @@ _RELEASED_CODE_PREDICTOR = {
 }
 
 
+# The released text vocabulary: the Qwen2 / Qwen3 BPE has 151643 entries, the added tokens follow from
+# 151643 on (<|endoftext|>, <|im_start|> 151644, ..., <tts_pad> 151671, ...: synthetic.QWEN3_TTS_ADDED_TOKENS),
+# and the Talker's text embedding has 151936 rows (padded past the last id).
+RELEASED_FIRST_ADDED_TEXT_ID = 151643
+RELEASED_TEXT_VOCAB_SIZE = 151936
+
+
 def _released_talker(hidden: int, intermediate: int, speakers: bool) -> dict:
     return {
         "vocab_size": 3072,
@@ -264,7 +271,7 @@ def _released_talker(hidden: int, intermediate: int, speakers: bool) -> dict:
         "attention_bias": False,
         "num_code_groups": 16,
         "text_hidden_size": 2048,
-        "text_vocab_size": 151936,
+        "text_vocab_size": RELEASED_TEXT_VOCAB_SIZE,
         **_RELEASED_CODEC_IDS,
         "codec_language_id": dict(RELEASED_LANGUAGE_IDS),
         "spk_id": dict(RELEASED_SPEAKER_IDS) if speakers else {},

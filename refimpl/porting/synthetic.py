@@ -45,7 +45,13 @@ from ..io.files import write_atomically
 from ..tts.speaker_encoder import SpeakerEncoderConfig, speaker_encoder_checkpoint_spec
 from ..tts.talker import TalkerConfig, talker_weight_spec
 from ..tts.text_tokenizer import QWEN2_SPLIT_PATTERN, _byte_level_bpe_json, byte_alphabet_in_vocab_order
-from .presets import RELEASED_GENERATION_CONFIG, SPEECH_TOKENIZER_PREPROCESSOR, TINY_SPEECH_TOKENIZER, preset
+from .presets import (
+    RELEASED_FIRST_ADDED_TEXT_ID,
+    RELEASED_GENERATION_CONFIG,
+    SPEECH_TOKENIZER_PREPROCESSOR,
+    TINY_SPEECH_TOKENIZER,
+    preset,
+)
 
 __all__ = [
     "random_tensor",
@@ -55,6 +61,7 @@ __all__ = [
     "write_speech_tokenizer",
     "write_text_tokenizer",
     "write_tiny_text_tokenizer",
+    "unused_vocab_entry",
     "learn_bpe_merges",
     "write_speaker_encoder",
     "tts_model_weight_spec",
@@ -360,18 +367,35 @@ def _apply_merges(symbols: list[str], merges: Iterable[tuple[str, str]]) -> list
     return symbols
 
 
+def unused_vocab_entry(token_id: int) -> str:
+    """The vocabulary entry that fills id ``token_id`` below ``first_added_id`` (``write_text_tokenizer``):
+    no merge makes it, so no text encodes to it."""
+    return f"<|unused_{token_id}|>"
+
+
 def write_text_tokenizer(
     directory: str | os.PathLike,
     merges: Sequence[tuple[str, str]],
     added_tokens: Sequence[tuple[str, bool]],
     tokenizer_json: bool = False,
+    first_added_id: int | None = None,
 ) -> dict[str, int]:
     """Write ``vocab.json``, ``merges.txt`` and ``tokenizer_config.json`` in the released Qwen2 format
     (and ``tokenizer.json`` too when asked).  ``added_tokens`` is a list of (content, special); they take
-    the ids after the BPE vocabulary, in order.  Returns {added token: id}."""
+    the ids from ``first_added_id`` on, in order (default: right after the BPE vocabulary).  The ids
+    between the BPE vocabulary and ``first_added_id`` get ``unused_vocab_entry`` names in vocab.json: the
+    official loader numbers the added tokens on from the vocabulary's size, so a gap cannot be left
+    empty.  Returns {added token: id}."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab = byte_level_vocab(merges)
+    if first_added_id is not None:
+        if first_added_id < len(vocab):
+            raise ValueError(f"first_added_id {first_added_id} lies inside the {len(vocab)}-entry vocabulary")
+        for token_id in range(len(vocab), first_added_id):
+            vocab[unused_vocab_entry(token_id)] = token_id
+        if len(vocab) != first_added_id:
+            raise ValueError("an unused vocabulary entry's name is already a token of the vocabulary")
     added = {content: len(vocab) + k for k, (content, _) in enumerate(added_tokens)}
     write_json(directory / "vocab.json", vocab, newline="", ensure_ascii=False)
     merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
@@ -423,13 +447,22 @@ def write_text_tokenizer(
 
 
 def write_tiny_text_tokenizer(
-    directory: str | os.PathLike, num_merges: int = 400, tokenizer_json: bool = False
+    directory: str | os.PathLike, num_merges: int = 400, tokenizer_json: bool = False, released_ids: bool = False
 ) -> dict[str, int]:
     """The tiny text tokenizer of the synthetic checkpoints: 256 bytes + the merges that make
     "assistant", "user", "system" single tokens + ``num_merges`` merges learned from
     ``TINY_TEXT_CORPUS``, then ``TINY_TEXT_ADDED_TOKENS``.  Deterministic.  Returns {added token: id}
-    (put im_start/im_end/tts_pad/tts_bos/tts_eos ids into the model's config.json from it)."""
+    (put im_start/im_end/tts_pad/tts_bos/tts_eos ids into the model's config.json from it).
+
+    ``released_ids``: the added tokens are all of ``QWEN3_TTS_ADDED_TOKENS``, each at its released id
+    (151643..151675), the ids between the tiny vocabulary and 151643 unused (``write_text_tokenizer``).
+    The full-size checkpoints use it, so that a port which hard-codes the released ids reads the rows of
+    the tokens it means."""
     merges = learn_bpe_merges(TINY_TEXT_CORPUS, num_merges, whole_words=TINY_TEXT_WHOLE_WORDS)
+    if released_ids:
+        return write_text_tokenizer(
+            directory, merges, QWEN3_TTS_ADDED_TOKENS, tokenizer_json, first_added_id=RELEASED_FIRST_ADDED_TEXT_ID
+        )
     return write_text_tokenizer(directory, merges, TINY_TEXT_ADDED_TOKENS, tokenizer_json=tokenizer_json)
 
 
@@ -476,16 +509,20 @@ def write_tts_model(
 ) -> Path:
     """A complete synthetic model directory in the released layout, with the tiny text tokenizer.
 
-    The config's text ids (im_start/im_end, tts_pad/bos/eos) and ``talker_config.text_vocab_size`` come
-    from the written tokenizer (its vocabulary size rounded up to a multiple of 64, as the released
-    151936 is padded past the last id)."""
+    The config's text ids (im_start/im_end, tts_pad/bos/eos) come from the written tokenizer.  A talker
+    config with a ``text_vocab_size`` that has room for the released added-token ids (the ``RELEASED_TALKER_*``
+    presets) gets the tokenizer with the released ids (``write_tiny_text_tokenizer(released_ids=True)``) and
+    keeps its ``text_vocab_size``; any other (the tiny presets) gets the tiny numbering, and its
+    ``text_vocab_size`` is the vocabulary's size rounded up to a multiple of 64 (as the released 151936 is
+    padded past the last id)."""
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    added = write_tiny_text_tokenizer(directory)
-    n_text = max(added.values()) + 1
     talker = preset(dict(talker_config))
-    talker["text_vocab_size"] = -(-n_text // 64) * 64
+    released_ids = talker.get("text_vocab_size", 0) >= RELEASED_FIRST_ADDED_TEXT_ID + len(QWEN3_TTS_ADDED_TOKENS)
+    added = write_tiny_text_tokenizer(directory, released_ids=released_ids)
+    if not released_ids:
+        talker["text_vocab_size"] = -(-(max(added.values()) + 1) // 64) * 64
     config = {
         "architectures": ["Qwen3TTSForConditionalGeneration"],
         "model_type": "qwen3_tts",
