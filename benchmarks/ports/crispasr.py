@@ -32,10 +32,12 @@ steps are fed its own picks), the prompt, and its decoder's audio on our codes. 
 to the grader (they are ours).
 
 ``--released-ids``: CrispASR takes the special tokens' ids from a table of the released tokenizer's
-(``<|im_start|>`` 151644, ``<|im_end|>`` 151645), not from the checkpoint's tokenizer; our synthetic checkpoints'
-tokenizer numbers them otherwise (the config's ``im_start_token_id``, ``im_end_token_id``). The option copies the
-text embedding's rows of the checkpoint's ids to the released ids in a copy of the converted Talker GGUF (nothing
-else changes), so that its prompt holds our tokens' embeddings, as it would on the released model.
+(``<|im_start|>`` 151644, ``<|im_end|>`` 151645), not from the checkpoint's tokenizer; full-size synthetic
+checkpoints written before their tokenizer took the released ids number them 673 and 674 (the config's
+``im_start_token_id``, ``im_end_token_id``). The option copies the text embedding's rows of the checkpoint's ids
+to the released ids in a copy of the converted Talker GGUF (nothing else changes), so that its prompt holds our
+tokens' embeddings, as it would on the released model. On a checkpoint whose ids are the released ones it copies
+nothing and changes nothing; it stays for the suites made on the older checkpoints.
 """
 
 from __future__ import annotations
@@ -316,7 +318,8 @@ def main(argv=None) -> int:
         "--released-ids",
         action="store_true",
         help="copy the text embedding's rows of the checkpoint's <|im_start|>, <|im_end|> ids to the released ids "
-        "CrispASR hard-codes, in a copy of its converted Talker (see docs/ports.md)",
+        "CrispASR hard-codes, in a copy of its converted Talker (see docs/ports.md); nothing to do on a checkpoint "
+        "that has the released ids",
     )
     args = ap.parse_args(argv)
     suite, results, manifest, dirs = harness.prepare(args)
