@@ -162,6 +162,51 @@ def test_eos_stops_each_row_like_official(precision):
     check_trace(m.last_trace, "eos", precision)
 
 
+BATCH_TEXTS = ["Good morning everyone, thank you for listening.", "Yes.", "The weather is nice today.", "Call me."]
+
+
+@pytest.fixture(scope="module")
+def bf16_customvoice(tmp_path_factory):
+    """The tiny CustomVoice with its weights stored in bfloat16, as released: its matrices load as bf16 words,
+    which the numba backend's fused step reads (a float32 checkpoint's stay on the layer by layer path)."""
+    import shutil
+
+    from refimpl.io.checkpoint import read_safetensors_file, write_safetensors_file
+
+    directory = tmp_path_factory.mktemp("bf16") / "tiny-customvoice"
+    shutil.copytree(CHECKPOINTS / "tiny-customvoice", directory)
+    tensors = {k: np.array(v) for k, v in read_safetensors_file(directory / "model.safetensors").items()}
+    write_safetensors_file(directory / "model.safetensors", tensors, "bfloat16", metadata={"format": "pt"})
+    return Qwen3TTS.from_pretrained(directory)
+
+
+@pytest.mark.parametrize("weights", ("float32", "bf16"))
+def test_a_batch_of_four_texts_gives_the_codes_of_four_single_runs(weights, backend, bf16_customvoice, monkeypatch):
+    """Greedy, four different texts (different prompt lengths: the batch is left-padded) in one call give
+    each text the codes of its own run alone.  On numba with bf16 weights the batch's steps and prompt run
+    in the fused step, four rows at a time (each weight read once for the four)."""
+    m = model("customvoice") if weights == "float32" else bf16_customvoice
+    fused_rows = []
+    if backend == "numba" and weights == "bf16":
+        from refimpl.backends import numba_cpu
+
+        steps = numba_cpu.transformer._decoder_steps_bf16
+
+        def counted(x_btc, *args):
+            fused_rows.append(x_btc.shape[0])
+            return steps(x_btc, *args)
+
+        monkeypatch.setattr(numba_cpu.transformer, "_decoder_steps_bf16", counted)
+    kw = dict(speaker="serena", language="english", max_new_tokens=8, return_codes=True, **GREEDY)
+    batch = m.generate_custom_voice(BATCH_TEXTS, **kw)[2]
+    fused = backend == "numba" and weights == "bf16"
+    assert set(fused_rows) == ({len(BATCH_TEXTS)} if fused else set())  # every fused call took the four rows
+    fused_rows.clear()
+    for text_, codes in zip(BATCH_TEXTS, batch, strict=True):
+        np.testing.assert_array_equal(codes, m.generate_custom_voice(text_, **kw)[2][0], err_msg=text_)
+    assert set(fused_rows) == ({1} if fused else set())
+
+
 # ----------------------------------------------------------------------------- sampling processors
 
 _OFFICIAL_STEP = {

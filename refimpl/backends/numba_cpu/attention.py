@@ -140,28 +140,38 @@ def attention(q_bhtd, k_bgsd, v_bgsd, allowed, scale: float):
     return out_bhtd
 
 
-# the fused decoder layer's attention: its few new positions over the KV cache
+# the fused decoder layer's attention: its few new positions of each batch row over the KV cache
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _attend_new_positions(q_thd, k_gsd, v_gsd, n, out_thd):
-    """out[t, h] = softmax(q[t, h] . k[g, :n + t + 1] / sqrt(D)) @ v[g, :n + t + 1] for each new position t
-    (the cache's n + t) and each head h of group g (GQA): the attention of the T new positions over the
-    cached keys and the new ones up to their own (``nn.attention``), one parallel loop over the heads for
-    all of them (not one per position).  A head's weighted sum of the values runs in its own D floats,
-    stored into ``out`` once: summed in ``out`` itself, which the compiler cannot prove apart from ``v``,
-    the loop over d ran one lane at a time (the same sums in the same order, the same bits)."""
-    G, D = k_gsd.shape[0], k_gsd.shape[2]
-    T, H = q_thd.shape[0], q_thd.shape[1] // D
+def _attend_new_positions(q_nq, k_bgsd, v_bgsd, n, first_key_b, out_nq):
+    """out[b R + t, h] = softmax(q[b R + t, h] . k[b, g, s0:n + t + 1] / sqrt(D)) @ v[b, g, s0:n + t + 1] for
+    each batch row b (of B), its new positions t < R (the cache's n + t) and each head h of group g (GQA),
+    s0 = first_key_b[b] the row's first valid key (0 but where a batch is left-padded): the attention of the
+    new positions over the row's valid cached keys and the new ones up to their own (``nn.attention``; a
+    position that sees no key gives zeros, as there), one parallel loop over the rows' heads for all of them
+    (not one per position).  A row's keys are summed from s0 on, so its sums are those of the same row
+    alone, unpadded: the same bits.  A head's weighted sum of the values runs in its own D floats, stored
+    into ``out`` once: summed in ``out`` itself, which the compiler cannot prove apart from ``v``, the loop
+    over d ran one lane at a time (the same sums in the same order, the same bits)."""
+    B, G, D = k_bgsd.shape[0], k_bgsd.shape[1], k_bgsd.shape[3]
+    R, H = q_nq.shape[0] // B, q_nq.shape[1] // D
     scale = np.float32(D**-0.5)
-    for hd in prange(H):
+    for bh in prange(B * H):
+        b, hd = bh // H, bh % H
         g = hd // (H // G)
-        scores = np.empty(n + T, dtype=np.float32)
+        s0 = first_key_b[b]
+        k_gsd, v_gsd = k_bgsd[b], v_bgsd[b]
+        scores = np.empty(n + R, dtype=np.float32)
         sum_d = np.empty(D, dtype=np.float32)
-        for t in range(T):
-            S = n + t + 1
-            q_d = q_thd[t, hd * D : (hd + 1) * D]
+        for t in range(R):
+            S = n + t + 1 - s0  # the keys this position sees: s0 .. n + t
+            q_d = q_nq[b * R + t, hd * D : (hd + 1) * D]
+            if S <= 0:  # (a padding position before the row's first valid key)
+                for d in range(D):
+                    out_nq[b * R + t, hd * D + d] = 0.0
+                continue
             m = np.float32(-np.inf)
             for s_ in range(S):
-                k_d = k_gsd[g, s_]
+                k_d = k_gsd[g, s0 + s_]
                 acc = np.float32(0.0)
                 for d in range(D):
                     acc += q_d[d] * k_d[d]
@@ -176,8 +186,8 @@ def _attend_new_positions(q_thd, k_gsd, v_gsd, n, out_thd):
                 sum_d[d] = 0.0
             for s_ in range(S):
                 p = scores[s_] / total
-                v_d = v_gsd[g, s_]
+                v_d = v_gsd[g, s0 + s_]
                 for d in range(D):
                     sum_d[d] += p * v_d[d]
             for d in range(D):
-                out_thd[t, hd * D + d] = sum_d[d]
+                out_nq[b * R + t, hd * D + d] = sum_d[d]

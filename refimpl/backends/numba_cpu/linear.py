@@ -81,21 +81,36 @@ def linear(x, w_oi, b_o=None):
 # bfloat16 weights, read as stored
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _bf16_rows_times(x_ni, bits_oi, out_no):
-    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x.
-    Memory-bound: while row o is multiplied, row o + 8 is prefetched, one request per 64-byte line (the
-    weights are memory-mapped 4 KB pages, where the hardware prefetcher stops at every page end)."""
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x, and
+    each word widened once for 4 rows of x at a time (the remainder repeats the last row and drops it), so
+    that a batch's step stays bound by the bytes, not by the widening; each row of x summed as
+    ``_matvec_bf16_into`` sums it alone, the same bits.  Memory-bound: while row o is multiplied, row o + 8
+    is prefetched, one request per 64-byte line (the weights are memory-mapped 4 KB pages, where the
+    hardware prefetcher stops at every page end)."""
     O, I = bits_oi.shape
     N = x_ni.shape[0]
     words = bits_oi.reshape(-1)
     for o in prange(O):
         if o + PREFETCH_ROWS_AHEAD < O:
-            for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 32):
-                _prefetch(words, j)
-        for n in range(N):
-            acc = np.float32(0.0)
+            _prefetch_row(words, I, o + PREFETCH_ROWS_AHEAD)
+        w_i = bits_oi[o]
+        for n0 in range(0, N, 4):
+            n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
+            x0_i, x1_i, x2_i, x3_i = x_ni[n0, :I], x_ni[n1, :I], x_ni[n2, :I], x_ni[n3, :I]
+            a0 = a1 = a2 = a3 = np.float32(0.0)
             for i in range(I):
-                acc += x_ni[n, i] * _bf16_to_f32(bits_oi[o, i])
-            out_no[n, o] = acc
+                w = _bf16_to_f32(w_i[i])
+                a0 += x0_i[i] * w
+                a1 += x1_i[i] * w
+                a2 += x2_i[i] * w
+                a3 += x3_i[i] * w
+            out_no[n0, o] = a0
+            if n0 + 1 < N:
+                out_no[n1, o] = a1
+            if n0 + 2 < N:
+                out_no[n2, o] = a2
+            if n0 + 3 < N:
+                out_no[n3, o] = a3
 
 
 @numba.njit(fastmath=FASTMATH, inline="always")
@@ -304,10 +319,12 @@ def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
     """out = x @ widen(bits)^T for a generation step or a short prompt, by the kernel ``linear`` takes for
     ``rows`` rows: ``_matvec_bf16_into`` for one, ``_bf16_rows_times`` up to ``MATVEC_MAX_ROWS``, more on the
     AMX tiles (``_tile_bf16_times``) where ``tiles`` and the shapes let them, else ``_bf16_block_times``.
-    ``rows`` is the layer's count of new positions, also where x holds fewer (the last position alone):
-    each kernel sums a row the same way whatever the others, so that position has the same bits either way."""
+    ``rows`` is the layer's count of new positions of each batch row, also where x holds fewer (the last
+    position alone) or more (a batch's rows; one position each: ``_bf16_rows_times``, which sums each row
+    as ``_matvec_bf16_into`` does): each kernel sums a row the same way whatever the others, so that a row
+    has the same bits either way."""
     O, I = bits_oi.shape
-    if rows == 1:
+    if rows == 1 and x_ni.shape[0] == 1:
         _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
     elif rows <= MATVEC_MAX_ROWS:
         _bf16_rows_times(x_ni, bits_oi, out_no)

@@ -1,6 +1,6 @@
 """The twin of ``refimpl/transformer.py``'s ``transformer_stack`` for a generation step: Qwen3 decoder layers
-for a few new positions of one row, on bfloat16 words, the whole stack in one Numba call, and the check of
-which stacks it takes (``_fits``)."""
+for a few new positions of one row or of a batch's rows, on bfloat16 words, the whole stack in one Numba call,
+and the check of which stacks it takes (``_fits``)."""
 
 from __future__ import annotations
 
@@ -56,60 +56,75 @@ def _norm_rope_head(v_d, w_d, eps, cos_d, sin_d, tmp_d):
 
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _decoder_step_bf16(
-    x_tc, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_td, sin_td,
-    k_gsd, v_gsd, n, eps, n_threads, first_out, tiles
+    x_btc, ln1_c, q_oi, k_oi, v_oi, qn_d, kn_d, o_oi, ln2_c, gate_fi, up_fi, down_cf, cos_btd, sin_btd,
+    k_bgsd, v_bgsd, first_key_b, n, eps, n_threads, first_out, tiles
 ):  # fmt: skip
-    """One Qwen3 decoder layer for T new positions of ONE row (up to ``STEP_MAX_POSITIONS``),
-    on bf16 words, with its KV cache (written at n..n+T-1; position t attends over 0..n+t): the layer's
-    output at positions first_out..T-1 (every key and value is cached; q, the attention, o and the MLP run
-    for those positions only: a prompt's last layer needs its last position alone).  A parallel loop per
-    matrix (``_weight_products_into``) and one over the heads for the attention; the norms, RoPE, residual
-    sums and SiLU on one thread: ``transformer.transformer_layer``'s formulas in its order.  ``tiles``: the
-    products may run on the AMX tiles."""
-    T, C = x_tc.shape
-    G, D = k_gsd.shape[0], k_gsd.shape[2]
+    """One Qwen3 decoder layer for T new positions (up to ``STEP_MAX_POSITIONS``) of each of B batch rows,
+    on bf16 words, with its KV cache (written at n..n+T-1; position t of row b attends over the row's valid
+    keys first_key_b[b]..n+t): the layer's output at positions first_out..T-1 of each row, [B * R, C] (every
+    key and value is cached; q, the attention, o and the MLP run for those positions only: a prompt's last
+    layer needs its last position alone).  Each matrix is read once for the B * T rows of x: a parallel
+    loop per matrix (``_weight_products_into``, the kernel chosen by T, each row summed as it would be
+    alone) and one over the rows' heads for the attention; the norms, RoPE, residual sums and SiLU on one
+    thread: ``transformer.transformer_layer``'s formulas in its order.  ``tiles``: the products may run on
+    the AMX tiles."""
+    B, T, C = x_btc.shape
+    G, D = k_bgsd.shape[1], k_bgsd.shape[3]
     Oq, Ok, F = _matrix_rows(q_oi), _matrix_rows(k_oi), _matrix_rows(gate_fi)
     H = Oq // D
-    R = T - first_out  # the positions whose output is returned
-    h_tc = _line_aligned_empty(T, C)
-    for t in range(T):
-        _rms_norm_into(x_tc[t], ln1_c, eps, h_tc[t])
-    q_rq = _line_aligned_empty(R, Oq)
-    k_tk = np.empty((T, Ok), dtype=np.float32)
-    v_tk = np.empty((T, Ok), dtype=np.float32)
-    _weight_products_into(np.ascontiguousarray(h_tc[first_out:]), q_oi, q_rq, n_threads, T, tiles)
-    _weight_products_into(h_tc, k_oi, k_tk, n_threads, T, tiles)
-    _weight_products_into(h_tc, v_oi, v_tk, n_threads, T, tiles)
+    R = T - first_out  # the positions of each row whose output is returned
+    h_nc = _line_aligned_empty(B * T, C)  # row b * T + t
+    for b in range(B):
+        for t in range(T):
+            _rms_norm_into(x_btc[b, t], ln1_c, eps, h_nc[b * T + t])
+    if first_out == 0:
+        hq_rc = h_nc
+    else:  # (the rows of the positions returned)
+        hq_rc = _line_aligned_empty(B * R, C)
+        for b in range(B):
+            for r in range(R):
+                hq_rc[b * R + r] = h_nc[b * T + first_out + r]
+    q_rq = _line_aligned_empty(B * R, Oq)
+    k_nk = np.empty((B * T, Ok), dtype=np.float32)
+    v_nk = np.empty((B * T, Ok), dtype=np.float32)
+    _weight_products_into(hq_rc, q_oi, q_rq, n_threads, T, tiles)
+    _weight_products_into(h_nc, k_oi, k_nk, n_threads, T, tiles)
+    _weight_products_into(h_nc, v_oi, v_nk, n_threads, T, tiles)
     tmp_d = np.empty(D, dtype=np.float32)
-    for t in range(T):
-        for g in range(G):
-            _norm_rope_head(k_tk[t, g * D : (g + 1) * D], kn_d, eps, cos_td[t], sin_td[t], tmp_d)
-            for d in range(D):
-                k_gsd[g, n + t, d] = k_tk[t, g * D + d]
-                v_gsd[g, n + t, d] = v_tk[t, g * D + d]
-    for r in range(R):
-        t = first_out + r
-        for hd in range(H):
-            _norm_rope_head(q_rq[r, hd * D : (hd + 1) * D], qn_d, eps, cos_td[t], sin_td[t], tmp_d)
-    attn_rq = _line_aligned_empty(R, H * D)
-    _attend_new_positions(q_rq, k_gsd, v_gsd, n + first_out, attn_rq)  # (every new key cached: r sees 0..n+t)
-    x1_rc = np.empty((R, C), dtype=np.float32)
+    for b in range(B):
+        for t in range(T):
+            row = b * T + t
+            for g in range(G):
+                _norm_rope_head(k_nk[row, g * D : (g + 1) * D], kn_d, eps, cos_btd[b, t], sin_btd[b, t], tmp_d)
+                for d in range(D):
+                    k_bgsd[b, g, n + t, d] = k_nk[row, g * D + d]
+                    v_bgsd[b, g, n + t, d] = v_nk[row, g * D + d]
+        for r in range(R):
+            t = first_out + r
+            for hd in range(H):
+                q_d = q_rq[b * R + r, hd * D : (hd + 1) * D]
+                _norm_rope_head(q_d, qn_d, eps, cos_btd[b, t], sin_btd[b, t], tmp_d)
+    attn_rq = _line_aligned_empty(B * R, H * D)
+    _attend_new_positions(q_rq, k_bgsd, v_bgsd, n + first_out, first_key_b, attn_rq)  # (every new key cached)
+    x1_rc = np.empty((B * R, C), dtype=np.float32)
     _weight_products_into(attn_rq, o_oi, x1_rc, n_threads, T, tiles)
-    h_rc = _line_aligned_empty(R, C)
-    for r in range(R):
-        for c in range(C):
-            x1_rc[r, c] = x_tc[first_out + r, c] + x1_rc[r, c]
-        _rms_norm_into(x1_rc[r], ln2_c, eps, h_rc[r])
-    gate_rf = np.empty((R, F), dtype=np.float32)
-    act_rf = _line_aligned_empty(R, F)
+    h_rc = _line_aligned_empty(B * R, C)
+    for b in range(B):
+        for r in range(R):
+            row = b * R + r
+            for c in range(C):
+                x1_rc[row, c] = x_btc[b, first_out + r, c] + x1_rc[row, c]
+            _rms_norm_into(x1_rc[row], ln2_c, eps, h_rc[row])
+    gate_rf = np.empty((B * R, F), dtype=np.float32)
+    act_rf = _line_aligned_empty(B * R, F)
     _weight_products_into(h_rc, gate_fi, gate_rf, n_threads, T, tiles)
     _weight_products_into(h_rc, up_fi, act_rf, n_threads, T, tiles)
     _silu_times_into(gate_rf, act_rf)
-    out_rc = np.empty((R, C), dtype=np.float32)
+    out_rc = np.empty((B * R, C), dtype=np.float32)
     _weight_products_into(act_rf, down_cf, out_rc, n_threads, T, tiles)
-    for r in range(R):
+    for row in range(B * R):
         for c in range(C):
-            out_rc[r, c] = x1_rc[r, c] + out_rc[r, c]
+            out_rc[row, c] = x1_rc[row, c] + out_rc[row, c]
     return out_rc
 
 
@@ -123,20 +138,21 @@ STEP_MATRICES = tuple(j for j, name in enumerate(STEP_TENSORS) if name.endswith(
 
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _decoder_steps_bf16(
-    x_tc, ln1_l, q_l, k_l, v_l, qn_l, kn_l, o_l, ln2_l, gate_l, up_l, down_l, cos_td, sin_td, k_l_gsd, v_l_gsd,
-    n, eps, n_threads, last_first_out, tiles
+    x_btc, ln1_l, q_l, k_l, v_l, qn_l, kn_l, o_l, ln2_l, gate_l, up_l, down_l, cos_btd, sin_btd, k_l_bgsd,
+    v_l_bgsd, first_key_b, n, eps, n_threads, last_first_out, tiles
 ):  # fmt: skip
     """``_decoder_step_bf16`` through the L layers of a stack in turn, each argument that differs by layer a
-    tuple of L (layer i: ``q_l[i]``...; its KV cache ``k_l_gsd[i]``, ``v_l_gsd[i]``), the last layer's output
-    from position ``last_first_out`` on: one call for a generation step's whole stack."""
+    tuple of L (layer i: ``q_l[i]``...; its KV cache ``k_l_bgsd[i]``, ``v_l_bgsd[i]``), the last layer's
+    output from position ``last_first_out`` on, [B, R, C]: one call for a generation step's whole stack."""
     L = len(q_l)
+    B, T, C = x_btc.shape
     for i in range(L):
-        x_tc = _decoder_step_bf16(
-            x_tc, ln1_l[i], q_l[i], k_l[i], v_l[i], qn_l[i], kn_l[i], o_l[i], ln2_l[i], gate_l[i], up_l[i],
-            down_l[i], cos_td, sin_td, k_l_gsd[i], v_l_gsd[i], n, eps, n_threads,
-            last_first_out if i == L - 1 else 0, tiles,
-        )  # fmt: skip
-    return x_tc
+        first_out = last_first_out if i == L - 1 else 0
+        x_btc = _decoder_step_bf16(
+            x_btc, ln1_l[i], q_l[i], k_l[i], v_l[i], qn_l[i], kn_l[i], o_l[i], ln2_l[i], gate_l[i], up_l[i],
+            down_l[i], cos_btd, sin_btd, k_l_bgsd[i], v_l_bgsd[i], first_key_b, n, eps, n_threads, first_out, tiles,
+        ).reshape(B, T - first_out, C)  # fmt: skip
+    return x_btc
 
 
 @functools.lru_cache(maxsize=16)
@@ -173,47 +189,64 @@ def transformer_stack(
     last_only: bool = False,
 ):
     """``transformer.transformer_stack`` for a stack it can take (``_fits``: a generation step, a short
-    prompt) in one Numba call: the layers' tensors taken from the weights dict in one C call
-    (``_stack_tensor_names``) and passed as tuples, one per argument of the layer kernel; layers that cannot
-    pass as one tuple run one call each, the same kernel in the same order.  ``last_only``: the last layer
-    computed for the last position alone.  Anything else: ``NotImplemented`` (the reference runs)."""
-    if not _fits(layers, kind, x_btc, allowed, caches):
+    prompt, of one row or a batch) in one Numba call: the layers' tensors taken from the weights dict in one
+    C call (``_stack_tensor_names``) and passed as tuples, one per argument of the layer kernel; layers that
+    cannot pass as one tuple run one call each, the same kernel in the same order.  ``last_only``: the last
+    layer computed for the last position alone.  Anything else: ``NotImplemented`` (the reference runs)."""
+    first_key_b = _fits(layers, kind, x_btc, allowed, caches)
+    if first_key_b is None:
         return NotImplemented
     T = x_btc.shape[1]
     for cache in caches:
         cache.reserve(T)
     stack = _stack_arguments(layers, caches, T)
     if stack is not None:
-        return _run_stack(x_btc, stack, cos_btd, sin_btd, caches, eps, last_only)
+        return _run_stack(x_btc, stack, cos_btd, sin_btd, first_key_b, caches, eps, last_only)
     one_by_one = [_stack_arguments([lw], [c], T) for lw, c in zip(layers, caches, strict=True)]
     if any(one is None for one in one_by_one):
         return NotImplemented  # (before any layer ran: the reference runs them all)
     for i, one in enumerate(one_by_one):
-        x_btc = _run_stack(x_btc, one, cos_btd, sin_btd, caches[i : i + 1], eps, last_only and i == len(layers) - 1)
+        last = last_only and i == len(layers) - 1
+        x_btc = _run_stack(x_btc, one, cos_btd, sin_btd, first_key_b, caches[i : i + 1], eps, last)
     return x_btc
 
 
-def _fits(layers: list, kind, x_btc, allowed, caches) -> bool:
-    """Whether the fused step takes the stack: one row, at most ``STEP_MAX_POSITIONS`` new positions that are
-    the caches' next ones and see the keys causally (one position sees them all), Qwen3 layers (RMSNorm,
-    q/k norm, SwiGLU, no LayerScale) with bf16 matrices and no biases, plain ``KVCache``s (no window), no
-    padding.  Read on the host: this backend's arrays live there."""
+def _fits(layers: list, kind, x_btc, allowed, caches):
+    """Each batch row's first valid key (int64 [B]) where the fused step takes the stack, else None: at
+    most ``STEP_MAX_POSITIONS`` new positions of each of the B rows that are the caches' next ones and see
+    the keys causally (one position sees them all), Qwen3 layers (RMSNorm, q/k norm, SwiGLU, no
+    LayerScale) with bf16 matrices and no biases, plain ``KVCache``s (no window) of B rows, and keys valid
+    from a row's first valid one on (a left-padded batch; no padding: every first key 0).  Read on the
+    host: this backend's arrays live there."""
     B, T = x_btc.shape[:2]
     qwen3 = kind.norm == "rms" and kind.qk_norm and kind.mlp == "swiglu" and not kind.layer_scale
-    if not qwen3 or caches is None or B != 1 or not 1 <= T <= STEP_MAX_POSITIONS or not layers:
-        return False
+    if not qwen3 or caches is None or B < 1 or not 1 <= T <= STEP_MAX_POSITIONS or not layers:
+        return None
     if not isinstance(allowed, nn.AttentionMask) or allowed.window is not None:
-        return False
-    if not all(hasattr(c, "reserve") for c in caches):  # a KVCache (a SlidingKVCache forgets keys)
-        return False
+        return None
+    if not all(hasattr(c, "reserve") and c.k.shape[0] == B for c in caches):  # a KVCache (a SlidingKVCache
+        return None  # forgets keys) of the batch's rows
     fits = all(
         isinstance(lw[n], BF16Matrix) and b not in lw for lw in layers for n, b in zip(_MATRICES, _BIASES, strict=True)
     )
+    n = caches[0].length
     if fits and T > 1:  # several new positions: the causal order must be the cache's
-        n = caches[0].length
         fits = all(c.length == n for c in caches) and _is_range(allowed.query_positions_t, n, n + T)
         fits = fits and _is_range(allowed.key_positions_s, 0, n + T)
-    return fits and (allowed.key_valid_bs is None or bool(np.all(allowed.key_valid_bs)))
+    return _first_valid_keys(allowed.key_valid_bs, B, n + T) if fits else None
+
+
+def _first_valid_keys(key_valid_bs, B: int, S: int):
+    """Each row's first valid key (int64 [B]) where every key from it on is valid (left padding; all of them
+    without ``key_valid_bs``), else None."""
+    if key_valid_bs is None:
+        return np.zeros(B, np.int64)
+    try:
+        valid_bs = np.broadcast_to(np.asarray(key_valid_bs, dtype=bool), (B, S))
+    except ValueError:
+        return None
+    first_b = np.where(valid_bs.any(axis=1), np.argmax(valid_bs, axis=1), S).astype(np.int64)
+    return first_b if bool(np.all(valid_bs == (np.arange(S) >= first_b[:, None]))) else None
 
 
 def _is_range(positions, start: int, stop: int) -> bool:
@@ -242,23 +275,24 @@ def _stack_arguments(layers: list, caches: list, T: int):
     use_packed = bool(packed) and all(p is not None for words in packed.values() for p in words)
     for j in STEP_MATRICES:  # a streamed stack's packed words (all of its matrices), else its words as they are
         by_argument[j] = packed[j] if use_packed else tuple(m.bits for m in by_argument[j])
-    k_caches, v_caches = tuple(c.k[0] for c in caches), tuple(c.v[0] for c in caches)
+    k_caches, v_caches = tuple(c.k for c in caches), tuple(c.v for c in caches)
     arrays = [a for j, a in enumerate(by_argument) if not (use_packed and j in STEP_MATRICES)]
     if not all(map(_one_array_type, (*arrays, k_caches, v_caches))):
         return None
     return (*by_argument, k_caches, v_caches)
 
 
-def _run_stack(x_btc, stack: tuple, cos_btd, sin_btd, caches: list, eps: float, last_only: bool):
+def _run_stack(x_btc, stack: tuple, cos_btd, sin_btd, first_key_b, caches: list, eps: float, last_only: bool):
     """``_decoder_steps_bf16`` on one stack's arguments (``_stack_arguments``); the caches' lengths advanced."""
-    n, T, C = caches[0].length, x_btc.shape[1], x_btc.shape[2]
-    x_tc = np.array(x_btc, dtype=np.float32, order="C").reshape(T, C)  # (a writable copy: the layers' type)
-    out_tc = _decoder_steps_bf16(
-        x_tc,
+    n, (B, T, _) = caches[0].length, x_btc.shape
+    x_btc = np.array(x_btc, dtype=np.float32, order="C")  # (a writable copy: the layers' type)
+    rope = [np.ascontiguousarray(np.broadcast_to(a, (B, T, a.shape[-1])), dtype=np.float32) for a in (cos_btd, sin_btd)]
+    out_brc = _decoder_steps_bf16(
+        x_btc,
         *stack[:-2],
-        np.ascontiguousarray(cos_btd, dtype=np.float32).reshape(T, -1),
-        np.ascontiguousarray(sin_btd, dtype=np.float32).reshape(T, -1),
+        *rope,
         *stack[-2:],
+        first_key_b,
         n,
         np.float32(eps),
         numba.get_num_threads(),
@@ -267,4 +301,4 @@ def _run_stack(x_btc, stack: tuple, cos_btd, sin_btd, caches: list, eps: float, 
     )
     for cache in caches:
         cache.length = n + T
-    return out_tc.reshape((1, out_tc.shape[0], C))
+    return out_brc

@@ -28,7 +28,7 @@ def test_attention_of_the_new_positions_is_the_softmax_formula(n, T):
     k[:, : n + T] = rng.standard_normal((G, n + T, D))
     v[:, : n + T] = rng.standard_normal((G, n + T, D))
     out = np.full((T, H * D), np.nan, np.float32)
-    numba_cpu.attention._attend_new_positions(q, k, v, n, out)
+    numba_cpu.attention._attend_new_positions(q, k[None], v[None], n, np.zeros(1, np.int64), out)
     allowed = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T))
 
     def formula(dtype):  # nn.attention itself: [1, H, T, D] queries over [1, G, n + T, D] keys and values
@@ -40,6 +40,34 @@ def test_attention_of_the_new_positions_is_the_softmax_formula(n, T):
     exact, composition = formula(np.float64), formula(np.float32)
     floor = 2 * max(D, n + T) * np.finfo(np.float32).eps * np.max(np.abs(exact))
     assert np.max(np.abs(out - exact)) <= 2 * np.max(np.abs(composition - exact)) + floor
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_attention_of_a_left_padded_batch_is_each_row_alone(T):
+    """The fused step's attention over B rows, each from its own first valid key (a left-padded batch: keys
+    before it unseen): each row has the bits of the same row alone with its padding cut off, and the batch
+    is ``nn.attention``'s with the padding as key validity (float32, within 1e-5); a position before its
+    row's first valid key sees nothing and gives zeros, as the reference's."""
+    B, H, G, D, n = 3, 4, 2, 16, 6
+    first_key = np.array([0, 2, n + 1], np.int64)  # row 2: its first new position sees no key
+    rng = np.random.default_rng(T)
+    q = rng.standard_normal((B * T, H * D)).astype(np.float32)
+    k, v = rng.standard_normal((2, B, G, n + T + 4, D)).astype(np.float32)
+    out = np.full((B * T, H * D), np.nan, np.float32)
+    numba_cpu.attention._attend_new_positions(q, k, v, n, first_key, out)
+    for b, s0 in enumerate(first_key):
+        alone = np.full((T, H * D), np.nan, np.float32)
+        row = slice(b * T, (b + 1) * T)
+        if s0 <= n:
+            kb, vb = (np.ascontiguousarray(a[b : b + 1, :, s0:]) for a in (k, v))
+            numba_cpu.attention._attend_new_positions(q[row], kb, vb, n - s0, np.zeros(1, np.int64), alone)
+            np.testing.assert_array_equal(out[row], alone, err_msg=f"row {b}")
+    valid = np.arange(n + T)[None] >= first_key[:, None]
+    allowed = nn.AttentionMask(nn.arange(n, n + T), nn.arange(n + T), key_valid_bs=valid)
+    q_bhtd = q.reshape(B, T, H, D).transpose(0, 2, 1, 3)
+    ref = nn.attention.reference(q_bhtd, k[:, :, : n + T], v[:, :, : n + T], allowed, D**-0.5)
+    np.testing.assert_allclose(out, ref.transpose(0, 2, 1, 3).reshape(B * T, H * D), rtol=1e-5, atol=1e-5)
+    assert np.all(out[2 * T] == 0)
 
 
 @pytest.mark.parametrize("case", CASES)

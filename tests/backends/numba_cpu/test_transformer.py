@@ -202,14 +202,14 @@ def test_the_stack_takes_the_fused_step_only_where_it_fits():
 
 def test_several_new_positions_take_the_fused_step_only_in_the_cache_order():
     """Two new positions are fused where they are the cache's next two and see the keys causally; queries at
-    other positions (a mask not the cache's order), caches of different lengths, two rows or more than
-    STEP_MAX_POSITIONS positions take the layer by layer path."""
+    other positions (a mask not the cache's order), caches of different lengths, two rows in caches of one
+    row, or more than STEP_MAX_POSITIONS positions take the layer by layer path."""
     lw, _ = random_qwen3_layer(np.random.default_rng(0), 16, 2, 1, 8, 32, np.float32)
     caches = [transformer.KVCache(1, 1, 8, np.float32, capacity=8) for _ in range(2)]
     for c in caches:
         c.append(*np.zeros((2, 1, 1, 3, 8), np.float32))
-    fits = lambda x, mask, cs=caches: numba_cpu.transformer._fits(  # noqa: E731
-        [lw, lw], transformer.QWEN3, x, mask, cs
+    fits = lambda x, mask, cs=caches: (  # noqa: E731
+        numba_cpu.transformer._fits([lw, lw], transformer.QWEN3, x, mask, cs) is not None
     )
     two = np.zeros((1, 2, 16), np.float32)
     assert fits(two, nn.AttentionMask(nn.arange(3, 5), nn.arange(5)))
@@ -220,6 +220,32 @@ def test_several_new_positions_take_the_fused_step_only_in_the_cache_order():
     assert not fits(np.zeros((2, 2, 16), np.float32), nn.AttentionMask(nn.arange(3, 5), nn.arange(5)))
     many = numba_cpu.transformer.STEP_MAX_POSITIONS + 1
     assert not fits(np.zeros((1, many, 16), np.float32), nn.AttentionMask(nn.arange(3, 3 + many), nn.arange(3 + many)))
+
+
+def test_a_batch_takes_the_fused_step_where_its_keys_are_left_padded():
+    """B rows in caches of B rows are fused, each row's first valid key found; key validity that is not a
+    prefix of padding followed by valid keys (a hole, a key valid before a padded one) is not."""
+    lw, _ = random_qwen3_layer(np.random.default_rng(0), 16, 2, 1, 8, 32, np.float32)
+    caches = [transformer.KVCache(3, 1, 8, np.float32, capacity=8) for _ in range(2)]
+    for c in caches:
+        c.append(*np.zeros((2, 3, 1, 3, 8), np.float32))
+    x = np.zeros((3, 1, 16), np.float32)
+
+    def first_keys(valid):
+        mask = nn.AttentionMask(nn.arange(3, 4), nn.arange(4), key_valid_bs=valid)
+        return numba_cpu.transformer._fits([lw, lw], transformer.QWEN3, x, mask, caches)
+
+    np.testing.assert_array_equal(first_keys(None), [0, 0, 0])
+    padded = np.array([[1, 1, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1]], bool)
+    np.testing.assert_array_equal(first_keys(padded), [0, 1, 3])
+    assert first_keys(np.array([[1, 1, 1, 1], [0, 1, 0, 1], [1, 1, 1, 1]], bool)) is None
+    assert first_keys(np.array([[1, 1, 1, 1], [1, 0, 1, 1], [1, 1, 1, 1]], bool)) is None
+    assert (
+        numba_cpu.transformer._fits(
+            [lw, lw], transformer.QWEN3, x[:2], nn.AttentionMask(nn.arange(3, 4), nn.arange(4)), caches
+        )
+        is None
+    )
 
 
 def random_qwen3_stack(seed, L, C, H, G, D, F):
@@ -306,3 +332,49 @@ def test_fused_stack_runs_layers_it_cannot_pass_as_one_tuple_one_call_each():
     norm.flags.writeable = False
     weights["model.layers.1.input_layernorm.weight"] = norm
     np.testing.assert_array_equal(twin(layers, caches()), expected)
+
+
+# the prompts by the rows kernel, by the block kernel (or the tiles): a row alone takes the kernel of its own
+# length, the batch that of the longest, so each row's length is in its batch's kernel's range
+@pytest.mark.parametrize("lengths", [(5, 3, 1), (20, 18, 17)])
+def test_fused_batch_rows_have_the_bits_of_each_row_alone(lengths):
+    """A left-padded batch of three rows through the fused stack (a prompt, then three one-position steps,
+    the last layer for the last position alone as generation runs it) gives each row the bits of the same
+    row run alone, unpadded: every weight read once for the batch's rows, each row's sums the same.  The
+    batch also agrees with the reference stack over the padded batch (float32 bound)."""
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    weights, layers, cfg = random_qwen3_stack(31, 2, C, H, G, D, F)
+    B, T, steps = len(lengths), max(lengths), 3  # the batch left-pads the rows' prompts to the longest
+    xs = np.random.default_rng(T).standard_normal((B, T + steps, C)).astype(np.float32)
+    valid = np.ones((B, T + steps), bool)
+    positions = np.zeros((B, T + steps), np.int64)
+    for b, n in enumerate(lengths):
+        valid[b, : T - n] = False
+        positions[b, T - n :] = np.arange(n + steps)
+
+    def run(x_btc, positions_bt, valid_bs, fused: bool):
+        """The prompt, then the steps: each call's output for the last position of every row."""
+        caches = [transformer.KVCache(x_btc.shape[0], G, D, np.float32, capacity=2) for _ in layers]
+        stack = numba_cpu.transformer.transformer_stack if fused else transformer.transformer_stack.reference
+        outs = []
+        for start, stop in ((0, x_btc.shape[1] - steps),) + tuple(
+            (s, s + 1) for s in range(x_btc.shape[1] - steps, x_btc.shape[1])
+        ):
+            cos, sin = nn.rope_cos_sin(positions_bt[:, start:stop], D, 10000.0, np.float32)
+            key_valid = None if valid_bs[:, :stop].all() else valid_bs[:, :stop]
+            mask = nn.AttentionMask(nn.arange(start, stop), nn.arange(stop), key_valid_bs=key_valid)
+            with kernels.use_backend("numba"):
+                y = stack(
+                    layers, transformer.QWEN3, cfg, x_btc[:, start:stop], cos, sin, mask, caches, 1e-6, NULL, True
+                )
+            assert y is not NotImplemented
+            outs.append(y[:, -1])
+        return np.stack(outs, axis=1)  # [B, 1 + steps, C]
+
+    from refimpl.recorder import NULL_RECORDER as NULL
+
+    batch = run(xs, positions, valid, fused=True)
+    for b, n in enumerate(lengths):
+        alone = run(xs[b : b + 1, T - n :], positions[b : b + 1, T - n :], valid[b : b + 1, T - n :], fused=True)
+        np.testing.assert_array_equal(batch[b], alone[0], err_msg=f"row {b}")
+    np.testing.assert_allclose(batch, run(xs, positions, valid, fused=False), rtol=1e-4, atol=1e-5)
