@@ -11,6 +11,9 @@ machine's changing speed falls on both alike:
                                (the note: our frame against a pass run after each frame, the same seconds,
                                and against the read of the bytes a frame reads now, the code predictor's
                                matrices packed: bench_floor.frame_bytes_as_read)
+    batch of 4                 the time of one generation step for 4 different texts at once against one
+                               text's (bench_batch.py, which also runs B = 2 and 8), greedy; the note says
+                               whether each text's codes equal its single run's
     end to end / official      generate_custom_voice, greedy, --frames frames, with the codec decode
     first frame / official     the same with max_new_tokens=2: prompt, prefill, one frame, its decode
     codec decoder / official   125 frames (10 s) of random codes
@@ -47,6 +50,7 @@ import time  # noqa: E402
 import common  # noqa: E402, F401  (OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np  # noqa: E402
 import results_file  # noqa: E402
+from bench_batch import TEXTS, step_seconds  # noqa: E402
 from bench_codec_encoder import test_audio  # noqa: E402
 from bench_floor import (  # noqa: E402
     ReadKernel,
@@ -65,6 +69,7 @@ from common import (  # noqa: E402
 
 TARGETS = {
     "per frame / floor": 1.12,
+    "batch of 4: per frame / one text's": 1.4,
     "end to end / official": 0.36,
     "first frame / official": 0.5,
     "codec decoder / official": 0.5,
@@ -199,6 +204,23 @@ def main() -> None:
         f"a pass between frames {1000 * between:.0f} ms, {1000 * paired:.0f} / {1000 * between:.0f} = "
         f"{paired / between:.2f}; the {as_read.nbytes / 1e9:.2f} GB it reads now, packed, in "
         f"{1000 * read_now:.0f} ms: {frame / read_now:.2f})",
+    )
+
+    # a batch of 4 texts against one, step by step, alternating
+    singles = [step_seconds(tts, [text], frames)[1][0] for text in TEXTS[:4]]  # (the warm-up too)
+    step_seconds(tts, TEXTS[:4], 1)
+    steps = {1: float("inf"), 4: float("inf")}
+    for _ in range(repeats):
+        for B in steps:
+            seconds, codes = step_seconds(tts, TEXTS[:B], frames)
+            steps[B] = min(steps[B], seconds)
+    same = all(np.array_equal(c, s) for c, s in zip(codes, singles, strict=True))
+    table.add(
+        "batch of 4: per frame / one text's",
+        1000 * steps[4],
+        1000 * steps[1],
+        "ms",
+        f"(a step for 4 texts against a step for 1; codes equal to the single runs: {same}; {frames} frames)",
     )
 
     # end to end and first frame, with the codec decode; the official's decoded codes are kept

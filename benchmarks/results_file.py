@@ -97,18 +97,21 @@ def entry(rows: list, *, cpu: dict, threads: dict, load: float, extra: dict | No
         "commit": git_commit(),
         "source": "benchmarks/bench_table.py",
         **(extra or {}),
-        "rows": [
-            {
-                "what": what,
-                "ours": significant(ours),
-                "against": significant(against),
-                "unit": unit,
-                "ratio": None if ratio is None else round(ratio, 3),
-                "target": target,
-                "note": note,
-            }
-            for what, ours, against, ratio, unit, note, target in rows
-        ],
+        "rows": [row_entry(row) for row in rows],
+    }
+
+
+def row_entry(row: tuple) -> dict:
+    """One row of an entry from ``(what, ours, against, ratio, unit, note, target)``."""
+    what, ours, against, ratio, unit, note, target = row
+    return {
+        "what": what,
+        "ours": significant(ours),
+        "against": significant(against),
+        "unit": unit,
+        "ratio": None if ratio is None else round(ratio, 3),
+        "target": target,
+        "note": note,
     }
 
 
@@ -124,3 +127,18 @@ def write_entry(kind: str, new: dict, path: Path = RESULTS) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_row(kind: str, row: tuple, path: Path = RESULTS) -> None:
+    """Replace (or add, at the end) one row ``(what, ours, against, ratio, unit, note, target)`` of the entry
+    ``kind``, measured by a benchmark of its own (``bench_batch.py``); the entry's other rows and its
+    heading stay as the run that wrote it left them.  Written like ``write_entry``."""
+    results = load(path)
+    machine = results["machines"].get(kind)
+    if machine is None:
+        raise ValueError(f"{path.name} has no entry {kind!r} to add a row to: run bench_table.py --write-results")
+    new = row_entry(row)
+    rows = machine["rows"]
+    at = next((i for i, r in enumerate(rows) if r["what"] == new["what"]), len(rows))
+    rows[at : at + 1] = [new]
+    write_entry(kind, machine, path)

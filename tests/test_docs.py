@@ -283,3 +283,20 @@ def test_bench_table_entry_is_written_and_rendered(tmp_path):
     }
     table = results.render("machine intel-amx", machines)
     assert "| end to end / official | 2.46 s | 7.23 s | 0.34 | ≤ 0.36 | (codes equal) |" in table
+
+
+def test_a_benchmark_of_its_own_writes_its_row_into_the_machine_entry(tmp_path):
+    """What bench_batch.py --write-results does: its row replaced in place (or added at the end) in the
+    machine's entry, the entry's other rows and heading kept; no entry for the machine is an error."""
+    path = tmp_path / "results.json"
+    path.write_text('{"machines": {"amd-no-amx": {"title": "AMD", "rows": [{"what": "a"}, {"what": "b"}]}}}')
+    row = ("b", 210.0, 82.0, 210.0 / 82.0, "ms", "(note)", 1.4)
+    results_file.write_row("amd-no-amx", row, path)
+    results_file.write_row("amd-no-amx", ("c",) + row[1:], path)
+    machine = results.load(path)["amd-no-amx"]
+    assert machine["title"] == "AMD" and [r["what"] for r in machine["rows"]] == ["a", "b", "c"]
+    assert machine["rows"][1] == {
+        "what": "b", "ours": 210.0, "against": 82.0, "unit": "ms", "ratio": 2.561, "target": 1.4, "note": "(note)"
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="no entry"):
+        results_file.write_row("intel-amx", row, path)
