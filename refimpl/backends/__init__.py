@@ -48,7 +48,6 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 import numpy as np
-from scipy import special as host_special
 
 from .host_memory import recycled_outputs, workspace_of
 
@@ -152,7 +151,7 @@ class Backend:
     @property
     def special(self) -> Any:
         """This backend's ``scipy.special`` (the device's own special functions on a device backend)."""
-        return self.load().special if self.on_device else host_special
+        return self.load().special if self.on_device else _host_special()
 
     def owns(self, x: object) -> bool:
         """True when ``x`` is an array of this (loaded) device backend."""
@@ -317,9 +316,17 @@ def special_module(x: object) -> Any:
     """``scipy.special`` for host arrays, the special functions of the device backend that owns ``x``
     (``cupyx.scipy.special``) otherwise."""
     if isinstance(x, (np.ndarray, np.generic)):
-        return host_special
+        return _host_special()
     owner = _owner(x)
-    return host_special if owner is None else owner.special
+    return _host_special() if owner is None else owner.special
+
+
+def _host_special() -> Any:
+    """``scipy.special``, imported at its first use (not by ``import refimpl``: a generation never needs it,
+    and importing it is a good part of a fresh process's start)."""
+    from scipy import special
+
+    return special
 
 
 def model_scope(loaded_on: str | None, what: str) -> contextlib.AbstractContextManager[object]:

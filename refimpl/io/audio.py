@@ -20,8 +20,6 @@ import warnings
 from fractions import Fraction
 
 import numpy as np
-from scipy import signal
-from scipy.io import wavfile
 
 from .files import write_atomically
 
@@ -303,6 +301,8 @@ def wav_bytes(audio, sample_rate: int, sample_format: str = "pcm16") -> bytes:
     data, clipped = wav_samples(audio, sample_format)
     if clipped:
         warn_clipping(clipped, data.size, float(np.max(np.abs(audio))))
+    from scipy.io import wavfile  # (here: importing SciPy's modules costs a fresh process its first audio)
+
     buffer = io.BytesIO()
     wavfile.write(buffer, check_sample_rate(sample_rate, "output sample rate"), data)
     return buffer.getvalue()
@@ -383,6 +383,8 @@ def resampling_filter(up: int, down: int):
     a = RESAMPLE_ATTENUATION_DB
     n_taps = int(np.ceil((a - 7.95) / (2.285 * np.pi * transition))) | 1
     beta = 0.1102 * (a - 8.7)
+    from scipy import signal  # (here: scipy.signal alone takes longer to import than a generated frame)
+
     return signal.firwin(n_taps, (1.0 + RESAMPLE_PASSBAND) / 2.0 / m, window=("kaiser", beta))
 
 
@@ -411,6 +413,8 @@ def resample_polyphase(audio, sr: int, target_sr: int):
     if sr == target_sr:
         return audio
     up, down = polyphase_factors(sr, target_sr)
+    from scipy import signal
+
     out = signal.resample_poly(audio.astype(np.float64), up, down, window=resampling_filter(up, down))
     n_out = output_length(audio.shape[-1], sr, target_sr)
     out = np.pad(out, (0, max(0, n_out - out.shape[-1])))[:n_out]

@@ -8,7 +8,6 @@ import math
 
 import numba
 import numpy as np
-import scipy.special
 
 from ... import nn
 from ..host_memory import new_output
@@ -169,6 +168,8 @@ def gelu_erf(x):
     scale = x.dtype.type(1.0 / math.sqrt(2.0))
     if x.dtype == np.float32:
         return _elementwise_in_pieces(x, lambda xs, ys: _gelu_erf_into(xs, scale, ys))
+
+    import scipy.special  # (float64 only: not imported with the backend)
 
     def into(xs, ys):
         scipy.special.erf(xs * scale, out=ys)
