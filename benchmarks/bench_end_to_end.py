@@ -33,9 +33,11 @@ def main() -> None:
     gen = dict(GREEDY, max_new_tokens=args.frames + 1)
 
     from refimpl import Qwen3TTS
+    from refimpl.backends.host_memory import wait_for_huge_pages
 
     path = released_custom_voice_0_6b()
     tts = Qwen3TTS.from_pretrained(path)
+    wait_for_huge_pages()  # the steady state: the weights' copy in huge pages made
 
     def ours():
         wavs, sr, codes = tts.generate_custom_voice(TEXT, speaker=SPEAKER, language=LANGUAGE, return_codes=True, **gen)

@@ -18,18 +18,24 @@ the others go; a model's workspace lives as long as the model.
 
 The weights the kernels stream are placed too: a float32 model's bfloat16 matrices (all but the
 embedding tables, read by rows) are read into anonymous memory backed by transparent 2 MB huge pages
-(``huge_page_array``; the reader, ``refimpl/io/checkpoint.py``, fills it), not left in the file's memory
-map.  The matrix-vector products stream every weight once per step, and in memory-mapped 4 KB pages the
-hardware prefetcher stops at every page end (docs/performance.md: about 15% of a frame).
-``REFIMPL_HUGE_PAGES=0`` keeps the memory map."""
+(``huge_page_array``), not left in the file's memory map.  The matrix-vector products stream every weight
+once per step, and in memory-mapped 4 KB pages the hardware prefetcher stops at every page end
+(docs/performance.md: about 15% of a frame).  A model's matrices are copied there after its load, by a
+thread that runs only on an idle core (``copy_into_huge_pages_later``), so that the copy (about a second
+for the 0.6B model) is not on the way to the first audio: the kernels read the memory map until a matrix's
+copy is made, then the copy (the same words: no number changes).  ``REFIMPL_HUGE_PAGES=0`` keeps the memory
+map."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import mmap
+import os
 import sys
 import threading
+import time
+import warnings
 
 import numpy as np
 
@@ -149,3 +155,70 @@ def huge_page_array(nbytes: int) -> np.ndarray:
     lead = -np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data % HUGE_PAGE_BYTES  # to a 2 MB boundary
     region.madvise(mmap.MADV_HUGEPAGE, lead, nbytes)
     return np.frombuffer(region, dtype=np.uint8, count=nbytes, offset=lead)
+
+
+def copy_into_huge_pages(matrices, release=None) -> None:
+    """Copy the words of each ``BF16Matrix`` of ``matrices`` (host words) into one region of huge pages, each
+    on a cache line, and point the matrix at its copy as soon as that is made: one assignment of
+    ``matrix.bits``, so a call in progress keeps the words it was given and the next call reads the copy (the
+    same bytes: no result changes).  The copies are read-only arrays over the region.  ``release(words)``, if
+    given, is called with each matrix's former words after the switch (the loader gives the memory map's
+    pages back)."""
+    matrices = [m for m in matrices if isinstance(m.bits, np.ndarray) and m.bits.nbytes]
+    places, total = [], 0
+    for m in matrices:
+        places.append(total)
+        total += -(-m.bits.nbytes // ALIGNMENT) * ALIGNMENT
+    if not total:
+        return
+    arena = huge_page_array(total)
+    # the copies are views of a read-only view of the region, so that layouts kept per read-only weight
+    # (``numba_cpu/kept.py``) are kept for them too: the writable ``arena`` is only written here
+    readable = np.frombuffer(memoryview(arena).toreadonly(), dtype=np.uint8)
+    for m, at in zip(matrices, places, strict=True):
+        words = m.bits
+        np.copyto(arena[at : at + words.nbytes].view(words.dtype).reshape(words.shape), words)
+        m.bits = readable[at : at + words.nbytes].view(words.dtype).reshape(words.shape)
+        if release is not None:
+            release(words)
+
+
+def copy_into_huge_pages_later(matrices, release=None) -> threading.Thread:
+    """``copy_into_huge_pages`` in a daemon thread that the system runs only on a core nothing else wants
+    (Linux ``SCHED_IDLE``; elsewhere the lowest priority it grants): after a load, while the process
+    prepares its first frame on one core, and between calls.  A copy that fails (no memory for the region)
+    leaves the matrices on their memory map, with a warning.  Returns the thread (``join`` waits for the
+    copy)."""
+    thread = threading.Thread(
+        target=_copy_when_idle, args=(list(matrices), release), name="refimpl-huge-pages", daemon=True
+    )
+    thread.start()
+    _COPYING.append(thread)
+    return thread
+
+
+_COPYING: list = []  # the threads copy_into_huge_pages_later started
+
+
+def wait_for_huge_pages(timeout: float | None = None) -> bool:
+    """Wait until the copies into huge pages started so far are made (a benchmark of the steady state
+    waits, so as to time the frames as a long-running process has them); whether they all are."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for thread in list(_COPYING):
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    _COPYING[:] = [t for t in _COPYING if t.is_alive()]
+    return not _COPYING
+
+
+def _copy_when_idle(matrices: list, release) -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # (Linux: this thread only)
+    except (AttributeError, OSError):
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    try:
+        copy_into_huge_pages(matrices, release)
+    except (OSError, MemoryError, ValueError) as e:
+        warnings.warn(
+            f"the weights stay memory-mapped: no huge pages for their copy ({e})", RuntimeWarning, stacklevel=1
+        )

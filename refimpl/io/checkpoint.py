@@ -258,7 +258,11 @@ def check_data_covered(path, header: Mapping[str, dict], data_size: int) -> None
 
 @names_the_file_when_memory_runs_out
 def read_safetensors_file(
-    path: str | os.PathLike, dtype=np.float32, names: Iterable[str] | None = None, keep_bf16: bool = False
+    path: str | os.PathLike,
+    dtype=np.float32,
+    names: Iterable[str] | None = None,
+    keep_bf16: bool = False,
+    huge_pages: bool = True,
 ) -> dict:
     """Read tensors from one ``.safetensors`` file.
 
@@ -268,7 +272,8 @@ def read_safetensors_file(
     (copy it before modifying it).  With ``keep_bf16`` (float32 only), a bfloat16 matrix stays as its
     16-bit words in a ``BF16Matrix``, widened where it is used: the words of a matrix the kernels stream
     (every one but the embedding tables) copied unchanged into 2 MB huge pages where the host-memory policy
-    places them (``refimpl.backends.host_memory.huge_pages_enabled``), the others a view of the map.
+    places them (``refimpl.backends.host_memory.huge_pages_enabled``), the others a view of the map;
+    ``huge_pages=False`` leaves them all in the map (a loader that copies them later, off the first call's path).
     """
     path = Path(path)
     header, data_start = _read_header(path)
@@ -277,12 +282,13 @@ def read_safetensors_file(
     wanted = header.keys() if names is None else [n for n in names if n in header]
     kept = [n for n in wanted if keep_bf16 and np.dtype(dtype) == np.float32 and _is_bf16_matrix(header[n])]
     streamed = [n for n in kept if not is_lookup_table(n)]
+    copying = huge_pages and huge_pages_enabled()
     # out of address space (ulimit -v): said before a byte is allocated (io/memory.py)
-    check_room(str(path), load_bytes(path, header, wanted, kept, streamed if huge_pages_enabled() else [], dtype))
+    check_room(str(path), load_bytes(path, header, wanted, kept, streamed if copying else [], dtype))
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     track(mapped, path)  # named if the file shrinks under the map (io/mapped_files.py: a bus error)
     raw = mapped.view(np.ndarray)
-    copies = _read_copies(path, data_start, header, streamed) if huge_pages_enabled() else {}
+    copies = _read_copies(path, data_start, header, streamed) if copying else {}
     out = {}
     for name in wanted:
         info = header[name]
@@ -431,14 +437,15 @@ def tensor_headers(directory: str | os.PathLike) -> dict:
 
 
 def read_checkpoint_weights(
-    directory: str | os.PathLike, dtype=np.float32, prefix: str = "", keep_bf16: bool = False
+    directory: str | os.PathLike, dtype=np.float32, prefix: str = "", keep_bf16: bool = False, huge_pages: bool = True
 ) -> dict:
     """Read every tensor of a checkpoint directory (single file or shards) whose name starts with
-    ``prefix``; the prefix is removed from the returned names.  ``keep_bf16``: see ``read_safetensors_file``."""
+    ``prefix``; the prefix is removed from the returned names.  ``keep_bf16``, ``huge_pages``: see
+    ``read_safetensors_file``."""
     out = {}
     for path, header in checked_headers(directory):
         names = [n for n in header if n.startswith(prefix)]
-        for name, arr in read_safetensors_file(path, dtype, names, keep_bf16).items():
+        for name, arr in read_safetensors_file(path, dtype, names, keep_bf16, huge_pages).items():
             out[name[len(prefix) :]] = arr
     return out
 

@@ -41,15 +41,19 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..backends import iterate_on_model_backend, on_model_backend
+from ..backends.bf16 import BF16Matrix
+from ..backends.host_memory import copy_into_huge_pages_later, huge_pages_enabled
 from ..codec.speech_tokenizer import Progress, SpeechTokenizer
 from ..io.audio import audio_as_float, check_sample_rate, read_wav
 from ..io.checkpoint import (
     CheckpointError,
     check_prefixes,
     compute_dtype,
+    is_lookup_table,
     read_checkpoint_weights,
     read_config,
     read_json_object,
+    release_pages,
 )
 from ..io.hub import resolve_model
 from ..recorder import NULL_RECORDER, Recorder, as_recorder
@@ -118,6 +122,20 @@ class Prompts:
 
 
 STREAM_CHUNK_FRAMES = (1, 2, 4)  # the default schedule: the first audio after one frame, then 2, then 4 at a time
+
+
+def matrices_for_huge_pages(talker: Talker) -> list:
+    """The Talker's bfloat16 matrices on the host that a generation step reads whole: every one but the
+    lookup tables and the code predictor's streamed matrices (the numba backend reads those from their
+    packed copy; ``bf16.BF16Matrix.streamed``), in the order of the steps (the Talker's, then the code
+    predictor's)."""
+    named = [(n, m) for n, m in talker.weights.items() if not n.startswith("code_predictor.")]
+    named += list(talker.code_predictor.weights.items())
+    return [
+        m
+        for n, m in named
+        if isinstance(m, BF16Matrix) and isinstance(m.bits, np.ndarray) and not m.streamed and not is_lookup_table(n)
+    ]
 
 
 def chunk_sizes(chunk_frames: int | Sequence[int]) -> Iterator[int]:
@@ -225,9 +243,14 @@ class Qwen3TTS:
             raise CheckpointError(f"{directory}/config.json has no talker_config: not a Qwen3-TTS model")
         cfg = TTSConfig.from_dict(config)
         check_prefixes(directory, ("talker.", "speaker_encoder."), f"Qwen3-TTS model ({directory})")
-        # float32: bfloat16 matrices stay as stored (half the memory; widened where used, exactly)
-        talker_weights = read_checkpoint_weights(directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32)
+        # float32: bfloat16 matrices stay as stored (half the memory; widened where used, exactly), read from
+        # the memory map until their copy in huge pages is made, on an idle core (off the first audio's path)
+        talker_weights = read_checkpoint_weights(
+            directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32, huge_pages=False
+        )
         talker = Talker(cfg.talker_config, talker_weights, dtype)  # type: ignore[arg-type]  # from_dict sets it
+        if huge_pages_enabled():
+            copy_into_huge_pages_later(matrices_for_huge_pages(talker), release=release_pages)
         speaker_encoder = None
         if cfg.tts_model_type == "base":
             speaker_encoder = SpeakerEncoder.from_pretrained(directory, dtype)

@@ -1,5 +1,6 @@
 """A model's workspace (refimpl/backends/host_memory.py): a buffer is handed out again only when nothing
-refers to it any more, and what a workspace keeps between calls is bounded."""
+refers to it any more, and what a workspace keeps between calls is bounded; the weights' copy into huge
+pages."""
 
 from __future__ import annotations
 
@@ -131,3 +132,47 @@ def test_whole_rows_reads_a_trimmed_output_in_place_only_inside_its_memory(in_wo
         assert T == 100 and rows.shape == full.shape and np.shares_memory(rows, full)
         rows, T = numba_cpu.codec_decoder._whole_rows(full[:, 1:, :100])  # rows that do not follow each other: a copy
         assert rows.shape == (2, 2, 100) and not np.shares_memory(rows, full)
+
+
+# ----------------------------------------------------------------------------- the weights' huge pages
+
+
+def _matrices(rng):
+    from refimpl.backends.bf16 import BF16Matrix
+
+    words = [rng.integers(0, 1 << 16, size=shape, dtype=np.uint16) for shape in ((33, 70), (5, 3), (128, 64))]
+    for w in words:
+        w.flags.writeable = False
+    return [BF16Matrix(w) for w in words], [w.copy() for w in words]
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
+def test_a_matrix_points_at_its_copy_in_huge_pages_the_same_words_read_only():
+    """copy_into_huge_pages: each matrix's words copied unchanged into one region, each on a cache line,
+    read-only down to the region (so that layouts kept per read-only weight are kept for them), and its
+    former words handed to ``release``."""
+    from refimpl.backends.numba_cpu.kept import _read_only
+
+    matrices, expected = _matrices(np.random.default_rng(0))
+    former = [m.bits for m in matrices]
+    released = []
+    host_memory.copy_into_huge_pages(matrices, release=released.append)
+    assert [id(w) for w in released] == [id(w) for w in former]
+    for m, words, old in zip(matrices, expected, former, strict=True):
+        assert m.bits is not old and m.bits.shape == words.shape and m.bits.dtype == np.uint16
+        np.testing.assert_array_equal(m.bits, words)
+        assert not m.bits.flags.writeable and _read_only(m.bits)
+        assert m.bits.ctypes.data % host_memory.ALIGNMENT == 0
+    assert matrices[0].bits.ctypes.data % host_memory.HUGE_PAGE_BYTES == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
+def test_the_copy_later_runs_in_a_thread_and_can_be_waited_for():
+    matrices, expected = _matrices(np.random.default_rng(1))
+    former = [m.bits for m in matrices]
+    thread = host_memory.copy_into_huge_pages_later(matrices)
+    assert thread.daemon
+    assert host_memory.wait_for_huge_pages(timeout=60) and not thread.is_alive()
+    for m, words, old in zip(matrices, expected, former, strict=True):
+        assert m.bits is not old
+        np.testing.assert_array_equal(m.bits, words)

@@ -1,0 +1,74 @@
+"""The Talker's bf16 matrices in huge pages (refimpl/tts/model.py, refimpl/backends/host_memory.py): copied
+after the load on an idle core, and the same numbers whether a generation reads the memory map, the
+copies, or the map and then the copies (a copy that lands between two of its steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refimpl import Qwen3TTS
+from refimpl.backends import host_memory
+from refimpl.io.checkpoint import release_pages
+from refimpl.porting import presets, synthetic
+from refimpl.tts.model import matrices_for_huge_pages
+
+pytestmark = pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
+
+TEXT = "Hello, world! This is a tiny text."
+CALL = dict(
+    chunk_frames=1, speaker="vivian", language="english", do_sample=False, subtalker_dosample=False, max_new_tokens=7
+)
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory):
+    """The tiny CustomVoice model stored in bfloat16, as the released checkpoints are."""
+    directory = tmp_path_factory.mktemp("bf16-customvoice")
+    synthetic.write_tts_model(directory, "custom_voice", "0b6", presets.TINY_TALKER_CUSTOMVOICE, dtype="bfloat16")
+    return directory
+
+
+def _in_the_map(a) -> bool:
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return True
+        a = getattr(a, "base", None)
+    return False
+
+
+def test_the_same_audio_from_the_map_the_copies_and_a_copy_made_between_two_steps(bf16_model, monkeypatch):
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "0")
+    mapped = Qwen3TTS.from_pretrained(bf16_model)
+    matrices = matrices_for_huge_pages(mapped.talker)
+    assert len(matrices) > 10 and all(_in_the_map(m.bits) for m in matrices)
+    from_map = np.concatenate(list(mapped.stream_custom_voice(TEXT, **CALL)))
+
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "1")
+    copied = Qwen3TTS.from_pretrained(bf16_model)
+    assert host_memory.wait_for_huge_pages(timeout=120)
+    assert not any(_in_the_map(m.bits) for m in matrices_for_huge_pages(copied.talker))
+    from_copies = np.concatenate(list(copied.stream_custom_voice(TEXT, **CALL)))
+
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "0")
+    switching = Qwen3TTS.from_pretrained(bf16_model)
+    stream = switching.stream_custom_voice(TEXT, **CALL)
+    chunks = [next(stream), next(stream)]
+    host_memory.copy_into_huge_pages(matrices_for_huge_pages(switching.talker), release=release_pages)
+    chunks += list(stream)
+    assert len(chunks) > 3
+    np.testing.assert_array_equal(from_copies, from_map)
+    np.testing.assert_array_equal(np.concatenate(chunks), from_map)
+
+
+def test_a_generate_call_reads_the_same_numbers_while_the_copy_runs(bf16_model, monkeypatch):
+    """The copy started by the load, racing a generation: the codes and the audio of a model whose copy is
+    made first."""
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "1")
+    racing = Qwen3TTS.from_pretrained(bf16_model)
+    call = {k: v for k, v in CALL.items() if k != "chunk_frames"}
+    wav, _, codes = racing.generate_custom_voice(TEXT, return_codes=True, **call)
+    assert host_memory.wait_for_huge_pages(timeout=120)
+    again, _, codes_again = racing.generate_custom_voice(TEXT, return_codes=True, **call)
+    np.testing.assert_array_equal(codes[0], codes_again[0])
+    np.testing.assert_array_equal(wav[0], again[0])
