@@ -18,10 +18,11 @@ module ``xp``, ``to_device`` / ``to_host``, its special functions, its twins and
 backend module provides ``TWINS`` (primitive name -> twin: a module-level table, the one place a twin is
 registered); a device backend's module also ``xp`` (its NumPy-like namespace), ``to_device(host)``,
 ``to_host(device array)``, ``special`` (its ``scipy.special``) and ``available()`` (raises
-``BackendUnavailable`` naming what is missing).  Besides "cupy" there is the test backend "strict"
-(``refimpl/backends/strict_device.py``): NumPy underneath, as strict as CuPy about host round trips and
-results, so CI proves the device data flow without a GPU.  It is accepted everywhere a backend name is,
-but not listed in ``BACKENDS`` (no user should pick it).
+``BackendUnavailable`` naming what is missing); any backend module may provide ``prepare_weights(matrices)``,
+its layouts of a model's weights started at the load (``prepare_weights`` here).  Besides "cupy" there is
+the test backend "strict" (``refimpl/backends/strict_device.py``): NumPy underneath, as strict as CuPy
+about host round trips and results, so CI proves the device data flow without a GPU.  It is accepted
+everywhere a backend name is, but not listed in ``BACKENDS`` (no user should pick it).
 
 Which backend is active:
     1. ``with refimpl.use_backend("numba"): ...``      (innermost wins)
@@ -56,6 +57,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "BACKENDS",
+    "prepare_weights",
     "AUTO_RULE",
     "Backend",
     "REGISTRY",
@@ -397,6 +399,17 @@ def backend_for_call(requested: str, first: object) -> str:
     if isinstance(first, np.ndarray) and REGISTRY[requested].on_device:
         return "numpy"
     return requested
+
+
+def prepare_weights(matrices: list, dtype: Any) -> None:
+    """Hand a model's read-only weights, just loaded, to the backend that will run its ``dtype`` calls
+    (``backend_for_call``), so that it may prepare its layouts of them ahead of their first use (a backend
+    module's optional ``prepare_weights(matrices)``: the numba backend packs the code predictor's words in a
+    thread).  Nothing for the other backends."""
+    name = backend_for_call(active_backend()[0], np.empty(0, dtype))
+    prepare = getattr(REGISTRY[name].load(), "prepare_weights", None)
+    if prepare is not None:
+        prepare(matrices)
 
 
 def twin_of(name: str, backend_name: str) -> Callable[..., Any] | None:

@@ -40,7 +40,7 @@ from typing import Any, TypeGuard, TypeVar
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..backends import iterate_on_model_backend, on_model_backend
+from ..backends import iterate_on_model_backend, on_model_backend, prepare_weights
 from ..backends.bf16 import BF16Matrix
 from ..backends.host_memory import copy_into_huge_pages_later, huge_pages_enabled
 from ..codec.speech_tokenizer import Progress, SpeechTokenizer
@@ -249,6 +249,7 @@ class Qwen3TTS:
             directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32, huge_pages=False
         )
         talker = Talker(cfg.talker_config, talker_weights, dtype)  # type: ignore[arg-type]  # from_dict sets it
+        prepare_weights(list(talker.code_predictor.weights.values()), dtype)  # (numba: packed in a thread)
         if huge_pages_enabled():
             copy_into_huge_pages_later(matrices_for_huge_pages(talker), release=release_pages)
         speaker_encoder = None

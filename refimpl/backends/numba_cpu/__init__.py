@@ -31,12 +31,20 @@ from . import (  # noqa: E402
     conv,
     elementwise,
     linear,
+    packed_words,
     speaker_encoder,
     transformer,
 )
 from .runtime import available  # noqa: E402
 
-__all__ = ["TWINS", "available"]
+__all__ = ["TWINS", "available", "prepare_weights"]
+
+
+def prepare_weights(matrices) -> None:
+    """What this backend makes of a model's read-only weights before their first use, started at the load:
+    the code predictor's packed words, in a thread (``packed_words.pack_ahead``)."""
+    packed_words.pack_ahead(matrices)
+
 
 # primitive (or fused step) name -> its twin, the function of that name in the module of its reference
 TWINS = {

@@ -9,6 +9,8 @@ it saved in bytes."""
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -27,7 +29,7 @@ USE_PACKED = PACKED_COMPILED and switch("REFIMPL_PACKED")
 PACKED_BLOCK = 64  # words a block: the columns of a packed matrix are a multiple of it
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
 def _high_byte_counts(bits_oi):
     """counts[v] = the words whose high byte, sign aside, is v (+0 and -0 not counted: always listed)."""
     counts = np.zeros(128, np.int64)
@@ -46,7 +48,7 @@ def _word_code(w, base):
     return np.uint8(0), np.uint8(0), True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
 def _pack_rows(bits_oi, base, low_oi, codes_oh):
     """The dense part of ``PackedWords``: low bytes and codes, each block's words in the stored order."""
     O, I = bits_oi.shape
@@ -65,7 +67,7 @@ def _stored_word(p):
     return 16 * ((p // 4) % 4) + 4 * (p // 16) + p % 4
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
 def _list_words(bits_oi, base, rows_e, cols_e, values_e):
     """The listed words, row by row in column order: their row, column and float32 value."""
     O, I = bits_oi.shape
@@ -98,13 +100,57 @@ _PACKED: dict = {}  # id of a read-only streamed matrix's words -> (a weak refer
 
 
 def packed_words(m: BF16Matrix):
-    """The ``PackedWords`` of a streamed matrix, made at its first use and kept while its words live
-    (``_kept_while_read_only``), or None where the backend reads its words as they are (packing turned off
-    with ``REFIMPL_PACKED=0`` or not compiled for, a matrix not streamed or of columns not a multiple of
-    ``PACKED_BLOCK``)."""
-    if not (USE_PACKED and m.streamed and isinstance(m.bits, np.ndarray) and m.shape[1] % PACKED_BLOCK == 0):
+    """The ``PackedWords`` of a streamed matrix, made at its first use (or ahead of it: ``pack_ahead``) and
+    kept while its words live (``_kept_while_read_only``), or None where the backend reads its words as they
+    are (packing turned off with ``REFIMPL_PACKED=0`` or not compiled for, a matrix not streamed or of
+    columns not a multiple of ``PACKED_BLOCK``)."""
+    if not _packable(m):
         return None
+    if _AHEAD:
+        _wait_for_packing_ahead()
     return _kept_while_read_only(_PACKED, m.bits, pack_words)
+
+
+def _packable(m) -> bool:
+    return (
+        USE_PACKED
+        and isinstance(m, BF16Matrix)
+        and m.streamed
+        and isinstance(m.bits, np.ndarray)
+        and m.shape[1] % PACKED_BLOCK == 0
+    )
+
+
+_AHEAD: list = []  # the threads of pack_ahead still packing
+
+
+def pack_ahead(matrices) -> None:
+    """Pack the streamed matrices of ``matrices`` now, in a thread, while the caller goes on (a model's load
+    calls it: the packing of the 0.6B code predictor, about a second on one core, then runs beside the
+    rest of the load and the prompt instead of before the first frame).  ``packed_words`` waits for it, so
+    every matrix is packed once, the same packing as at its first use; a packing that fails there is left
+    to the first use (which raises)."""
+    todo = [m for m in matrices if _packable(m)]
+    if todo:
+        thread = threading.Thread(target=_pack_all, args=(todo,), name="refimpl-packing", daemon=True)
+        _AHEAD.append(thread)
+        thread.start()
+
+
+def _pack_all(matrices: list) -> None:
+    try:
+        for m in matrices:
+            _kept_while_read_only(_PACKED, m.bits, pack_words)
+    except Exception:  # (MemoryError...): the first use packs what is left, and raises
+        return
+
+
+def _wait_for_packing_ahead() -> None:
+    for thread in list(_AHEAD):
+        if thread is not threading.current_thread():
+            thread.join()
+            if thread in _AHEAD:
+                _AHEAD.remove(thread)
 
 
 _I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()

@@ -140,6 +140,41 @@ def test_linear_reads_a_streamed_matrix_packed_and_keeps_the_packing():
     assert numba_cpu.packed_words.packed_words(BF16Matrix(np.ascontiguousarray(bits[:, :96]), streamed=True)) is None
 
 
+def test_packing_ahead_makes_the_packing_of_the_first_use_once():
+    """pack_ahead (a model's load, through backends.prepare_weights): the streamed matrices packed in a
+    thread, each exactly as at its first use, and kept: packed_words waits for the thread and hands out
+    those; the matrices it cannot pack are left alone."""
+    rng = np.random.default_rng(11)
+    matrices = []
+    for O, I in ((64, 128), (40, 1024), (8, 64)):
+        bits = random_words(rng, O, I, special=0.01)
+        bits.flags.writeable = False
+        matrices.append(BF16Matrix(bits, streamed=True))
+    not_streamed = BF16Matrix(random_words(rng, 8, 64))
+    pw = numba_cpu.packed_words
+    pw.pack_ahead([*matrices, not_streamed, np.zeros((2, 2), np.float32)])
+    assert pw._AHEAD
+    packed = [pw.packed_words(m) for m in matrices]
+    assert not pw._AHEAD
+    for m, p in zip(matrices, packed, strict=True):
+        assert pw.packed_words(m) is p
+        for got, expected in zip(p, pw.pack_words(m.bits), strict=True):
+            np.testing.assert_array_equal(got, expected)
+    assert pw.packed_words(not_streamed) is None
+
+
+def test_a_model_load_packs_the_code_predictor_ahead_on_the_numba_backend(monkeypatch):
+    """backends.prepare_weights hands the weights to the backend of the dtype's calls: numba packs them, the
+    numpy reference (float64, or asked for) does nothing."""
+    handed = []
+    monkeypatch.setattr(numba_cpu, "prepare_weights", handed.append)
+    kernels.prepare_weights(["w"], np.float32)
+    kernels.prepare_weights(["x"], np.float64)
+    with kernels.use_backend("numpy"):
+        kernels.prepare_weights(["y"], np.float32)
+    assert handed == [["w"]]
+
+
 def test_packing_turned_off_reads_the_words(monkeypatch):
     monkeypatch.setattr(numba_cpu.packed_words, "USE_PACKED", False)
     assert (
