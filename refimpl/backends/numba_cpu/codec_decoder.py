@@ -20,7 +20,7 @@ from .amx_conv import (
     _unit_scratch_words,
     _weight_tiles,
 )
-from .conv import PER_TAP_MAX_OUT
+from .conv import PER_TAP_MAX_OUT, _direct_conv_into, direct_conv_takes, direct_width
 from .elementwise import (
     _add_bias_and_residual,
     _add_bias_and_residual_rows,
@@ -109,6 +109,10 @@ def residual_unit_push(
     if _convs_take_tiles(C, C, T, w1_oik, w2_oi1):
         params_6c = np.stack([alpha1, inv_beta1, alpha2, inv_beta2, b1_o, b2_o]).astype(np.float32)
         _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct)
+        return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
+    if direct_conv_takes(C, C, K):
+        params_6c = np.stack([alpha1, inv_beta1, alpha2, inv_beta2, b1_o, b2_o]).astype(np.float32)
+        _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct)
         return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
 
     def piece(b, t0):
@@ -283,3 +287,48 @@ def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, co
         ),
         [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)],
     )
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _unit_convs_direct(x_ct, T, t0, n, params_6c, w1_oik, dilation, context_cs, z, h, g):
+    """The first half of the residual unit's output steps t0 .. t0 + n - 1 by the direct kernel
+    (``_direct_conv_into``): SnakeBeta_1 of the piece and its (K - 1) dilation steps before (from
+    ``context_cs`` before the push's start) into the rows of z (zeros after them), the k7 conv read from
+    them as shifts into h, then bias + SnakeBeta_2 into g (``params_6c`` as for ``_unit_piece_on_tiles``)."""
+    C, K = w1_oik.shape[0], w1_oik.shape[2]
+    left = (K - 1) * dilation
+    for c in range(C):
+        _snake_row_into(x_ct[c], T, t0 - left, np.float32(0.0), params_6c[0, c], params_6c[1, c], z[c, : left + n])
+        z[c, left + n :] = 0.0
+        for j in range(max(left - t0, 0)):  # before the push: the context (SnakeBeta's outputs already)
+            z[c, j] = context_cs[c, t0 + j]
+    _direct_conv_into(z, w1_oik, dilation, n, h)
+    _snake_rows_into(h, params_6c[4], params_6c[2], params_6c[3], g)
+
+
+def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct):
+    """``residual_unit_push``'s pieces of ``UNIT_PIECE`` steps with the k7 conv on the direct kernel
+    (``_unit_convs_direct``), the 1x1 conv too where it takes it (``direct_conv_takes``; else BLAS's product),
+    then bias + residual (the reference's order); side by side, each in this thread's words."""
+    B, C = out_bct.shape[:2]
+    K = w1_oik.shape[-1]
+    left = (K - 1) * dilation
+    context_bcs = np.zeros((B, C, left), np.float32) if context_bcs is None else context_bcs
+    context_bcs = np.ascontiguousarray(context_bcs, dtype=np.float32)
+    w1_oik, w2_oi1 = np.ascontiguousarray(w1_oik, np.float32), np.ascontiguousarray(w2_oi1, np.float32)
+    direct_1x1, w2_m = direct_conv_takes(C, C, 1), w2_oi1[:, :, 0]
+
+    def piece(b, t0):
+        n = min(UNIT_PIECE, T - t0)
+        W = direct_width(n)  # (a short push: its own steps only)
+        words = _thread_words(C * (left + 3 * W)).view(np.float32)
+        z = words[: C * (left + W)].reshape(C, left + W)
+        h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)
+        _unit_convs_direct(rows_bcs[b], T, t0, n, params_6c, w1_oik, dilation, context_bcs[b], z, h, g)
+        if direct_1x1:
+            _direct_conv_into(g, w2_oi1, 1, n, h)
+        else:
+            np.matmul(w2_m, g, out=h)
+        _add_bias_and_residual(h[:, :n], params_6c[5], rows_bcs[b], t0, out_bct[b])
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_PIECE)])

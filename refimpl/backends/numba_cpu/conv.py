@@ -8,9 +8,9 @@ import numpy as np
 
 from ... import nn
 from ..host_memory import new_output
-from . import amx
+from . import amx, runtime
 from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_on_tiles, _tdnn_weight_tiles
-from .intrinsics import FASTMATH, _prefetch
+from .intrinsics import FASTMATH, _prefetch, _v16_fma, _v16_load, _v16_store, _v16_zeros
 from .linear import F32_FEW_ROWS, F32_FEW_ROWS_MIN_BYTES, _few_rows_f32
 from .pieces import _piece_threads, run_pieces
 
@@ -312,3 +312,70 @@ def _transposed_pieces(O: int, K: int, frames: int, weight_bytes: int) -> tuple:
     if shares < all_channels or -(-frames // n_all) < threads:  # (fewer pieces than threads: shares, too)
         return -(-O // max(2, threads)), n_share
     return O, n_all
+
+
+# Without the AMX tiles, the codecs' convolutions of a few hundred channels were OpenBLAS's products of their
+# stacked taps (about 75-95 GFLOP/s on a Zen 4 core, the taps written first).  A direct kernel reads the taps
+# as shifts of the rows themselves and keeps the sums of 4 outputs x 64 steps in 16 vector registers over the
+# whole reduction (about 110 GFLOP/s there).  The rule is ``direct_conv_takes``.
+
+DIRECT_OUT = 4  # output channels of a block of ``_direct_conv_into`` (4 x 4 vectors of sums in registers)
+DIRECT_STEPS = 64  # time steps of a block (4 vectors of 16 lanes)
+DIRECT_1X1_MAX_IN = 128  # a 1x1 conv with more inputs keeps the BLAS product (faster there: measured at 384)
+
+
+def direct_conv_takes(O: int, I: int, K: int) -> bool:
+    """Whether a conv of I -> O channels with K taps runs on ``_direct_conv_into``: compiled for 512-bit
+    vectors (AVX-512; with narrower ones its 16 vectors of sums would not stay in registers), the AMX tiles
+    not granted (they run these convs: ``amx_conv._convs_take_tiles``), whole blocks of ``DIRECT_OUT``
+    outputs, and taps to read (K > 1) or at most ``DIRECT_1X1_MAX_IN`` inputs."""
+    avx512 = runtime.machine().packed_compiled
+    return avx512 and not amx.USE_TILES and O % DIRECT_OUT == 0 and (K > 1 or I <= DIRECT_1X1_MAX_IN)
+
+
+def direct_width(n: int) -> int:
+    """The row length ``_direct_conv_into`` writes for n steps: n rounded up to whole blocks."""
+    return -(-n // DIRECT_STEPS) * DIRECT_STEPS
+
+
+@numba.njit(inline="always")
+def _fma_row(s0, s1, s2, s3, x0, x1, x2, x3, weight):
+    """The 4 vectors of sums of one output (64 steps) plus weight times the 4 vectors of taps."""
+    return _v16_fma(s0, x0, weight), _v16_fma(s1, x1, weight), _v16_fma(s2, x2, weight), _v16_fma(s3, x3, weight)
+
+
+@numba.njit(inline="always")
+def _store_row(out, r, s0, s1, s2, s3):
+    """out[r : r + 64] = the 4 vectors of sums of one output."""
+    _v16_store(out, r, s0)
+    _v16_store(out, r + 16, s1)
+    _v16_store(out, r + 32, s2)
+    _v16_store(out, r + 48, s3)
+
+
+@numba.njit(cache=True, nogil=True)
+def _direct_conv_into(x_cl, w_oik, dilation, n, out_ow):
+    """out[o, j] = sum_c sum_k w[o, c, k] x[c, j + k dilation] for j < ``direct_width(n)`` (O a multiple of
+    ``DIRECT_OUT``; x and out C-contiguous, x's rows at least (K - 1) dilation + that many samples long, out's
+    that many): blocks of 4 outputs x 64 steps, each output's sum a float32 chain of fused multiply-adds in
+    the order c, then k (the same bits whichever block or thread computes it)."""
+    O, C, K = w_oik.shape
+    L, W = x_cl.shape[1], out_ow.shape[1]
+    x, w, out = x_cl.reshape(-1), w_oik.reshape(-1), out_ow.reshape(-1)
+    CK = C * K
+    for o in range(0, O, DIRECT_OUT):
+        for t in range(0, n, DIRECT_STEPS):
+            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = _v16_zeros()
+            for c in range(C):
+                for k in range(K):
+                    i, q = c * L + t + k * dilation, o * CK + c * K + k
+                    x0, x1, x2, x3 = _v16_load(x, i), _v16_load(x, i + 16), _v16_load(x, i + 32), _v16_load(x, i + 48)
+                    a0, a1, a2, a3 = _fma_row(a0, a1, a2, a3, x0, x1, x2, x3, w[q])
+                    b0, b1, b2, b3 = _fma_row(b0, b1, b2, b3, x0, x1, x2, x3, w[q + CK])
+                    c0, c1, c2, c3 = _fma_row(c0, c1, c2, c3, x0, x1, x2, x3, w[q + 2 * CK])
+                    d0, d1, d2, d3 = _fma_row(d0, d1, d2, d3, x0, x1, x2, x3, w[q + 3 * CK])
+            r = o * W + t
+            _store_row(out, r, a0, a1, a2, a3)
+            _store_row(out, r + W, b0, b1, b2, b3)
+            _store_row(out, r + 2 * W, c0, c1, c2, c3)
+            _store_row(out, r + 3 * W, d0, d1, d2, d3)

@@ -10,7 +10,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, models, register_model
 
 # float sums may be reassociated (that is what lets a dot product use SIMD lanes) and a multiply-add
 # fused; nothing else (no "fast" NaN/inf assumptions)
@@ -178,3 +178,73 @@ def _rows_on_cache_lines(x_ni):
     """``_line_aligned_rows`` for Python callers, compiled once into the cache (the inlined helper called
     from Python would be compiled again in every process)."""
     return _line_aligned_rows(x_ni)
+
+
+# vectors of 16 float32 lanes, for kernels that keep their sums in registers
+class _F32x16(types.Type):
+    """The Numba type of 16 float32 lanes held as one value (an LLVM ``<16 x float>``: a 512-bit register
+    where the processor has AVX-512, else two or four narrower ones)."""
+
+    def __init__(self):
+        super().__init__(name="f32x16")
+
+
+F32X16 = _F32x16()
+_VECTOR = ir.VectorType(ir.FloatType(), 16)
+
+
+@register_model(_F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VECTOR)
+
+
+@intrinsic
+def _v16_zeros(typingctx):
+    """16 lanes of 0.0."""
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(_VECTOR, None)
+
+    return F32X16(), codegen
+
+
+def _lane_pointer(context, builder, aryty, array, index):
+    """A ``<16 x float>*`` at array[index] of a 1-D float32 array (no bounds check)."""
+    ary = context.make_array(aryty)(context, builder, array)
+    ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [index], wraparound=False)
+    return builder.bitcast(ptr, _VECTOR.as_pointer())
+
+
+@intrinsic
+def _v16_load(typingctx, array, index):
+    """array[index : index + 16] of a 1-D float32 array as 16 lanes (no bounds check: the caller's)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.load(_lane_pointer(context, builder, signature.args[0], args[0], args[1]), align=4)
+
+    return F32X16(array, index), codegen
+
+
+@intrinsic
+def _v16_store(typingctx, array, index, lanes):
+    """array[index : index + 16] = the 16 lanes (no bounds check: the caller's)."""
+
+    def codegen(context, builder, signature, args):
+        builder.store(args[2], _lane_pointer(context, builder, signature.args[0], args[0], args[1]), align=4)
+        return context.get_dummy_value()
+
+    return types.void(array, index, lanes), codegen
+
+
+@intrinsic
+def _v16_fma(typingctx, sums, lanes, scalar):
+    """sums + lanes * scalar in each lane, one rounding (a fused multiply-add)."""
+
+    def codegen(context, builder, signature, args):
+        one = builder.insert_element(ir.Constant(_VECTOR, None), args[2], ir.Constant(ir.IntType(32), 0))
+        wide = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), 16), None))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32")
+        return builder.call(fma, [args[1], wide, args[0]])
+
+    return F32X16(sums, lanes, types.float32), codegen

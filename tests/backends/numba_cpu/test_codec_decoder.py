@@ -127,6 +127,39 @@ def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, wi
     assert numba_cpu.codec_decoder.snake_causal_conv_push(x.astype(np.float64), *args, context) is NotImplemented
 
 
+@pytest.mark.skipif(not numba_cpu.runtime.machine().packed_compiled, reason="no 512-bit vectors (AVX-512)")
+@settings(max_examples=20, deadline=None)
+@given(
+    st.sampled_from((4, 8, 32)),
+    st.integers(1, 200),
+    st.sampled_from((1, 3, 9)),
+    st.sampled_from((64, 100)),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_residual_unit_on_the_direct_kernel_equals_reference(C, T, dilation, piece, with_context, seed):
+    """The fused unit on the direct kernel (no tiles; pieces of ``piece`` steps so that the left context
+    crosses their boundaries and blocks of 64 are partial) against its reference: within the float32
+    reference's own noise; a trimmed view read in place; the next context the reference's, to the bit; the
+    1x1 conv by BLAS (``DIRECT_1X1_MAX_IN`` below C) within the same noise; every piece on the direct kernel."""
+    x, _, args32, _, context32, ref, exact, kept = _residual_unit_case(seed, 1, C, T, dilation, with_context)
+    push, direct_pieces = numba_cpu.codec_decoder.residual_unit_push, []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", piece)
+        kernel = numba_cpu.codec_decoder._unit_convs_direct
+        mp.setattr(numba_cpu.codec_decoder, "_unit_convs_direct", lambda *a: direct_pieces.append(a[2]) or kernel(*a))
+        got, got_context = push(x, *args32, dilation, context32)
+        trimmed = np.concatenate([x, np.full((1, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
+        assert np.array_equal(push(trimmed, *args32, dilation, context32)[0], got)
+        mp.setattr(numba_cpu.conv, "DIRECT_1X1_MAX_IN", 0)
+        blas_1x1, _ = push(x, *args32, dilation, context32)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact) and within_float32_noise(blas_1x1, ref, exact)
+    assert np.array_equal(got_context, kept)
+    assert direct_pieces[: -(-T // piece)] == list(range(0, T, piece))
+
+
 @needs_tiles
 @settings(max_examples=12, deadline=None)
 @given(

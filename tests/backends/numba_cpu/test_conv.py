@@ -264,3 +264,46 @@ def test_one_channel_conv_is_the_reference_bit_for_bit(B, O, K, dilation, T_out,
     assert numba_cpu.conv._one_channel_takes(x, w, b) and not numba_cpu.conv._one_channel_takes(
         x.astype(np.float64), w, b
     )
+
+
+needs_direct = pytest.mark.skipif(
+    not numba_cpu.runtime.machine().packed_compiled, reason="no 512-bit vectors (AVX-512) on this machine"
+)
+
+
+@needs_direct
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 40),  # input channels
+    st.sampled_from((4, 8, 12)),  # output channels (whole blocks of DIRECT_OUT)
+    st.sampled_from((1, 3, 7)),
+    st.sampled_from((1, 3, 9)),
+    st.integers(1, 200),  # steps (a partial last block of 64)
+    st.integers(0, 2**31),
+)
+def test_direct_conv_kernel_equals_the_conv_formula(I, O, K, dilation, n, seed):
+    """``_direct_conv_into`` (the taps read as shifts of the rows, the sums in registers) against
+    ``nn.conv1d``'s reference on the same rows: within 2 n eps sum|terms| (``cases``' rule, n = I K), over every
+    column it writes (n rounded up to whole blocks); the same bits for the last block alone."""
+    rng = np.random.default_rng(seed)
+    W = numba_cpu.conv.direct_width(n)
+    x = rng.standard_normal((I, (K - 1) * dilation + W)).astype(np.float32)
+    w = rng.standard_normal((O, I, K)).astype(np.float32)
+    out = np.full((O, W), np.nan, np.float32)
+    numba_cpu.conv._direct_conv_into(x, w, dilation, n, out)
+    ref = nn.conv1d.reference(x[None], w, None, 1, dilation, 1)[0]
+    abs_sum = nn.conv1d.reference(np.abs(x[None]).astype(np.float64), np.abs(w).astype(np.float64), None, 1, dilation)
+    assert out.shape == ref.shape
+    assert np.all(np.abs(out - ref) <= 2 * I * K * np.finfo(np.float32).eps * abs_sum[0])
+    last = np.empty((O, 64), np.float32)  # the last block alone, from the samples it reads
+    numba_cpu.conv._direct_conv_into(np.ascontiguousarray(x[:, W - 64 :]), w, dilation, 1, last)
+    assert np.array_equal(last, out[:, W - 64 :])
+
+
+def test_direct_conv_rule():
+    """The direct kernel takes whole blocks of outputs, every conv with taps and 1x1 convs of up to
+    ``DIRECT_1X1_MAX_IN`` inputs, where the processor has 512-bit vectors and no AMX tiles are granted."""
+    conv = numba_cpu.conv
+    here = numba_cpu.runtime.machine().packed_compiled and not numba_cpu.amx.USE_TILES
+    assert conv.direct_conv_takes(96, 96, 7) == here and conv.direct_conv_takes(64, 128, 1) == here
+    assert not conv.direct_conv_takes(6, 96, 7) and not conv.direct_conv_takes(384, 384, 1)
