@@ -19,7 +19,7 @@ from .amx_conv import (
     _unit_scratch_words,
     _weight_tiles,
 )
-from .conv import CONV_PIECE_BYTES, CONV_PIECE_MIN_COLUMNS
+from .conv import CONV_PIECE_BYTES, CONV_PIECE_MIN_COLUMNS, _direct_conv_into, direct_conv_takes, direct_width
 from .elementwise import _add_bias_and_residual, _add_bias_and_residual_rows
 from .intrinsics import FASTMATH, _expm1_f32
 from .pieces import run_pieces
@@ -109,7 +109,8 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     its taps are stacked (``_elu_taps``), one product for the k3 conv (C -> H), bias + ELU
     (``_add_bias_and_split_into``), one for the k1 conv (H -> C), bias + residual into the output in one
     pass.  The ELUs are ``elu``'s own operations (NumPy's expm1: the reference's bits).  On the AMX tiles:
-    ``_resnet_block_on_tiles``."""
+    ``_resnet_block_on_tiles``; where the direct kernel takes the k3 conv (``direct_conv_takes``):
+    ``_resnet_block_direct``."""
     B, C, T = x_bct.shape
     H, _, K = w1_oik.shape
     if x_bct.dtype != np.float32 or pad_mode != "constant" or w2_oi1.shape != (C, H, 1) or b1_o is None or b2_o is None:
@@ -121,6 +122,9 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     out_bct = new_output((B, C, T))
     if _convs_take_tiles(C, H, T, w1_oik, w2_oi1):
         _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
+        return out_bct
+    if direct_conv_takes(H, C, K):
+        _resnet_block_direct(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
         return out_bct
 
     def piece(b, t0):
@@ -299,3 +303,55 @@ def _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot):
         ),
         [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)],
     )
+
+
+BLOCK_DIRECT_VALUES = 1 << 16  # channels x steps of a piece on the direct kernel (C = 64: 1024 steps)
+
+
+@numba.njit(fastmath={"contract"}, cache=True, nogil=True)
+def _resnet_convs_direct(x_ct, t0, n, w1_oik, b1_o, dilation, z, h, g):
+    """The first half of ``resnet_block_offline``'s output steps t0 .. t0 + n - 1 by the direct kernel
+    (``_direct_conv_into``): ELU of the piece and its (K - 1) dilation samples before (``_elu_row_into``,
+    zeros in the causal padding) into the rows of z (zeros after them), the k3 conv C -> H read from them as
+    shifts into h, then bias + ELU into g (zeros after n)."""
+    C, T = x_ct.shape
+    H, K = w1_oik.shape[0], w1_oik.shape[2]
+    left = (K - 1) * dilation
+    zero = np.float32(0.0)
+    for c in range(C):
+        _elu_row_into(x_ct[c], T, t0 - left, zero, z[c, : left + n])
+        z[c, left + n :] = 0.0
+    _direct_conv_into(z, w1_oik, dilation, n, h)
+    for o in range(H):
+        _elu_row_into(h[o], n, 0, b1_o[o], g[o, :n])
+        g[o, n:] = 0.0
+
+
+def _resnet_block_direct(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct):
+    """``resnet_block_offline``'s pieces with the k3 conv on the direct kernel (``_resnet_convs_direct``; its
+    ELUs' expm1 ``_expm1_f32``, as on the tiles), the 1x1 conv too where it takes it (``direct_conv_takes``;
+    else BLAS's product), then bias + residual; side by side, each in this thread's words."""
+    B, C, T = x_bct.shape
+    H, _, K = w1_oik.shape
+    left = (K - 1) * dilation
+    x_bct = np.ascontiguousarray(x_bct)
+    w1_oik, w2_oi1 = np.ascontiguousarray(w1_oik, np.float32), np.ascontiguousarray(w2_oi1, np.float32)
+    b1_o, b2_o = np.ascontiguousarray(b1_o, dtype=np.float32), np.ascontiguousarray(b2_o, dtype=np.float32)
+    direct_1x1, w2_m = direct_conv_takes(C, H, 1), w2_oi1[:, :, 0]
+    n_piece = max(64, BLOCK_DIRECT_VALUES // C // 64 * 64)
+    W = direct_width(n_piece)
+
+    def piece(b, t0):
+        n = min(n_piece, T - t0)
+        words = _thread_words(C * (left + W) + 2 * H * W + C * W).view(np.float32)
+        z, rest = words[: C * (left + W)].reshape(C, left + W), words[C * (left + W) :]
+        h, g = rest[: 2 * H * W].reshape(2, H, W)
+        sums = rest[2 * H * W : 2 * H * W + C * W].reshape(C, W)
+        _resnet_convs_direct(x_bct[b], t0, n, w1_oik, b1_o, dilation, z, h, g)
+        if direct_1x1:
+            _direct_conv_into(g, w2_oi1, 1, n, sums)
+        else:
+            np.matmul(w2_m, g, out=sums)
+        _add_bias_and_residual(sums[:, :n], b2_o, x_bct[b], t0, out_bct[b])
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)])

@@ -219,3 +219,37 @@ def test_resnet_block_on_tiles_equals_reference(C, T, dilation, piece, seed):
     with kernels.use_backend("numpy"):
         nan_ref = np.isnan(block_reference(x_nan, *args32, dilation, "constant"))
     np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
+
+
+@pytest.mark.skipif(not numba_cpu.runtime.machine().packed_compiled, reason="no 512-bit vectors (AVX-512)")
+@settings(max_examples=20, deadline=None)
+@given(
+    st.sampled_from((8, 16, 64)),
+    st.integers(1, 300),
+    st.sampled_from((1, 3)),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_resnet_block_on_the_direct_kernel_equals_reference(C, T, dilation, blas_1x1, seed):
+    """The encoder's block on the direct kernel (no tiles; pieces of 64 steps so that the left context
+    crosses their boundaries and the last piece is partial; its ELUs with ``_expm1_f32``; the 1x1 conv on
+    it or on BLAS) against its reference: within the float32 reference's own noise, every piece on the
+    direct kernel; a NaN spoils the same outputs on both sides."""
+    x, args32, ref, exact = _resnet_block_case(seed, 1, C, C // 2, T, dilation)
+    block, pieces = numba_cpu.codec_encoder.resnet_block_offline, []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        mp.setattr(numba_cpu.codec_encoder, "BLOCK_DIRECT_VALUES", 64 * C)
+        mp.setattr(numba_cpu.conv, "DIRECT_1X1_MAX_IN", 0 if blas_1x1 else 128)
+        kernel = numba_cpu.codec_encoder._resnet_convs_direct
+        mp.setattr(numba_cpu.codec_encoder, "_resnet_convs_direct", lambda *a: pieces.append(a[1]) or kernel(*a))
+        got = block(x, *args32, dilation, "constant")
+        x_nan = x.copy()
+        x_nan[0, 0, T // 2] = np.nan
+        got_nan = block(x_nan, *args32, dilation, "constant")
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    assert pieces[: -(-T // 64)] == list(range(0, T, 64))
+    with kernels.use_backend("numpy"):
+        nan_ref = np.isnan(block_reference(x_nan, *args32, dilation, "constant"))
+    np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
