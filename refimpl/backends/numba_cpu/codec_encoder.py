@@ -22,6 +22,7 @@ from .amx_conv import (
 from .conv import CONV_PIECE_BYTES, CONV_PIECE_MIN_COLUMNS, _direct_conv_into, direct_conv_takes, direct_width
 from .elementwise import _add_bias_and_residual, _add_bias_and_residual_rows
 from .intrinsics import FASTMATH, _expm1_f32
+from .kept import _kept_while_read_only
 from .pieces import run_pieces
 
 
@@ -147,7 +148,8 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     one thread's: the ELU of the input span the piece reads (zeros in the causal padding, where the
     reference pads the ELU's output with zeros), its K taps stacked with the stride as the ELU is taken
     (``_elu_taps``), one matrix product, + bias.  The ELU is ``elu``'s own operations (the same bits as the
-    reference's)."""
+    reference's).  On the AMX tiles: ``_elu_conv_on_tiles``; where the direct kernel takes its phases
+    (``direct_conv_takes``): ``_elu_conv_direct``."""
     B, C, T = x_bct.shape
     O, I, K = w_oik.shape
     if x_bct.dtype != np.float32 or pad_mode != "constant" or I != C:
@@ -160,6 +162,9 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     out_bot = new_output((B, O, T_out))
     if _convs_take_tiles(C, O, T_out, w_oik):
         _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot)
+        return out_bot
+    if K % stride == 0 and direct_conv_takes(O, C * stride, K // stride):
+        _elu_conv_direct(x_bct, w_oik, b_o, stride, left, out_bot)
         return out_bot
 
     def piece(b, t0):
@@ -339,10 +344,10 @@ def _resnet_block_direct(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct):
     b1_o, b2_o = np.ascontiguousarray(b1_o, dtype=np.float32), np.ascontiguousarray(b2_o, dtype=np.float32)
     direct_1x1, w2_m = direct_conv_takes(C, H, 1), w2_oi1[:, :, 0]
     n_piece = max(64, BLOCK_DIRECT_VALUES // C // 64 * 64)
-    W = direct_width(n_piece)
 
     def piece(b, t0):
         n = min(n_piece, T - t0)
+        W = direct_width(n)  # (a short signal: its own steps only)
         words = _thread_words(C * (left + W) + 2 * H * W + C * W).view(np.float32)
         z, rest = words[: C * (left + W)].reshape(C, left + W), words[C * (left + W) :]
         h, g = rest[: 2 * H * W].reshape(2, H, W)
@@ -355,3 +360,63 @@ def _resnet_block_direct(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct):
         _add_bias_and_residual(sums[:, :n], b2_o, x_bct[b], t0, out_bct[b])
 
     run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)])
+
+
+@numba.njit(fastmath={"contract"}, cache=True, nogil=True)
+def _elu_phases_into(x_ct, t0, n, stride, left, span_s, z_rm):
+    """z[c stride + p, j] = ELU(x[c, (t0 + j) stride + p - left]) (``_elu_row_into``: zeros in the causal
+    padding and beyond x) for j < m = n + K / stride - 1, zeros after: the ELU's span of outputs t0 .. t0 + n
+    - 1 in its ``stride`` phases, so that tap k = p + stride q of the strided conv is phase p shifted by q
+    (``_phase_weight``), for ``_direct_conv_into``.  ``span_s``: a row of m stride samples."""
+    C, T = x_ct.shape
+    m = span_s.shape[0] // stride
+    zero = np.float32(0.0)
+    for c in range(C):
+        _elu_row_into(x_ct[c], T, t0 * stride - left, zero, span_s)
+        for p in range(stride):
+            row = z_rm[c * stride + p]
+            for j in range(m):
+                row[j] = span_s[p + j * stride]
+            row[m:] = 0.0
+
+
+_PHASE_WEIGHTS: dict = {}  # stride -> {id of a read-only conv weight: (a weak reference to it, its phases' weight)}
+
+
+def _phase_weight(w_oik, stride):
+    """w'[o, c stride + p, q] = w[o, c, p + stride q]: the strided conv's weight as a conv of Q = K / stride taps
+    over the ``stride`` phases of each channel (``_elu_phases_into``), kept for a model's read-only weights."""
+    O, C, K = w_oik.shape
+
+    def make(w):
+        return np.ascontiguousarray(w.reshape(O, C, K // stride, stride).transpose(0, 1, 3, 2), np.float32).reshape(
+            O, C * stride, K // stride
+        )
+
+    return _kept_while_read_only(_PHASE_WEIGHTS.setdefault(stride, {}), w_oik, make)
+
+
+def _elu_conv_direct(x_bct, w_oik, b_o, stride, left, out_bot):
+    """``elu_causal_conv_offline``'s pieces on the direct kernel: each piece's ELU span in its phases
+    (``_elu_phases_into``), one conv of K / stride taps over the C stride phase rows (``_direct_conv_into``,
+    ``_phase_weight``), + bias; side by side, each in this thread's words."""
+    B, C, _ = x_bct.shape
+    O, _, K = w_oik.shape
+    T_out, Q = out_bot.shape[-1], K // stride
+    w_orq = _phase_weight(w_oik, stride)
+    bias_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o, dtype=np.float32)
+    x_bct = np.ascontiguousarray(x_bct)
+    n_piece = max(64, BLOCK_DIRECT_VALUES // (C * stride) // 64 * 64)
+    R = C * stride
+
+    def piece(b, t0):
+        n = min(n_piece, T_out - t0)
+        W = direct_width(n)  # (a short signal: its own steps only)
+        L = W + Q - 1
+        words = _thread_words(R * L + O * W + (n + Q - 1) * stride).view(np.float32)
+        z, sums = words[: R * L].reshape(R, L), words[R * L : R * L + O * W].reshape(O, W)
+        _elu_phases_into(x_bct[b], t0, n, stride, left, words[R * L + O * W :][: (n + Q - 1) * stride], z)
+        _direct_conv_into(z, w_orq, 1, n, sums)
+        np.add(sums[:, :n], bias_o[:, None], out=out_bot[b, :, t0 : t0 + n])
+
+    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)])

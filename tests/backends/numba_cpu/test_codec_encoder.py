@@ -253,3 +253,53 @@ def test_resnet_block_on_the_direct_kernel_equals_reference(C, T, dilation, blas
     with kernels.use_backend("numpy"):
         nan_ref = np.isnan(block_reference(x_nan, *args32, dilation, "constant"))
     np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
+
+
+@pytest.mark.skipif(not numba_cpu.runtime.machine().packed_compiled, reason="no 512-bit vectors (AVX-512)")
+@settings(max_examples=20, deadline=None)
+@given(
+    st.sampled_from((4, 16, 64)),  # channels in
+    st.sampled_from((4, 8, 32)),  # channels out
+    st.sampled_from(((4, 2), (8, 4), (10, 5), (6, 3), (3, 1))),  # (kernel, stride)
+    st.integers(1, 700),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_elu_causal_conv_on_the_direct_kernel_equals_reference(C, O, kernel_stride, T, with_bias, seed):
+    """The encoder's ELU + causal strided conv on the direct kernel (no tiles; the ELU's span in its phases,
+    each tap a shift of one phase; pieces of 64 outputs so that the taps cross piece boundaries and the
+    padding sits in the first and last pieces) against its reference: within the float32 reference's own
+    noise, every piece on the direct kernel; a NaN spoils the same outputs on both sides."""
+    K, stride = kernel_stride
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, C, T)).astype(np.float32)
+    w = rng.standard_normal((O, C, K)) / np.sqrt(C * K)
+    b = rng.standard_normal(O) * 0.1 if with_bias else None
+    w32, b32 = w.astype(np.float32), None if b is None else b.astype(np.float32)
+    x_nan = x.copy()
+    x_nan[0, 0, T // 2] = np.nan
+    with kernels.use_backend("numpy"):
+        ref = elu_conv_reference(x, w32, b32, stride, "constant")
+        exact = elu_conv_reference(x.astype(np.float64), w, b, stride, "constant")
+        nan_ref = np.isnan(elu_conv_reference(x_nan, w32, b32, stride, "constant"))
+    conv, pieces = numba_cpu.codec_encoder.elu_causal_conv_offline, []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        mp.setattr(numba_cpu.codec_encoder, "BLOCK_DIRECT_VALUES", 64 * C * stride)
+        kernel = numba_cpu.codec_encoder._elu_phases_into
+        mp.setattr(numba_cpu.codec_encoder, "_elu_phases_into", lambda *a: pieces.append(a[1]) or kernel(*a))
+        got = conv(x, w32, b32, stride, "constant")
+        got_nan = conv(x_nan, w32, b32, stride, "constant")
+    assert got.shape == ref.shape == (1, O, -(-T // stride)) and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    assert pieces[: -(-got.shape[-1] // 64)] == list(range(0, got.shape[-1], 64))
+    np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
+
+
+def test_phase_weight_is_kept_for_read_only_weights():
+    """The strided conv's weight in its phases' order, made once for a read-only weight (a model's)."""
+    w = np.arange(2 * 3 * 8, dtype=np.float32).reshape(2, 3, 8).copy()
+    phases = numba_cpu.codec_encoder._phase_weight(w, 4)
+    assert phases.shape == (2, 12, 2) and phases[1, 2 * 4 + 3, 1] == w[1, 2, 3 + 4 * 1]
+    w.flags.writeable = False
+    assert numba_cpu.codec_encoder._phase_weight(w, 4) is numba_cpu.codec_encoder._phase_weight(w, 4)
