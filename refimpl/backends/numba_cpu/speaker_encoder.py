@@ -11,6 +11,7 @@ import numpy as np
 from ..host_memory import new_output
 from . import amx
 from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_blocks_on_tiles, _taps_on_tiles, _tdnn_weight_tiles
+from .conv import DIRECT_OUT, _direct_conv_into, direct_conv_takes, direct_width
 from .elementwise import ELEMENTWISE_PIECE
 from .intrinsics import FASTMATH, _exp_f32
 from .pieces import _piece_threads, run_pieces
@@ -44,6 +45,25 @@ def _add_bias_and_relu(h_on, bias_o):
             row[j] = np.float32(0.0) if y <= 0 else y
 
 
+def _tdnn_direct(x_ct, w_oik, dilation, out_ot):
+    """out = reflect-"same" conv(x) [C, T] -> [O, T] on the direct kernel (``_direct_conv_into``): x's rows
+    with their mirrored edges once (``_stack_reflected_taps_into`` of one tap; zeros after), then the output
+    channels in shares of whole blocks side by side, each read from those rows as shifts."""
+    O, I, K = w_oik.shape
+    T = x_ct.shape[1]
+    W, span = direct_width(T), T + dilation * (K - 1)
+    rows_il = np.zeros((I, dilation * (K - 1) + W), np.float32)
+    _stack_reflected_taps_into(np.ascontiguousarray(x_ct), -(dilation * (K - 1) // 2), 1, rows_il[:, None, :span])
+    w_oik, sums_ow = np.ascontiguousarray(w_oik, np.float32), np.empty((O, W), np.float32)
+    blocks, n = O // DIRECT_OUT, _piece_threads()
+    cuts = [DIRECT_OUT * (blocks * i // n) for i in range(n + 1)]
+    run_pieces(
+        lambda o0, o1: _direct_conv_into(rows_il, w_oik[o0:o1], dilation, T, sums_ow[o0:o1]),
+        [(cuts[i], cuts[i + 1]) for i in range(n) if cuts[i] < cuts[i + 1]],
+    )
+    out_ot[:] = sums_ow[:, :T]
+
+
 TDNN_RELU_PIECE = 1 << 21  # values per piece of the bias + ReLU pass (8 MB): smaller outputs in one pass here, as a
 # piece thread's hand-off costs more than it saves for small inputs
 
@@ -52,7 +72,8 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
     """out = ReLU(reflect-"same" conv(x) + b) for one item [C, T] -> [O, T]: the taps read straight from x
     with the mirrored edges (``_stack_reflected_taps_into``, into ``cols_ikn`` [I, K, T] where given: a
     buffer reused from one call to the next; a 1-tap conv multiplies x itself), one matrix product on
-    BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side."""
+    BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side.  Where the
+    direct kernel takes the conv (``direct_conv_takes``): ``_tdnn_direct`` instead of the product."""
     O, I, K = w_oik.shape
     T = x_ct.shape[1]
     on_tiles = amx.USE_TILES and T >= TILE_TDNN_MIN_STEPS and O >= TILE_TDNN_MIN_OUT
@@ -62,7 +83,9 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
         _taps_on_tiles(x_ct, tiles_usrc, b_o, True, K, dilation, first, out_ot)
         return
     w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
-    if K == 1:
+    if direct_conv_takes(O, I, K):
+        _tdnn_direct(x_ct, w_oik, dilation, out_ot)
+    elif K == 1:
         np.matmul(w_m, x_ct, out=out_ot)
     else:
         cols_ikn = np.empty((I, K, T), np.float32) if cols_ikn is None else cols_ikn

@@ -49,6 +49,47 @@ def test_tdnn_twin_reads_the_reflected_taps_of_the_reference(B, C, O, K, dilatio
     assert nan_ref.any()
 
 
+@pytest.mark.skipif(not numba_cpu.runtime.machine().packed_compiled, reason="no 512-bit vectors (AVX-512)")
+@settings(max_examples=30, deadline=None)
+@given(
+    C=st.integers(1, 40),
+    O=st.sampled_from((4, 8, 12, 36)),
+    K=st.sampled_from((1, 3, 5)),
+    dilation=st.integers(1, 4),
+    extra=st.integers(0, 150),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**31),
+)
+def test_tdnn_on_the_direct_kernel_reads_the_reflected_taps_of_the_reference(C, O, K, dilation, extra, threads, seed):
+    """A TDNN on the direct kernel (no tiles; its output channels in shares of whole blocks for 1 to 3
+    threads): within the bound of two sums of the same I * K terms of the reference; the same bits
+    whatever the shares; a NaN frame spoils the same outputs on both sides."""
+    rng = np.random.default_rng(seed)
+    left, right = speaker_encoder.same_padding(K, dilation)
+    T = max(left, right) + 1 + extra
+    x = rng.standard_normal((1, C, T)).astype(np.float32)
+    w = rng.standard_normal((O, C, K)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    ref = speaker_encoder.tdnn.reference(x, w, b, dilation)
+    ran = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        direct = numba_cpu.speaker_encoder._tdnn_direct
+        mp.setattr(numba_cpu.speaker_encoder, "_tdnn_direct", lambda *a: ran.append(1) or direct(*a))
+        mp.setattr(numba_cpu.speaker_encoder, "_piece_threads", lambda: threads)
+        got = numba_cpu.speaker_encoder.tdnn(x, w, b, dilation)
+        mp.setattr(numba_cpu.speaker_encoder, "_piece_threads", lambda: 1)
+        assert np.array_equal(numba_cpu.speaker_encoder.tdnn(x, w, b, dilation), got)
+        x_nan = x.copy()
+        x_nan[0, 0, T // 2] = np.nan
+        got_nan = numba_cpu.speaker_encoder.tdnn(x_nan, w, b, dilation)
+    assert ran and got.shape == ref.shape == (1, O, T) and got.dtype == np.float32
+    padded = np.pad(np.abs(x).astype(np.float64), ((0, 0), (0, 0), (left, right)), mode="reflect")
+    abs_sum = nn.conv1d.reference(padded, np.abs(w).astype(np.float64), np.abs(b).astype(np.float64), dilation=dilation)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
+    np.testing.assert_array_equal(np.isnan(got_nan), np.isnan(speaker_encoder.tdnn.reference(x_nan, w, b, dilation)))
+
+
 def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     x = np.zeros((1, 3, 2), np.float32)
     w = np.zeros((2, 3, 5), np.float32)
