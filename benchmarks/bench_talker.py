@@ -84,7 +84,7 @@ def main() -> None:
 
     ours_t, codes = best_time(ours, args.repeats)
     n = len(codes)
-    prompt_len = tts.last_trace.prompt_embeds.shape[1]
+    prompt_len = tts.last_log.prompt_embeds.shape[1]
     print(
         f"refimpl  0.6B CustomVoice (load {load_t:.1f} s), prompt {prompt_len} positions, {n} frames "
         f"({n / 12.5:.2f} s audio), {os.cpu_count()} cpus: {ours_t:.2f} s, {1000 * ours_t / max(n, 1):.0f} ms/frame, "
@@ -136,11 +136,11 @@ def main() -> None:
     print(f"greedy codes DIFFER: shapes {codes.shape} vs {off_codes.shape}, {len(diff)} of {m * 16} differ")
     if len(diff):
         f, g = diff[0]
-        trace = tts.last_trace
+        log = tts.last_log
         logits = (
-            (trace.prefill_logits if f == 0 else trace.step_logits[f - 1])[0]
+            (log.prefill_logits if f == 0 else log.step_logits[f - 1])[0]
             if g == 0
-            else trace.predictor_logits[f][0, g - 1]
+            else log.predictor_logits[f][0, g - 1]
         )
         print(
             f"first difference at frame {f}, group {g}: ours {codes[f, g]}, official {off_codes[f, g]}; "

@@ -145,33 +145,33 @@ show("icl text: reference + text + tts_eos", f"{n_ref} + {n_text} + 1 = {n_ref +
 icl_start, icl_end = next((s, e) for name, s, e in layout.segments if name == "icl")
 show("icl codec rows: bos + reference frames", f"{icl_end - icl_start} = 1 + {len(ref_codes_r16)}")
 show("trailing text ids (one per new frame)", layout.trailing_ids)
-prompt_th = embed_layout(talker, layout, xvec_d)  # text stream + codec stream; the x-vector in its slot
-trailing_nh = talker.embed_text(layout.trailing_ids)
-pad_h = talker.embed_text([cfg.tts_pad_token_id])[0]
-show("prompt vectors", prompt_th)
-text_th = talker.embed_text(layout.text_ids)
-assert np.array_equal(prompt_th[layout.speaker_position], text_th[layout.speaker_position] + xvec_d)
+prompt_tc = embed_layout(talker, layout, xvec_d)  # text stream + codec stream; the x-vector in its slot
+trailing_nc = talker.embed_text(layout.trailing_ids)
+pad_c = talker.embed_text([cfg.tts_pad_token_id])[0]
+show("prompt vectors", prompt_tc)
+text_tc = talker.embed_text(layout.text_ids)
+assert np.array_equal(prompt_tc[layout.speaker_position], text_tc[layout.speaker_position] + xvec_d)
 print(f"    position {layout.speaker_position} = the text stream's pad vector + the x-vector")
 
 # %% 6. The Talker over the prompt, then frame 0
 T = len(layout)
 cache = talker.new_caches(batch=1)
-hidden_bh = talker.forward(prompt_th[None], np.arange(T)[None], np.ones((1, T), dtype=bool), cache)[:, -1]
-logits_bv = talker.logits(hidden_bh)
+hidden_bc = talker.forward(prompt_tc[None], np.arange(T)[None], np.ones((1, T), dtype=bool), cache)[:, -1]
+logits_bv = talker.logits(hidden_bc)
 show("logits of code 0 (talker vocab)", logits_bv)
 eos = t.codec_eos_token_id
 penalty = tts.generate_defaults.get("repetition_penalty", 1.05)
 min_new_tokens = sampling.SamplingSettings().min_new_tokens
 
 
-def next_frame(logits_bv, hidden_bh, previous_bn):
+def next_frame(logits_bv, hidden_bc, previous_bn):
     """Greedy code 0 after the processors, then codes 1..15 from the code predictor: a frame [1, 16]."""
     scores = sampling.apply_repetition_penalty(logits_bv, previous_bn, penalty)
     scores = sampling.apply_min_new_tokens(scores, previous_bn.shape[1], min_new_tokens, eos)
     scores = sampling.apply_suppression(scores, sampling.suppressed_ids(t.vocab_size, eos))
     code0_b = np.argmax(scores, axis=-1)
     rest_b15, _ = talker.code_predictor.predict_frame(
-        hidden_bh, talker.embed_codec(code0_b), lambda g, logits_bv: np.argmax(logits_bv, axis=-1)
+        hidden_bc, talker.embed_codec(code0_b), lambda g, logits_bv: np.argmax(logits_bv, axis=-1)
     )
     frame_b16 = np.concatenate([code0_b[:, None], rest_b15], axis=1)
     print("    codes:", frame_b16[0].tolist())
@@ -180,19 +180,19 @@ def next_frame(logits_bv, hidden_bh, previous_bn):
 
 def talker_step(frame_b16, step):
     """The frame back in as position T + step (its 16 embeddings summed + the next text vector)."""
-    text_h = trailing_nh[step] if step < len(trailing_nh) else pad_h
-    x_bth = (talker.embed_frames(frame_b16) + text_h)[:, None]
-    hidden_bh = talker.forward(x_bth, np.array([[T + step]]), np.ones((1, T + step + 1), dtype=bool), cache)[:, -1]
+    text_c = trailing_nc[step] if step < len(trailing_nc) else pad_c
+    x_btc = (talker.embed_frames(frame_b16) + text_c)[:, None]
+    hidden_bc = talker.forward(x_btc, np.array([[T + step]]), np.ones((1, T + step + 1), dtype=bool), cache)[:, -1]
     show(f"position {T + step}: keys/values cached", f"{T + step + 1} positions")
-    return hidden_bh, talker.logits(hidden_bh)
+    return hidden_bc, talker.logits(hidden_bc)
 
 
-frames = [next_frame(logits_bv, hidden_bh, np.zeros((1, 0), dtype=np.int64))]
-hidden_bh, logits_bv = talker_step(frames[0], step=0)
+frames = [next_frame(logits_bv, hidden_bc, np.zeros((1, 0), dtype=np.int64))]
+hidden_bc, logits_bv = talker_step(frames[0], step=0)
 
 # %% 7. Frame 1
-frames.append(next_frame(logits_bv, hidden_bh, frames[0][:, :1]))
-hidden_bh, logits_bv = talker_step(frames[1], step=1)
+frames.append(next_frame(logits_bv, hidden_bc, frames[0][:, :1]))
+hidden_bc, logits_bv = talker_step(frames[1], step=1)
 codes_t16 = np.concatenate(frames, axis=0)
 show("new codes", codes_t16)
 

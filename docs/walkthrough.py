@@ -78,11 +78,11 @@ layout = build_layout(cfg, ids, language=LANGUAGE, speaker=SPEAKER, non_streamin
 show("layout.text_ids", layout.text_ids)
 show("layout.codec_codes (-1 = none)", layout.codec_codes)
 show("segments", [(name, end - start) for name, start, end in layout.segments])
-prompt_th = embed_layout(talker, layout)  # text stream + codec stream
-trailing_nh = talker.embed_text(layout.trailing_ids)  # fed one per step after the prompt
-pad_h = talker.embed_text([cfg.tts_pad_token_id])[0]  # ... then tts_pad forever
-show("prompt vectors", prompt_th)
-show("trailing text vectors", trailing_nh)
+prompt_tc = embed_layout(talker, layout)  # text stream + codec stream
+trailing_nc = talker.embed_text(layout.trailing_ids)  # fed one per step after the prompt
+pad_c = talker.embed_text([cfg.tts_pad_token_id])[0]  # ... then tts_pad forever
+show("prompt vectors", prompt_tc)
+show("trailing text vectors", trailing_nc)
 
 # %% 2. The Talker over the prompt (prefill)
 # the whole prompt at once -> the KV cache filled, logits of code 0 of frame 0
@@ -90,10 +90,10 @@ T = len(layout)
 cache = talker.new_caches(batch=1)
 positions_bt = np.arange(T)[None]  # one row, no left padding
 key_valid_bs = np.ones((1, T), dtype=bool)
-hidden_bth = talker.forward(prompt_th[None], positions_bt, key_valid_bs, cache)
-hidden_bh = hidden_bth[:, -1]
-logits_bv = talker.logits(hidden_bh)
-show("hidden states", hidden_bth)
+hidden_btc = talker.forward(prompt_tc[None], positions_bt, key_valid_bs, cache)
+hidden_bc = hidden_btc[:, -1]
+logits_bv = talker.logits(hidden_bc)
+show("hidden states", hidden_btc)
 show("logits of code 0 (talker vocab)", logits_bv)
 
 # %% 3. Code 0, then the code predictor
@@ -110,7 +110,7 @@ def choose_code0(logits_bv, previous_bn):
     return np.argmax(scores, axis=-1)
 
 
-def next_frame(logits_bv, hidden_bh, previous_bn):
+def next_frame(logits_bv, hidden_bc, previous_bn):
     """Code 0 from the Talker's logits, codes 1..15 from the code predictor: one frame [1, 16]."""
     code0_b = choose_code0(logits_bv, previous_bn)
     print(f"  code 0 = {int(code0_b[0])} (argmax after the processors)")
@@ -120,7 +120,7 @@ def next_frame(logits_bv, hidden_bh, previous_bn):
         shapes.append(logits_bv.shape)
         return np.argmax(logits_bv, axis=-1)
 
-    rest_b15, _ = talker.code_predictor.predict_frame(hidden_bh, talker.embed_codec(code0_b), greedy)
+    rest_b15, _ = talker.code_predictor.predict_frame(hidden_bc, talker.embed_codec(code0_b), greedy)
     show("code predictor steps", f"{len(shapes)} heads, logits {list(shapes[0])} each")
     frame_b16 = np.concatenate([code0_b[:, None], rest_b15], axis=1)
     show("frame (16 codes)", frame_b16)
@@ -129,7 +129,7 @@ def next_frame(logits_bv, hidden_bh, previous_bn):
 
 
 previous = np.zeros((1, 0), dtype=np.int64)  # the code 0s so far (for the repetition penalty)
-frame_b16 = next_frame(logits_bv, hidden_bh, previous)
+frame_b16 = next_frame(logits_bv, hidden_bc, previous)
 frames = [frame_b16]
 
 # %% 4. One Talker step with the KV cache
@@ -138,25 +138,25 @@ frames = [frame_b16]
 
 def talker_step(frame_b16, step):
     """Feed frame ``step`` at position T + step; returns the new last hidden state and logits."""
-    text_h = trailing_nh[step] if step < len(trailing_nh) else pad_h
-    x_bth = (talker.embed_frames(frame_b16) + text_h)[:, None]
+    text_c = trailing_nc[step] if step < len(trailing_nc) else pad_c
+    x_btc = (talker.embed_frames(frame_b16) + text_c)[:, None]
     key_valid_bs = np.ones((1, T + step + 1), dtype=bool)
-    hidden_bh = talker.forward(x_bth, np.array([[T + step]]), key_valid_bs, cache)[:, -1]
-    logits_bv = talker.logits(hidden_bh)
-    show("input vector", x_bth)
+    hidden_bc = talker.forward(x_btc, np.array([[T + step]]), key_valid_bs, cache)[:, -1]
+    logits_bv = talker.logits(hidden_bc)
+    show("input vector", x_btc)
     show("keys/values cached", f"{T + step + 1} positions")
     show("logits of the next code 0", logits_bv)
-    return hidden_bh, logits_bv
+    return hidden_bc, logits_bv
 
 
-hidden_bh, logits_bv = talker_step(frame_b16, step=0)
+hidden_bc, logits_bv = talker_step(frame_b16, step=0)
 
 # %% 5. Frame 1: the same two steps
 previous = np.concatenate([frame[:, :1] for frame in frames], axis=1)  # frame 0's code 0 is penalised now
 show("repetition penalty on codes", f"{previous[0].tolist()} (penalty {penalty}, generation_config.json)")
-frame_b16 = next_frame(logits_bv, hidden_bh, previous)
+frame_b16 = next_frame(logits_bv, hidden_bc, previous)
 frames.append(frame_b16)
-hidden_bh, logits_bv = talker_step(frame_b16, step=1)
+hidden_bc, logits_bv = talker_step(frame_b16, step=1)
 
 # %% 6. Decoding
 # 16 codes per frame -> 1920 samples at 24 kHz; the trace keeps the decoder's top-level stages only

@@ -112,7 +112,7 @@ def test_official_model_examples(models, ref_wav):
             out = method(**call, **GOLD["greedy"], return_codes=True)
             assert [c.tolist() for c in out[2]] == case["codes"], case["name"]
             np.testing.assert_allclose(
-                models[case["model"]].last_trace.prompt_embeds.sum(axis=-1),
+                models[case["model"]].last_log.prompt_embeds.sum(axis=-1),
                 case["prompt_sums"],
                 rtol=0,
                 atol=PROMPT_ATOL,

@@ -7,6 +7,7 @@ modules); a module imports only from its own layer or the layers below, and the 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "refimpl"
@@ -116,3 +117,73 @@ def test_the_tests_mirror_the_tree():
         assert list((tests / sub).glob("test_*.py")), f"tests/{sub}/ holds no tests"
     for sub in ("codec", "tts", "backends", "porting", "io", "cli"):
         assert (PACKAGE / sub / "__init__.py").is_file(), sub
+
+
+# ----------------------------------------------------------------------------- one vocabulary (CONTRIBUTING.md)
+
+
+def identifiers(tree: ast.AST):
+    """Every name a module defines or uses: functions, classes, parameters, variables, attributes, keywords."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node.name
+        elif isinstance(node, ast.arg):
+            yield node.arg
+        elif isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.attr
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.arg
+
+
+AUDIO_WORDS = {"stream", "streams", "streamed", "streaming", "chunk", "chunks", "chunked"}
+TILE_WORDS = {"tile", "tiles", "tiled"}
+
+
+def words(name: str) -> set:
+    """The words of a name: ``_tile_conv_into`` -> {tile, conv, into}, ``StreamedWav`` -> {streamed, wav}."""
+    return {w.lower() for w in re.split(r"_|(?<=[a-z0-9])(?=[A-Z])", name) if w}
+
+
+def vocabulary_slips(source: str, path: Path) -> list:
+    """The words of CONTRIBUTING.md's vocabulary used with another meaning in the names of one module: a
+    signature taking both a ``trace`` and a ``record`` (they are one recording: name the other thing after
+    what it is), an audio word (stream, chunk) in a backend's names (weights are read packed, columns summed
+    a span at a time), ``tile`` outside the numba backend (the AMX tile registers; ``np.tile`` aside)."""
+    tree = ast.parse(source)
+    module = module_name(path)
+    slips = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
+            if {"trace", "record"} <= params:
+                slips.append(f"{module}.{node.name} takes both a trace and a record")
+    names = set(identifiers(tree))
+    if module.startswith("backends"):
+        slips += [
+            f"{module}: {n} (an audio word)" for n in sorted(names) if "stream" in n.lower() or "chunk" in n.lower()
+        ]
+    if not module.startswith("backends.numba_cpu"):
+        slips += [f"{module}: {n} (tile: AMX only)" for n in sorted(names) if words(n) & TILE_WORDS and n != "tile"]
+    return slips
+
+
+def test_one_vocabulary():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    slips = [s for path in paths for s in vocabulary_slips(path.read_text(encoding="utf-8"), path)]
+    assert not slips, "names with another meaning than CONTRIBUTING.md's vocabulary:\n" + "\n".join(slips)
+
+
+def test_the_vocabulary_check_sees_a_slip():
+    source = "def f(x, trace=None, record=None, streamed=False):\n    return x.tiles\n"
+    in_backend = vocabulary_slips(source, PACKAGE / "backends" / "bf16.py")  # the path names the module only
+    assert [s.split(" ", 1)[1] for s in in_backend] == [
+        "takes both a trace and a record",
+        "streamed (an audio word)",
+        "tiles (tile: AMX only)",
+    ]
+    assert vocabulary_slips(source, PACKAGE / "backends" / "numba_cpu" / "amx.py")[1:] == [
+        "backends.numba_cpu.amx: streamed (an audio word)"
+    ]
+    assert vocabulary_slips("y = np.tile(x, 2)\n", PACKAGE / "tts" / "talker.py") == []

@@ -809,18 +809,18 @@ def tiny_pipeline_shapes() -> dict:
         if extra in ("xvec", "icl"):
             s["audio"], s["mel"], s["xvec"] = ref_audio.shape, mels.shape, xvec.shape
         layout = build_layout(tts.config, ids, **kw)
-        prompt_th = embed_layout(talker, layout, xvec if extra in ("xvec", "icl") else None)
+        prompt_tc = embed_layout(talker, layout, xvec if extra in ("xvec", "icl") else None)
         T = len(layout)
         caches = talker.new_caches(batch=1)
-        hidden_bh = talker.forward(prompt_th[None], np.arange(T)[None], np.ones((1, T), dtype=bool), caches)[:, -1]
-        logits_bv = talker.logits(hidden_bh)
+        hidden_bc = talker.forward(prompt_tc[None], np.arange(T)[None], np.ones((1, T), dtype=bool), caches)[:, -1]
+        logits_bv = talker.logits(hidden_bc)
         code0_b = np.argmax(logits_bv[:, : t_cfg.code_predictor_config.vocab_size], axis=-1)
         rest_b15, _ = talker.code_predictor.predict_frame(
-            hidden_bh, talker.embed_codec(code0_b), lambda g, x: np.argmax(x, axis=-1)
+            hidden_bc, talker.embed_codec(code0_b), lambda g, x: np.argmax(x, axis=-1)
         )
         frame_16 = np.concatenate([code0_b, rest_b15[0]])
         samples = tts.speech_tokenizer.decode_full(frame_16[None])
-        s.update(prompt=prompt_th.shape, hidden=hidden_bh.shape[1:], logits=logits_bv.shape[1:], code0=code0_b.shape)
+        s.update(prompt=prompt_tc.shape, hidden=hidden_bc.shape[1:], logits=logits_bv.shape[1:], code0=code0_b.shape)
         s.update(frame=frame_16.shape, samples=samples.shape, layers=t_cfg.num_hidden_layers)
         found[mode] = s
     return found

@@ -38,19 +38,19 @@ class BF16Matrix:
     float32 math from half the bytes.  The fast backend's ``linear`` reads the words directly
     (``refimpl/backends/numba_cpu/``, ``refimpl/backends/cupy_cuda/linear.py``); everything else sees float32:
     ``np.asarray(m)`` widens the whole matrix (host words), ``m[ids]`` only the rows asked for (an embedding
-    lookup), ``m.T`` the transpose (host or device words).  ``streamed``: read whole at every generation
+    lookup), ``m.T`` the transpose (host or device words).  ``read_packed``: read whole at every generation
     step and by no prompt (the code predictor's layers and heads), so that the numba backend may read it
     from a packed copy of its words (``PackedWords``: the same numbers from three quarters of the bytes)."""
 
-    __slots__ = ("bits", "streamed")
+    __slots__ = ("bits", "read_packed")
     dtype = np.dtype(np.float32)
     ndim = 2
 
-    def __init__(self, bits_oi, streamed: bool = False):  # bits: host words, or a device array (upload_weights)
+    def __init__(self, bits_oi, read_packed: bool = False):  # bits: host words, or a device array (upload_weights)
         if bits_oi.dtype != np.uint16 or bits_oi.ndim != 2 or not bits_oi.flags.c_contiguous:
             raise ValueError(f"BF16Matrix holds C-contiguous uint16 words [O, I], got {bits_oi.dtype} {bits_oi.shape}")
         self.bits = bits_oi
-        self.streamed = streamed
+        self.read_packed = read_packed
 
     @property
     def shape(self) -> tuple:
@@ -88,13 +88,13 @@ class BF16Matrix:
         return f"BF16Matrix(shape={self.shape})"
 
 
-def streamed(weights: dict, names) -> dict:
-    """``weights`` with the ``BF16Matrix`` of each of ``names`` marked ``streamed`` (a new matrix over the
+def mark_read_packed(weights: dict, names) -> dict:
+    """``weights`` with the ``BF16Matrix`` of each of ``names`` marked ``read_packed`` (a new matrix over the
     same words): the matrices a model reads whole at every generation step and in no prompt."""
     out = dict(weights)
     for name in names:
         if isinstance(out.get(name), BF16Matrix):
-            out[name] = BF16Matrix(out[name].bits, streamed=True)
+            out[name] = BF16Matrix(out[name].bits, read_packed=True)
     return out
 
 

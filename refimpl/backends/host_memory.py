@@ -136,7 +136,7 @@ def _aligned(raw: np.ndarray, nbytes: int) -> np.ndarray:
     return raw[start : start + nbytes]
 
 
-# ----------------------------------------------------------------------------- the streamed weights' pages
+# ----------------------------------------------------------------------------- the bfloat16 matrices' pages
 
 HUGE_PAGE_BYTES = 2 << 20  # the x86-64 transparent huge page
 _HUGE_PAGES_ENV = "REFIMPL_HUGE_PAGES"

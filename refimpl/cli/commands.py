@@ -208,10 +208,10 @@ def cmd_codec_decode(args, say: Reporter) -> int:
         stream, output = tok.stream(), AudioOutput(args.output, tok.sample_rate, args.float_wav)
         bar = say.bar(desc="decoding", total=len(codes))
         for start in range(0, len(codes), args.chunk_frames):
-            piece = codes[start : start + args.chunk_frames]
-            output.write(stream.push(piece))
+            chunk = codes[start : start + args.chunk_frames]
+            output.write(stream.push(chunk))
             if bar is not None:
-                bar.update(len(piece))
+                bar.update(len(chunk))
         if bar is not None:
             bar.close()
         samples = output.samples

@@ -83,14 +83,14 @@ class AudioOutput:
 
         self.path, self.sample_rate, self.float_wav = path, sample_rate, float_wav
         self.streamed = StreamedWav(sample_rate, "float" if float_wav else "pcm16") if path == STDIO else None
-        self.pieces: list[np.ndarray] = []  # collected for a file
+        self.chunks: list[np.ndarray] = []  # collected for a file
         self.header_written = False
         self.samples = 0
 
     def write(self, chunk: np.ndarray) -> None:
         self.samples += chunk.shape[0]
         if self.streamed is None:
-            self.pieces.append(chunk)
+            self.chunks.append(chunk)
             return
         data = self.streamed.samples(chunk)
         write_stdout(data if self.header_written else self.streamed.header + data)
@@ -98,7 +98,7 @@ class AudioOutput:
 
     def close(self) -> None:
         if self.streamed is None:
-            wav = np.concatenate(self.pieces) if self.pieces else np.zeros(0, np.float32)
+            wav = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
             write_audio(self.path, wav, self.sample_rate, self.float_wav)
             return
         if not self.header_written:  # no chunk came: the header alone, an empty WAV

@@ -191,13 +191,13 @@ class SpeechTokenizer:
         arr = np.maximum(arr, 0)
         T, spf = arr.shape[0], self.samples_per_frame
         starts = range(0, T, OFFICIAL_CHUNK_FRAMES)
-        pieces = []
+        chunks = []
         for start in starts if progress is None else progress(starts, "decoding 300-frame chunks"):
             end = min(start + OFFICIAL_CHUNK_FRAMES, T)
             context = OFFICIAL_LEFT_CONTEXT_FRAMES if start - OFFICIAL_LEFT_CONTEXT_FRAMES > 0 else start
             wav = self._decode_frames(arr[start - context : end])
-            pieces.append(wav[context * spf :])
-        wav = np.concatenate(pieces) if pieces else nn.zeros(0, dtype=self.dtype)
+            chunks.append(wav[context * spf :])
+        wav = np.concatenate(chunks) if chunks else nn.zeros(0, dtype=self.dtype)
         return nn.to_host(wav[: n_valid * spf])
 
     @on_model_backend

@@ -281,14 +281,14 @@ def read_safetensors_file(
     # Python at every index (a generation step's embedding rows: 20-50 us a lookup)
     wanted = header.keys() if names is None else [n for n in names if n in header]
     kept = [n for n in wanted if keep_bf16 and np.dtype(dtype) == np.float32 and _is_bf16_matrix(header[n])]
-    streamed = [n for n in kept if not is_lookup_table(n)]
+    read_whole = [n for n in kept if not is_lookup_table(n)]
     copying = huge_pages and huge_pages_enabled()
     # out of address space (ulimit -v): said before a byte is allocated (io/memory.py)
-    check_room(str(path), load_bytes(path, header, wanted, kept, streamed if copying else [], dtype))
+    check_room(str(path), load_bytes(path, header, wanted, kept, read_whole if copying else [], dtype))
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     track(mapped, path)  # named if the file shrinks under the map (io/mapped_files.py: a bus error)
     raw = mapped.view(np.ndarray)
-    copies = _read_copies(path, data_start, header, streamed) if copying else {}
+    copies = _read_copies(path, data_start, header, read_whole) if copying else {}
     out = {}
     for name in wanted:
         info = header[name]
@@ -308,11 +308,11 @@ def read_safetensors_file(
     return out
 
 
-def load_bytes(path: Path, header: Mapping[str, dict], wanted, kept, streamed, dtype) -> int:
+def load_bytes(path: Path, header: Mapping[str, dict], wanted, kept, read_whole, dtype) -> int:
     """A lower bound of the address space ``read_safetensors_file`` holds at once: the map of the whole file,
     the huge-page copies and the converted tensors."""
     nbytes = {n: info["data_offsets"][1] - info["data_offsets"][0] for n, info in header.items()}
-    total = file_size(path) + sum(-(-nbytes[n] // 64) * 64 for n in streamed)
+    total = file_size(path) + sum(-(-nbytes[n] // 64) * 64 for n in read_whole)
     for name in set(wanted) - set(kept):
         stored = np.dtype(STORED_DTYPES[header[name]["dtype"]])
         if stored.kind != "f":
@@ -327,7 +327,7 @@ def _is_bf16_matrix(info: dict) -> bool:
 
 
 def is_lookup_table(name: str) -> bool:
-    """An embedding table (``...embedding.weight``, ``embed_tokens``): read by rows, never streamed whole,
+    """An embedding table (``...embedding.weight``, ``embed_tokens``): read by rows, never read whole,
     so it stays memory-mapped (the pages of the looked-up rows are read on use)."""
     return "embed" in name
 
@@ -510,8 +510,8 @@ def check_weights(
     raise CheckpointError("\n".join(lines))
 
 
-def non_finite_tensors(weights: Mapping[str, np.ndarray], names, chunk: int = 1 << 22) -> list:
-    """Names of floating tensors that hold NaN or infinity, read in chunks (no full-size temporary).  The
+def non_finite_tensors(weights: Mapping[str, np.ndarray], names, span: int = 1 << 22) -> list:
+    """Names of floating tensors that hold NaN or infinity, read in spans (no full-size temporary).  The
     pages of a memory-mapped lookup table are given back as soon as they are checked (``release_pages``):
     generation reads a few of its rows, so the check must not leave the whole table in this process's
     memory (the Talker's text embedding alone is 622 MB of the 0.6B model's 1.81 GB)."""
@@ -522,10 +522,10 @@ def non_finite_tensors(weights: Mapping[str, np.ndarray], names, chunk: int = 1 
             flat = arr.bits.reshape(-1)
             release = is_lookup_table(name)
             finite = True
-            for i in range(0, flat.size, chunk):
-                finite = finite and not np.any(flat[i : i + chunk] & 0x7F80 == 0x7F80)
+            for i in range(0, flat.size, span):
+                finite = finite and not np.any(flat[i : i + span] & 0x7F80 == 0x7F80)
                 if release:
-                    release_pages(flat[i : i + chunk])
+                    release_pages(flat[i : i + span])
                 elif not finite:
                     break
             if not finite:
@@ -534,7 +534,7 @@ def non_finite_tensors(weights: Mapping[str, np.ndarray], names, chunk: int = 1 
         if arr.dtype.kind != "f":
             continue
         flat = arr.reshape(-1)
-        if any(not np.isfinite(flat[i : i + chunk]).all() for i in range(0, flat.size, chunk)):
+        if any(not np.isfinite(flat[i : i + span]).all() for i in range(0, flat.size, span)):
             bad.append(name)
     return bad
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import backends, nn
-from ..backends.bf16 import streamed, upload_weights
+from ..backends.bf16 import mark_read_packed, upload_weights
 from ..io.checkpoint import WeightSpec, WeightView, check_weights
 from ..io.config import config_from_dict
 from ..io.validate import check_code_predictor_config
@@ -107,9 +107,9 @@ def code_predictor_weight_spec(cfg: CodePredictorConfig, talker_hidden: int) -> 
     return spec
 
 
-def streamed_weight_names(cfg: CodePredictorConfig, talker_hidden: int) -> list:
+def read_packed_weight_names(cfg: CodePredictorConfig, talker_hidden: int) -> list:
     """The matrices read whole at every step of a frame and in no prompt: the layers' products and the heads
-    (``bf16.BF16Matrix.streamed``: the numba backend reads them packed, 12 bits a word)."""
+    (``bf16.BF16Matrix.read_packed``: the numba backend reads them packed, 12 bits a word)."""
     names = [s.name for s in code_predictor_weight_spec(cfg, talker_hidden)]
     layers = [n for n in names if n.startswith("model.layers.") and n.endswith("_proj.weight")]
     return layers + [n for n in names if n.startswith("lm_head.")]
@@ -124,7 +124,7 @@ class CodePredictor:
         self.talker_hidden = talker_hidden
         self.dtype = np.dtype(dtype).type
         weights = upload_weights({k: v.astype(self.dtype, copy=False) for k, v in weights.items()})
-        self.weights = streamed(weights, streamed_weight_names(cfg, talker_hidden))
+        self.weights = mark_read_packed(weights, read_packed_weight_names(cfg, talker_hidden))
         self.w = WeightView(self.weights)
         self.layers = layer_views(self.weights, "model.layers.", cfg.num_hidden_layers)
         self.n_groups = cfg.num_code_groups - 1  # codes 1..15 of a frame
@@ -214,12 +214,12 @@ class CodePredictor:
         caches = self.new_caches(B)
         x = np.stack([talker_hidden_bc, code0_emb_bc], axis=1).astype(self.dtype)  # [B, 2, H]
         codes = np.zeros((B, n_groups), dtype=np.int64)
-        logits_gbv = []
+        logits_qbv = []
         for g in range(n_groups):
             h_btc = self.step(x, caches, record)
-            logits_gbv.append(self.head(g, h_btc[:, -1]))  # the next code reads the last position's alone
+            logits_qbv.append(self.head(g, h_btc[:, -1]))  # the next code reads the last position's alone
             record.output(record.lazy(f"lm_head.{g}", self.head, g, h_btc))  # the official: every position's
-            codes[:, g] = choose(g, logits_gbv[-1])
+            codes[:, g] = choose(g, logits_qbv[-1])
             if g + 1 < n_groups:
                 x = self.embed(g + 1, codes[:, g])[:, None]
-        return codes, np.stack(logits_gbv, axis=1)
+        return codes, np.stack(logits_qbv, axis=1)

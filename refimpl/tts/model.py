@@ -58,7 +58,7 @@ from ..io.checkpoint import (
 from ..io.hub import resolve_model
 from ..recorder import NULL_RECORDER, Recorder, as_recorder
 from ..sampling import SamplingSettings, UniformDraws
-from .generate import GenerationTrace, generate_codes, iterate_frames
+from .generate import GenerationLog, generate_codes, iterate_frames
 from .prompt import PromptLayout, TTSConfig, build_layout, embed_layout
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
@@ -126,15 +126,15 @@ STREAM_CHUNK_FRAMES = (1, 2, 4)  # the default schedule: the first audio after o
 
 def matrices_for_huge_pages(talker: Talker) -> list:
     """The Talker's bfloat16 matrices on the host that a generation step reads whole: every one but the
-    lookup tables and the code predictor's streamed matrices (the numba backend reads those from their
-    packed copy; ``bf16.BF16Matrix.streamed``), in the order of the steps (the Talker's, then the code
+    lookup tables and the code predictor's read-packed matrices (the numba backend reads those from their
+    packed copy; ``bf16.BF16Matrix.read_packed``), in the order of the steps (the Talker's, then the code
     predictor's)."""
     named = [(n, m) for n, m in talker.weights.items() if not n.startswith("code_predictor.")]
     named += list(talker.code_predictor.weights.items())
     return [
         m
         for n, m in named
-        if isinstance(m, BF16Matrix) and isinstance(m.bits, np.ndarray) and not m.streamed and not is_lookup_table(n)
+        if isinstance(m, BF16Matrix) and isinstance(m.bits, np.ndarray) and not m.read_packed and not is_lookup_table(n)
     ]
 
 
@@ -220,11 +220,16 @@ class Qwen3TTS:
         self.tts_model_type = self.config.tts_model_type
         self.tts_model_size = self.config.tts_model_size
         self.tokenizer_type = self.config.tokenizer_type
-        self.last_trace: GenerationTrace | None = None
-        # last_trace keeps every step's logits only when asked (about 130 KB a frame at the released sizes)
+        self.last_log: GenerationLog | None = None
+        # last_log keeps every step's logits only when asked (about 130 KB a frame at the released sizes)
         self.keep_logits = False
         # the device backend the networks were built under (None: the host); the public methods run there
         self.backend = getattr(talker, "backend", None)
+
+    @property
+    def last_trace(self) -> GenerationLog | None:  # vocab: old name
+        """``last_log`` under its old name: what the last generation saw (not a trace)."""
+        return self.last_log
 
     # ------------------------------------------------------------------ loading
 
@@ -490,14 +495,14 @@ class Qwen3TTS:
         record = as_recorder(trace)
         settings, rng, return_codes, eos_id = self._settings(kwargs)
         prompts = make_prompts(record)
-        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
+        self.last_log = GenerationLog(keep_logits=self.keep_logits)
         codes = self.generate_codes_from_layouts(
             prompts.layouts,
             prompts.speaker_vectors,
             settings,
             rng,
             eos_id,
-            self.last_trace,
+            self.last_log,
             record,
             progress=progress,
             forced_codes=forced,
@@ -532,7 +537,7 @@ class Qwen3TTS:
         settings: SamplingSettings,
         rng: UniformDraws | np.random.Generator,
         eos_id: int,
-        trace: GenerationTrace | None = None,
+        log: GenerationLog | None = None,
         record: Recorder = NULL_RECORDER,
         *,
         progress: Progress | None = None,
@@ -550,7 +555,7 @@ class Qwen3TTS:
             settings,
             eos_id,
             rng,
-            trace,
+            log,
             record,
             progress=progress,
             forced_codes=forced_codes,
@@ -559,8 +564,8 @@ class Qwen3TTS:
         return codes
 
     def _embed_prompts(self, layouts: list, speaker_vectors: list, record: Recorder) -> tuple[list, list, Any]:
-        """The vectors generation starts from: each prompt [T, H] (its speaker slot filled), each text's
-        trailing vectors [N, H] and the tts_pad vector [H]; ``record`` receives the layouts' ids."""
+        """The vectors generation starts from: each prompt [T, C] (its speaker slot filled), each text's
+        trailing vectors [N, C] and the tts_pad vector [C]; ``record`` receives the layouts' ids."""
         record_layouts(record, layouts)
         prompts = [embed_layout(self.talker, lay, vec) for lay, vec in zip(layouts, speaker_vectors, strict=True)]
         trailing = [self.talker.embed_text(lay.trailing_ids) for lay in layouts]
@@ -672,8 +677,8 @@ class Qwen3TTS:
             raise ValueError(f"streaming takes one text at a time, got a batch of {len(prompts.layouts)}")
         sizes = chunk_sizes(chunk_frames)
         embedded, trailing, pad = self._embed_prompts(prompts.layouts, prompts.speaker_vectors, record)
-        self.last_trace = GenerationTrace(keep_logits=self.keep_logits)
-        trace = self.last_trace
+        self.last_log = GenerationLog(keep_logits=self.keep_logits)
+        log = self.last_log
         ref_codes = prompts.ref_codes[0]
 
         def chunks() -> Iterator[np.ndarray]:
@@ -681,7 +686,7 @@ class Qwen3TTS:
             if ref_codes is not None:
                 decoder.push(np.asarray(ref_codes, dtype=np.int64))  # left context only
             pending, target = [], next(sizes)
-            for frame in iterate_frames(self.talker, embedded, trailing, pad, settings, eos_id, rng, trace, record):
+            for frame in iterate_frames(self.talker, embedded, trailing, pad, settings, eos_id, rng, log, record):
                 pending.append(frame[0])
                 if len(pending) == target:
                     yield np.asarray(decoder.push(np.stack(pending)), dtype=np.float32)

@@ -91,7 +91,7 @@ class PromptLayout:
     """The ids of one prompt (see the module docstring)."""
 
     text_ids: np.ndarray  # [T] text id per position
-    codec_codes: np.ndarray  # [T, G] codes; -1 = no codec part (group 0 holds control ids too)
+    codec_codes: np.ndarray  # [T, Q] codes; -1 = no codec part (group 0 holds control ids too)
     speaker_position: int  # position whose codec part is the speaker vector; -1 = none
     trailing_ids: np.ndarray  # [N] text ids fed one per generation step
     segments: list  # [(name, start, end)] for documentation and tests
@@ -155,7 +155,7 @@ def build_layout(
                      reference codes [T_ref, 16]
     """
     t = cfg.talker_config
-    G = t.num_code_groups
+    Q = t.num_code_groups
     ids = _check_ids(input_ids, "the text prompt", ROLE_TOKENS, TEXT_TAIL_TOKENS)
     language_id = resolve_language_id(cfg, language, speaker if not has_speaker_vector else None)
 
@@ -169,11 +169,11 @@ def build_layout(
         segments.append((name, start, len(text)))
 
     def control(i):
-        row = np.full(G, -1, dtype=np.int64)
+        row = np.full(Q, -1, dtype=np.int64)
         row[0] = i
         return row
 
-    none = np.full(G, -1, dtype=np.int64)
+    none = np.full(Q, -1, dtype=np.int64)
 
     if instruct_ids is not None:
         instruct_ids = np.asarray(instruct_ids, dtype=np.int64).reshape(-1)
@@ -202,7 +202,7 @@ def build_layout(
         if ref_ids is None:
             raise ValueError("voice clone ICL needs the reference text (ref_text)")
         ref = _check_ids(ref_ids, "the reference text prompt", ROLE_TOKENS, REF_TAIL_TOKENS)
-        ref_codes = check_codes(ref_codes, G, t.code_predictor_config.vocab_size, what="reference codes")
+        ref_codes = check_codes(ref_codes, Q, t.code_predictor_config.vocab_size, what="reference codes")
         icl_text = list(ref[ROLE_TOKENS:-REF_TAIL_TOKENS]) + list(body) + [E]
         icl_codec = [control(t.codec_bos_id)] + list(ref_codes)
         if non_streaming_mode:
@@ -232,46 +232,46 @@ def build_layout(
 
 
 def embed_layout(talker, layout: PromptLayout, speaker_vector=None):
-    """Prompt vectors [T, H]: text stream + codec stream at every position."""
-    text_th = talker.embed_text(layout.text_ids)
+    """Prompt vectors [T, C]: text stream + codec stream at every position."""
+    text_tc = talker.embed_text(layout.text_ids)
     codes = layout.codec_codes
-    codec_th = np.zeros_like(text_th)
+    codec_tc = np.zeros_like(text_tc)
     has0 = codes[:, 0] >= 0
-    codec_th[nn.to_device(has0)] = talker.embed_codec(codes[has0, 0])
+    codec_tc[nn.to_device(has0)] = talker.embed_codec(codes[has0, 0])
     for g in range(1, codes.shape[1]):
         present = codes[:, g] >= 0
         if present.any():
             rows = nn.to_device(present)
-            codec_th[rows] += talker.code_predictor.embed(g, codes[present, g])
+            codec_tc[rows] += talker.code_predictor.embed(g, codes[present, g])
     if layout.speaker_position >= 0:
         if speaker_vector is None:
             raise ValueError("this prompt has a speaker slot but no speaker vector was given")
-        v = np.asarray(speaker_vector, dtype=text_th.dtype).reshape(-1)
-        if v.shape[0] != text_th.shape[1]:
-            raise ValueError(f"speaker embedding has {v.shape[0]} values, the talker width is {text_th.shape[1]}")
-        codec_th[layout.speaker_position] = nn.to_device(v)
-    return text_th + codec_th
+        v = np.asarray(speaker_vector, dtype=text_tc.dtype).reshape(-1)
+        if v.shape[0] != text_tc.shape[1]:
+            raise ValueError(f"speaker embedding has {v.shape[0]} values, the talker width is {text_tc.shape[1]}")
+        codec_tc[layout.speaker_position] = nn.to_device(v)
+    return text_tc + codec_tc
 
 
-def assemble_batch(prompts_th: list, trailing_nh: list, pad_vector_h):
+def assemble_batch(prompts_tc: list, trailing_nc: list, pad_vector_c):
     """Left-pad a batch of prompts with zero vectors.
 
-    returns embeds [B, T, H], key_valid [B, T] (False on padding), positions [B, T] (0, 1, ... from each
-    row's first real position; padding gets 1, as the official), trailing [B, N, H] (padded with the
+    returns embeds [B, T, C], key_valid [B, T] (False on padding), positions [B, T] (0, 1, ... from each
+    row's first real position; padding gets 1, as the official), trailing [B, N, C] (padded with the
     tts_pad vector).  The vectors stay on the backend of the prompts; key_valid and positions are host
     bookkeeping (the generation loop extends them)."""
-    B = len(prompts_th)
-    T = max(p.shape[0] for p in prompts_th)
-    H = prompts_th[0].shape[1]
-    dtype = prompts_th[0].dtype
-    embeds = nn.zeros((B, T, H), dtype=dtype)
+    B = len(prompts_tc)
+    T = max(p.shape[0] for p in prompts_tc)
+    C = prompts_tc[0].shape[1]
+    dtype = prompts_tc[0].dtype
+    embeds = nn.zeros((B, T, C), dtype=dtype)
     valid = np.zeros((B, T), dtype=bool)
-    for b, p in enumerate(prompts_th):
+    for b, p in enumerate(prompts_tc):
         embeds[b, T - p.shape[0] :] = p
         valid[b, T - p.shape[0] :] = True
     positions = np.where(valid, np.cumsum(valid, axis=1) - 1, 1)
-    N = max(t.shape[0] for t in trailing_nh)
-    trailing = np.broadcast_to(nn.to_device(pad_vector_h).astype(dtype, copy=False), (B, N, H)).copy()
-    for b, t in enumerate(trailing_nh):
+    N = max(t.shape[0] for t in trailing_nc)
+    trailing = np.broadcast_to(nn.to_device(pad_vector_c).astype(dtype, copy=False), (B, N, C)).copy()
+    for b, t in enumerate(trailing_nc):
         trailing[b, : t.shape[0]] = t
     return embeds, valid, positions, trailing

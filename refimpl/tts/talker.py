@@ -1,17 +1,17 @@
 """The Talker: the language model that turns a prompt of (text + codec) embeddings into codec frames.
 
-Shapes below are for the released 1.7B config (B batch, T positions, H talker width 2048):
+Shapes below are for the released 1.7B config (B batch, T positions, C talker width 2048):
 
-    text ids  [B, T]  -> text_embedding [151936, 2048] -> text projection (linear, SiLU, linear) -> [B, T, H]
-    codec ids [B, T]  -> codec_embedding [3072, H]                                             -> [B, T, H]
+    text ids  [B, T]  -> text_embedding [151936, 2048] -> text projection (linear, SiLU, linear) -> [B, T, C]
+    codec ids [B, T]  -> codec_embedding [3072, C]                                             -> [B, T, C]
     prompt = text part + codec part (summed per position; see ``refimpl.tts.prompt``)
     28 decoder layers (Qwen3 style), each:
         x = x + o_proj(attention(rope(q_norm(q_proj(rms(x)))), rope(k_norm(k_proj(rms(x)))), v_proj(rms(x))))
         x = x + down_proj(silu(gate_proj(rms(x))) * up_proj(rms(x)))            (SwiGLU)
-    final RMSNorm -> hidden [B, T, H] -> codec_head -> logits over the 3072 talker ids
+    final RMSNorm -> hidden [B, T, C] -> codec_head -> logits over the 3072 talker ids
                                                        (2048 codes of group 0 + 1024 control ids)
 
-Attention: 16 query heads share 8 key/value heads (grouped-query attention), head_dim 128 (not H / heads),
+Attention: 16 query heads share 8 key/value heads (grouped-query attention), head_dim 128 (not C / heads),
 q and k are RMS-normalised *per head* (over head_dim) before the rotary embedding.
 
 Rotary embedding: configured as multimodal RoPE ("mRoPE": ``rope_scaling = {mrope_section: [24, 20, 20],
@@ -142,29 +142,29 @@ class TalkerConfig:
 
 def talker_weight_spec(cfg: TalkerConfig) -> list:
     """Every tensor under ``talker.`` (names without that prefix), code predictor included."""
-    H, Ht = cfg.hidden_size, cfg.text_hidden_size
+    C, Ct = cfg.hidden_size, cfg.text_hidden_size
     spec = [
-        WeightSpec("model.text_embedding.weight", (cfg.text_vocab_size, Ht), "embedding"),
-        WeightSpec("model.codec_embedding.weight", (cfg.vocab_size, H), "embedding"),
-        WeightSpec("text_projection.linear_fc1.weight", (Ht, Ht)),
-        WeightSpec("text_projection.linear_fc1.bias", (Ht,), "bias"),
-        WeightSpec("text_projection.linear_fc2.weight", (H, Ht)),
-        WeightSpec("text_projection.linear_fc2.bias", (H,), "bias"),
+        WeightSpec("model.text_embedding.weight", (cfg.text_vocab_size, Ct), "embedding"),
+        WeightSpec("model.codec_embedding.weight", (cfg.vocab_size, C), "embedding"),
+        WeightSpec("text_projection.linear_fc1.weight", (Ct, Ct)),
+        WeightSpec("text_projection.linear_fc1.bias", (Ct,), "bias"),
+        WeightSpec("text_projection.linear_fc2.weight", (C, Ct)),
+        WeightSpec("text_projection.linear_fc2.bias", (C,), "bias"),
     ]
     for i in range(cfg.num_hidden_layers):
         spec += qwen3_layer_weight_spec(
             f"model.layers.{i}.",
-            H,
+            C,
             cfg.intermediate_size,
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
             cfg.head_dim,
             cfg.attention_bias,
         )
-    spec += [WeightSpec("model.norm.weight", (H,), "norm"), WeightSpec("codec_head.weight", (cfg.vocab_size, H))]
+    spec += [WeightSpec("model.norm.weight", (C,), "norm"), WeightSpec("codec_head.weight", (cfg.vocab_size, C))]
     spec += [
         WeightSpec("code_predictor." + s.name, s.shape, s.init)
-        for s in code_predictor_weight_spec(cfg.code_predictor_config, talker_hidden=H)
+        for s in code_predictor_weight_spec(cfg.code_predictor_config, talker_hidden=C)
     ]
     return spec
 
@@ -241,7 +241,7 @@ class Talker:
     # ---- embeddings
 
     def embed_text(self, text_ids):
-        """Text ids [...] -> talker-width vectors [..., H]: text_embedding, then linear -> SiLU -> linear."""
+        """Text ids [...] -> talker-width vectors [..., C]: text_embedding, then linear -> SiLU -> linear."""
         w = self.w
         ids = np.asarray(text_ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.text_vocab_size):
@@ -251,7 +251,7 @@ class Talker:
         return nn.linear(h, w["text_projection.linear_fc2.weight"], w["text_projection.linear_fc2.bias"])
 
     def embed_codec(self, codec_ids, on_backend=None):
-        """Talker codec ids (group-0 codes and control ids) [...] -> [..., H].  ``on_backend``: the same ids
+        """Talker codec ids (group-0 codes and control ids) [...] -> [..., C].  ``on_backend``: the same ids
         already uploaded (checked here on the host all the same)."""
         ids = np.asarray(codec_ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
@@ -259,7 +259,7 @@ class Talker:
         return self.w["model.codec_embedding.weight"][nn.to_device(ids) if on_backend is None else on_backend]
 
     def embed_frames(self, codes_n16):
-        """Whole frames [..., 16] -> the sum of their 16 embeddings [..., H]: group 0 through the talker's
+        """Whole frames [..., 16] -> the sum of their 16 embeddings [..., C]: group 0 through the talker's
         codec_embedding, groups 1..15 through the code predictor's 15 embeddings (talker width)."""
         codes = np.asarray(codes_n16, dtype=np.int64)
         uploaded = nn.to_device(codes)  # once for the 16 lookups
@@ -278,10 +278,10 @@ class Talker:
     def forward(self, embeds_btc, positions_bt, key_valid_bs, caches: list, trace=None, last_only: bool = False):
         """Run new positions through the talker, appending to the per-layer ``caches``.
 
-        embeds_btc    [B, T, H]  input vectors of the new positions
+        embeds_btc    [B, T, C]  input vectors of the new positions
         positions_bt  [B, T]     their rotary positions (the same number for the three mRoPE streams)
         key_valid_bs  [B, S]     False for left-padding; S = caches[0].length + T (all positions so far)
-        returns the final-norm hidden states [B, T, H] ([B, 1, H] at the last position with ``last_only``,
+        returns the final-norm hidden states [B, T, C] ([B, 1, C] at the last position with ``last_only``,
         every position still cached); ``logits`` maps them to talker ids.
         ``trace`` (dict or Recorder) receives each layer's output as ``layers.{i}`` and its parts."""
         c = self.cfg
@@ -317,5 +317,5 @@ class Talker:
         return h
 
     def logits(self, hidden_btc):
-        """codec_head: [..., H] -> [..., vocab_size]."""
+        """codec_head: [..., C] -> [..., vocab_size]."""
         return nn.linear(hidden_btc, self.w["codec_head.weight"])

@@ -208,9 +208,9 @@ def test_streaming_decode_equals_one_pass_on_the_device():
     codes = np.random.default_rng(3).integers(0, tok.codebook_size, size=(37, tok.num_quantizers))
     full = tok.decode_full(codes)
     stream = tok.stream()
-    pieces = [stream.push(codes[a:b]) for a, b in zip([0, 1, 4, 11, 12, 30], [1, 4, 11, 12, 30, 37], strict=True)]
-    assert all(isinstance(p, np.ndarray) for p in pieces) and isinstance(full, np.ndarray)
-    streamed = np.concatenate(pieces)
+    chunks = [stream.push(codes[a:b]) for a, b in zip([0, 1, 4, 11, 12, 30], [1, 4, 11, 12, 30, 37], strict=True)]
+    assert all(isinstance(p, np.ndarray) for p in chunks) and isinstance(full, np.ndarray)
+    streamed = np.concatenate(chunks)
     assert streamed.shape == full.shape
     assert np.max(np.abs(streamed - full)) <= 1e-9 * max(1.0, np.max(np.abs(full)))
 

@@ -345,7 +345,7 @@ def test_generation_equals_the_host_with_the_same_draws(pairs, host_reference, s
     out_d = dev.generate_custom_voice(trace=trace_d, **kwargs)
     assert_equal_trees(out_h, out_d, "wavs, sr, codes")
     assert_equal_trees(trace_h, trace_d, "trace")
-    assert_equal_trees(vars(host.last_trace), vars(dev.last_trace), "GenerationTrace")
+    assert_equal_trees(vars(host.last_log), vars(dev.last_log), "GenerationLog")
 
 
 def test_streaming_and_voice_clone_equal_the_host(pairs, host_reference):

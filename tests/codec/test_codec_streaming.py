@@ -39,12 +39,12 @@ def test_streaming_equals_decode_full(speech_tokenizers, precision):
     def check(case):
         codes, parts = case
         stream = tok.stream()
-        pieces = []
+        chunks = []
         for a, b in parts:
             out = stream.push(codes[a:b])
             assert out.shape == ((b - a) * 1920,), "a push returns exactly the samples of its frames"
-            pieces.append(out)
-        streamed = np.concatenate(pieces)
+            chunks.append(out)
+        streamed = np.concatenate(chunks)
         full = tok.decode_full(codes)
         assert streamed.dtype == full.dtype
         err = float(np.max(np.abs(streamed - full))) if full.size else 0.0
@@ -97,7 +97,7 @@ def test_every_conv_streams_with_its_own_state(speech_tokenizers):
 
 
 def test_long_stream_against_golden(speech_tokenizers):
-    """Streaming a long golden sequence in uneven pieces matches the official single pass."""
+    """Streaming a long golden sequence in uneven chunks matches the official single pass."""
     from conftest import GOLDEN, assert_close_to_oracle
 
     gold = np.load(GOLDEN / "codec_decoder.npz")

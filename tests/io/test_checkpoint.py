@@ -264,11 +264,11 @@ def test_the_finiteness_check_gives_back_a_lookup_tables_pages(tmp_path):
     out = read_safetensors_file(tmp_path / "m.safetensors", np.float32, keep_bf16=True)
     words = out["x.embedding.weight"].bits
     before = _rss_file_bytes()
-    assert checkpoint.non_finite_tensors(out, ["x.embedding.weight"], chunk=1 << 20) == []
+    assert checkpoint.non_finite_tensors(out, ["x.embedding.weight"], span=1 << 20) == []
     assert _rss_file_bytes() - before < words.nbytes // 4
     np.testing.assert_array_equal(words, float32_to_bf16_bits(table))  # read again from the file
     assert checkpoint.release_pages(words) and not checkpoint.release_pages(np.asarray(table))
     table[4000, 7] = np.nan
     write_safetensors_file(tmp_path / "n.safetensors", {"x.embedding.weight": table}, "bfloat16")
     bad = read_safetensors_file(tmp_path / "n.safetensors", np.float32, keep_bf16=True)
-    assert checkpoint.non_finite_tensors(bad, ["x.embedding.weight"], chunk=1 << 20) == ["x.embedding.weight"]
+    assert checkpoint.non_finite_tensors(bad, ["x.embedding.weight"], span=1 << 20) == ["x.embedding.weight"]

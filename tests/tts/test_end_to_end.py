@@ -87,7 +87,7 @@ def test_streamed_chunks_equal_decode_full_of_the_generated_codes(mode, chunk_fr
         ref_codes = prompt[0].ref_code
     wavs, sr, codes = getattr(m, "generate_" + method)(return_codes=True, **kwargs)
     chunks = list(getattr(m, "stream_" + method)(chunk_frames=chunk_frames, **kwargs))
-    streamed_codes = np.stack(m.last_trace.frames)[:, 0] if m.last_trace.frames else np.zeros((0, 16), np.int64)
+    streamed_codes = np.stack(m.last_log.frames)[:, 0] if m.last_log.frames else np.zeros((0, 16), np.int64)
     np.testing.assert_array_equal(streamed_codes, codes[0])  # same seed -> same codes
     T = codes[0].shape[0]
     assert [len(c) for c in chunks] == [n * 1920 for n in expected_chunk_frames(chunk_frames, T)]
@@ -130,13 +130,13 @@ def test_default_stream_yields_audio_after_one_frame_then_growing_chunks():
         max_new_tokens=20,
     )
     first = next(gen)
-    assert first.shape == (1920,) and len(m.last_trace.frames) == 1
+    assert first.shape == (1920,) and len(m.last_log.frames) == 1
     second = next(gen)
-    assert second.shape == (2 * 1920,) and len(m.last_trace.frames) == 3
+    assert second.shape == (2 * 1920,) and len(m.last_log.frames) == 3
     chunks = [first, second, *gen]
-    T = len(m.last_trace.frames)
+    T = len(m.last_log.frames)
     assert [len(c) // 1920 for c in chunks] == expected_chunk_frames([1, 2, 4], T) and T == 19
-    expected = m.speech_tokenizer.decode_full(np.stack(m.last_trace.frames)[:, 0])
+    expected = m.speech_tokenizer.decode_full(np.stack(m.last_log.frames)[:, 0])
     assert np.max(np.abs(np.concatenate(chunks) - expected)) <= 1e-9 + np.finfo(np.float32).eps
 
 
@@ -159,6 +159,6 @@ def test_first_chunk_arrives_before_generation_ends():
         chunk_frames=3,
     )
     first = next(gen)
-    assert first.shape == (3 * 1920,) and len(m.last_trace.frames) == 3
+    assert first.shape == (3 * 1920,) and len(m.last_log.frames) == 3
     rest = list(gen)
-    assert len(m.last_trace.frames) == 19 and sum(len(c) for c in rest) == 16 * 1920
+    assert len(m.last_log.frames) == 19 and sum(len(c) for c in rest) == 16 * 1920

@@ -118,7 +118,7 @@ def test_greedy_generation_matches_official(key, precision):
             # the decoder's float32 tolerance (docs/golden.md: 4 x its measured official noise of ~3.8e-6,
             # plus the eps floor, ~1.6e-5), rounded up; measured here: <= 3.5e-6
             np.testing.assert_allclose(wavs[i], GOLD[f"{key}/wav/{i}"], rtol=0, atol=WAVEFORM_ATOL)
-    check_trace(m.last_trace, key, precision)
+    check_trace(m.last_log, key, precision)
 
 
 def test_greedy_choices_are_not_near_ties():
@@ -157,9 +157,9 @@ def test_eos_stops_each_row_like_official(precision):
         np.testing.assert_array_equal(c, GOLD[f"eos/{precision}/codes/{i}"])
         assert not np.any(c[:, 0] == eos)
         assert wavs[i].shape == (1920 * lengths[i],)
-    first_eos = [int(np.argmax(np.stack(m.last_trace.code0)[:, b] == eos)) for b in range(2)]
+    first_eos = [int(np.argmax(np.stack(m.last_log.code0)[:, b] == eos)) for b in range(2)]
     assert first_eos == lengths  # the k-th code 0 (0-based) is EOS after k frames
-    check_trace(m.last_trace, "eos", precision)
+    check_trace(m.last_log, "eos", precision)
 
 
 BATCH_TEXTS = ["Good morning everyone, thank you for listening.", "Yes.", "The weather is nice today.", "Call me."]
@@ -376,7 +376,7 @@ def test_streaming_yields_the_same_audio_chunk_by_chunk(key):
     codes = GOLD[f"{key}/f32/codes/0"]
     assert [len(c) for c in chunks] == [2 * 1920] * (len(codes) // 2) + [1920] * (len(codes) % 2)
     assert all(c.dtype == np.float32 for c in chunks)
-    np.testing.assert_array_equal(np.stack(m.last_trace.frames)[:, 0], codes)
+    np.testing.assert_array_equal(np.stack(m.last_log.frames)[:, 0], codes)
     np.testing.assert_allclose(np.concatenate(chunks), GOLD[f"{key}/wav/0"], rtol=0, atol=WAVEFORM_ATOL)
     with pytest.raises(ValueError, match="one text"):
         next(getattr(m, case["method"].replace("generate_", "stream_"))(**{**kw, "text": ["a", "b"]}))
@@ -414,16 +414,16 @@ def test_instruct_is_dropped_on_0b6_custom_voice_models():
     m = model("customvoice")
     kw = dict(text="Yes.", speaker="vivian", max_new_tokens=3, return_codes=True, **GREEDY)
     plain = m.generate_custom_voice(**kw)[2][0]
-    plain_length = m.last_trace.prompt_embeds.shape[1]
+    plain_length = m.last_log.prompt_embeds.shape[1]
     m.generate_custom_voice(**kw, instruct="A calm voice.")
-    assert m.last_trace.prompt_embeds.shape[1] > plain_length  # 1b7: the instruction is in the prompt
+    assert m.last_log.prompt_embeds.shape[1] > plain_length  # 1b7: the instruction is in the prompt
     saved = m.tts_model_size
     m.tts_model_size = "0b6"
     try:
         dropped = m.generate_custom_voice(**kw, instruct="A calm voice.")[2][0]
     finally:
         m.tts_model_size = saved
-    assert m.last_trace.prompt_embeds.shape[1] == plain_length
+    assert m.last_log.prompt_embeds.shape[1] == plain_length
     np.testing.assert_array_equal(dropped, plain)
 
 
@@ -489,18 +489,18 @@ def test_voice_clone_prompt_from_audio_matches_official_prompt():
 
 
 def test_last_trace_keeps_logits_only_when_asked():
-    """By default ``last_trace`` holds the codes and prompt but no logits (they are most of its size);
+    """By default ``last_log`` holds the codes and prompt but no logits (they are most of its size);
     ``keep_logits = True`` keeps one [B, V] talker row per step and one [B, 15, V'] block per frame."""
     m = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")
     kwargs = dict(speaker="vivian", language="english", max_new_tokens=5, do_sample=False, subtalker_dosample=False)
     m.generate_custom_voice("Logits or not.", **kwargs)
-    assert m.last_trace.prefill_logits is None and m.last_trace.step_logits == [] == m.last_trace.predictor_logits
-    frames = len(m.last_trace.frames)
-    assert frames > 0 and len(m.last_trace.code0) >= frames
+    assert m.last_log.prefill_logits is None and m.last_log.step_logits == [] == m.last_log.predictor_logits
+    frames = len(m.last_log.frames)
+    assert frames > 0 and len(m.last_log.code0) >= frames
     m.keep_logits = True
     m.generate_custom_voice("Logits or not.", **kwargs)
-    assert len(m.last_trace.predictor_logits) == frames == len(m.last_trace.frames)
-    assert m.last_trace.prefill_logits.shape[0] == 1 and len(m.last_trace.step_logits) == len(m.last_trace.code0) - 1
+    assert len(m.last_log.predictor_logits) == frames == len(m.last_log.frames)
+    assert m.last_log.prefill_logits.shape[0] == 1 and len(m.last_log.step_logits) == len(m.last_log.code0) - 1
 
 
 @pytest.mark.parametrize("sampled", [False, True])
@@ -524,7 +524,7 @@ def test_the_last_code0_runs_its_talker_step_only_when_looked_at(sampled):
             extra = {"trace": {}} if how == "recorded" else {}
             wavs, _, codes = m.generate_custom_voice("One step fewer.", max_new_tokens=n, **kwargs, **extra)
             assert codes[0].shape == (n - 1, 16), "the case must end by max_new_tokens, not by EOS"
-            results[how] = (wavs[0], codes[0], len(passes), len(m.last_trace.code0))
+            results[how] = (wavs[0], codes[0], len(passes), len(m.last_log.code0))
         wav, codes, talker_passes, code0s = results["summary"]
         assert (talker_passes, code0s) == (n - 1, n - 1)  # prefill + n - 2 steps; no step for the last code 0
         for how in ("kept", "recorded"):
@@ -533,4 +533,4 @@ def test_the_last_code0_runs_its_talker_step_only_when_looked_at(sampled):
             np.testing.assert_array_equal(results[how][0], wav)
     m.keep_logits = True
     m.generate_custom_voice("One step fewer.", max_new_tokens=2, **kwargs)
-    assert len(m.last_trace.step_logits) == 1  # the official's second talker logits, for a comparison
+    assert len(m.last_log.step_logits) == 1  # the official's second talker logits, for a comparison

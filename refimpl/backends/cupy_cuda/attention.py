@@ -46,8 +46,8 @@ def attention_splits(rows: int, S: int) -> tuple:
     n = min(-(-S // ATTENTION_SPLIT_KEYS), max(1, -(-ATTENTION_TARGET_BLOCKS // max(rows, 1))))
     if n <= 1:
         return 1, S
-    chunk = -(-S // n)
-    return -(-S // chunk), chunk
+    span = -(-S // n)
+    return -(-S // span), span
 
 
 def _kernel(name: str):
@@ -97,7 +97,7 @@ def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, sca
     strides = tuple(np.int64(a.strides[axis] // a.itemsize) for a in (k_bgsd, v_bgsd) for axis in (0, 1))
     mask = (np.int64(window), np.int32(valid is not None), dtype.type(scale))
     rows = B * H * Tq
-    n_splits, chunk = attention_splits(rows, S)
+    n_splits, span = attention_splits(rows, S)
     if n_splits == 1:
         _kernel(ATTENTION_KERNELS[dtype])(
             (rows,), (ATTENTION_THREADS,), (*inputs, scores, out_bhtd, *sizes, *strides, *mask)
@@ -109,7 +109,7 @@ def attention_rows_kernel(q_bhtd, k_bgsd, v_bgsd, allowed: nn.AttentionMask, sca
     partials(
         (rows, n_splits),
         (ATTENTION_THREADS,),
-        (*inputs, scores, part_max, part_sum, part_out, *sizes, *strides, *mask, np.int32(chunk)),
+        (*inputs, scores, part_max, part_sum, part_out, *sizes, *strides, *mask, np.int32(span)),
     )
     combine((rows,), (ATTENTION_THREADS,), (part_max, part_sum, part_out, out_bhtd, np.int32(n_splits), np.int32(Dv)))
     return out_bhtd

@@ -138,7 +138,7 @@ def _split_into_pairs(x_ni, parts_pkn2):
                 parts_pkn2[2, i // 2, n, i % 2] = lo
 
 
-TILE_K_CHUNK = 1024  # columns summed in the tiles at a time; the chunks' sums added in float32 after
+TILE_K_SPAN = 1024  # columns summed in the tiles at a time; the spans' sums added in float32 after
 
 
 @numba.njit(parallel=True, cache=True)
@@ -148,8 +148,8 @@ def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
     of 16-row weight tiles, read from the words as stored (the next pair's words asked for a few lines
     before each part's multiplies, not all at once), and for every 32 rows of x four float32 tiles of
     sums, 2 weight tiles x 2 tiles of x, the tiles of x loaded alternately so that a load never waits for
-    the multiply still reading the other.  The sums run over ``TILE_K_CHUNK`` columns at a time, the
-    chunks' sums added in float32 (one sum over all 3 I terms in a tile strays much further from the exact
+    the multiply still reading the other.  The sums run over ``TILE_K_SPAN`` columns at a time, the
+    spans' sums added in float32 (one sum over all 3 I terms in a tile strays much further from the exact
     product).  A row's sums involve that row alone: the same bits whatever the others."""
     N, I = x_ni.shape
     O = bits_oi.shape[0]
@@ -160,10 +160,10 @@ def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
     words = bits_oi.reshape(-1)
     part_words = (I // 2) * npad * 2
     o_pairs = O // 32
-    steps = TILE_K_CHUNK // 32
+    steps = TILE_K_SPAN // 32
     for t in prange(n_threads):
         sums = np.empty((32, npad), dtype=np.float32)  # one o-pair's sums, this thread's
-        chunk = np.empty(32 * npad, dtype=np.float32)
+        span = np.empty(32 * npad, dtype=np.float32)
         _tile_config(_tile_shapes())
         for op in range(t * o_pairs // n_threads, (t + 1) * o_pairs // n_threads):
             o0 = op * 32
@@ -188,17 +188,17 @@ def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
                             _dot_c2()
                             _dot_c1()
                             _dot_c3()
-                    _store_c0(chunk, n0, 4 * npad)
-                    _store_c1(chunk, n0 + 16, 4 * npad)
-                    _store_c2(chunk, 16 * npad + n0, 4 * npad)
-                    _store_c3(chunk, 16 * npad + n0 + 16, 4 * npad)
-                chunk_on = chunk.reshape(32, npad)
+                    _store_c0(span, n0, 4 * npad)
+                    _store_c1(span, n0 + 16, 4 * npad)
+                    _store_c2(span, 16 * npad + n0, 4 * npad)
+                    _store_c3(span, 16 * npad + n0 + 16, 4 * npad)
+                span_on = span.reshape(32, npad)
                 if s0 == 0:
-                    sums[:, :] = chunk_on
+                    sums[:, :] = span_on
                 else:
                     for r in range(32):
                         for n in range(npad):
-                            sums[r, n] += chunk_on[r, n]
+                            sums[r, n] += span_on[r, n]
             for r in range(32):
                 for n in range(N):
                     out_no[n, o0 + r] = sums[r, n]

@@ -14,7 +14,7 @@ import numpy as np
 from ..host_memory import new_output
 from . import amx
 from .amx import (
-    TILE_K_CHUNK,
+    TILE_K_SPAN,
     _bf16_parts,
     _dot_c0,
     _dot_c1,
@@ -143,14 +143,14 @@ def _taps_blocks_on_tiles(
     U, S = a_tiles_usrc.shape[0], a_tiles_usrc.shape[1]
     NB = TILE_TDNN_STEPS
     blocks = (t_end - t_begin + NB - 1) // NB
-    steps = TILE_K_CHUNK // 32
+    steps = TILE_K_SPAN // 32
     a_words = a_tiles_usrc.reshape(-1)
     J = NB + 16  # a row of the split taps: the block's steps and 64 bytes more (rows a power of two apart
     pairs_spqn = np.empty((S, 3, 16, J), dtype=np.uint32)  # would fall in the same sets of the cache)
     b_words = pairs_spqn.reshape(-1).view(np.uint16)
-    chunk_rn = np.empty((32, NB), dtype=np.float32)
+    span_rn = np.empty((32, NB), dtype=np.float32)
     sums_rn = np.empty((32, NB), dtype=np.float32)
-    chunk = chunk_rn.reshape(-1)
+    span = span_rn.reshape(-1)
     _tile_config(_tile_shapes())
     for blk in range(th, blocks, n_threads):
         t0 = t_begin + blk * NB
@@ -175,17 +175,17 @@ def _taps_blocks_on_tiles(
                             _load_b7(b_words, b0 + 32, 4 * J)
                             _dot_c1()
                             _dot_c3()
-                    _store_c0(chunk, 32 * v, 4 * NB)
-                    _store_c1(chunk, 32 * v + 16, 4 * NB)
-                    _store_c2(chunk, 16 * NB + 32 * v, 4 * NB)
-                    _store_c3(chunk, 16 * NB + 32 * v + 16, 4 * NB)
+                    _store_c0(span, 32 * v, 4 * NB)
+                    _store_c1(span, 32 * v + 16, 4 * NB)
+                    _store_c2(span, 16 * NB + 32 * v, 4 * NB)
+                    _store_c3(span, 16 * NB + 32 * v + 16, 4 * NB)
                 if s0 == 0 and steps < S:
-                    sums_rn[:, :n] = chunk_rn[:, :n]
+                    sums_rn[:, :n] = span_rn[:, :n]
                 elif s0 > 0:
                     for r in range(32):
                         for t in range(n):
-                            sums_rn[r, t] += chunk_rn[r, t]
-            final_rn = chunk_rn if steps >= S else sums_rn  # (one chunk: its sums are the sums)
+                            sums_rn[r, t] += span_rn[r, t]
+            final_rn = span_rn if steps >= S else sums_rn  # (one span: its sums are the sums)
             for r in range(32):
                 o = 32 * up + r
                 bias, sums_t, out_t = b_o[o], final_rn[r], out_ot[o, t0 : t0 + n]
@@ -322,8 +322,8 @@ def _tile_conv_into(a_tiles, z_pqt, K, dilation, stride, steps, out_on):
     phase = pz // stride  # pairs of words per phase
     _tile_config(_tile_shapes())
     blocks = S // K  # of 32 channels
-    chunk = max(1, TILE_CONV_STEPS // K)  # blocks summed in the tiles before they are stored (a store waits)
-    for b0 in range(0, blocks, chunk):
+    span = max(1, TILE_CONV_STEPS // K)  # blocks summed in the tiles before they are stored (a store waits)
+    for b0 in range(0, blocks, span):
         for o0 in range(0, O, 32):
             for t0 in range(0, steps, 32):
                 c_first, c_second = o0 * row + t0, (o0 + 16) * row + t0
@@ -337,7 +337,7 @@ def _tile_conv_into(a_tiles, z_pqt, K, dilation, stride, steps, out_on):
                     _load_c1(out, c_first + 16, 4 * row)
                     _load_c2(out, c_second, 4 * row)
                     _load_c3(out, c_second + 16, 4 * row)
-                for s in range(b0 * K, min(b0 + chunk, blocks) * K):
+                for s in range(b0 * K, min(b0 + span, blocks) * K):
                     cb, k = s // K, s % K
                     a = ((o0 // 16) * S + s) * 1536  # tile (o0 / 16, step s, part p): a + 512 p
                     a2 = a + S * 1536  # outputs o0 + 16 ..
@@ -390,23 +390,23 @@ def _dots_after_b():
 
 
 @numba.njit(inline="always")
-def _unit_scratch_words(C, H, steps, left):
-    """The 32-bit words a piece of ``steps`` (a multiple of 32) of a C -> H -> C unit needs (``_unit_scratch``)."""
+def _unit_scratch_words(C, Ch, steps, left):
+    """The 32-bit words a piece of ``steps`` (a multiple of 32) of a C -> Ch -> C unit needs (``_unit_scratch``)."""
     L1, width = _pair_row_length(steps + left), _pair_row_length(steps)
-    return 3 * (C // 2) * L1 + H * width + 3 * (H // 2) * width + C * width + 2 * (left + steps)
+    return 3 * (C // 2) * L1 + Ch * width + 3 * (Ch // 2) * width + C * width + 2 * (left + steps)
 
 
 @numba.njit(inline="always")
-def _unit_scratch(scratch, C, H, steps, left, n):
-    """Views of ``scratch`` for a piece of a C -> H -> C unit (each row of pairs and of sums an odd number of
-    lines: ``_pair_row_length``): z1 [3, C / 2, L1] (the first conv's split input), h [H, width] float32
-    (its sums), z2 [3, H / 2, width] (the second conv's split input), g [C, width] float32 (its sums) and
+def _unit_scratch(scratch, C, Ch, steps, left, n):
+    """Views of ``scratch`` for a piece of a C -> Ch -> C unit (each row of pairs and of sums an odd number of
+    lines: ``_pair_row_length``): z1 [3, C / 2, L1] (the first conv's split input), h [Ch, width] float32
+    (its sums), z2 [3, Ch / 2, width] (the second conv's split input), g [C, width] float32 (its sums) and
     two rows [2, left + n] float32."""
     L1, width = _pair_row_length(steps + left), _pair_row_length(steps)
-    s1, s2, s3, s4 = 3 * (C // 2) * L1, H * width, 3 * (H // 2) * width, C * width
+    s1, s2, s3, s4 = 3 * (C // 2) * L1, Ch * width, 3 * (Ch // 2) * width, C * width
     z1 = scratch[:s1].reshape((3, C // 2, L1))
-    h = scratch[s1 : s1 + s2].view(np.float32).reshape((H, width))
-    z2 = scratch[s1 + s2 : s1 + s2 + s3].reshape((3, H // 2, width))
+    h = scratch[s1 : s1 + s2].view(np.float32).reshape((Ch, width))
+    z2 = scratch[s1 + s2 : s1 + s2 + s3].reshape((3, Ch // 2, width))
     g = scratch[s1 + s2 + s3 : s1 + s2 + s3 + s4].view(np.float32).reshape((C, width))
     end = s1 + s2 + s3 + s4
     rows = scratch[end : end + 2 * (left + n)].view(np.float32).reshape((2, left + n))
@@ -424,12 +424,12 @@ def _thread_words(n: int):
     return words
 
 
-def _convs_take_tiles(C: int, H: int, T: int, *weights) -> bool:
-    """Whether convs between C and H channels over T output steps (a residual unit C -> C -> C, a block
-    C -> H -> C, a strided conv C -> H) with these weights run on the tiles: granted (``USE_TILES``), whole
+def _convs_take_tiles(C: int, Ch: int, T: int, *weights) -> bool:
+    """Whether convs between C and Ch channels over T output steps (a residual unit C -> C -> C, a block
+    C -> Ch -> C, a strided conv C -> Ch) with these weights run on the tiles: granted (``USE_TILES``), whole
     tiles of channels, and a signal long enough that the weights' split is a small part of the work:
     ``KEPT_TILES_MIN_STEPS`` where every weight is read-only (a model's: split once and kept), else
     ``UNIT_TILES_MIN_STEPS`` (split for this call; set lower, as the tests do, it lowers both)."""
     kept = all(_read_only(w) for w in weights)
     min_steps = min(KEPT_TILES_MIN_STEPS, UNIT_TILES_MIN_STEPS) if kept else UNIT_TILES_MIN_STEPS
-    return amx.USE_TILES and C % 32 == 0 and H % 32 == 0 and min_steps <= T
+    return amx.USE_TILES and C % 32 == 0 and Ch % 32 == 0 and min_steps <= T

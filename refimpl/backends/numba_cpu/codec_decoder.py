@@ -232,7 +232,7 @@ def _next_context(x_bct, log_alpha_c, log_beta_c, left, context_bcs):
     return np.concatenate([before[:, :, T:], snaked_bct], axis=-1)
 
 
-UNIT_TILE_VALUES = 96 * 1024  # channels x time steps of a piece on the tiles (C = 96: 1024 steps; 768: 128)
+UNIT_PIECE_VALUES = 96 * 1024  # channels x time steps of a piece on the tiles (C = 96: 1024 steps; 768: 128)
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
@@ -278,7 +278,7 @@ def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, co
     if context_bcs is None:
         context_bcs = np.zeros((B, C, (K - 1) * dilation), np.float32)
     context_bcs = np.ascontiguousarray(context_bcs, dtype=np.float32)
-    n_piece = max(32, UNIT_TILE_VALUES // C // 32 * 32)
+    n_piece = max(32, UNIT_PIECE_VALUES // C // 32 * 32)
     words = _unit_scratch_words(C, C, (n_piece + 31) // 32 * 32, (K - 1) * dilation)
     run_pieces(
         lambda b, t0: _unit_piece_on_tiles(

@@ -107,24 +107,30 @@ def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):
     """x + conv_k1(ELU(causal_conv_k3(ELU(x)))) with an identity shortcut, on plain arrays (float32, zero
     padding; else ``NotImplemented``: the reference runs) over pieces of time, each carried
     through the whole block by one thread in its core's cache: ELU of the piece and its left context as
-    its taps are stacked (``_elu_taps``), one product for the k3 conv (C -> H), bias + ELU
-    (``_add_bias_and_split_into``), one for the k1 conv (H -> C), bias + residual into the output in one
+    its taps are stacked (``_elu_taps``), one product for the k3 conv (C -> Ch), bias + ELU
+    (``_add_bias_and_split_into``), one for the k1 conv (Ch -> C), bias + residual into the output in one
     pass.  The ELUs are ``elu``'s own operations (NumPy's expm1: the reference's bits).  On the AMX tiles:
     ``_resnet_block_on_tiles``; where the direct kernel takes the k3 conv (``direct_conv_takes``):
     ``_resnet_block_direct``."""
     B, C, T = x_bct.shape
-    H, _, K = w1_oik.shape
-    if x_bct.dtype != np.float32 or pad_mode != "constant" or w2_oi1.shape != (C, H, 1) or b1_o is None or b2_o is None:
+    Ch, _, K = w1_oik.shape
+    if (
+        x_bct.dtype != np.float32
+        or pad_mode != "constant"
+        or w2_oi1.shape != (C, Ch, 1)
+        or b1_o is None
+        or b2_o is None
+    ):
         return NotImplemented
     left = (K - 1) * dilation
-    w1_m = np.ascontiguousarray(w1_oik.reshape(H, C * K))  # column c * K + k: the order of the stacked taps
+    w1_m = np.ascontiguousarray(w1_oik.reshape(Ch, C * K))  # column c * K + k: the order of the stacked taps
     w2_m = np.ascontiguousarray(w2_oi1[:, :, 0])
     n_piece = max(CONV_PIECE_MIN_COLUMNS, CONV_PIECE_BYTES // (4 * C * K))  # ``conv1d``'s pieces
     out_bct = new_output((B, C, T))
-    if _convs_take_tiles(C, H, T, w1_oik, w2_oi1):
+    if _convs_take_tiles(C, Ch, T, w1_oik, w2_oi1):
         _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
         return out_bct
-    if direct_conv_takes(H, C, K):
+    if direct_conv_takes(Ch, C, K):
         _resnet_block_direct(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
         return out_bct
 
@@ -179,7 +185,7 @@ def elu_causal_conv_offline(x_bct, w_oik, b_o, stride, pad_mode):
     return out_bot
 
 
-BLOCK_TILE_VALUES = 1 << 18  # channels x steps of a piece (C = 64: 4096 steps)
+BLOCK_PIECE_VALUES = 1 << 18  # channels x steps of a piece (C = 64: 4096 steps)
 
 
 @numba.njit(fastmath={"contract"}, inline="always")
@@ -202,17 +208,17 @@ def _elu_row_into(x_t, T, start, bias, out_n):
 @numba.njit(fastmath={"contract"}, cache=True, nogil=True)
 def _resnet_piece_on_tiles(x_ct, t0, n, a1_tiles, b1_o, a2_tiles, b2_o, dilation, out_ct, scratch):
     """``resnet_block_offline``'s output steps t0 .. t0 + n - 1 on the tiles, in one call: ELU of the piece and
-    its (K - 1) dilation samples before (``_elu_row_into``) split into the pair layout, the k3 conv C -> H
-    (``_tile_conv_into``), bias + ELU split likewise, the 1x1 conv H -> C, then bias + residual into ``out``.
+    its (K - 1) dilation samples before (``_elu_row_into``) split into the pair layout, the k3 conv C -> Ch
+    (``_tile_conv_into``), bias + ELU split likewise, the 1x1 conv Ch -> C, then bias + residual into ``out``.
     The ELU's expm1 is ``_expm1_f32`` (within 2 ulp of NumPy's, tested), so that the piece is one call of
     compiled code and the threads' pieces run side by side (with NumPy's expm1 between Numba calls, the
     piece's steps from Python held the threads back)."""
     C, T = x_ct.shape
-    H = a1_tiles.shape[0] * 16
+    Ch = a1_tiles.shape[0] * 16
     K = a1_tiles.shape[1] * 32 // C
     left = (K - 1) * dilation
     steps = (n + 31) // 32 * 32
-    z1, h, z2, g, rows = _unit_scratch(scratch, C, H, steps, left, n)
+    z1, h, z2, g, rows = _unit_scratch(scratch, C, Ch, steps, left, n)
     z1[:, :, left + n :] = 0
     row_a, row_b = rows[0], rows[1]
     zero = np.float32(0.0)
@@ -222,7 +228,7 @@ def _resnet_piece_on_tiles(x_ct, t0, n, a1_tiles, b1_o, a2_tiles, b2_o, dilation
         _split_pair_into(row_a, row_b, c // 2, z1)
     _tile_conv_into(a1_tiles, z1, K, dilation, 1, steps, h)
     z2[:, :, n:] = 0
-    for c in range(0, H, 2):
+    for c in range(0, Ch, 2):
         _elu_row_into(h[c], n, 0, b1_o[c], row_a[:n])
         _elu_row_into(h[c + 1], n, 0, b1_o[c + 1], row_b[:n])
         _split_pair_into(row_a[:n], row_b[:n], c // 2, z2)
@@ -234,10 +240,10 @@ def _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
     """``resnet_block_offline``'s pieces on the tiles (``_resnet_piece_on_tiles``), side by side, the weights'
     tiles those of ``_weight_tiles``."""
     B, C, T = x_bct.shape
-    H, _, K = w1_oik.shape
+    Ch, _, K = w1_oik.shape
     a1, a2 = _weight_tiles(w1_oik), _weight_tiles(w2_oi1)
-    n_piece = max(32, BLOCK_TILE_VALUES // C // 32 * 32)
-    words = _unit_scratch_words(C, H, (n_piece + 31) // 32 * 32, (K - 1) * dilation)
+    n_piece = max(32, BLOCK_PIECE_VALUES // C // 32 * 32)
+    words = _unit_scratch_words(C, Ch, (n_piece + 31) // 32 * 32, (K - 1) * dilation)
     x_bct = np.ascontiguousarray(x_bct)
     b1_o, b2_o = np.ascontiguousarray(b1_o, dtype=np.float32), np.ascontiguousarray(b2_o, dtype=np.float32)
     run_pieces(
@@ -299,7 +305,7 @@ def _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot):
     T_out = out_bot.shape[-1]
     a_tiles = _weight_tiles(w_oik)
     bias_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o, dtype=np.float32)
-    n_piece = max(32, BLOCK_TILE_VALUES // (C * stride) // 32 * 32)
+    n_piece = max(32, BLOCK_PIECE_VALUES // (C * stride) // 32 * 32)
     words = _elu_conv_scratch_words(C, O, K, stride, n_piece)
     x_bct = np.ascontiguousarray(x_bct)
     run_pieces(
@@ -317,17 +323,17 @@ BLOCK_DIRECT_VALUES = 1 << 16  # channels x steps of a piece on the direct kerne
 def _resnet_convs_direct(x_ct, t0, n, w1_oik, b1_o, dilation, z, h, g):
     """The first half of ``resnet_block_offline``'s output steps t0 .. t0 + n - 1 by the direct kernel
     (``_direct_conv_into``): ELU of the piece and its (K - 1) dilation samples before (``_elu_row_into``,
-    zeros in the causal padding) into the rows of z (zeros after them), the k3 conv C -> H read from them as
+    zeros in the causal padding) into the rows of z (zeros after them), the k3 conv C -> Ch read from them as
     shifts into h, then bias + ELU into g (zeros after n)."""
     C, T = x_ct.shape
-    H, K = w1_oik.shape[0], w1_oik.shape[2]
+    Ch, K = w1_oik.shape[0], w1_oik.shape[2]
     left = (K - 1) * dilation
     zero = np.float32(0.0)
     for c in range(C):
         _elu_row_into(x_ct[c], T, t0 - left, zero, z[c, : left + n])
         z[c, left + n :] = 0.0
     _direct_conv_into(z, w1_oik, dilation, n, h)
-    for o in range(H):
+    for o in range(Ch):
         _elu_row_into(h[o], n, 0, b1_o[o], g[o, :n])
         g[o, n:] = 0.0
 
@@ -337,21 +343,21 @@ def _resnet_block_direct(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct):
     ELUs' expm1 ``_expm1_f32``, as on the tiles), the 1x1 conv too where it takes it (``direct_conv_takes``;
     else BLAS's product), then bias + residual; side by side, each in this thread's words."""
     B, C, T = x_bct.shape
-    H, _, K = w1_oik.shape
+    Ch, _, K = w1_oik.shape
     left = (K - 1) * dilation
     x_bct = np.ascontiguousarray(x_bct)
     w1_oik, w2_oi1 = np.ascontiguousarray(w1_oik, np.float32), np.ascontiguousarray(w2_oi1, np.float32)
     b1_o, b2_o = np.ascontiguousarray(b1_o, dtype=np.float32), np.ascontiguousarray(b2_o, dtype=np.float32)
-    direct_1x1, w2_m = direct_conv_takes(C, H, 1), w2_oi1[:, :, 0]
+    direct_1x1, w2_m = direct_conv_takes(C, Ch, 1), w2_oi1[:, :, 0]
     n_piece = max(64, BLOCK_DIRECT_VALUES // C // 64 * 64)
 
     def piece(b, t0):
         n = min(n_piece, T - t0)
         W = direct_width(n)  # (a short signal: its own steps only)
-        words = _thread_words(C * (left + W) + 2 * H * W + C * W).view(np.float32)
+        words = _thread_words(C * (left + W) + 2 * Ch * W + C * W).view(np.float32)
         z, rest = words[: C * (left + W)].reshape(C, left + W), words[C * (left + W) :]
-        h, g = rest[: 2 * H * W].reshape(2, H, W)
-        sums = rest[2 * H * W : 2 * H * W + C * W].reshape(C, W)
+        h, g = rest[: 2 * Ch * W].reshape(2, Ch, W)
+        sums = rest[2 * Ch * W : 2 * Ch * W + C * W].reshape(C, W)
         _resnet_convs_direct(x_bct[b], t0, n, w1_oik, b1_o, dilation, z, h, g)
         if direct_1x1:
             _direct_conv_into(g, w2_oi1, 1, n, sums)

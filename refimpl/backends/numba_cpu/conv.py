@@ -35,7 +35,7 @@ def _stack_taps_into(x_ct, t0, stride, dilation, cols_ikn):
                     cols_ikn[i, k, j] = x_ct[i, first + j * stride]
 
 
-ONE_CHANNEL_CHUNK = 2048  # output columns a one-channel conv sums at a time (a float32 buffer of 8 KB)
+ONE_CHANNEL_SPAN = 2048  # output columns a one-channel conv sums at a time (a float32 buffer of 8 KB)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -46,9 +46,9 @@ def _one_channel_conv_into(x_t, w_ok, b_o, dilation, t0, t1, out_ot):
     columns at a time for every output channel, two taps a pass (stacked for a product, the taps of one
     channel would write and read K copies of the input)."""
     O, K = w_ok.shape
-    acc_n = np.empty(ONE_CHANNEL_CHUNK, dtype=np.float32)
-    for c0 in range(t0, t1, ONE_CHANNEL_CHUNK):
-        n = min(ONE_CHANNEL_CHUNK, t1 - c0)
+    acc_n = np.empty(ONE_CHANNEL_SPAN, dtype=np.float32)
+    for c0 in range(t0, t1, ONE_CHANNEL_SPAN):
+        n = min(ONE_CHANNEL_SPAN, t1 - c0)
         for o in range(O):
             w0, x0 = w_ok[o, 0], x_t[c0 : c0 + n]
             for j in range(n):
@@ -159,7 +159,7 @@ def _one_channel_conv(x_bct, w_oik, b_o, dilation, T_out):
     x_bt, w_ok = np.ascontiguousarray(x_bct[:, 0]), np.ascontiguousarray(w_oik[:, 0])
     b_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o)
     out = new_output((B, O, T_out), np.float32)
-    share = max(ONE_CHANNEL_CHUNK, -(-T_out // MIN_PIECES))
+    share = max(ONE_CHANNEL_SPAN, -(-T_out // MIN_PIECES))
 
     def piece(b, t0):
         _one_channel_conv_into(x_bt[b], w_ok, b_o, dilation, t0, min(T_out, t0 + share), out[b])
@@ -274,7 +274,7 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
     bias_o = np.zeros(O, np.float32) if b_o is None else np.ascontiguousarray(b_o, dtype=np.float32)
     frames = T + J - 1  # output frames: (T - 1) * stride + K samples
     out_bot = new_output((B, O, frames * stride))
-    if T <= FEW_FRAMES:  # the weight streamed once, all its columns side by side
+    if T <= FEW_FRAMES:  # the weight read once, all its columns side by side
         n_threads, z_jf = _piece_threads(), np.empty((O * K, T), np.float32)
         ranges = [(O * K * t // n_threads, O * K * (t + 1) // n_threads) for t in range(n_threads)]
         for b in range(B):

@@ -1,6 +1,6 @@
 """``nn.linear``: the dispatch by shape and weight type, and its kernels: for bfloat16 weights read as stored,
 a matrix-vector kernel (a generation step), a register-blocked kernel (a short prompt), blocks widened for
-BLAS (longer inputs) and the AMX tiles where granted; for float32 weights, a few rows of x streamed once
+BLAS (longer inputs) and the AMX tiles where granted; for float32 weights, a few rows of x, each weight read once
 through a big weight.  ``_products_into`` and ``_weight_products_into`` are the same choice in compiled code,
 for the fused decoder layer."""
 
@@ -136,12 +136,12 @@ def _matvec_bf16_into(x_i, bits_oi, out_o):
 
 BLOCK_N = 4  # the block kernel's register block: 4 rows of x ...
 BLOCK_O = 6  # ... times 6 weight rows: 24 accumulators (4 x 4 and 4 x 8 measured slower)
-BLOCK_I_CHUNK = 1024  # columns summed at a time (half as many measured the same)
+BLOCK_I_SPAN = 1024  # columns summed at a time (half as many measured the same)
 
 
 @numba.njit(inline="always")
 def _store_6(out_no, n, o0, cols, add, v0, v1, v2, v3, v4, v5):
-    """out[n, o0 : o0 + cols] = (v0, ..., v5)[:cols], or += where ``add`` (a later chunk of the sums)."""
+    """out[n, o0 : o0 + cols] = (v0, ..., v5)[:cols], or += where ``add`` (a later span of the sums)."""
     if add:
         v0 += out_no[n, o0]
         v1 += out_no[n, o0 + 1] if cols > 1 else np.float32(0.0)
@@ -167,8 +167,8 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for a few dozen rows of x (a prompt): each thread
     takes a range of weight rows, widens ``BLOCK_O`` of them at a time into its own float32 buffer and
     multiplies them with every row of x, ``BLOCK_N`` at a time (each loaded value feeds several
-    multiply-adds; the remainders repeat the last row and drop it), over ``BLOCK_I_CHUNK`` columns at a
-    time so that the rows' chunks stay in the first-level cache (up to that many columns, the same bits).
+    multiply-adds; the remainders repeat the last row and drop it), over ``BLOCK_I_SPAN`` columns at a
+    time so that the rows' spans stay in the first-level cache (up to that many columns, the same bits).
     The rows of x and of the buffer start on cache lines (x copied where they do not): no load spans two."""
     O, I = bits_oi.shape
     N = x_ni.shape[0]
@@ -187,15 +187,15 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
                     w[r, i] = _bf16_to_f32(bits_oi[o, i])
             ahead0 = min((o0 + BLOCK_O) * I, O * I)  # the next block's words: [ahead0, ahead1)
             ahead1 = min((o0 + 2 * BLOCK_O) * I, O * I)
-            chunks = (I + BLOCK_I_CHUNK - 1) // BLOCK_I_CHUNK
-            # the next block's words asked for a slice per block of x of every chunk: spread over the work,
+            spans = (I + BLOCK_I_SPAN - 1) // BLOCK_I_SPAN
+            # the next block's words asked for a slice per block of x of every span: spread over the work,
             # not in one burst the memory system drops
-            pieces = n_blocks * chunks
+            pieces = n_blocks * spans
             slice_ = ((ahead1 - ahead0 + pieces - 1) // pieces + 31) // 32 * 32  # whole 64-byte lines
-            for c0 in range(0, I, BLOCK_I_CHUNK):
-                c1 = min(I, c0 + BLOCK_I_CHUNK)
+            for c0 in range(0, I, BLOCK_I_SPAN):
+                c1 = min(I, c0 + BLOCK_I_SPAN)
                 for n0 in range(0, N, BLOCK_N):
-                    k = (c0 // BLOCK_I_CHUNK) * n_blocks + n0 // BLOCK_N
+                    k = (c0 // BLOCK_I_SPAN) * n_blocks + n0 // BLOCK_N
                     for j in range(ahead0 + k * slice_, min(ahead0 + (k + 1) * slice_, ahead1), 32):
                         _prefetch(words, j)
                     n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)

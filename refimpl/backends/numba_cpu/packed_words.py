@@ -1,4 +1,4 @@
-"""Packed words (the code predictor): ``bf16.PackedWords``, a streamed matrix's words in 12 bits, lossless,
+"""Packed words (the code predictor): ``bf16.PackedWords``, a read-packed matrix's words in 12 bits, lossless,
 and the products that rebuild them.
 
 A generation step's products are bound by the bytes they read, so a quarter fewer bytes is a quarter less
@@ -96,13 +96,13 @@ def pack_words(bits_oi) -> PackedWords:
     return PackedWords(low_oi, codes_oh, np.array(high_16 * 4, np.uint8), rows_e, cols_e, values_e)
 
 
-_PACKED: dict = {}  # id of a read-only streamed matrix's words -> (a weak reference to them, PackedWords)
+_PACKED: dict = {}  # id of a read-only read-packed matrix's words -> (a weak reference to them, PackedWords)
 
 
 def packed_words(m: BF16Matrix):
-    """The ``PackedWords`` of a streamed matrix, made at its first use (or ahead of it: ``pack_ahead``) and
+    """The ``PackedWords`` of a read-packed matrix, made at its first use (or ahead of it: ``pack_ahead``) and
     kept while its words live (``_kept_while_read_only``), or None where the backend reads its words as they
-    are (packing turned off with ``REFIMPL_PACKED=0`` or not compiled for, a matrix not streamed or of
+    are (packing turned off with ``REFIMPL_PACKED=0`` or not compiled for, a matrix not read-packed or of
     columns not a multiple of ``PACKED_BLOCK``)."""
     if not _packable(m):
         return None
@@ -115,7 +115,7 @@ def _packable(m) -> bool:
     return (
         USE_PACKED
         and isinstance(m, BF16Matrix)
-        and m.streamed
+        and m.read_packed
         and isinstance(m.bits, np.ndarray)
         and m.shape[1] % PACKED_BLOCK == 0
     )
@@ -125,7 +125,7 @@ _AHEAD: list = []  # the threads of pack_ahead still packing
 
 
 def pack_ahead(matrices) -> None:
-    """Pack the streamed matrices of ``matrices`` now, in a thread, while the caller goes on (a model's load
+    """Pack the read-packed matrices of ``matrices`` now, in a thread, while the caller goes on (a model's load
     calls it: the packing of the 0.6B code predictor, about a second on one core, then runs beside the
     rest of the load and the prompt instead of before the first frame).  ``packed_words`` waits for it, so
     every matrix is packed once, the same packing as at its first use; a packing that fails there is left

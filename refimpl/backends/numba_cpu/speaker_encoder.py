@@ -129,8 +129,8 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
     groups, a good part of the time).  On the AMX tiles, all the groups of a range of steps in one call
     (``_res2net_range_on_tiles``)."""
     B, C, T = x_bct.shape
-    G = C // (len(w_joik) + 1)  # channels per group
-    if x_bct.dtype != np.float32 or C % (len(w_joik) + 1) or any(w.shape[:2] != (G, G) for w in w_joik):
+    Cg = C // (len(w_joik) + 1)  # channels per group
+    if x_bct.dtype != np.float32 or C % (len(w_joik) + 1) or any(w.shape[:2] != (Cg, Cg) for w in w_joik):
         return NotImplemented
     K = w_joik[0].shape[-1]
     left = dilation * (K - 1) // 2
@@ -152,15 +152,15 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
                 [(cuts[i], cuts[i + 1]) for i in range(n)],
             )
         return out_bct
-    out_bct[:, :G] = x_bct[:, :G]
-    sum_ct = np.empty((G, T), np.float32)
-    cols_gkt = np.empty((G, K, T), np.float32)  # every group's stacked taps, in one buffer
+    out_bct[:, :Cg] = x_bct[:, :Cg]
+    sum_ct = np.empty((Cg, T), np.float32)
+    cols_ckt = np.empty((Cg, K, T), np.float32)  # every group's stacked taps, in one buffer
     for b in range(B):
         for j, (w_oik, b_o) in enumerate(zip(w_joik, b_jo, strict=True), start=1):
-            group_ct = x_bct[b, j * G : (j + 1) * G]
+            group_ct = x_bct[b, j * Cg : (j + 1) * Cg]
             if j > 1:  # plus the previous group's output: rows of out just written
-                group_ct = np.add(group_ct, out_bct[b, (j - 1) * G : j * G], out=sum_ct)
-            _tdnn_into(group_ct, w_oik, b_o, dilation, out_bct[b, j * G : (j + 1) * G], cols_gkt)
+                group_ct = np.add(group_ct, out_bct[b, (j - 1) * Cg : j * Cg], out=sum_ct)
+            _tdnn_into(group_ct, w_oik, b_o, dilation, out_bct[b, j * Cg : (j + 1) * Cg], cols_ckt)
     return out_bct
 
 
@@ -354,17 +354,17 @@ def _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, a, b, out_ct):
     groups' TDNNs on the tiles over the whole signal."""
     C, T = x_ct.shape
     J = len(tiles_j)  # groups after the first
-    G = C // (J + 1)
+    Cg = C // (J + 1)
     K = 3
-    z_ct = np.empty((G, T), dtype=np.float32)  # a group's input where it is read
-    y_ct = np.empty((G, T), dtype=np.float32)  # the previous group's output where it is computed
-    out_ct[:G, a:b] = x_ct[:G, a:b]
+    z_ct = np.empty((Cg, T), dtype=np.float32)  # a group's input where it is read
+    y_ct = np.empty((Cg, T), dtype=np.float32)  # the previous group's output where it is computed
+    out_ct[:Cg, a:b] = x_ct[:Cg, a:b]
     for j in range(1, J + 1):
         widen = (J - j) * dilation
         r0, r1 = max(a - widen, 0), min(b + widen, T)  # group j's outputs the cascade needs
         z0, z1 = max(r0 - dilation, 0), min(r1 + dilation, T)  # its inputs they read (mirrored ones inside)
-        for c in range(G):
+        for c in range(Cg):
             for t in range(z0, z1):
-                z_ct[c, t] = x_ct[j * G + c, t] if j == 1 else x_ct[j * G + c, t] + y_ct[c, t]
+                z_ct[c, t] = x_ct[j * Cg + c, t] if j == 1 else x_ct[j * Cg + c, t] + y_ct[c, t]
         _taps_blocks_on_tiles(z_ct, tiles_j[j - 1], b_jo[j - 1], True, True, K, dilation, -dilation, y_ct, r0, r1, 0, 1)
-        out_ct[j * G : (j + 1) * G, a:b] = y_ct[:, a:b]
+        out_ct[j * Cg : (j + 1) * Cg, a:b] = y_ct[:, a:b]

@@ -273,7 +273,7 @@ def _stack_arguments(layers: list, caches: list, T: int):
     by_argument = [tensors[j::K] for j in range(K)]
     packed = {j: tuple(map(packed_words, by_argument[j])) for j in STEP_MATRICES} if T <= MATVEC_MAX_ROWS else {}
     use_packed = bool(packed) and all(p is not None for words in packed.values() for p in words)
-    for j in STEP_MATRICES:  # a streamed stack's packed words (all of its matrices), else its words as they are
+    for j in STEP_MATRICES:  # a read-packed stack's packed words (all of its matrices), else its words as they are
         by_argument[j] = packed[j] if use_packed else tuple(m.bits for m in by_argument[j])
     k_caches, v_caches = tuple(c.k for c in caches), tuple(c.v for c in caches)
     arrays = [a for j, a in enumerate(by_argument) if not (use_packed and j in STEP_MATRICES)]

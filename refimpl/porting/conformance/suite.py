@@ -251,12 +251,12 @@ def reference_trace(
 
 def stream_decode(tok: SpeechTokenizer, codes: np.ndarray, pushes: list[int]) -> np.ndarray:
     """Push ``codes`` through ``tok.stream()`` in pushes of the sizes of ``pushes``, the last repeated."""
-    stream, pieces, t, i = tok.stream(), [], 0, 0
+    stream, chunks, t, i = tok.stream(), [], 0, 0
     while t < len(codes):
         n = pushes[min(i, len(pushes) - 1)]
-        pieces.append(stream.push(codes[t : t + n]))
+        chunks.append(stream.push(codes[t : t + n]))
         t, i = t + n, i + 1
-    return np.concatenate(pieces)
+    return np.concatenate(chunks)
 
 
 # ----------------------------------------------------------------------------- the tolerance table

@@ -34,9 +34,9 @@ def test_tile_split_is_exact():
 @needs_tiles
 @pytest.mark.parametrize("N, O, I", [(17, 32, 32), (28, 64, 1024), (33, 96, 2080), (70, 32, 96), (28, 2048, 1024)])
 def test_tile_kernel_within_the_bound_and_each_row_alone(N, O, I):
-    """The AMX tile kernel (x in three exact bf16 parts, the sums in float32 tiles, ``TILE_K_CHUNK`` columns
+    """The AMX tile kernel (x in three exact bf16 parts, the sums in float32 tiles, ``TILE_K_SPAN`` columns
     at a time): within linear's reduction-length bound of the float64 product of the same bf16 words,
-    for rows that fill no whole tile, several groups of 32 rows, several column chunks (2080 > 1024); each
+    for rows that fill no whole tile, several groups of 32 rows, several column spans (2080 > 1024); each
     row's bits the same computed alone or among the others in another order (no row's sum sees another)."""
     rng = np.random.default_rng(N + O + I)
     bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))

@@ -69,14 +69,14 @@ def _residual_unit_case(seed, B, C, T, dilation, with_context):
     st.booleans(),
     st.integers(0, 2**31),
 )
-def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_context, seed):
-    """The fused unit against its reference (run on the plain formulas), pieces of ``tile`` steps so that
+def test_residual_unit_twin_equals_reference(B, C, T, dilation, piece, with_context, seed):
+    """The fused unit against its reference (run on the plain formulas), pieces of ``piece`` steps so that
     the left context crosses piece boundaries, at the signal's start or after a push (a context): within the
     float32 reference's own noise (``within_float32_noise``); the next context is what the
     numba path primitive by primitive keeps, to the bit."""
     x, args, args32, context, context32, ref, exact, kept = _residual_unit_case(seed, B, C, T, dilation, with_context)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", tile)
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", piece)
         got, got_context = numba_cpu.codec_decoder.residual_unit_push(x, *args32, dilation, context32)
         # a trimmed view (as the transposed conv's output is) is read in place: its NaN tail is never read
         trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
@@ -98,8 +98,8 @@ def test_residual_unit_twin_equals_reference(B, C, T, dilation, tile, with_conte
     st.booleans(),
     st.integers(0, 2**31),
 )
-def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, with_context, seed):
-    """The fused last SnakeBeta + conv against its reference (the plain formulas), pieces of ``tile`` steps
+def test_snake_causal_conv_twin_equals_reference(B, C, O, T, piece, with_bias, with_context, seed):
+    """The fused last SnakeBeta + conv against its reference (the plain formulas), pieces of ``piece`` steps
     so that the taps cross piece boundaries, at the signal's start or after a push: within the float32
     reference's own noise (``within_float32_noise``); the next context to the bit."""
     rng = np.random.default_rng(seed)
@@ -117,7 +117,7 @@ def test_snake_causal_conv_twin_equals_reference(B, C, O, T, tile, with_bias, wi
     with kernels.use_backend("numba"):
         _, kept = snake_conv_reference(x, *args32, context32)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", tile)
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE", piece)
         got, got_context = numba_cpu.codec_decoder.snake_causal_conv_push(x, *args32, context32)
         trimmed = np.concatenate([x, np.full((B, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
         assert np.array_equal(numba_cpu.codec_decoder.snake_causal_conv_push(trimmed, *args32, context32)[0], got)
@@ -178,7 +178,7 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
     x, _, args32, _, context32, ref, exact, kept = _residual_unit_case(seed, 1, C, T, dilation, with_context)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
-        mp.setattr(numba_cpu.codec_decoder, "UNIT_TILE_VALUES", piece * C)
+        mp.setattr(numba_cpu.codec_decoder, "UNIT_PIECE_VALUES", piece * C)
         got, got_context = numba_cpu.codec_decoder.residual_unit_push(x, *args32, dilation, context32)
         trimmed = np.concatenate([x, np.full((1, C, 5), np.nan, np.float32)], axis=-1)[:, :, :T]
         assert np.array_equal(numba_cpu.codec_decoder.residual_unit_push(trimmed, *args32, dilation, context32)[0], got)

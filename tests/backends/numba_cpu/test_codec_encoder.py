@@ -178,7 +178,7 @@ def test_elu_causal_conv_on_tiles_equals_reference(C, O, kernel_stride, T, with_
         nan_ref = np.isnan(elu_conv_reference(x_nan, w32, b32, stride, "constant"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
-        mp.setattr(numba_cpu.codec_encoder, "BLOCK_TILE_VALUES", piece * C * stride)
+        mp.setattr(numba_cpu.codec_encoder, "BLOCK_PIECE_VALUES", piece * C * stride)
         got = numba_cpu.codec_encoder.elu_causal_conv_offline(x, w32, b32, stride, "constant")
         got_nan = numba_cpu.codec_encoder.elu_causal_conv_offline(x_nan, w32, b32, stride, "constant")
         mp.setattr(numba_cpu.amx, "USE_TILES", False)
@@ -206,7 +206,7 @@ def test_resnet_block_on_tiles_equals_reference(C, T, dilation, piece, seed):
     x, args32, ref, exact = _resnet_block_case(seed, 1, C, C // 2, T, dilation)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
-        mp.setattr(numba_cpu.codec_encoder, "BLOCK_TILE_VALUES", piece * C)
+        mp.setattr(numba_cpu.codec_encoder, "BLOCK_PIECE_VALUES", piece * C)
         got = numba_cpu.codec_encoder.resnet_block_offline(x, *args32, dilation, "constant")
         x_nan = x.copy()
         x_nan[0, 0, T // 2] = np.nan

@@ -242,7 +242,7 @@ def test_one_by_one_conv_with_bf16_weights_on_the_tiles(monkeypatch):
     O=st.integers(1, 70),
     K=st.integers(1, 9),
     dilation=st.integers(1, 3),
-    T_out=st.integers(1, 3 * 2048 + 5),  # up to three chunks of ONE_CHANNEL_CHUNK columns and a short one
+    T_out=st.integers(1, 3 * 2048 + 5),  # up to three spans of ONE_CHANNEL_SPAN columns and a short one
     with_bias=st.booleans(),
     pieces=st.sampled_from([1, 3, 8]),
     seed=st.integers(0, 2**31),
@@ -250,7 +250,7 @@ def test_one_by_one_conv_with_bf16_weights_on_the_tiles(monkeypatch):
 def test_one_channel_conv_is_the_reference_bit_for_bit(B, O, K, dilation, T_out, with_bias, pieces, seed):
     """A stride-1 conv of one input channel (the encoder's first, 1 -> 64 x 7 taps) by the direct kernel:
     the reference's operations in its order (taps summed in order, the bias last, no fused multiply-add),
-    so the reference's bits, over pieces and chunks with a short last one; infinities and NaN where the
+    so the reference's bits, over pieces and spans with a short last one; infinities and NaN where the
     reference has them; strided or float64 convs keep their own paths."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((B, 1, T_out + dilation * (K - 1))) * 10).astype(np.float32)

@@ -20,8 +20,8 @@ from .cases import needs_tiles
 def linear_case(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     O, I = draw(st.integers(1, 70)), draw(st.one_of(st.integers(1, 300), st.sampled_from((1024, 1500, 2100))))
-    # <= 16 rows: the matrix-vector kernel; <= 64: the block kernel (remainders of its 4 x 6 tile, sums in
-    # chunks of BLOCK_I_CHUNK columns: 1500 and 2100 end in a partial chunk); more: BLAS
+    # <= 16 rows: the matrix-vector kernel; <= 64: the block kernel (remainders of its 4 x 6 register block, sums in
+    # spans of BLOCK_I_SPAN columns: 1500 and 2100 end in a partial span); more: BLAS
     rows = draw(st.sampled_from(((1,), (3,), (2, 8), (17,), (18,), (19,), (20,), (31,), (64,), (3, 40), (65,))))
     w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32)))
     x = rng.standard_normal(rows + (I,)).astype(np.float32)

@@ -123,13 +123,13 @@ def test_packed_products_within_the_bound(N, O, I, special):
 
 
 def test_linear_reads_a_streamed_matrix_packed_and_keeps_the_packing():
-    """``linear`` of a few rows and a streamed matrix runs the packed kernel on the packing made at its first
-    use and kept while the words live (read-only); a matrix not streamed, columns not a multiple of 64,
+    """``linear`` of a few rows and a read-packed matrix runs the packed kernel on the packing made at its first
+    use and kept while the words live (read-only); a matrix not read-packed, columns not a multiple of 64,
     or ``USE_PACKED`` off read the words as they are."""
     rng = np.random.default_rng(5)
     bits = random_words(rng, 64, 128)
     bits.flags.writeable = False
-    m = BF16Matrix(bits, streamed=True)
+    m = BF16Matrix(bits, read_packed=True)
     x = rng.standard_normal((2, 128)).astype(np.float32)
     first = numba_cpu.packed_words.packed_words(m)
     assert first is not None and numba_cpu.packed_words.packed_words(m) is first
@@ -137,7 +137,7 @@ def test_linear_reads_a_streamed_matrix_packed_and_keeps_the_packing():
     numba_cpu.packed_words._packed_products_into(x, first, expect)
     np.testing.assert_array_equal(numba_cpu.linear.linear(x, m), expect)
     assert numba_cpu.packed_words.packed_words(BF16Matrix(bits)) is None
-    assert numba_cpu.packed_words.packed_words(BF16Matrix(np.ascontiguousarray(bits[:, :96]), streamed=True)) is None
+    assert numba_cpu.packed_words.packed_words(BF16Matrix(np.ascontiguousarray(bits[:, :96]), read_packed=True)) is None
 
 
 def test_packing_ahead_makes_the_packing_of_the_first_use_once():
@@ -149,7 +149,7 @@ def test_packing_ahead_makes_the_packing_of_the_first_use_once():
     for O, I in ((64, 128), (40, 1024), (8, 64)):
         bits = random_words(rng, O, I, special=0.01)
         bits.flags.writeable = False
-        matrices.append(BF16Matrix(bits, streamed=True))
+        matrices.append(BF16Matrix(bits, read_packed=True))
     not_streamed = BF16Matrix(random_words(rng, 8, 64))
     pw = numba_cpu.packed_words
     pw.pack_ahead([*matrices, not_streamed, np.zeros((2, 2), np.float32)])
@@ -178,23 +178,25 @@ def test_a_model_load_packs_the_code_predictor_ahead_on_the_numba_backend(monkey
 def test_packing_turned_off_reads_the_words(monkeypatch):
     monkeypatch.setattr(numba_cpu.packed_words, "USE_PACKED", False)
     assert (
-        numba_cpu.packed_words.packed_words(BF16Matrix(random_words(np.random.default_rng(1), 64, 64), streamed=True))
+        numba_cpu.packed_words.packed_words(
+            BF16Matrix(random_words(np.random.default_rng(1), 64, 64), read_packed=True)
+        )
         is None
     )
 
 
 def streamed_layer(layer_view):
-    """The layer's matrices marked streamed (the same words)."""
+    """The layer's matrices marked read_packed (the same words)."""
     from refimpl.io.checkpoint import WeightView
 
     names = [name for name in layer_view.weights if isinstance(layer_view.weights[name], BF16Matrix)]
-    return WeightView(bf16.streamed(layer_view.weights, names), layer_view.prefix)
+    return WeightView(bf16.mark_read_packed(layer_view.weights, names), layer_view.prefix)
 
 
 @pytest.mark.parametrize("n_cached", [0, 3])
 @pytest.mark.parametrize("T", [1, 2])
 def test_fused_layer_on_packed_words_equals_the_layer(n_cached, T):
-    """The fused layer step of a streamed layer (every product from packed words) against the composition
+    """The fused layer step of a read-packed layer (every product from packed words) against the composition
     transformer_layer in float32, both measured against the float64 layer of the same bf16 weights: within
     twice the composition's error plus the float32 rounding of the longest reduction (as the words' own
     fused layer, tests/backends/numba_cpu/test_transformer.py); the keys and values cached likewise."""
@@ -225,12 +227,12 @@ def test_fused_layer_on_packed_words_equals_the_layer(n_cached, T):
 
 
 def test_the_code_predictor_streams_its_layers_and_heads_only():
-    """Its layers' products and its heads are marked streamed; its embeddings, norms and the projection
+    """Its layers' products and its heads are marked read_packed; its embeddings, norms and the projection
     from the talker's width are not (they are read by rows, or are vectors, or are one product a frame)."""
-    from refimpl.tts.code_predictor import CodePredictorConfig, code_predictor_weight_spec, streamed_weight_names
+    from refimpl.tts.code_predictor import CodePredictorConfig, code_predictor_weight_spec, read_packed_weight_names
 
     cfg = CodePredictorConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=16)
-    names = set(streamed_weight_names(cfg, talker_hidden=96))
+    names = set(read_packed_weight_names(cfg, talker_hidden=96))
     spec = {s.name for s in code_predictor_weight_spec(cfg, 96)}
     assert names <= spec
     assert {n for n in spec if n.startswith("lm_head.")} <= names

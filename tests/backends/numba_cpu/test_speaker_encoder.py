@@ -108,7 +108,7 @@ def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
 def test_tdnn_on_the_tiles_is_the_tile_kernel_of_its_stacked_taps(O, C, K, dilation, T, monkeypatch):
     """A TDNN with bf16 weights and at least ``TILE_TDNN_MIN_OUT`` outputs runs on the tiles: its taps
     mirrored at both edges read in place and split in blocks of ``TILE_TDNN_STEPS`` steps (one pair of
-    tiles, several blocks, a last block of one step, 1152 > ``TILE_K_CHUNK`` columns), bias and ReLU in the
+    tiles, several blocks, a last block of one step, 1152 > ``TILE_K_SPAN`` columns), bias and ReLU in the
     same pass: the same bits as the prompt's tile kernel on the reflect-padded, stacked rows, then bias and
     ReLU; within the bound of two sums of the same I K terms; not the BLAS path's bits (the tiles ran); a
     NaN frame spoils the same outputs as in the reference."""

@@ -114,7 +114,7 @@ __global__ void attention_rows(const T* q,                    // [B, H, Tq, D]
     }
 }
 
-// The keys of a row split over gridDim.y blocks: block (row, j) takes keys s0 = j * chunk <= s < s1 and
+// The keys of a row split over gridDim.y blocks: block (row, j) takes keys s0 = j * span <= s < s1 and
 // writes its part of the softmax: m_j (the max of its visible scores, 0 when none), l_j = sum exp(score - m_j)
 // and acc_j[d] = sum exp(score - m_j) v[s, d] (unnormalised).  attention_split_combine then forms the row.
 template <typename T>
@@ -126,10 +126,10 @@ __global__ void attention_split_partials(const T* q, const T* k, const T* v, con
                                          int H, int G, int Tq, int S, int D, int Dv,
                                          long long k_stride_b, long long k_stride_g,
                                          long long v_stride_b, long long v_stride_g,
-                                         long long window, int has_key_valid, T scale, int chunk) {
+                                         long long window, int has_key_valid, T scale, int span) {
     const long long row = blockIdx.x;                         // (b * H + h) * Tq + t
     const int split = blockIdx.y, n_splits = gridDim.y;
-    const int s0 = split * chunk, s1 = min(S, s0 + chunk);
+    const int s0 = split * span, s1 = min(S, s0 + span);
     const int t = (int)(row % Tq);
     const int h = (int)((row / Tq) % H);
     const int b = (int)(row / ((long long)Tq * H));
