@@ -22,7 +22,7 @@ everything on the device, so that happens only when a twin is called directly).
 What the backend layer (``refimpl/backends/__init__.py``) finds here: ``xp`` (the ``cupy`` module),
 ``special`` (``cupyx.scipy.special``), ``to_device``, ``to_host``, ``available()`` and ``TWINS``.  Importing
 this package does not import CuPy (``device.py`` says when it is).  The tests without a GPU are
-tests/backends/test_cupy_*.py (the kernels compiled with ``nvcc`` where it is installed and replayed in
+tests/backends/cupy_cuda/test_*.py (the kernels compiled with ``nvcc`` where it is installed and replayed in
 NumPy); on a GPU, tests/backends/test_cuda.py.
 """
 

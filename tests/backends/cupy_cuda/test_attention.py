@@ -2,7 +2,7 @@
 
 - kernels/attention.cu compiles with ``nvcc`` for float32 and float64 (skipped, saying so, where nvcc is
   not installed);
-- the kernels' index arithmetic, replayed in NumPy thread by thread (tests/backends/cupy_replays.py), run
+- the kernels' index arithmetic, replayed in NumPy thread by thread (tests/backends/cupy_cuda/replays.py), run
   through the twin's own launch code with NumPy in place of CuPy, equals ``nn.attention`` (window,
   grouped-query heads, padding, rows with no visible key; one block per row and the keys split over blocks);
 - the formula path (longer prompts, explicit boolean masks) with NumPy as xp gives the reference's result.
@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from attention_cases import CASES, attention_case
-from cupy_replays import needs_nvcc, numpy_in_place_of_cupy, nvcc_compile
 
 from refimpl import nn
 from refimpl.backends.cupy_cuda import attention as cuda_attention
 from refimpl.backends.cupy_cuda.device import cuda_source
+
+from .replays import needs_nvcc, numpy_in_place_of_cupy, nvcc_compile
 
 
 @needs_nvcc

@@ -1,6 +1,6 @@
 """The cupy backend without a GPU: its CUDA kernels replayed in NumPy thread by thread (the same flat offsets,
 warps, lanes and shuffle order), NumPy or the strict stand-in device in place of CuPy, and ``nvcc`` where it
-is installed.  Shared by tests/backends/test_cupy_*.py and the plugin cupy_twins_on_strict.py; not a test
+is installed.  Shared by tests/backends/cupy_cuda/test_*.py and the plugin twins_on_strict.py; not a test
 module.
 """
 
@@ -302,7 +302,7 @@ def put_these_twins_on_the_strict_stand_in(setattr_, strict) -> dict:
     THESE twins: CuPy replaced by the stand-in's namespace, the CUDA kernels by their NumPy replays (given the
     stand-in's underlying buffers, which they fill in place), the elementwise kernels by their formulas.
     ``setattr_`` does the patching (monkeypatch's, or the builtin for a whole session: see
-    tests/backends/cupy_twins_on_strict.py).  Returns {twin: calls}."""
+    tests/backends/cupy_cuda/twins_on_strict.py).  Returns {twin: calls}."""
     from refimpl import backends as kernels
 
     setattr_(cuda_device, "array_module", lambda: strict.xp)

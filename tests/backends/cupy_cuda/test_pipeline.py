@@ -1,19 +1,20 @@
 """The cupy backend's twins inside the whole pipeline, on a machine without a GPU: the backend layer's strict
 stand-in device (NumPy underneath, as strict as CuPy about host round trips) runs THESE twins, their CUDA
-kernels replayed in NumPy (tests/backends/cupy_replays.py).  Decode, streaming, encode and greedy
+kernels replayed in NumPy (tests/backends/cupy_cuda/replays.py).  Decode, streaming, encode and greedy
 text-to-speech equal the numpy backend, and a bf16 checkpoint keeps its words on the device (needs the
 stand-in: skipped, saying so, in a tree without it).  The whole parity suite the same way:
-tests/backends/cupy_twins_on_strict.py; the same twins on a real GPU: tests/backends/test_cuda.py.
+tests/backends/cupy_cuda/twins_on_strict.py; the same twins on a real GPU: tests/backends/test_cuda.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from cupy_replays import put_these_twins_on_the_strict_stand_in
 
 from refimpl.backends import cupy_cuda
 from refimpl.backends.cupy_cuda import device as cuda_device
+
+from .replays import put_these_twins_on_the_strict_stand_in
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The norm and rotation twins of the cupy backend (refimpl/backends/cupy_cuda/transformer.py), checked
 without a GPU: kernels/rms_norm_and_rope.cu compiles with ``nvcc`` for float32 and float64 (skipped, saying
 so, where nvcc is not installed), and the kernels' index arithmetic, replayed in NumPy
-(tests/backends/cupy_replays.py), run through the twins' own launch code with NumPy in place of CuPy, equals
+(tests/backends/cupy_cuda/replays.py), run through the twins' own launch code with NumPy in place of CuPy, equals
 ``nn.rms_norm`` (within its rounding) and ``nn.apply_rope`` (to the bit).
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cupy_replays import needs_nvcc, numpy_in_place_of_cupy, nvcc_compile
 
 from refimpl import nn
 from refimpl.backends.cupy_cuda import transformer as cuda_transformer
 from refimpl.backends.cupy_cuda.device import cuda_source
+
+from .replays import needs_nvcc, numpy_in_place_of_cupy, nvcc_compile
 
 
 @needs_nvcc

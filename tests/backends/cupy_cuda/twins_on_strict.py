@@ -1,8 +1,8 @@
 """A pytest plugin: the strict stand-in backend runs the cupy twins for a whole session (CUDA kernels replayed
-in NumPy, see tests/backends/cupy_replays.py), so that the parity suite checks the twins on a machine
+in NumPy, see tests/backends/cupy_cuda/replays.py), so that the parity suite checks the twins on a machine
 without a GPU:
 
-    PYTHONPATH=tests/backends python -m pytest -p cupy_twins_on_strict --backend strict \\
+    PYTHONPATH=tests/backends python -m pytest -p cupy_cuda.twins_on_strict --backend strict \\
         tests/codec/test_codec_decoder.py \\
         tests/codec/test_codec_encoder.py tests/codec/test_codec_streaming.py tests/tts/test_speaker_encoder.py \\
         tests/tts/test_talker.py tests/tts/test_end_to_end.py
@@ -17,9 +17,9 @@ CALLS: dict = {}  # "calls": {twin name: number of calls}, filled as the twins r
 
 
 def pytest_configure(config):
-    from cupy_replays import put_these_twins_on_the_strict_stand_in
-
     from refimpl.backends import strict_device
+
+    from .replays import put_these_twins_on_the_strict_stand_in
 
     CALLS["calls"] = put_these_twins_on_the_strict_stand_in(setattr, strict_device)
 

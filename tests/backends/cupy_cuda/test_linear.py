@@ -1,7 +1,7 @@
 """The linear twin of the cupy backend (refimpl/backends/cupy_cuda/linear.py), checked without a GPU:
 
 - kernels/bf16_rows_times.cu compiles with ``nvcc`` (skipped, saying so, where nvcc is not installed);
-- the bf16 kernel's index arithmetic, replayed in NumPy (tests/backends/cupy_replays.py), run through the
+- the bf16 kernel's index arithmetic, replayed in NumPy (tests/backends/cupy_cuda/replays.py), run through the
   twin's own launch code with NumPy in place of CuPy, equals ``nn.linear``; a matrix whose words are still on
   the host, or a weight that is no array, is refused;
 - the twins that are the reference's formula with ``xp`` for ``numpy`` (``linear`` with float weights, and
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cupy_replays import needs_nvcc, numpy_in_place_of_cupy, nvcc_compile
 
 from refimpl import nn
 from refimpl.backends.cupy_cuda import conv as cuda_conv
 from refimpl.backends.cupy_cuda import device as cuda_device
 from refimpl.backends.cupy_cuda import linear as cuda_linear
 from refimpl.backends.cupy_cuda.device import cuda_source
+
+from .replays import needs_nvcc, numpy_in_place_of_cupy, nvcc_compile
 
 
 @needs_nvcc

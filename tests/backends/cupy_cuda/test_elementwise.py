@@ -1,15 +1,16 @@
 """The elementwise twins of the cupy backend (refimpl/backends/cupy_cuda/elementwise.py), checked without a
 GPU: each operation compiles with ``nvcc`` for float32 and float64 inside a wrapper that declares its
 parameters as CuPy's ElementwiseKernel does (skipped, saying so, where nvcc is not installed).  Their results
-on the device: tests/backends/test_cuda.py; inside the whole pipeline: tests/backends/test_cupy_pipeline.py.
+on the device: tests/backends/test_cuda.py; inside the whole pipeline: tests/backends/cupy_cuda/test_pipeline.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from cupy_replays import CTYPES, needs_nvcc, nvcc_compile
 
 from refimpl.backends.cupy_cuda import elementwise as cuda_elementwise
+
+from .replays import CTYPES, needs_nvcc, nvcc_compile
 
 
 def elementwise_check_source(spec: cuda_elementwise.ElementwiseSpec, ctype: str) -> str:

@@ -6,8 +6,8 @@ without CuPy):
   ships each as package data (so a wheel or sdist holds them);
 - asking for the backend without CuPy, or without a device, is one error naming what is missing;
 - importing refimpl does not import CuPy.
-Each room's twins: tests/backends/test_cupy_<room>.py; the twins inside the whole pipeline:
-tests/backends/test_cupy_pipeline.py; the same twins on a real GPU: tests/backends/test_cuda.py.
+Each room's twins: tests/backends/cupy_cuda/test_<room>.py; the twins inside the whole pipeline:
+tests/backends/cupy_cuda/test_pipeline.py; the same twins on a real GPU: tests/backends/test_cuda.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import types
 import numpy as np
 import pytest
 from conftest import REPO
-from cupy_replays import defines_kernel
 
 from refimpl import nn
 from refimpl.backends import cupy_cuda
@@ -31,6 +30,8 @@ from refimpl.backends.cupy_cuda import device as cuda_device
 from refimpl.backends.cupy_cuda import elementwise as cuda_elementwise
 from refimpl.backends.cupy_cuda import linear as cuda_linear
 from refimpl.backends.cupy_cuda import transformer as cuda_transformer
+
+from .replays import defines_kernel
 
 PACKAGE = REPO / "refimpl" / "backends" / "cupy_cuda"
 ROOMS = (cuda_elementwise, cuda_linear, cuda_conv, cuda_attention, cuda_transformer)
