@@ -16,7 +16,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, Protocol, TypeVar, cast, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
@@ -66,6 +66,56 @@ def resolve_speech_tokenizer_dir(path: str | os.PathLike[str]) -> Path:
             return path
         raise CheckpointError(f"{path} holds a model config but no speech_tokenizer/ directory")
     raise CheckpointError(f"no config.json (nor speech_tokenizer/config.json) in {path}")
+
+
+class Encoded(NamedTuple):
+    codes: np.ndarray  # [T, 16] int64
+    latent: np.ndarray  # [T, hidden] the encoder output before quantisation
+    margins: np.ndarray  # [T, 16] distance to the second-nearest codebook row minus to the nearest
+
+
+R = TypeVar("R")
+
+
+class PerAudio(Protocol[R]):
+    """How ``encode``, ``encode_latent`` and ``encode_detailed`` are typed (their signature, said once): one
+    waveform gives one result, a list of them a list."""
+
+    @overload
+    def __call__(
+        self,
+        audio: np.ndarray,
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> R: ...
+    @overload
+    def __call__(
+        self,
+        audio: list[np.ndarray],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> list[R]: ...
+    @overload
+    def __call__(
+        self,
+        audio: Sequence[Any],
+        sr: int | None = None,
+        encoder_attention: str = "full",
+        trace: Recorder | dict | None = None,
+    ) -> R | list[R]: ...
+
+
+class PerAudioMethod(Protocol[R]):
+    """A method typed as ``PerAudio`` once bound (``per_audio``)."""
+
+    def __get__(self, tokenizer: Any, owner: Any) -> PerAudio[R]: ...
+
+
+def per_audio(result: type[R]) -> Callable[[Callable[..., Any]], PerAudioMethod[R]]:
+    """Types a method as ``PerAudio[result]`` for its callers (the method itself is left as it is)."""
+    return lambda method: cast("PerAudioMethod[R]", method)
 
 
 class SpeechTokenizer:
@@ -233,30 +283,7 @@ class SpeechTokenizer:
     def encoder_valid_num_quantizers(self) -> int:
         return int(self.config.get("encoder_valid_num_quantizers", self.num_quantizers))
 
-    @overload
-    def encode_detailed(
-        self,
-        audio: np.ndarray,
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> Encoded: ...
-    @overload
-    def encode_detailed(
-        self,
-        audio: list[np.ndarray],
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> list[Encoded]: ...
-    @overload
-    def encode_detailed(
-        self,
-        audio: Sequence[Any],
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> Encoded | list[Encoded]: ...
+    @per_audio(Encoded)
     @on_model_backend
     def encode_detailed(
         self,
@@ -315,30 +342,7 @@ class SpeechTokenizer:
             )
         return results if batch else results[0]
 
-    @overload
-    def encode(
-        self,
-        audio: np.ndarray,
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> np.ndarray: ...
-    @overload
-    def encode(
-        self,
-        audio: list[np.ndarray],
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> list[np.ndarray]: ...
-    @overload
-    def encode(
-        self,
-        audio: Sequence[Any],
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> np.ndarray | list[np.ndarray]: ...
+    @per_audio(np.ndarray)
     def encode(
         self,
         audio: np.ndarray | Sequence[Any],
@@ -357,30 +361,7 @@ class SpeechTokenizer:
         out = self.encode_detailed(audio, sr, encoder_attention, trace)
         return [e.codes for e in out] if isinstance(out, list) else out.codes
 
-    @overload
-    def encode_latent(
-        self,
-        audio: np.ndarray,
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> np.ndarray: ...
-    @overload
-    def encode_latent(
-        self,
-        audio: list[np.ndarray],
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> list[np.ndarray]: ...
-    @overload
-    def encode_latent(
-        self,
-        audio: Sequence[Any],
-        sr: int | None = None,
-        encoder_attention: str = "full",
-        trace: Recorder | dict | None = None,
-    ) -> np.ndarray | list[np.ndarray]: ...
+    @per_audio(np.ndarray)
     def encode_latent(
         self,
         audio: np.ndarray | Sequence[Any],
@@ -396,12 +377,6 @@ class SpeechTokenizer:
     @staticmethod
     def _is_audio_batch(audio: object) -> bool:
         return isinstance(audio, (list, tuple)) and len(audio) > 0 and not np.isscalar(audio[0])
-
-
-class Encoded(NamedTuple):
-    codes: np.ndarray  # [T, 16] int64
-    latent: np.ndarray  # [T, hidden] the encoder output before quantisation
-    margins: np.ndarray  # [T, 16] distance to the second-nearest codebook row minus to the nearest
 
 
 def prepare_audio(
