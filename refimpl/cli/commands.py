@@ -86,7 +86,8 @@ def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int
     t0 = time.perf_counter()
     sr = tts.sample_rate
     if args.stream:
-        chunks = getattr(tts, "stream_" + method)(chunk_frames=args.chunk_frames, **call)
+        schedule = {} if args.chunk_frames is None else {"chunk_frames": args.chunk_frames}  # else the API's
+        chunks = getattr(tts, "stream_" + method)(**schedule, **call)
         output = AudioOutput(args.output, sr, args.float_wav)
         write_stream(chunks, output, say)
         samples = output.samples

@@ -95,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         'with "-o -" each chunk is written as soon as it is decoded',
     )
     synth.add_argument(
-        "--chunk-frames", type=count(1), default=4, metavar="N", help="frames per streamed chunk (default 4 = 320 ms)"
+        "--chunk-frames",
+        type=count(1),
+        metavar="N",
+        help="frames per streamed chunk (default: 1, then 2, then 4 = 320 ms: the first audio after one frame)",
     )
     synth.add_argument("--float-wav", action="store_true", help="write 32-bit float WAV instead of 16-bit PCM")
 

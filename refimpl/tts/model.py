@@ -610,7 +610,8 @@ class Qwen3TTS:
         """Like ``generate_custom_voice`` for ONE text, but yields float32 waveform chunks while the frames
         are generated: ``chunk_frames`` frames each (n * 1920 samples), or with a sequence the first chunks'
         sizes, the last one repeated (default (1, 2, 4): the first audio as soon as one frame exists).
-        The concatenated chunks are the same samples whatever the sizes."""
+        The concatenated chunks are the same samples whatever the sizes, to float32 summation order (the
+        same in float64 to rounding; docs/end_to_end.md)."""
         prompts = partial(self._custom_voice_prompts, text, speaker, language, instruct, non_streaming_mode)
         return self._stream("custom_voice", prompts, chunk_frames, kwargs)
 
