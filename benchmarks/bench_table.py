@@ -214,8 +214,8 @@ def main() -> None:
     steps = {1: float("inf"), 4: float("inf")}
     for _ in range(repeats):
         for B in steps:
-            seconds, codes = step_seconds(tts, TEXTS[:B], frames)
-            steps[B] = min(steps[B], seconds)
+            step, codes = step_seconds(tts, TEXTS[:B], frames)
+            steps[B] = min(steps[B], step)
     same = all(np.array_equal(c, s) for c, s in zip(codes, singles, strict=True))
     table.add(
         "batch of 4: per frame / one text's",
