@@ -73,7 +73,7 @@ def _untrack(key: int) -> None:
 
 def bus_error_line(files: list[str]) -> bytes:
     """The line written on a bus error, naming ``files`` (cut to ``MESSAGE_BYTES``)."""
-    named = ", ".join(files) if files else "no checkpoint (a trace file?)"
+    named = ", ".join(files) if files else "none known"
     line = (
         "refimpl: error: bus error (SIGBUS) reading a memory-mapped file: one was truncated while in use (by "
         f"another process?); mapped: {named} (see docs/limits.md)"

@@ -39,6 +39,7 @@ from ..codec.decoder import decoder_weight_spec
 from ..codec.encoder import EncoderConfig, encoder_weight_spec
 from ..io.checkpoint import STORED_DTYPES, read_config, read_safetensors_header, write_safetensors_file
 from ..io.files import InputError, atomic_output, parse_json, read_npy_header
+from ..io.mapped_files import track
 from ..recorder import EXTRA_PREFIX, CallLog, Recorder, call_names
 from .names import conv_wrappers, official_calls
 
@@ -285,6 +286,8 @@ def read_safetensors_trace(path: str | os.PathLike[str]) -> tuple[dict, dict[str
     as a checkpoint's (``checkpoint.read_safetensors_header``); TraceError for anything wrong."""
     header, metadata, data_start = read_safetensors_header(path, TraceError)
     raw = np.memmap(path, dtype=np.uint8, mode="r") if header else np.zeros(0, np.uint8)
+    if header:
+        track(raw, path)  # named if the file shrinks under the map (io/mapped_files.py: a bus error)
     arrays = {}
     for name, h in header.items():
         begin, end = (data_start + o for o in h["data_offsets"])

@@ -108,4 +108,18 @@ def test_the_mapped_files_are_those_still_in_use(tmp_path):
 def test_the_line_is_bounded():
     line = mapped_files.bus_error_line(["/x" * 10_000])
     assert len(line) <= mapped_files.MESSAGE_BYTES and line.endswith(b"...\n") and line.count(b"\n") == 2
-    assert b"no checkpoint" in mapped_files.bus_error_line([])
+    assert b"mapped: none known" in mapped_files.bus_error_line([])
+
+
+def test_a_trace_read_by_compare_is_named_too(tmp_path):
+    """``compare`` and ``--replay`` read safetensors traces through a memory map: a truncated trace is named."""
+    from refimpl.io.checkpoint import write_safetensors_file
+    from refimpl.porting.trace_files import read_safetensors_trace
+
+    path = tmp_path / "trace.safetensors"
+    write_safetensors_file(path, {"a": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    _, arrays = read_safetensors_trace(path)
+    assert str(path) in mapped_files.mapped_files()
+    del arrays
+    gc.collect()
+    assert str(path) not in mapped_files.mapped_files()
