@@ -127,7 +127,7 @@ def check_attention_config(where: str, cfg, activation: str = "silu") -> None:
 
 
 def layer_views(weights, prefix: str, n_layers: int) -> list:
-    """One ``WeightView`` per layer: ``{prefix}{i}.`` for i < n_layers."""
+    """One ``WeightView`` per layer, ``{prefix}{i}.`` for i < n_layers, of the weights dict or of a view's dict."""
     return [WeightView(weights, f"{prefix}{i}.") for i in range(n_layers)]
 
 

@@ -26,7 +26,9 @@ here: ``attention="full"`` (the default, equal to the official CPU output) and `
 window of the config, equal to the flash-attention path).  They differ only for inputs longer than
 the window (> 250 frames at 25 Hz, i.e. more than 10 s of audio in the released config).
 
-Weights are a flat dict keyed by the checkpoint names with the ``encoder.`` prefix removed.
+Weights are a flat dict keyed by the checkpoint names with the ``encoder.`` prefix removed; each function
+reads its module's through a ``WeightView`` of the module's prefix (``b["block.1.conv.weight"]`` in
+``encoder.layers.1.``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import numpy as np
 
 from .. import nn
 from ..backends import primitive
-from ..io.checkpoint import WeightSpec
+from ..io.checkpoint import WeightSpec, WeightView
 from ..io.config import config_from_dict
 from ..io.validate import check_encoder_config
 from ..recorder import NULL_RECORDER, Recorder, as_recorder
@@ -268,10 +270,10 @@ def mimi_causal_conv1d(x_bct, w_oik, b_o, stride: int = 1, dilation: int = 1, pa
     return nn.conv1d(pad_for_causal_conv(x_bct, left, right, pad_mode), w_oik, b_o, stride, dilation)
 
 
-def named_causal_conv(w, name: str, x_bct, record: Recorder, **options):
-    """The MimiConv1d ``name`` (weights ``{name}.conv.weight``, ``{name}.conv.bias``)."""
-    y_bct = mimi_causal_conv1d(x_bct, w[f"{name}.conv.weight"], w.get(f"{name}.conv.bias"), **options)
-    record(name, y_bct)
+def causal_conv(w: WeightView, x_bct, record: Recorder, **options):
+    """A MimiConv1d (weights ``conv.weight``, ``conv.bias``); ``w`` and ``record`` scoped to it."""
+    y_bct = mimi_causal_conv1d(x_bct, w["conv.weight"], w.get("conv.bias"), **options)
+    record.output(y_bct)
     return y_bct
 
 
@@ -282,42 +284,48 @@ def elu(name: str, x_bct, record: Recorder):
 
 
 @primitive
-def resnet_block(w, cfg: EncoderConfig, p: str, dilation: int, x_bct, record: Recorder = NULL_RECORDER):
-    """x + conv_k1(ELU(conv_k3(ELU(x)))): C -> C / compress -> C (the shortcut is a 1x1 conv if configured).
-    A primitive: numba's twin runs a block with an identity shortcut in one pass over pieces of time."""
-    h = elu(f"{p}.block.0", x_bct, record)
-    h = named_causal_conv(w, f"{p}.block.1", h, record, dilation=dilation, pad_mode=cfg.pad_mode)
-    h = elu(f"{p}.block.2", h, record)
-    h = named_causal_conv(w, f"{p}.block.3", h, record, pad_mode=cfg.pad_mode)
+def resnet_block(b: WeightView, cfg: EncoderConfig, dilation: int, x_bct, record: Recorder = NULL_RECORDER):
+    """x + conv_k1(ELU(conv_k3(ELU(x)))): C -> C / compress -> C (the shortcut is a 1x1 conv if configured);
+    ``b`` and ``record`` scoped to the block (``encoder.layers.{i}.``).  A primitive: numba's twin runs a
+    block with an identity shortcut in one pass over pieces of time."""
+    h = elu("block.0", x_bct, record)
+    h = causal_conv(b.sub("block.1."), h, record.scope("block.1."), dilation=dilation, pad_mode=cfg.pad_mode)
+    h = elu("block.2", h, record)
+    h = causal_conv(b.sub("block.3."), h, record.scope("block.3."), pad_mode=cfg.pad_mode)
     if cfg.use_conv_shortcut:
-        x_bct = named_causal_conv(w, f"{p}.shortcut", x_bct, record, pad_mode=cfg.pad_mode)
+        x_bct = causal_conv(b.sub("shortcut."), x_bct, record.scope("shortcut."), pad_mode=cfg.pad_mode)
     return x_bct + h
 
 
 @primitive
-def elu_causal_conv(w, cfg: EncoderConfig, a: str, p: str, stride: int, x_bct, record: Recorder = NULL_RECORDER):
-    """The ELU ``a`` and the (strided) causal conv ``p`` after it.  A primitive: numba's twin takes the ELU of
-    each piece of time as it stacks the conv's taps, so that the ELU's full-length output is never made."""
-    x_bct = elu(a, x_bct, record)
-    return named_causal_conv(w, p, x_bct, record, stride=stride, pad_mode=cfg.pad_mode)
+def elu_causal_conv(
+    w: WeightView, cfg: EncoderConfig, act: str, conv: str, stride: int, x_bct, record: Recorder = NULL_RECORDER
+):
+    """The ELU ``act`` and the (strided) causal conv ``conv`` (a prefix, ``encoder.layers.{i}.``) after it.  A
+    primitive: numba's twin takes the ELU of each piece of time as it stacks the conv's taps, so that the
+    ELU's full-length output is never made."""
+    x_bct = elu(act, x_bct, record)
+    return causal_conv(w.sub(conv), x_bct, record.scope(conv), stride=stride, pad_mode=cfg.pad_mode)
 
 
 def seanet_encoder(w, cfg: EncoderConfig, x_bct, record: Recorder = NULL_RECORDER):
     """[B, 1, N] audio -> [B, hidden, ceil(N / hop)] at 25 Hz.  Each layer's output is recorded as
     ``encoder.layers.{i}``; an ELU runs with the conv after it (``elu_causal_conv``)."""
+    w = WeightView(w)
     elu_before = None  # the ELU layer the next conv takes in
     for kind, idx, details in seanet_layout(cfg):
-        p = f"encoder.layers.{idx}"
+        name = f"encoder.layers.{idx}"
+        p = f"{name}."
         if kind == "elu":
-            elu_before = p
+            elu_before = name
         elif kind == "conv" and elu_before is not None:
             x_bct = elu_causal_conv(w, cfg, elu_before, p, details[3], x_bct, record)
             elu_before = None
         elif kind == "conv":
-            x_bct = named_causal_conv(w, p, x_bct, record, stride=details[3], pad_mode=cfg.pad_mode)
+            x_bct = causal_conv(w.sub(p), x_bct, record.scope(p), stride=details[3], pad_mode=cfg.pad_mode)
         else:
-            x_bct = resnet_block(w, cfg, p, details[1], x_bct, record)
-            record(p, x_bct)
+            x_bct = resnet_block(w.sub(p), cfg, details[1], x_bct, record.scope(p))
+            record(name, x_bct)
     assert elu_before is None, "the SEANet layout ends with a conv"
     return x_bct
 
@@ -355,7 +363,8 @@ def encoder_transformer(w, cfg: EncoderConfig, x_btc, attention: str = "full", r
 def downsample(w, cfg: EncoderConfig, x_bct, record: Recorder = NULL_RECORDER):
     """25 Hz -> 12.5 Hz: causal conv, kernel 4, stride 2, no bias, padding by repeating the edge
     samples (this conv pads with ``replicate`` whatever the config's pad_mode)."""
-    return named_causal_conv(w, "downsample", x_bct, record, stride=DOWNSAMPLE_STRIDE, pad_mode="replicate")
+    d = WeightView(w, "downsample.")
+    return causal_conv(d, x_bct, record.scope("downsample."), stride=DOWNSAMPLE_STRIDE, pad_mode="replicate")
 
 
 # ----------------------------------------------------------------------------- 4. residual vector quantisation

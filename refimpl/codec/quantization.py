@@ -11,7 +11,8 @@ layers of the *acoustic* quantiser; each part has its own 1x1 projections in and
 
 The decoder and encoder checkpoints name the same things differently (``rvq_first``/``rvq_rest``,
 ``vq.layers.i._codebook.embedding_sum`` against ``semantic_/acoustic_residual_vector_quantizer``,
-``layers.i.codebook.embed_sum``): each side reads its own names.
+``layers.i.codebook.embed_sum``): each side reads its own names, through a ``WeightView`` of each part
+(``quantizer.rvq_first.``); a function takes its codec side's weights, the dict or a view of it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def dequantize_tables(w, cfg) -> dict:
     """Precompute the effective codebooks (one [K, D/2] table per VQ layer) of both split parts."""
     tables = {}
     for part, n in (("rvq_first", 1), ("rvq_rest", cfg.num_quantizers - 1)):
-        layers = [WeightView(w, f"quantizer.{part}.vq.layers.{i}._codebook.") for i in range(n)]
+        q = WeightView(w, f"quantizer.{part}.")
+        layers = [q.sub(f"vq.layers.{i}._codebook.") for i in range(n)]
         tables[part] = [codebook_table(cb["embedding_sum"], cb["cluster_usage"]) for cb in layers]
     return tables
 
@@ -56,7 +58,7 @@ def dequantize(w, cfg, codes_bqt, tables: dict, record: Recorder = NULL_RECORDER
             rows_btd = tables[part][layer][codes_bqt[:, q, :]]  # [B, T, D/2]
             record(f"quantizer.{part}.vq.layers.{layer}.project_out", rows_btd)
             summed_btd = summed_btd + rows_btd
-        proj_oi = w[f"quantizer.{part}.output_proj.weight"][:, :, 0]
+        proj_oi = WeightView(w, f"quantizer.{part}.")["output_proj.weight"][:, :, 0]
         part_bdt = np.matmul(proj_oi, np.swapaxes(summed_btd, 1, 2))  # [B, D, T]
         record(f"quantizer.{part}.output_proj", part_bdt)
         out = out + part_bdt
@@ -75,7 +77,8 @@ def encoder_tables(w, cfg) -> dict:
     for part, n in zip(
         QUANTIZER_PARTS, (cfg.num_semantic_quantizers, cfg.num_quantizers - cfg.num_semantic_quantizers), strict=True
     ):
-        books = [WeightView(w, f"quantizer.{part}.layers.{j}.codebook.") for j in range(n)]
+        q = WeightView(w, f"quantizer.{part}.")
+        books = [q.sub(f"layers.{j}.codebook.") for j in range(n)]
         rows = [codebook_table(cb["embed_sum"], cb["cluster_usage"]) for cb in books]
         tables[part] = [(e_kd, np.sum(e_kd * e_kd, axis=1)) for e_kd in rows]
     return tables
@@ -104,7 +107,7 @@ def rvq_encode(w, part: str, tables: dict, latent_bct, n_layers: int, record: Re
     """One residual VQ: 1x1 input projection, then per layer pick the nearest row and subtract it.
     [B, C, T] -> codes [n, B, T], margins [n, B, T], projected input [B, D, T].  ``record.extra``
     receives each layer's input residual [B, T, D], chosen codes [B, T] and margins [B, T]."""
-    proj = w.get(f"quantizer.{part}.input_proj.weight")
+    proj = WeightView(w, f"quantizer.{part}.").get("input_proj.weight")
     x_bdt = np.matmul(proj[:, :, 0], latent_bct) if proj is not None else latent_bct
     B, D, T = x_bdt.shape
     residual_nd = np.swapaxes(x_bdt, 1, 2).reshape(B * T, D)

@@ -94,11 +94,15 @@ class WeightView:
         attn.get("q_proj.bias")                 # None when the checkpoint has no such tensor
 
     Stage code binds one view per layer once, so a line names the tensor as the checkpoint does,
-    without the common prefix."""
+    without the common prefix.  A view of a view is a view of the same dict (``WeightView(layer, "mlp.")``
+    is ``layer.sub("mlp.")``): ``weights`` is always the whole dict, ``prefix`` the whole prefix, so that a
+    stage takes either the dict or a view of it."""
 
     __slots__ = ("weights", "prefix")
 
-    def __init__(self, weights: Mapping[str, np.ndarray], prefix: str = ""):
+    def __init__(self, weights: Mapping[str, np.ndarray] | WeightView, prefix: str = ""):
+        if isinstance(weights, WeightView):
+            weights, prefix = weights.weights, weights.prefix + prefix
         self.weights = weights
         self.prefix = prefix
 

@@ -16,7 +16,9 @@ Voice cloning conditions the Talker on this x-vector (``enc_dim`` floats: 1024 o
 Step 1 is ``refimpl.tts.mel`` (the host-side front end); this module is the network, steps 2-6.
 Every "TDNN" is conv1d (with "same" padding made by *reflecting* the input) followed by ReLU.
 
-Weights are a flat dict keyed by the checkpoint names with the ``speaker_encoder.`` prefix removed.
+Weights are a flat dict keyed by the checkpoint names with the ``speaker_encoder.`` prefix removed; each
+function reads its module's through a ``WeightView`` of the module's prefix (``b["tdnn1.conv.weight"]`` in
+``blocks.1.``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..io.audio import audio_as_float, check_amplitude, check_sample_rate, resam
 from ..io.checkpoint import (
     CheckpointError,
     WeightSpec,
+    WeightView,
     check_weights,
     compute_dtype,
     read_checkpoint_weights,
@@ -223,9 +226,9 @@ def tdnn(x_bct, w_oik, b_o, dilation: int, record: Recorder = NULL_RECORDER):
     return h
 
 
-def tdnn_block(w, p: str, x_bct, dilation: int, record: Recorder):
-    """The TDNN ``p`` of the checkpoint (``{p}.conv.weight``, ``{p}.conv.bias``), recorded under ``p``."""
-    return tdnn(x_bct, w[f"{p}.conv.weight"], w[f"{p}.conv.bias"], dilation, record.scope(f"{p}."))
+def tdnn_block(b: WeightView, x_bct, dilation: int, record: Recorder):
+    """A TDNN of the checkpoint (weights ``conv.weight``, ``conv.bias``); ``b`` and ``record`` scoped to it."""
+    return tdnn(x_bct, b["conv.weight"], b["conv.bias"], dilation, record)
 
 
 @primitive
@@ -243,18 +246,18 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record: Recorder = NULL_RECORDER
     return np.concatenate(outputs, axis=1)
 
 
-def squeeze_excitation_gates(w, p, x_bct, record: Recorder = NULL_RECORDER):
+def squeeze_excitation_gates(se: WeightView, x_bct, record: Recorder = NULL_RECORDER):
     """Channel gates from the time average, [B, C, 1]: sigmoid(W2 ReLU(W1 mean_t(x) + b1) + b2); the
-    squeeze-excitation is x times them."""
+    squeeze-excitation is x times them.  ``se`` and ``record`` scoped to the ``se_block``."""
     mean_bc1 = np.mean(x_bct, axis=2, keepdims=True)
-    squeezed = nn.conv1d(mean_bc1, w[f"{p}.conv1.weight"], w[f"{p}.conv1.bias"])
-    record(f"{p}.conv1", squeezed)
+    squeezed = nn.conv1d(mean_bc1, se["conv1.weight"], se["conv1.bias"])
+    record("conv1", squeezed)
     squeezed = relu(squeezed)
-    record(f"{p}.relu", squeezed)
-    gates_bc1 = nn.conv1d(squeezed, w[f"{p}.conv2.weight"], w[f"{p}.conv2.bias"])
-    record(f"{p}.conv2", gates_bc1)
+    record("relu", squeezed)
+    gates_bc1 = nn.conv1d(squeezed, se["conv2.weight"], se["conv2.bias"])
+    record("conv2", gates_bc1)
     gates_bc1 = nn.sigmoid(gates_bc1)
-    record(f"{p}.sigmoid", gates_bc1)
+    record("sigmoid", gates_bc1)
     return gates_bc1
 
 
@@ -267,17 +270,17 @@ def gated_residual(h_bct, gates_bc1, x_bct, record: Recorder = NULL_RECORDER):
     return h_bct + x_bct
 
 
-def se_res2net_block(w, cfg: SpeakerEncoderConfig, i: int, x_bct, record):
-    """TDNN k1 -> Res2Net (kernel k_i, dilation d_i) -> TDNN k1 -> squeeze-excitation, + x."""
-    p = f"blocks.{i}"
-    h = tdnn_block(w, f"{p}.tdnn1", x_bct, 1, record)
-    convs = [f"{p}.res2net_block.blocks.{j}.conv" for j in range(cfg.enc_res2net_scale - 1)]
-    weights, biases = tuple(w[f"{c}.weight"] for c in convs), tuple(w[f"{c}.bias"] for c in convs)
-    h = res2net(h, weights, biases, cfg.enc_dilations[i], record.scope(f"{p}.res2net_block."))
-    record(f"{p}.res2net_block", h)
-    h = tdnn_block(w, f"{p}.tdnn2", h, 1, record)
-    gates_bc1 = squeeze_excitation_gates(w, f"{p}.se_block", h, record)
-    return gated_residual(h, gates_bc1, x_bct, record.scope(f"{p}."))
+def se_res2net_block(b: WeightView, cfg: SpeakerEncoderConfig, dilation: int, x_bct, record: Recorder):
+    """TDNN k1 -> Res2Net (kernel k_i, dilation d_i) -> TDNN k1 -> squeeze-excitation, + x; ``b`` and
+    ``record`` scoped to the block (``blocks.{i}.``)."""
+    h = tdnn_block(b.sub("tdnn1."), x_bct, 1, record.scope("tdnn1."))
+    convs = [b.sub(f"res2net_block.blocks.{j}.conv.") for j in range(cfg.enc_res2net_scale - 1)]
+    weights, biases = tuple(c["weight"] for c in convs), tuple(c["bias"] for c in convs)
+    h = res2net(h, weights, biases, dilation, record.scope("res2net_block."))
+    record("res2net_block", h)
+    h = tdnn_block(b.sub("tdnn2."), h, 1, record.scope("tdnn2."))
+    gates_bc1 = squeeze_excitation_gates(b.sub("se_block."), h, record.scope("se_block."))
+    return gated_residual(h, gates_bc1, x_bct, record)
 
 
 @primitive
@@ -291,10 +294,11 @@ def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
 
 @primitive
 def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record: Recorder = NULL_RECORDER):
-    """``mean_and_std`` of x with the weights softmax(logits) over time (recorded as ``asp.weights``): the
-    attentive pooling's statistics from its logits.  A primitive: numba's twin never makes the weights."""
+    """``mean_and_std`` of x with the weights softmax(logits) over time (recorded as ``weights``, in the scope
+    ``asp.``): the attentive pooling's statistics from its logits.  A primitive: numba's twin never makes the
+    weights."""
     weights_bct = nn.softmax(logits_bct, axis=2)
-    record("asp.weights", weights_bct)
+    record("weights", weights_bct)
     return mean_and_std(x_bct, weights_bct, eps)
 
 
@@ -305,28 +309,29 @@ def asp_context(x_bct, mean_bc, std_bc):
     return np.concatenate([x_bct, *repeated], axis=1)
 
 
-def attentive_statistics_pooling(w, x_bct, record):
+def attentive_statistics_pooling(a: WeightView, x_bct, record: Recorder):
     """[B, C, T] -> [B, 2C, 1]: attention weights over time per channel, from the frame itself and
-    the utterance's plain mean and std (global context); then the attention-weighted mean and std."""
+    the utterance's plain mean and std (global context); then the attention-weighted mean and std.
+    ``a`` and ``record`` scoped to the pooling (``asp.``)."""
     B, C, T = x_bct.shape
     uniform_bct = nn.module_of(x_bct).full((B, 1, T), 1.0 / T, dtype=x_bct.dtype)
     mean_bc, std_bc = mean_and_std(x_bct, uniform_bct)
-    record.lazy("asp.context", lambda: asp_context(x_bct, mean_bc, std_bc))  # the TDNN's input as the official's
+    record.lazy("context", lambda: asp_context(x_bct, mean_bc, std_bc))  # the TDNN's input as the official's
     # The TDNN's conv (k1) on that context, regrouped: W [x; m; s] + b = W_x x + (W_m m + W_s s + b).  The
     # statistics' share is a bias per row, so the 3C x T context (17 MB for 10 s) is never made.
-    w_a3c = w["asp.tdnn.conv.weight"][:, :, 0]
-    bias_ba = w["asp.tdnn.conv.bias"] + mean_bc @ w_a3c[:, C : 2 * C].T + std_bc @ w_a3c[:, 2 * C :].T
-    h = nn.conv1d(x_bct, w["asp.tdnn.conv.weight"][:, :C], None) + bias_ba[:, :, None]
-    record("asp.tdnn.conv", h)
+    w_a3c = a["tdnn.conv.weight"][:, :, 0]
+    bias_ba = a["tdnn.conv.bias"] + mean_bc @ w_a3c[:, C : 2 * C].T + std_bc @ w_a3c[:, 2 * C :].T
+    h = nn.conv1d(x_bct, a["tdnn.conv.weight"][:, :C], None) + bias_ba[:, :, None]
+    record("tdnn.conv", h)
     h = relu(h)
-    record("asp.tdnn", h)
+    record("tdnn", h)
     h = np.tanh(h)
-    record("asp.tanh", h)
-    logits_bct = nn.conv1d(h, w["asp.conv.weight"], w["asp.conv.bias"])
-    record("asp.conv", logits_bct)
+    record("tanh", h)
+    logits_bct = nn.conv1d(h, a["conv.weight"], a["conv.bias"])
+    record("conv", logits_bct)
     mean_bc, std_bc = softmax_mean_and_std(x_bct, logits_bct, record=record)
     pooled = np.concatenate([mean_bc, std_bc], axis=1)[:, :, None]
-    record("asp", pooled)
+    record.output(pooled)
     return pooled
 
 
@@ -334,16 +339,18 @@ def encode_mels(w, cfg: SpeakerEncoderConfig, mels_btm, trace=None):
     """ECAPA-TDNN: log mels [B, T, mel_dim] (the official input layout) -> x-vectors [B, enc_dim].
 
     If ``trace`` is a dict (or a ``Recorder``), the output of every stage (see ``STAGES``) is stored in it."""
-    record = as_recorder(trace)
+    record, w = as_recorder(trace), WeightView(w)
     x_bct = np.swapaxes(mels_btm, 1, 2)
-    x_bct = tdnn_block(w, "blocks.0", x_bct, cfg.enc_dilations[0], record)
+    x_bct = tdnn_block(w.sub("blocks.0."), x_bct, cfg.enc_dilations[0], record.scope("blocks.0."))
     block_outputs = []
     for i in range(1, len(cfg.enc_channels) - 1):
-        x_bct = se_res2net_block(w, cfg, i, x_bct, record)
+        p = f"blocks.{i}."
+        x_bct = se_res2net_block(w.sub(p), cfg, cfg.enc_dilations[i], x_bct, record.scope(p))
         record(f"blocks.{i}", x_bct)
         block_outputs.append(x_bct)
-    x_bct = tdnn_block(w, "mfa", np.concatenate(block_outputs, axis=1), cfg.enc_dilations[-1], record)
-    pooled_bc1 = attentive_statistics_pooling(w, x_bct, record)
+    blocks_bct = np.concatenate(block_outputs, axis=1)
+    x_bct = tdnn_block(w.sub("mfa."), blocks_bct, cfg.enc_dilations[-1], record.scope("mfa."))
+    pooled_bc1 = attentive_statistics_pooling(w.sub("asp."), x_bct, record.scope("asp."))
     xvec_bd1 = nn.conv1d(pooled_bc1, w["fc.weight"], w["fc.bias"])
     record("fc", xvec_bd1)
     return xvec_bd1[:, :, 0]

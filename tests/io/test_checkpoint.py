@@ -13,6 +13,7 @@ from refimpl.backends.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from refimpl.io.checkpoint import (
     CheckpointError,
     WeightSpec,
+    WeightView,
     check_weights,
     read_checkpoint_weights,
     read_safetensors_file,
@@ -272,3 +273,19 @@ def test_the_finiteness_check_gives_back_a_lookup_tables_pages(tmp_path):
     write_safetensors_file(tmp_path / "n.safetensors", {"x.embedding.weight": table}, "bfloat16")
     bad = read_safetensors_file(tmp_path / "n.safetensors", np.float32, keep_bf16=True)
     assert checkpoint.non_finite_tensors(bad, ["x.embedding.weight"], span=1 << 20) == ["x.embedding.weight"]
+
+
+def test_a_view_of_a_view_reads_the_same_dict():
+    """A stage takes the weights dict or a view of it: a view made from a view (and ``layer_views`` of a view)
+    holds the whole dict and the whole prefix, as the numba backend's fused stack reads them."""
+    from refimpl.transformer import layer_views
+
+    weights = {"model.layers.1.mlp.fc1.weight": np.ones(2)}
+    model = WeightView(weights, "model.")
+    layer = WeightView(model, "layers.1.")
+    assert layer.weights is weights and layer.prefix == "model.layers.1."
+    assert layer["mlp.fc1.weight"] is weights["model.layers.1.mlp.fc1.weight"]
+    assert WeightView(layer).sub("mlp.").prefix == "model.layers.1.mlp."
+    views = layer_views(model, "layers.", 2)
+    assert all(v.weights is weights for v in views)
+    assert [v.prefix for v in views] == ["model.layers.0.", "model.layers.1."]

@@ -87,20 +87,19 @@ def _keep_positive_else_into(h_on, negative_on):
             h_n[j] = v if v > 0 else negative_n[j]
 
 
-def resnet_block(w, cfg, p: str, dilation: int, x_bct, record=None):
+def resnet_block(b, cfg, dilation: int, x_bct, record=None):
     """``codec.encoder.resnet_block`` with an identity shortcut in one pass (``resnet_block_offline``) from
     the block's weights; a 1x1 conv shortcut: ``NotImplemented``."""
     if cfg.use_conv_shortcut:
         return NotImplemented
-    b1, b3 = f"{p}.block.1.conv.", f"{p}.block.3.conv."
-    return resnet_block_offline(
-        x_bct, w[f"{b1}weight"], w.get(f"{b1}bias"), w[f"{b3}weight"], w.get(f"{b3}bias"), dilation, cfg.pad_mode
-    )
+    w1_oik, b1_o = b["block.1.conv.weight"], b.get("block.1.conv.bias")
+    w2_oi1, b2_o = b["block.3.conv.weight"], b.get("block.3.conv.bias")
+    return resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, cfg.pad_mode)
 
 
-def elu_causal_conv(w, cfg, a: str, p: str, stride: int, x_bct, record=None):
+def elu_causal_conv(w, cfg, act: str, conv: str, stride: int, x_bct, record=None):
     """``codec.encoder.elu_causal_conv`` in one pass (``elu_causal_conv_offline``) from the conv's weights."""
-    return elu_causal_conv_offline(x_bct, w[f"{p}.conv.weight"], w.get(f"{p}.conv.bias"), stride, cfg.pad_mode)
+    return elu_causal_conv_offline(x_bct, w[f"{conv}conv.weight"], w.get(f"{conv}conv.bias"), stride, cfg.pad_mode)
 
 
 def resnet_block_offline(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, pad_mode):

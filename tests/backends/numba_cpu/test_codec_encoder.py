@@ -14,6 +14,7 @@ from refimpl import backends as kernels
 from refimpl import nn
 from refimpl.backends import numba_cpu
 from refimpl.codec import encoder as codec_encoder
+from refimpl.io.checkpoint import WeightView
 
 from .cases import needs_tiles, within_float32_noise
 
@@ -21,9 +22,10 @@ from .cases import needs_tiles, within_float32_noise
 def block_reference(x, w1, b1, w2, b2, dilation, pad_mode):
     """``codec_encoder.resnet_block``'s reference (identity shortcut) on plain arrays, as
     ``numba_cpu.codec_encoder.resnet_block_offline`` takes them."""
-    w = {"b.block.1.conv.weight": w1, "b.block.1.conv.bias": b1, "b.block.3.conv.weight": w2, "b.block.3.conv.bias": b2}
+    w = {"block.1.conv.weight": w1, "block.1.conv.bias": b1, "block.3.conv.weight": w2, "block.3.conv.bias": b2}
     cfg = types.SimpleNamespace(use_conv_shortcut=False, pad_mode=pad_mode)
-    return codec_encoder.resnet_block.reference({k: v for k, v in w.items() if v is not None}, cfg, "b", dilation, x)
+    b = WeightView({k: v for k, v in w.items() if v is not None})
+    return codec_encoder.resnet_block.reference(b, cfg, dilation, x)
 
 
 def elu_conv_reference(x, w_oik, b_o, stride, pad_mode):
@@ -31,7 +33,7 @@ def elu_conv_reference(x, w_oik, b_o, stride, pad_mode):
     ``numba_cpu.codec_encoder.elu_causal_conv_offline`` takes them."""
     w = {"c.conv.weight": w_oik} | ({} if b_o is None else {"c.conv.bias": b_o})
     cfg = types.SimpleNamespace(pad_mode=pad_mode)
-    return codec_encoder.elu_causal_conv.reference(w, cfg, "a", "c", stride, x)
+    return codec_encoder.elu_causal_conv.reference(WeightView(w), cfg, "a", "c.", stride, x)
 
 
 def _resnet_block_case(seed, B, C, H, T, dilation):
