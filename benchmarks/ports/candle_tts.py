@@ -195,19 +195,11 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     suite, results = Path(args.suite), Path(args.results)
     same = harness.same_codec_tokenizer(manifest, dirs)
     record = {"port": f"{PACKAGE} {VERSION}", "machine": harness.machine(), "views": {}, "cases": {}}
-    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
     jobs = Path(tempfile.mkdtemp(prefix="candle-jobs-"))
     try:
-        for case in manifest["cases"]:
+        planned = harness.planned_cases(manifest, args, results, record, dirs, lambda c: plan_case(c, dirs, same))
+        for case, out, action, kind in planned:
             name = case["name"]
-            if name not in wanted:
-                continue
-            out = results / name
-            shutil.rmtree(out, ignore_errors=True)
-            action, kind = plan_case(case, dirs, same)
-            if action is None:
-                record["cases"][name] = {"status": "not run", "reason": kind}
-                continue
             model = dirs[kind]
             entry = {"status": "ran", "action": action, "checkpoint": str(model)}
             if action == "speaker" and args.xvector_view:

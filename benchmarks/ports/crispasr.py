@@ -232,23 +232,12 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     port += ", teacher-forced" if args.teacher_forced else ""
     record = {"port": port, "machine": harness.machine(), "conversions": {}, "cases": {}}
     models = {}
-    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
     jobs = Path(tempfile.mkdtemp(prefix="crispasr-jobs-"))
     env = dict(harness.child_env(args.threads), GGML_NO_BACKTRACE="1")
     try:
-        for case in manifest["cases"]:
+        planned = harness.planned_cases(manifest, args, results, record, dirs, plan_case)
+        for case, out, _, kind in planned:
             name = case["name"]
-            if name not in wanted:
-                continue
-            out = results / name
-            shutil.rmtree(out, ignore_errors=True)
-            runs, kind = plan_case(case)
-            if runs is None:
-                record["cases"][name] = {"status": "not run", "reason": kind}
-                continue
-            if kind not in dirs:
-                record["cases"][name] = {"status": "not run", "reason": f"no {kind} checkpoint (pass --model)"}
-                continue
             if kind not in models:
                 sha = manifest["checkpoints"][kind]["weights_sha256"]
                 models[kind], record["conversions"][kind] = convert(python, kind, dirs[kind], sha, args)

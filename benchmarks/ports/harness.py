@@ -154,6 +154,27 @@ def same_codec_tokenizer(manifest: dict, dirs: dict) -> bool:
     return weights_hash(dirs["base"] / "speech_tokenizer") == weights_hash(dirs[codec_kind] / "speech_tokenizer")
 
 
+def planned_cases(manifest: dict, args, results: Path, record: dict, dirs: dict, plan):
+    """The suite's cases to run, each as (case, its results folder emptied, action, checkpoint kind), where
+    ``plan(case)`` gives (action, kind) or (None, why the port cannot run it).  A case not among
+    ``args.cases`` is skipped; one the port cannot run, or whose checkpoint was not given, is recorded in
+    ``record["cases"]`` as not run, with the reason."""
+    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
+    for case in manifest["cases"]:
+        name = case["name"]
+        if name not in wanted:
+            continue
+        out = results / name
+        shutil.rmtree(out, ignore_errors=True)
+        action, kind = plan(case)
+        if action is None:
+            record["cases"][name] = {"status": "not run", "reason": kind}
+        elif kind not in dirs:
+            record["cases"][name] = {"status": "not run", "reason": f"no {kind} checkpoint (pass --model)"}
+        else:
+            yield case, out, action, kind
+
+
 def reference_input(suite: Path, case: dict) -> dict:
     """The ``input`` of the case's float64 reference metadata (the speaker a say case ran with, ...), read
     from the header alone."""

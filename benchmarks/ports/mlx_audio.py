@@ -90,22 +90,13 @@ def job_of(case: dict, action: str, directory: Path, out: Path, reference: dict,
 def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     suite, results = Path(args.suite), Path(args.results)
     record = {"port": f"{PACKAGE} {VERSION} (mlx {MLX}, CPU)", "machine": harness.machine(), "cases": {}}
-    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
     jobs = Path(tempfile.mkdtemp(prefix="mlx-audio-jobs-"))
     try:
-        for case in manifest["cases"]:
+        planned = harness.planned_cases(
+            manifest, args, results, record, dirs, lambda c: plan_case(c, dirs, args.include_streaming_feed)
+        )
+        for case, out, action, kind in planned:
             name = case["name"]
-            if name not in wanted:
-                continue
-            out = results / name
-            shutil.rmtree(out, ignore_errors=True)
-            action, kind = plan_case(case, dirs, args.include_streaming_feed)
-            if action is None:
-                record["cases"][name] = {"status": "not run", "reason": kind}
-                continue
-            if kind not in dirs:
-                record["cases"][name] = {"status": "not run", "reason": f"no {kind} checkpoint (pass --model)"}
-                continue
             job = job_of(case, action, dirs[kind], out, harness.reference_input(suite, case), args)
             print(f"{name}: mlx-audio {action} ...", flush=True)
             run = harness.run_job(python, WORKER, jobs, name, job, args, harness.child_env(args.threads))

@@ -317,22 +317,13 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     port = f"{PACKAGE} {VERSION} (qwentts.cpp, CPU), {args.quant} GGUF"
     record = {"port": port, "machine": harness.machine(), "conversions": {}, "cases": {}}
     models = {}
-    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
     jobs = Path(tempfile.mkdtemp(prefix="qwentts-jobs-"))
     try:
-        for case in manifest["cases"]:
+        planned = harness.planned_cases(
+            manifest, args, results, record, dirs, lambda c: plan_case(c, dirs, args.include_streaming_feed, same)
+        )
+        for case, out, action, kind in planned:
             name = case["name"]
-            if name not in wanted:
-                continue
-            out = results / name
-            shutil.rmtree(out, ignore_errors=True)
-            action, kind = plan_case(case, dirs, args.include_streaming_feed, same)
-            if action is None:
-                record["cases"][name] = {"status": "not run", "reason": kind}
-                continue
-            if kind not in dirs:
-                record["cases"][name] = {"status": "not run", "reason": f"no {kind} checkpoint (pass --model)"}
-                continue
             if kind not in models:
                 sha = manifest["checkpoints"][kind]["weights_sha256"]
                 models[kind], record["conversions"][kind] = convert(python, kind, dirs[kind], sha, args)

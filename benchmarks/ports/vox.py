@@ -123,19 +123,13 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     same = harness.same_codec_tokenizer(manifest, dirs)
     record = {"port": f"{PACKAGE} {VERSION}", "machine": harness.machine(), "conversions": {}, "cases": {}}
     tmods = {}
-    wanted = set(args.cases or [c["name"] for c in manifest["cases"]])
     jobs = Path(tempfile.mkdtemp(prefix="vox-jobs-"))
     try:
-        for case in manifest["cases"]:
+        planned = harness.planned_cases(
+            manifest, args, results, record, dirs, lambda c: plan_case(c, dirs, args.include_non_streaming, same)
+        )
+        for case, out, action, kind in planned:
             name = case["name"]
-            if name not in wanted:
-                continue
-            out = results / name
-            shutil.rmtree(out, ignore_errors=True)
-            action, kind = plan_case(case, dirs, args.include_non_streaming, same)
-            if action is None:
-                record["cases"][name] = {"status": "not run", "reason": kind}
-                continue
             if kind not in tmods:
                 sha = manifest["checkpoints"][kind]["weights_sha256"]
                 dtype = args.dtype if args.dtype != "auto" else checkpoint_dtype(dirs[kind])
