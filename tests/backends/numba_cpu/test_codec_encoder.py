@@ -36,6 +36,23 @@ def elu_conv_reference(x, w_oik, b_o, stride, pad_mode):
     return codec_encoder.elu_causal_conv.reference(WeightView(w), cfg, "a", "c.", stride, x)
 
 
+def elu_conv_case(C, O, K, stride, T, with_bias, seed):
+    """Random input (and a copy with one NaN), float32 weights and bias, and the numpy backend's float32
+    reference, float64 reference and NaN pattern of the ELU + causal strided conv on them."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, C, T)).astype(np.float32)
+    w = rng.standard_normal((O, C, K)) / np.sqrt(C * K)
+    b = rng.standard_normal(O) * 0.1 if with_bias else None
+    w32, b32 = w.astype(np.float32), None if b is None else b.astype(np.float32)
+    x_nan = x.copy()
+    x_nan[0, 0, T // 2] = np.nan
+    with kernels.use_backend("numpy"):
+        ref = elu_conv_reference(x, w32, b32, stride, "constant")
+        exact = elu_conv_reference(x.astype(np.float64), w, b, stride, "constant")
+        nan_ref = np.isnan(elu_conv_reference(x_nan, w32, b32, stride, "constant"))
+    return x, x_nan, w32, b32, ref, exact, nan_ref
+
+
 def _resnet_block_case(seed, B, C, H, T, dilation):
     """A random encoder block's input, float32 arguments and the reference's float32 and float64 outputs."""
     rng = np.random.default_rng(seed)
@@ -167,17 +184,7 @@ def test_elu_causal_conv_on_tiles_equals_reference(C, O, kernel_stride, T, with_
     reference: within the float32 reference's own noise, not the BLAS path's bits (the tiles ran); a NaN
     spoils the same outputs on both sides."""
     K, stride = kernel_stride
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, C, T)).astype(np.float32)
-    w = rng.standard_normal((O, C, K)) / np.sqrt(C * K)
-    b = rng.standard_normal(O) * 0.1 if with_bias else None
-    w32, b32 = w.astype(np.float32), None if b is None else b.astype(np.float32)
-    x_nan = x.copy()
-    x_nan[0, 0, T // 2] = np.nan
-    with kernels.use_backend("numpy"):
-        ref = elu_conv_reference(x, w32, b32, stride, "constant")
-        exact = elu_conv_reference(x.astype(np.float64), w, b, stride, "constant")
-        nan_ref = np.isnan(elu_conv_reference(x_nan, w32, b32, stride, "constant"))
+    x, x_nan, w32, b32, ref, exact, nan_ref = elu_conv_case(C, O, K, stride, T, with_bias, seed)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
         mp.setattr(numba_cpu.codec_encoder, "BLOCK_PIECE_VALUES", piece * C * stride)
@@ -273,17 +280,7 @@ def test_elu_causal_conv_on_the_direct_kernel_equals_reference(C, O, kernel_stri
     padding sits in the first and last pieces) against its reference: within the float32 reference's own
     noise, every piece on the direct kernel; a NaN spoils the same outputs on both sides."""
     K, stride = kernel_stride
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, C, T)).astype(np.float32)
-    w = rng.standard_normal((O, C, K)) / np.sqrt(C * K)
-    b = rng.standard_normal(O) * 0.1 if with_bias else None
-    w32, b32 = w.astype(np.float32), None if b is None else b.astype(np.float32)
-    x_nan = x.copy()
-    x_nan[0, 0, T // 2] = np.nan
-    with kernels.use_backend("numpy"):
-        ref = elu_conv_reference(x, w32, b32, stride, "constant")
-        exact = elu_conv_reference(x.astype(np.float64), w, b, stride, "constant")
-        nan_ref = np.isnan(elu_conv_reference(x_nan, w32, b32, stride, "constant"))
+    x, x_nan, w32, b32, ref, exact, nan_ref = elu_conv_case(C, O, K, stride, T, with_bias, seed)
     conv, pieces = numba_cpu.codec_encoder.elu_causal_conv_offline, []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.amx, "USE_TILES", False)
