@@ -1,0 +1,398 @@
+"""A port's speed beside refimpl's, measured the same way in the same command:
+
+    python benchmarks/ports/speed.py --port vox [--model DIR] [--runs 3] [--write-results]
+    python benchmarks/ports/speed.py --port qwentts_cpp --port-source QWENTTS_CPP_CHECKOUT
+    python benchmarks/ports/speed.py --port candle_tts
+
+Each figure is the minimum over ``--runs`` fresh processes (``speed_worker.py``: the port's in its own
+environment, refimpl's in the project's), the two sides alternating, after one run of each that is not
+counted (the files in the page cache, Numba's cache written); the threads fixed in both:
+``NUMBA_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``RAYON_NUM_THREADS``
+and the port's own setting (vox's ``Engine(threads)``, qwentts.cpp's ``cpu_threads``), ``--threads`` each.
+
+- **per frame**: in one process, after a warm-up generation of the long length, a generation of
+  ``--short-frames`` frames and one of ``--long-frames``, greedy, the same text, the port's own text feed
+  (refimpl run with it); each gives its whole audio, decode included; (long - short seconds) / (long - short
+  frames), the frames counted in the audio (1920 samples each), the two times each the minimum over the runs;
+- **first audio in a fresh process**: from just before the process starts to the first audio the port gives:
+  its streaming API's first chunk where it has one (refimpl's ``stream_*``, first chunk after one frame),
+  else the whole audio of a ``--first-frames`` generation (refimpl then the same);
+- **codec decode** of ``--decode-frames`` frames of codes (fixed random codes), after a warm-up decode in the
+  same process, where the port's API decodes codes; refimpl's is measured in every case.
+
+Printed: the CPU, the load average at the start and the end, the threads, and per figure the port's seconds,
+refimpl's and port / refimpl. ``--write-results`` records them as the entry ``<machine kind>-ports-speed-<port>``
+of benchmarks/results.json (``results_file.py``); ``python docs/tools/results.py`` renders docs/ports.md's
+table "Speed, side by side" from it. Run it on a quiet machine only (CONTRIBUTING.md, "Benchmarking").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+
+sys.path.insert(0, str(harness.HERE.parent))  # benchmarks/: common, results_file, bench_talker
+
+FRAME = 1920  # samples per 12.5 Hz frame at 24 kHz
+WORKER = harness.HERE / "speed_worker.py"
+MEASURES = ("per frame", "first audio in a fresh process", "codec decode")
+
+
+class Port:
+    """What speed.py needs of a port: its package, its mode on which checkpoint, its text feed, how its
+    length counts, whether it streams and decodes codes (else why not), and its own thread setting."""
+
+    def __init__(self, name, label, checkpoint, feed, extra_token, stream, decode, threads_setting, env=None):
+        self.name, self.label, self.checkpoint, self.feed = name, label, checkpoint, feed
+        self.extra_token = extra_token  # its max-token value gives one frame fewer (the official's count)
+        self.stream, self.decode, self.threads_setting, self.env = stream, decode, threads_setting, env or {}
+
+
+def ports() -> dict:
+    import candle_tts
+    import qwentts_cpp
+    import vox
+
+    return {
+        "vox": Port(
+            "vox", f"{vox.PACKAGE} {vox.VERSION}", "custom_voice", "streaming", False, True, vox.NO_DECODE,
+            "Engine(threads)",
+        ),
+        "qwentts_cpp": Port(
+            "qwentts_cpp", f"{qwentts_cpp.PACKAGE} {qwentts_cpp.VERSION} (qwentts.cpp, F32 GGUF)", "custom_voice",
+            "non-streaming", False, True, qwentts_cpp.NO_DECODE, "cpu_threads", {"GGML_NO_BACKTRACE": "1"},
+        ),
+        "candle_tts": Port(
+            "candle_tts", f"{candle_tts.PACKAGE} {candle_tts.VERSION}", "base", "its own", True, False,
+            candle_tts.NO_DECODE, "RAYON_NUM_THREADS",
+        ),
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the pure parts (tests/benchmarks)
+
+
+def last_json(output: str) -> dict:
+    """The worker's result: the last line of its output that is a JSON object."""
+    for line in reversed(output.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise ValueError("no JSON result in the worker's output: " + (output.strip().splitlines() or [""])[-1])
+
+
+def per_frame(runs: list) -> dict:
+    """The steady state's seconds a frame from the frames measure's results, one per process: each holds
+    [short, long] as {"seconds", "samples"}. The minimum of each length over the runs, then
+    (long - short seconds) / (long - short frames). Raises ValueError when the lengths differ from run to run
+    (greedy is deterministic) or when the long one has no more frames than the short."""
+    shorts, longs = [r["runs"][0] for r in runs], [r["runs"][1] for r in runs]
+    for what, given in (("short", shorts), ("long", longs)):
+        if len({g["samples"] for g in given}) != 1:
+            raise ValueError(f"the {what} generation's length differs between runs: {[g['samples'] for g in given]}")
+    frames = (shorts[0]["samples"] / FRAME, longs[0]["samples"] / FRAME)
+    if frames[1] <= frames[0]:
+        raise ValueError(f"the long generation has {frames[1]:g} frames, the short {frames[0]:g}: no frames between")
+    seconds = (min(s["seconds"] for s in shorts), min(s["seconds"] for s in longs))
+    return {"seconds": (seconds[1] - seconds[0]) / (frames[1] - frames[0]), "frames": frames, "times": seconds}
+
+
+def ratio(port: float | None, ours: float | None) -> float | None:
+    return None if port is None or ours is None or ours <= 0 else port / ours
+
+
+def result_rows(figures: dict, notes: dict) -> list:
+    """results_file rows ``(what, port's seconds, refimpl's seconds, port / refimpl, "s", note, None)``, one
+    per measure, from ``figures[measure] = (port's, refimpl's)`` (None: not measured) and ``notes[measure]``."""
+    rows = []
+    for what in MEASURES:
+        port, ours = figures.get(what, (None, None))
+        rows.append((what, port, ours, ratio(port, ours), "s", notes.get(what, ""), None))
+    return rows
+
+
+def seconds(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def format_rows(rows: list, label: str) -> list:
+    lines = [f"  {'':32s} {label[:14]:>14s} {'refimpl':>14s} {'port / refimpl':>15s}"]
+    for what, port, ours, r, _, note, _ in rows:
+        cell = "-" if r is None else f"{r:.2f}"
+        lines.append(f"  {what:32s} {seconds(port):>14s} {seconds(ours):>14s} {cell:>15s}  {note}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- the runs
+
+
+def run_worker(python, job: dict, jobs: Path, args, env: dict, isolated: bool) -> dict:
+    """One fresh process of ``speed_worker.py``; its JSON result, or {"error": its last line}."""
+    path = jobs / f"{job['port']}-{job['measure']}.json"
+    argv = [str(python)] + (["-I"] if isolated else []) + [str(WORKER), str(path)]
+    path.write_text(json.dumps(dict(job, started=time.time())))  # just before the process starts
+    run = harness.run_limited(argv, args.timeout, args.memory_gib * harness.GIB, env)
+    try:
+        if run["rc"] != 0:
+            raise ValueError(("timed out; " if run["timed_out"] else f"exit status {run['rc']}; ") + run["output"])
+        return last_json(run["output"])
+    except ValueError as e:
+        lines = [x for x in str(e).strip().splitlines() if x.strip()]
+        return {"error": lines[-1] if lines else str(e), "output": run["output"]}
+
+
+def environments(port: Port, threads: int) -> tuple:
+    """(the port's environment, refimpl's): the same thread counts in both."""
+    n = str(threads)
+    common_env = dict(harness.child_env(threads), NUMBA_NUM_THREADS=n, RAYON_NUM_THREADS=n, **port.env)
+    ours = dict(common_env, PYTHONPATH=str(harness.REPO))
+    return common_env, ours
+
+
+def port_model(port: Port, python: Path, directory: Path, args):
+    """What the port's worker loads: vox's .tmod and qwentts.cpp's GGUF files from their own converters (the
+    grading scripts' caches), candle-tts's checkpoint folder as it is."""
+    from refimpl.porting.trace_files import weights_hash
+
+    if port.name == "candle_tts":
+        return str(directory)
+    kind = "base" if port.checkpoint == "base" else "customvoice"  # the suite's kind names: the same caches
+    sha = weights_hash(directory)
+    if port.name == "vox":
+        import vox
+
+        model, record = vox.convert(python, kind, directory, sha, vox.checkpoint_dtype(directory), args)
+    else:
+        import qwentts_cpp
+
+        model, record = qwentts_cpp.convert(python, kind, directory, sha, args)
+    if model is None:
+        raise SystemExit(f"{port.label}: the conversion failed: {record.get('error')}")
+    return [str(p) for p in model] if isinstance(model, tuple) else str(model)
+
+
+def port_python(port: Port) -> Path:
+    import candle_tts
+    import qwentts_cpp
+    import vox
+
+    if port.name == "vox":
+        return harness.ensure_venv(vox.ENV_NAME, f"{vox.PACKAGE}=={vox.VERSION}", "vox", vox.VERSION)
+    if port.name == "qwentts_cpp":
+        q = qwentts_cpp
+        return harness.ensure_venv(q.ENV_NAME, f"{q.PACKAGE}=={q.VERSION}", q.MODULE, q.VERSION)
+    c = candle_tts
+    return harness.ensure_venv(c.ENV_NAME, f"{c.PACKAGE}=={c.VERSION}", "candle_tts", c.VERSION)
+
+
+def speaker_of(directory: Path, wanted: str) -> str:
+    """``wanted`` where the checkpoint has that speaker, else its first by name (the tiny checkpoints')."""
+    config = json.loads((directory / "config.json").read_text())
+    speakers = sorted((config.get("talker_config") or {}).get("spk_id") or {})
+    return wanted if wanted in speakers or not speakers else speakers[0]
+
+
+def reference_audio(seconds_: float = 3.0) -> list:
+    """A clone's reference: a fixed 24 kHz signal (a tone and noise; random weights take any voice)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    t = np.arange(int(seconds_ * 24000)) / 24000
+    samples = 0.3 * np.sin(2 * np.pi * 180 * t) + 0.05 * rng.standard_normal(t.size)
+    return [float(v) for v in samples.astype(np.float32)]
+
+
+def decode_codes(directory: Path, frames: int, path: Path) -> Path:
+    """``frames`` frames of fixed random codes in the speech tokenizer's codebooks, as a [T, 16] .npy."""
+    import numpy as np
+
+    config = json.loads((directory / "speech_tokenizer" / "config.json").read_text())
+    size = int(config.get("decoder_config", config).get("codebook_size", 2048))
+    np.save(path, np.random.default_rng(0).integers(0, size, (frames, 16), dtype=np.int64))
+    return path
+
+
+def measure(port: Port, args) -> dict:
+    import common
+    from bench_talker import LANGUAGE, SPEAKER, TEXT
+
+    directory = Path(args.model) if args.model else None
+    if directory is None:
+        directory = common.released_base_0_6b() if port.checkpoint == "base" else common.released_custom_voice_0_6b()
+    python = port_python(port)
+    model = port_model(port, python, directory, args)
+    env_port, env_ours = environments(port, args.threads)
+    base = {"threads": args.threads, "text": TEXT, "language": LANGUAGE.lower()}
+    if port.checkpoint == "base":
+        base.update(mode="clone", ref_audio=reference_audio())
+    else:
+        base.update(mode="say", speaker=speaker_of(directory, SPEAKER))
+    ours_feed = "streaming" if port.feed == "its own" else port.feed  # the official clone default: streaming
+    jobs_of = {
+        "port": dict(base, port=port.name, model=model),
+        "ours": dict(base, port="refimpl", model=str(directory), feed=ours_feed),
+    }
+    if port.name == "qwentts_cpp":
+        import qwentts_cpp
+
+        jobs_of["port"]["sampling"] = qwentts_cpp.generation_settings(directory)
+    sides = {"port": (python, env_port, True, port.extra_token), "ours": (sys.executable, env_ours, False, True)}
+    jobs = Path(tempfile.mkdtemp(prefix="speed-jobs-"))
+    found = {"port": {}, "ours": {}}
+    try:
+
+        def run(side: str, what: str, **job) -> dict:
+            py, env, isolated, extra = sides[side]
+            plus = 1 if extra else 0
+            if "lengths" in job:
+                job["lengths"] = [n + plus for n in job["lengths"]]
+            if "first" in job:
+                job["first"] += plus
+            result = run_worker(py, dict(jobs_of[side], measure=what, **job), jobs, args, env, isolated)
+            if "error" in result:
+                print(f"  {side} {what}: FAILED: {result['error']}", flush=True)
+            return result
+
+        def alternate(key: str, what: str, which: list, **job) -> None:  # the sides in turn, --runs times
+            for _ in range(args.runs):
+                for side in which:
+                    found[side].setdefault(key, []).append(run(side, what, **dict(job)))
+
+        # a stream runs to the short length (its first chunk is the port's choice), else the short audio
+        first = {"stream": port.stream, "first": args.short_frames if port.stream else args.first_frames}
+        for side in sides:  # not counted: the files read, the caches written
+            run(side, "first-audio", **first)
+        alternate("first", "first-audio", list(sides), **first)
+        alternate("frames", "frames", list(sides), lengths=[args.long_frames, args.short_frames, args.long_frames])
+        codes = decode_codes(directory, args.decode_frames, jobs / "codes.npy")
+        alternate("decode", "decode", [s for s in sides if s == "ours" or not port.decode], codes=str(codes))
+    finally:
+        shutil.rmtree(jobs, ignore_errors=True)
+    return {"found": found, "directory": directory}
+
+
+def figures_of(port: Port, found: dict, args) -> tuple:
+    """(figures, notes, errors): ``result_rows``'s figures and notes from the workers' results, a side that
+    failed None, and what failed."""
+    figures, notes, errors = {}, {}, []
+
+    def ok(results):
+        bad = [r["error"] for r in results if "error" in r]
+        errors.extend(bad)
+        return results and not bad
+
+    pair = []
+    for side in ("port", "ours"):
+        f = found[side].get("frames", [])
+        try:
+            pair.append(per_frame(f) if ok(f) else None)
+        except ValueError as e:
+            errors.append(str(e))
+            pair.append(None)
+    figures["per frame"] = tuple(p and p["seconds"] for p in pair)
+    spans = [f"{p['frames'][0]:g} to {p['frames'][1]:g}" for p in pair if p]
+    notes["per frame"] = f"greedy, frames {' / '.join(spans) or '-'} (port / refimpl), their decode included; " + (
+        f"the {port.feed} text feed" if port.feed != "its own" else "its text feed; refimpl's the streaming one"
+    )
+    pair = []
+    for side in ("port", "ours"):
+        f = found[side].get("first", [])
+        pair.append(min(r["first_audio_s"] for r in f) if ok(f) else None)
+    figures["first audio in a fresh process"] = tuple(pair)
+    notes["first audio in a fresh process"] = (
+        "its stream's first chunk; refimpl's stream_* (first chunk after one frame)"
+        if port.stream
+        else f"it does not stream: the whole audio of {args.first_frames} frame(s), refimpl's too"
+    )
+    pair = []
+    for side in ("port", "ours"):
+        f = found[side].get("decode", [])
+        pair.append(min(r["seconds"] for r in f) if ok(f) else None)
+    figures["codec decode"] = tuple(pair)
+    notes["codec decode"] = f"{args.decode_frames} frames; the port: {port.decode}" if port.decode else ""
+    return figures, notes, errors
+
+
+def write_results(port: Port, rows: list, load_start: float, load_end: float, args, directory: Path, path=None) -> str:
+    """Record ``rows`` as the entry ``<machine kind>-ports-speed-<port>`` of the results file (``path``, by
+    default benchmarks/results.json); returns the entry's key."""
+    import results_file
+
+    cpu = results_file.cpu_info()
+    kind = f"{results_file.machine_kind(cpu)}-ports-speed-{port.name}"
+    threads = {"numba": args.threads, "openblas": args.threads, "omp": args.threads, port.name: args.threads}
+    title = f"{results_file.entry([], cpu=cpu, threads={}, load=0)['title']}: {port.label} beside refimpl"
+    extra = {
+        "title": title,
+        "source": f"benchmarks/ports/speed.py --port {port.name}, {args.runs} runs",
+        "port": port.name,
+        "port_label": port.label,
+        "checkpoint": directory.name,
+        "load_end": round(load_end, 2),
+    }
+    entry = results_file.entry(rows, cpu=cpu, threads=threads, load=load_start, extra=extra)
+    results_file.write_entry(kind, entry, path or results_file.RESULTS)
+    return kind
+
+
+def main(argv=None) -> int:
+    names = ("vox", "qwentts_cpp", "candle_tts")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", required=True, choices=names)
+    ap.add_argument("--model", help="checkpoint directory (default: the full-size 0.6B CustomVoice, or Base)")
+    ap.add_argument("--runs", type=int, default=3, help="fresh processes of each measure and side (minimum kept)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--short-frames", type=int, default=10)
+    ap.add_argument("--long-frames", type=int, default=35)
+    ap.add_argument("--first-frames", type=int, default=1, help="a port that does not stream: the short audio")
+    ap.add_argument("--decode-frames", type=int, default=125)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    ap.add_argument("--memory-gib", type=int, default=16, help="address-space limit of each process")
+    ap.add_argument("--write-results", action="store_true", help="record the entry of benchmarks/results.json")
+    # qwentts.cpp's conversion (qwentts_cpp.py's options; its F32 GGUF files are cached by weights hash)
+    ap.add_argument("--port-source", help="qwentts.cpp: a checkout of its repository (its convert.py)")
+    args = ap.parse_args(argv)
+    args.quant, args.quantize_tool, args.no_config_view, args.convert_memory_gib = "F32", None, False, 24
+    import results_file
+
+    port = ports()[args.port]
+    cpu = results_file.cpu_info()
+    load_start = harness.load_average()
+    print(
+        f"{port.label} beside refimpl: {cpu['model']}, {os.cpu_count()} cpus; load {load_start:.2f} at the start; "
+        f"threads {args.threads} each (NUMBA_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, "
+        f"the port's {port.threads_setting}); {args.runs} runs",
+        flush=True,
+    )
+    measured = measure(port, args)
+    figures, notes, errors = figures_of(port, measured["found"], args)
+    load_end = harness.load_average()
+    rows = result_rows(figures, notes)
+    print(f"\n{port.label} on {measured['directory'].name} (minimum over {args.runs} runs):")
+    print("\n".join(format_rows(rows, port.name)))
+    print(f"load {load_start:.2f} at the start, {load_end:.2f} at the end")
+    for e in errors:
+        print(f"  error: {e}")
+    if args.write_results and errors:
+        print("not written to benchmarks/results.json: a measure failed")
+    elif args.write_results:
+        kind = write_results(port, rows, load_start, load_end, args, measured["directory"])
+        print(f"written: entry {kind!r} of benchmarks/results.json")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

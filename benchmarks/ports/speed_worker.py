@@ -1,0 +1,175 @@
+"""One speed measure of one port, or of refimpl, in a fresh process; run by benchmarks/ports/speed.py. A port's
+run is ``ENV/bin/python -I speed_worker.py JOB.json`` in its own environment (the standard library and the
+port's package only: it never imports refimpl); refimpl's is the project's Python on the same file, so that
+both sides are timed by the same lines.
+
+JOB.json: {"port" (refimpl | vox | qwentts_cpp | candle_tts), "measure" (frames | first-audio | decode),
+"started" (the parent's ``time.time()`` just before it started this process), "model" (what the port loads:
+a .tmod, [talker GGUF, codec GGUF], a checkpoint folder), "threads", "mode" (say | clone), "text",
+"language", "speaker", "ref_audio" (a clone's 24 kHz reference, a list of floats), "feed" (refimpl's text
+feed: streaming | non-streaming), "sampling" (qwentts.cpp's synthesize keywords), "lengths" (frames: the
+max-token values of the warm-up, the short and the long generation), "first" (first-audio: the max-token
+value), "stream" (first-audio: the port's streaming API, else the whole audio), "codes" (decode: a .npy)}.
+
+Prints one line of JSON, the last line of its output:
+  frames       {"runs": [{"seconds", "samples"} of the short, then the long generation]}, after a warm-up
+               generation of the long length, not timed (and, in refimpl, the weights' copy in huge pages,
+               as its own benchmarks wait for it); each generation gives its whole audio, decode included
+  first-audio  {"first_audio_s": time.time() at the first audio minus "started", "samples", "load_s"}
+  decode       {"seconds", "samples"}: the decode of the codes, after a warm-up decode of the same codes
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+GREEDY_VOX = dict(temperature=0.0, sub_temperature=0.0, decoder_mode="reference")
+
+
+class Refimpl:
+    """refimpl, through its public API, on the default backend."""
+
+    def __init__(self, job: dict):
+        from refimpl import Qwen3TTS
+
+        self.job = job
+        self.tts = Qwen3TTS.from_pretrained(job["model"])
+        self.prompt = None
+        if job["mode"] == "clone":
+            import numpy as np
+
+            audio = (np.asarray(job["ref_audio"], dtype=np.float32), 24000)
+            self.prompt = self.tts.create_voice_clone_prompt(audio, x_vector_only_mode=True)
+
+    def _options(self, n: int) -> dict:
+        j = self.job
+        options = dict(language=j["language"], non_streaming_mode=j["feed"] == "non-streaming", max_new_tokens=n)
+        return dict(options, do_sample=False, subtalker_dosample=False)
+
+    def generate(self, n: int) -> int:
+        j = self.job
+        if self.prompt is None:
+            wavs, _ = self.tts.generate_custom_voice(j["text"], j["speaker"], **self._options(n))
+        else:
+            wavs, _ = self.tts.generate_voice_clone(j["text"], voice_clone_prompt=self.prompt, **self._options(n))
+        return len(wavs[0])
+
+    def first_chunk(self, n: int) -> int:
+        j = self.job
+        if self.prompt is None:
+            stream = self.tts.stream_custom_voice(j["text"], j["speaker"], **self._options(n))
+        else:
+            stream = self.tts.stream_voice_clone(j["text"], voice_clone_prompt=self.prompt, **self._options(n))
+        return len(next(stream))
+
+    def decode(self, codes) -> int:
+        return len(self.tts.speech_tokenizer.decode(codes))
+
+    def settle(self) -> None:
+        """The steady state, as refimpl's own benchmarks time it: the weights' copy in huge pages made (a
+        thread copies them after the load, when a core is idle)."""
+        from refimpl.backends.host_memory import wait_for_huge_pages
+
+        wait_for_huge_pages()
+
+
+class Vox:
+    """vox's Engine: greedy, its streaming text feed, the official 300/25 decode (as vox_worker.py)."""
+
+    def __init__(self, job: dict):
+        import vox
+
+        self.job = job
+        self.engine = vox.Engine(job["model"], "cpu", int(job["threads"]))
+        self.voice = self.engine.speaker_voice(job["speaker"], None)
+
+    def _options(self, n: int) -> dict:
+        return dict(max_frames=n, language=self.job["language"], **GREEDY_VOX)
+
+    def generate(self, n: int) -> int:
+        return int(self.engine.synthesize(self.job["text"], self.voice, **self._options(n)).size)
+
+    def first_chunk(self, n: int) -> int:
+        return int(next(iter(self.engine.stream(self.job["text"], self.voice, **self._options(n)))).size)
+
+
+class QwenttsCpp:
+    """qwentts.cpp's QwenTTS (ctypes): greedy with the checkpoint's sampling values, no dump_dir (as
+    qwentts_cpp_worker.py, less its dumps)."""
+
+    def __init__(self, job: dict):
+        import qwentts_cpp_cpu as qt
+
+        self.job = job
+        talker, codec = job["model"]
+        self.tts = qt.QwenTTS(talker, codec, cpu_threads=int(job["threads"]))
+
+    def _options(self, n: int) -> dict:
+        j = self.job
+        return dict(text=j["text"], lang=j["language"], speaker=j["speaker"], max_new_tokens=n, seed=0, **j["sampling"])
+
+    def generate(self, n: int) -> int:
+        samples, _ = self.tts.synthesize(**self._options(n))
+        return int(samples.size)
+
+    def first_chunk(self, n: int) -> int:
+        chunk, _ = next(iter(self.tts.stream(**self._options(n))))
+        return int(chunk.size)
+
+
+class CandleTts:
+    """candle-tts's Engine: a voice from the reference's x-vector, then greedy synthesis (as candle_tts_worker.py)."""
+
+    def __init__(self, job: dict):
+        import candle_tts
+
+        self.job = job
+        self.engine = candle_tts.Engine.load(job["model"], "qwen3", "cpu")
+        self.voice = self.engine.extract_voice(job["ref_audio"], 24000, None)
+
+    def generate(self, n: int) -> int:
+        options = {"seed": 0, "temperature": 0, "max_tokens": n, "language": self.job["language"]}
+        return len(self.engine.synthesize(self.job["text"], self.voice, json.dumps(options)).samples)
+
+
+PORTS = {"refimpl": Refimpl, "vox": Vox, "qwentts_cpp": QwenttsCpp, "candle_tts": CandleTts}
+
+
+def timed(fn, *args) -> dict:
+    t0 = time.perf_counter()
+    samples = fn(*args)
+    return {"seconds": time.perf_counter() - t0, "samples": samples}
+
+
+def main(job_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    t0 = time.perf_counter()
+    port = PORTS[job["port"]](job)
+    load_s = time.perf_counter() - t0
+    measure = job["measure"]
+    if measure == "first-audio":
+        samples = (port.first_chunk if job["stream"] else port.generate)(int(job["first"]))
+        first_audio_s = time.time() - float(job["started"])
+        result = {"first_audio_s": first_audio_s, "samples": samples, "load_s": load_s}
+    elif measure == "frames":
+        warm, short, long = (int(n) for n in job["lengths"])
+        port.generate(warm)  # not timed: first calls, caches
+        getattr(port, "settle", lambda: None)()
+        result = {"runs": [timed(port.generate, short), timed(port.generate, long)], "load_s": load_s}
+    elif measure == "decode":
+        import numpy as np
+
+        codes = np.load(job["codes"])
+        port.decode(codes)  # not timed
+        getattr(port, "settle", lambda: None)()
+        result = dict(timed(port.decode, codes), load_s=load_s)
+    else:
+        raise SystemExit(f"unknown measure {measure!r}")
+    print(json.dumps(result), flush=True)
+    os._exit(0)  # a stream left open (its threads) does not hold the process
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
