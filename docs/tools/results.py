@@ -8,6 +8,9 @@ Every speed figure of README.md and docs/ is a table generated from that file, b
     <!-- results: machine intel-amx -->                 one machine's whole table: ours, against, ratio, target
     <!-- /results -->
 
+    <!-- results: ports vox qwentts_cpp -->             docs/ports.md: each port's speed beside refimpl's, from
+    <!-- /results -->                                   the entries "<machine kind>-ports-speed-<port>"
+
 Run
 
     python docs/tools/results.py            # rewrite every marked table from the file
@@ -112,9 +115,59 @@ def render_machine(machines: dict, key: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- the ports' speed (docs/ports.md)
+
+PORTS_SPEED = "-ports-speed-"  # an entry "<machine kind>-ports-speed-<port>" of benchmarks/ports/speed.py
+PORT_MEASURES = ("per frame", "first audio in a fresh process", "codec decode")
+NOT_MEASURED = "not measured"
+
+
+def port_entries(machines: dict, port: str) -> list:
+    """(key, entry) of every machine's speed entry of ``port``, by key."""
+    return sorted((k, m) for k, m in machines.items() if k.endswith(PORTS_SPEED + port) and k.index(PORTS_SPEED) > 0)
+
+
+def port_cell(row: dict | None) -> str:
+    """A measure's cell: port / refimpl and the two times; "not measured" where neither was."""
+    if row is None or (row["ours"] is None and row["against"] is None):
+        return NOT_MEASURED
+    if row["ours"] is None:
+        return f"not in its API (refimpl {number(row['against'], row['unit'])})"
+    if row["against"] is None:
+        return f"{number(row['ours'], row['unit'])} (refimpl not measured)"
+    return f"{ratio(row['ratio'])} ({number(row['ours'], row['unit'])} / {number(row['against'], row['unit'])})"
+
+
+def render_ports(machines: dict, ports: list) -> str:
+    """The table "Speed, side by side" of docs/ports.md: a row per port and machine measured (``speed.py
+    --write-results``), "not measured" for a port with no entry; each cell port / refimpl (the port's time /
+    refimpl's), then under the table each entry's machine, load and the notes of its measures."""
+    lines = [
+        "| port | machine | " + " | ".join(f"{m}: port / refimpl" for m in PORT_MEASURES) + " | one command |",
+        "|---|---|" + "---|" * len(PORT_MEASURES) + "---|",
+    ]
+    below = []
+    for port in ports:
+        command = f"`benchmarks/ports/speed.py --port {port} --write-results`"
+        entries = port_entries(machines, port)
+        if not entries:
+            cells = " | ".join([NOT_MEASURED] * len(PORT_MEASURES))
+            lines.append(f"| {port} | – | {cells} | {command} |")
+        for _, m in entries:
+            rows = {r["what"]: r for r in m["rows"]}
+            cells = " | ".join(port_cell(rows.get(what)) for what in PORT_MEASURES)
+            lines.append(f"| {m.get('port_label', port)} | {m['title'].split(':')[0]} | {cells} | {command} |")
+            end = f"; end load {m['load_end']:.2f}" if m.get("load_end") is not None else ""
+            below.append(f"- {m['title']}: {caption(m)}{end}.")
+            below += [f"  - {r['what']}: {r['note']}" for r in m["rows"] if r.get("note")]
+    return "\n".join(lines + ([""] + below if below else [])) + "\n"
+
+
 def render(spec: str, machines: dict) -> str:
     """The body of the marked table ``<!-- results: SPEC -->``."""
     view, *keys = spec.split()
+    if view == "ports" and keys:
+        return render_ports(machines, keys)
     unknown = [k for k in keys if k not in machines]
     if unknown or not keys:
         raise ValueError(f"results: {spec!r}: no machine {unknown or 'named'} (the file has {sorted(machines)})")
