@@ -69,6 +69,16 @@ def test_rows_hold_the_ports_seconds_against_refimpls():
     assert speed.ratio(1.0, None) is None and speed.ratio(1.0, 0.0) is None
 
 
+def test_every_port_of_the_command_has_its_worker_and_its_row_in_docs():
+    """Each --port choice is timed by a class of speed_worker.py (beside refimpl's) and has its row in the
+    table of docs/ports.md."""
+    worker = _load(REPO / "benchmarks" / "ports" / "speed_worker.py", "ports_speed_worker")
+    names = set(speed.ports())
+    assert names | {"refimpl"} == set(worker.PORTS)
+    marker = next(m for m in results.MARKED.finditer((REPO / "docs" / "ports.md").read_text()))
+    assert marker["spec"].split() == ["ports", *speed.ports()]
+
+
 def test_the_table_says_not_measured_until_an_entry_exists(tmp_path):
     table = results.render("ports vox candle_tts", {"amd-no-amx": {"rows": []}})
     assert table.count("not measured") == 6 and "| vox | – |" in table

@@ -3,12 +3,14 @@
     python benchmarks/ports/speed.py --port vox [--model DIR] [--runs 3] [--write-results]
     python benchmarks/ports/speed.py --port qwentts_cpp --port-source QWENTTS_CPP_CHECKOUT
     python benchmarks/ports/speed.py --port candle_tts
+    python benchmarks/ports/speed.py --port mlx_audio
 
 Each figure is the minimum over ``--runs`` fresh processes (``speed_worker.py``: the port's in its own
 environment, refimpl's in the project's), the two sides alternating, after one run of each that is not
 counted (the files in the page cache, Numba's cache written); the threads fixed in both:
 ``NUMBA_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``RAYON_NUM_THREADS``
 and the port's own setting (vox's ``Engine(threads)``, qwentts.cpp's ``cpu_threads``), ``--threads`` each.
+mlx-audio runs as its grading script runs it, widened to float32.
 
 - **per frame**: in one process, after a warm-up generation of the long length, a generation of
   ``--short-frames`` frames and one of ``--long-frames``, greedy, the same text, the port's own text feed
@@ -17,8 +19,8 @@ and the port's own setting (vox's ``Engine(threads)``, qwentts.cpp's ``cpu_threa
 - **first audio in a fresh process**: from just before the process starts to the first audio the port gives:
   its streaming API's first chunk where it has one (refimpl's ``stream_*``, first chunk after one frame),
   else the whole audio of a ``--first-frames`` generation (refimpl then the same);
-- **codec decode** of ``--decode-frames`` frames of codes (fixed random codes), after a warm-up decode in the
-  same process, where the port's API decodes codes; refimpl's is measured in every case.
+- **codec decode** of ``--decode-frames`` frames of codes (fixed random codes), after a warm-up decode of their
+  first 10 frames in the same process, where the port's API decodes codes; refimpl's is measured in every case.
 
 Printed: the CPU, the load average at the start and the end, the threads, and per figure the port's seconds,
 refimpl's and port / refimpl. ``--write-results`` records them as the entry ``<machine kind>-ports-speed-<port>``
@@ -58,6 +60,7 @@ class Port:
 
 def ports() -> dict:
     import candle_tts
+    import mlx_audio
     import qwentts_cpp
     import vox
 
@@ -73,6 +76,10 @@ def ports() -> dict:
         "candle_tts": Port(
             "candle_tts", f"{candle_tts.PACKAGE} {candle_tts.VERSION}", "base", "its own", True, False,
             candle_tts.NO_DECODE, "RAYON_NUM_THREADS",
+        ),
+        "mlx_audio": Port(
+            "mlx_audio", f"{mlx_audio.PACKAGE} {mlx_audio.VERSION} (mlx {mlx_audio.MLX}, CPU, float32)",
+            "custom_voice", "non-streaming", False, True, None, None,
         ),
     }  # fmt: skip
 
@@ -167,7 +174,7 @@ def port_model(port: Port, python: Path, directory: Path, args):
     grading scripts' caches), candle-tts's checkpoint folder as it is."""
     from refimpl.porting.trace_files import weights_hash
 
-    if port.name == "candle_tts":
+    if port.name in ("candle_tts", "mlx_audio"):
         return str(directory)
     kind = "base" if port.checkpoint == "base" else "customvoice"  # the suite's kind names: the same caches
     sha = weights_hash(directory)
@@ -186,9 +193,13 @@ def port_model(port: Port, python: Path, directory: Path, args):
 
 def port_python(port: Port) -> Path:
     import candle_tts
+    import mlx_audio
     import qwentts_cpp
     import vox
 
+    if port.name == "mlx_audio":
+        m = mlx_audio
+        return harness.ensure_venv(m.ENV_NAME, m.REQUIREMENT, "mlx_audio", m.VERSION, distribution=m.PACKAGE)
     if port.name == "vox":
         return harness.ensure_venv(vox.ENV_NAME, f"{vox.PACKAGE}=={vox.VERSION}", "vox", vox.VERSION)
     if port.name == "qwentts_cpp":
@@ -322,7 +333,9 @@ def figures_of(port: Port, found: dict, args) -> tuple:
         f = found[side].get("decode", [])
         pair.append(min(r["seconds"] for r in f) if ok(f) else None)
     figures["codec decode"] = tuple(pair)
-    notes["codec decode"] = f"{args.decode_frames} frames; the port: {port.decode}" if port.decode else ""
+    notes["codec decode"] = f"{args.decode_frames} frames of fixed random codes" + (
+        f"; the port: {port.decode}" if port.decode else ""
+    )
     return figures, notes, errors
 
 
@@ -333,7 +346,9 @@ def write_results(port: Port, rows: list, load_start: float, load_end: float, ar
 
     cpu = results_file.cpu_info()
     kind = f"{results_file.machine_kind(cpu)}-ports-speed-{port.name}"
-    threads = {"numba": args.threads, "openblas": args.threads, "omp": args.threads, port.name: args.threads}
+    threads = {"numba": args.threads, "openblas": args.threads, "omp": args.threads}
+    if port.threads_setting:
+        threads[port.name] = args.threads
     title = f"{results_file.entry([], cpu=cpu, threads={}, load=0)['title']}: {port.label} beside refimpl"
     extra = {
         "title": title,
@@ -349,7 +364,7 @@ def write_results(port: Port, rows: list, load_start: float, load_end: float, ar
 
 
 def main(argv=None) -> int:
-    names = ("vox", "qwentts_cpp", "candle_tts")
+    names = ("vox", "qwentts_cpp", "candle_tts", "mlx_audio")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", required=True, choices=names)
     ap.add_argument("--model", help="checkpoint directory (default: the full-size 0.6B CustomVoice, or Base)")
@@ -371,10 +386,11 @@ def main(argv=None) -> int:
     port = ports()[args.port]
     cpu = results_file.cpu_info()
     load_start = harness.load_average()
+    own = f"the port's {port.threads_setting}" if port.threads_setting else "the port has no setting of its own"
     print(
         f"{port.label} beside refimpl: {cpu['model']}, {os.cpu_count()} cpus; load {load_start:.2f} at the start; "
-        f"threads {args.threads} each (NUMBA_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, "
-        f"the port's {port.threads_setting}); {args.runs} runs",
+        f"threads {args.threads} each (NUMBA_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, {own}); "
+        f"{args.runs} runs",
         flush=True,
     )
     measured = measure(port, args)

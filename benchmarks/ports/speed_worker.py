@@ -3,7 +3,7 @@ run is ``ENV/bin/python -I speed_worker.py JOB.json`` in its own environment (th
 port's package only: it never imports refimpl); refimpl's is the project's Python on the same file, so that
 both sides are timed by the same lines.
 
-JOB.json: {"port" (refimpl | vox | qwentts_cpp | candle_tts), "measure" (frames | first-audio | decode),
+JOB.json: {"port" (refimpl | vox | qwentts_cpp | candle_tts | mlx_audio), "measure" (frames | first-audio | decode),
 "started" (the parent's ``time.time()`` just before it started this process), "model" (what the port loads:
 a .tmod, [talker GGUF, codec GGUF], a checkpoint folder), "threads", "mode" (say | clone), "text",
 "language", "speaker", "ref_audio" (a clone's 24 kHz reference, a list of floats), "feed" (refimpl's text
@@ -16,7 +16,7 @@ Prints one line of JSON, the last line of its output:
                generation of the long length, not timed (and, in refimpl, the weights' copy in huge pages,
                as its own benchmarks wait for it); each generation gives its whole audio, decode included
   first-audio  {"first_audio_s": time.time() at the first audio minus "started", "samples", "load_s"}
-  decode       {"seconds", "samples"}: the decode of the codes, after a warm-up decode of the same codes
+  decode       {"seconds", "samples"}: the decode of the codes, after a warm-up decode of their first frames
 """
 
 import json
@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+WARM_DECODE_FRAMES = 10  # the decode's warm-up: its first calls paid, not a second whole decode (slow ports)
 GREEDY_VOX = dict(temperature=0.0, sub_temperature=0.0, decoder_mode="reference")
 
 
@@ -134,7 +135,50 @@ class CandleTts:
         return len(self.engine.synthesize(self.job["text"], self.voice, json.dumps(options)).samples)
 
 
-PORTS = {"refimpl": Refimpl, "vox": Vox, "qwentts_cpp": QwenttsCpp, "candle_tts": CandleTts}
+class MlxAudio:
+    """mlx-audio's model on MLX's CPU backend, widened to float32 and greedy as mlx_audio_worker.py runs it
+    (its ``widen`` and ``GREEDY``, loaded from that file); its stream yields a chunk every
+    ``streaming_interval`` seconds of audio, here 0.08: one frame, as refimpl's first chunk."""
+
+    def __init__(self, job: dict):
+        import importlib.util
+
+        from mlx_audio.tts.utils import load_model
+
+        spec = importlib.util.spec_from_file_location(
+            "mlx_audio_worker", Path(__file__).with_name("mlx_audio_worker.py")
+        )
+        worker = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(worker)
+        self.job, self.greedy = job, worker.GREEDY
+        self.model = load_model(Path(job["model"]))
+        worker.widen(self.model)
+
+    def _results(self, n: int, **stream):
+        j = self.job
+        return self.model.generate_custom_voice(
+            j["text"], j["speaker"], language=j["language"], max_tokens=n, **self.greedy, **stream
+        )
+
+    def generate(self, n: int) -> int:
+        import numpy as np
+
+        return sum(np.array(r.audio).size for r in self._results(n))  # np.array: MLX computes lazily
+
+    def first_chunk(self, n: int) -> int:
+        import numpy as np
+
+        return int(np.array(next(iter(self._results(n, stream=True, streaming_interval=0.08))).audio).size)
+
+    def decode(self, codes) -> int:
+        import mlx.core as mx
+        import numpy as np
+
+        audio, lengths = self.model.speech_tokenizer.decode(mx.array(codes[None]))
+        return int(np.array(audio[0])[: int(lengths[0])].size)
+
+
+PORTS = {"refimpl": Refimpl, "vox": Vox, "qwentts_cpp": QwenttsCpp, "candle_tts": CandleTts, "mlx_audio": MlxAudio}
 
 
 def timed(fn, *args) -> dict:
@@ -162,7 +206,7 @@ def main(job_path: str) -> int:
         import numpy as np
 
         codes = np.load(job["codes"])
-        port.decode(codes)  # not timed
+        port.decode(codes[:WARM_DECODE_FRAMES])  # not timed: first calls
         getattr(port, "settle", lambda: None)()
         result = dict(timed(port.decode, codes), load_s=load_s)
     else:
