@@ -88,7 +88,7 @@ def test_the_table_says_not_measured_until_an_entry_exists(tmp_path):
 def test_an_entry_written_by_speed_is_rendered_side_by_side(tmp_path):
     path = tmp_path / "results.json"
     path.write_text('{"machines": {"amd-no-amx": {"kept": true}}}')
-    port = speed.Port("vox", "vox-tts 0.19.5", "custom_voice", "streaming", False, True, "no decode", "threads")
+    port = speed.Port("vox", "vox-tts 0.19.5", "custom_voice", "streaming", True, "no decode", "Engine(threads)")
     figures = {"per frame": (0.168, 0.0870), "first audio in a fresh process": (1.3, 1.07), "codec decode": (None, 4.0)}
     rows = speed.result_rows(figures, {"per frame": "greedy", "codec decode": "the port: no decode"})
     args = argparse.Namespace(threads=2, runs=3)

@@ -31,6 +31,7 @@ table "Speed, side by side" from it. Run it on a quiet machine only (CONTRIBUTIN
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -48,14 +49,19 @@ WORKER = harness.HERE / "speed_worker.py"
 MEASURES = ("per frame", "first audio in a fresh process", "codec decode")
 
 
+@dataclasses.dataclass(frozen=True)
 class Port:
-    """What speed.py needs of a port: its package, its mode on which checkpoint, its text feed, how its
-    length counts, whether it streams and decodes codes (else why not), and its own thread setting."""
+    """What speed.py needs of a port."""
 
-    def __init__(self, name, label, checkpoint, feed, extra_token, stream, decode, threads_setting, env=None):
-        self.name, self.label, self.checkpoint, self.feed = name, label, checkpoint, feed
-        self.extra_token = extra_token  # its max-token value gives one frame fewer (the official's count)
-        self.stream, self.decode, self.threads_setting, self.env = stream, decode, threads_setting, env or {}
+    name: str  # --port, the worker's class (speed_worker.PORTS)
+    label: str  # package and version
+    checkpoint: str  # custom_voice (a preset speaker) or base (a clone from the x-vector)
+    feed: str  # its text feed: streaming, non-streaming, or "its own" (refimpl then the official default)
+    stream: bool  # it has a streaming API
+    no_decode: str | None  # why its API cannot decode codes; None: it can
+    threads_setting: str | None  # its own thread setting, beside the environment's variables
+    extra_token: bool = False  # its max-token value gives one frame fewer (the official's count)
+    env: dict = dataclasses.field(default_factory=dict)  # more environment for its process
 
 
 def ports() -> dict:
@@ -64,24 +70,42 @@ def ports() -> dict:
     import qwentts_cpp
     import vox
 
-    return {
-        "vox": Port(
-            "vox", f"{vox.PACKAGE} {vox.VERSION}", "custom_voice", "streaming", False, True, vox.NO_DECODE,
-            "Engine(threads)",
+    q, m = qwentts_cpp, mlx_audio
+    found = [
+        Port(
+            "vox", f"{vox.PACKAGE} {vox.VERSION}", "custom_voice", "streaming", True, vox.NO_DECODE, "Engine(threads)"
         ),
-        "qwentts_cpp": Port(
-            "qwentts_cpp", f"{qwentts_cpp.PACKAGE} {qwentts_cpp.VERSION} (qwentts.cpp, F32 GGUF)", "custom_voice",
-            "non-streaming", False, True, qwentts_cpp.NO_DECODE, "cpu_threads", {"GGML_NO_BACKTRACE": "1"},
+        Port(
+            "qwentts_cpp",
+            f"{q.PACKAGE} {q.VERSION} (qwentts.cpp, F32 GGUF)",
+            "custom_voice",
+            "non-streaming",
+            True,
+            q.NO_DECODE,
+            "cpu_threads",
+            env={"GGML_NO_BACKTRACE": "1"},
         ),
-        "candle_tts": Port(
-            "candle_tts", f"{candle_tts.PACKAGE} {candle_tts.VERSION}", "base", "its own", True, False,
-            candle_tts.NO_DECODE, "RAYON_NUM_THREADS",
+        Port(
+            "candle_tts",
+            f"{candle_tts.PACKAGE} {candle_tts.VERSION}",
+            "base",
+            "its own",
+            False,
+            candle_tts.NO_DECODE,
+            "RAYON_NUM_THREADS",
+            extra_token=True,
         ),
-        "mlx_audio": Port(
-            "mlx_audio", f"{mlx_audio.PACKAGE} {mlx_audio.VERSION} (mlx {mlx_audio.MLX}, CPU, float32)",
-            "custom_voice", "non-streaming", False, True, None, None,
+        Port(
+            "mlx_audio",
+            f"{m.PACKAGE} {m.VERSION} (mlx {m.MLX}, CPU, float32)",
+            "custom_voice",
+            "non-streaming",
+            True,
+            None,
+            None,
         ),
-    }  # fmt: skip
+    ]
+    return {p.name: p for p in found}
 
 
 # ----------------------------------------------------------------------------- the pure parts (tests/benchmarks)
@@ -171,7 +195,7 @@ def environments(port: Port, threads: int) -> tuple:
 
 def port_model(port: Port, python: Path, directory: Path, args):
     """What the port's worker loads: vox's .tmod and qwentts.cpp's GGUF files from their own converters (the
-    grading scripts' caches), candle-tts's checkpoint folder as it is."""
+    grading scripts' caches), the checkpoint folder as it is for candle-tts and mlx-audio."""
     from refimpl.porting.trace_files import weights_hash
 
     if port.name in ("candle_tts", "mlx_audio"):
@@ -289,7 +313,7 @@ def measure(port: Port, args) -> dict:
         alternate("first", "first-audio", list(sides), **first)
         alternate("frames", "frames", list(sides), lengths=[args.long_frames, args.short_frames, args.long_frames])
         codes = decode_codes(directory, args.decode_frames, jobs / "codes.npy")
-        alternate("decode", "decode", [s for s in sides if s == "ours" or not port.decode], codes=str(codes))
+        alternate("decode", "decode", [s for s in sides if s == "ours" or not port.no_decode], codes=str(codes))
     finally:
         shutil.rmtree(jobs, ignore_errors=True)
     return {"found": found, "directory": directory}
@@ -334,7 +358,7 @@ def figures_of(port: Port, found: dict, args) -> tuple:
         pair.append(min(r["seconds"] for r in f) if ok(f) else None)
     figures["codec decode"] = tuple(pair)
     notes["codec decode"] = f"{args.decode_frames} frames of fixed random codes" + (
-        f"; the port: {port.decode}" if port.decode else ""
+        f"; the port: {port.no_decode}" if port.no_decode else ""
     )
     return figures, notes, errors
 
