@@ -33,6 +33,17 @@ _SPEECH_TOKENIZER_TOP = {
     "encode_downsample_rate": 1920,
 }
 
+# Keys of the released config.json files that no official code reads, nor does refimpl (they land in the
+# configs' ``extra``), but that ports' converters read (qwentts.cpp's convert.py stops without them:
+# docs/ports.md).  The synthetic checkpoints carry them with the released values:
+# - talker_config.position_id_per_seconds, 13: in the Qwen-Omni models, the multimodal RoPE's positions per
+#   second of audio; Qwen3-TTS keeps the key and never reads it.
+# - decoder_config.num_semantic_quantizers, 1, and vector_quantization_hidden_dimension, the decoder's
+#   codebook_dim: the split RVQ's semantic layers and the width it takes and gives back, which the official
+#   decoder and ours fix at one layer and codebook_dim (codec/quantization.py); io.validate refuses a config
+#   that says otherwise.
+RELEASED_POSITION_ID_PER_SECONDS = 13
+
 RELEASED_SPEECH_TOKENIZER = {
     **_SPEECH_TOKENIZER_TOP,
     "decoder_config": {
@@ -56,6 +67,8 @@ RELEASED_SPEECH_TOKENIZER = {
         "upsampling_ratios": [2, 2],
         "upsample_rates": [8, 5, 4, 3],
         "decoder_dim": 1536,
+        "num_semantic_quantizers": 1,
+        "vector_quantization_hidden_dimension": 512,
     },
     "encoder_config": {
         "sampling_rate": 24000,
@@ -119,6 +132,8 @@ TINY_SPEECH_TOKENIZER = {
         "upsampling_ratios": [2, 2],
         "upsample_rates": [8, 5, 4, 3],
         "decoder_dim": 64,
+        "num_semantic_quantizers": 1,
+        "vector_quantization_hidden_dimension": 32,
     },
     "encoder_config": {
         "sampling_rate": 24000,
@@ -270,6 +285,7 @@ def _released_talker(hidden: int, intermediate: int, speakers: bool) -> dict:
         "rope_scaling": {"mrope_section": [24, 20, 20], "interleaved": True, "rope_type": "default"},
         "attention_bias": False,
         "num_code_groups": 16,
+        "position_id_per_seconds": RELEASED_POSITION_ID_PER_SECONDS,
         "text_hidden_size": 2048,
         "text_vocab_size": RELEASED_TEXT_VOCAB_SIZE,
         **_RELEASED_CODEC_IDS,
@@ -333,6 +349,7 @@ def _tiny_talker(
         "rope_scaling": {"mrope_section": list(mrope_section), "interleaved": True, "rope_type": "default"},
         "attention_bias": False,
         "num_code_groups": 16,
+        "position_id_per_seconds": RELEASED_POSITION_ID_PER_SECONDS,  # the same 12.5 Hz codes as the release
         "text_hidden_size": 24,
         **_TINY_CODEC_IDS,
         "codec_language_id": dict(TINY_LANGUAGE_IDS),

@@ -1,4 +1,5 @@
-"""Synthetic checkpoints' text tokenizer with the released added-token ids (the full-size checkpoints).
+"""Synthetic checkpoints: the text tokenizer with the released added-token ids (the full-size checkpoints), and
+the config keys of the released files that only ports read.
 
 The full-size synthetic checkpoints keep the tiny BPE vocabulary but put every added token at the id the
 released tokenizer gives it (a port may hard-code them); the tiny ones keep their own numbering.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import CHECKPOINTS
 
+from refimpl.codec.decoder import DecoderConfig, decoder_weight_spec
 from refimpl.porting import presets, synthetic
 from refimpl.tts.text_tokenizer import assistant_prompt, instruct_prompt, load_text_tokenizer, reference_prompt
 
@@ -116,3 +119,46 @@ def test_write_tts_model_follows_the_talkers_text_vocabulary(tmp_path):
     assert configs["wide"]["talker_config"]["text_vocab_size"] == presets.RELEASED_TEXT_VOCAB_SIZE
     assert configs["tiny"]["im_start_token_id"] == 673 and configs["tiny"]["talker_config"]["text_vocab_size"] == 704
     assert "text_vocab_size" not in tiny["talker"]  # the preset is not edited
+
+
+# ----------------------------------------------------------------------------- the keys only ports read
+
+TALKERS = [name for name in dir(presets) if name.startswith(("RELEASED_TALKER_", "TINY_TALKER_"))]
+QUANTIZER_KEYS = ("num_semantic_quantizers", "vector_quantization_hidden_dimension")
+
+
+def quantizer_layout(decoder_config: dict) -> dict:
+    """The decoder's split RVQ as its weights have it: the layers of the semantic part, and the width the
+    quantizer takes in and gives back (its input projection's input)."""
+    shapes = {s.name: s.shape for s in decoder_weight_spec(DecoderConfig.from_dict(decoder_config))}
+    semantic = [n for n in shapes if n.startswith("quantizer.rvq_first.vq.layers.") and n.endswith(".embedding_sum")]
+    return {
+        "num_semantic_quantizers": len(semantic),
+        "vector_quantization_hidden_dimension": shapes["quantizer.rvq_first.input_proj.weight"][1],
+    }
+
+
+def test_presets_carry_the_keys_only_ports_read():
+    """The released values (presets.py says where they come from): position_id_per_seconds in every talker, and in
+    the decoder's config the split RVQ's layout, which the weights fix (1 and the released codebook_dim 512)."""
+    assert len(TALKERS) >= 7
+    for name in TALKERS:
+        assert getattr(presets, name)["position_id_per_seconds"] == presets.RELEASED_POSITION_ID_PER_SECONDS, name
+    for tokenizer in (presets.RELEASED_SPEECH_TOKENIZER, presets.TINY_SPEECH_TOKENIZER):
+        decoder = tokenizer["decoder_config"]
+        assert {k: decoder[k] for k in QUANTIZER_KEYS} == quantizer_layout(decoder)
+    assert quantizer_layout(presets.RELEASED_SPEECH_TOKENIZER["decoder_config"])["num_semantic_quantizers"] == 1
+
+
+def test_written_checkpoints_carry_the_keys_only_ports_read(tmp_path):
+    """What the writer writes, and the committed tiny checkpoints it wrote (golden/make_checkpoints.py)."""
+    tiny = presets.TINY_TTS_MODELS["base"]
+    written = synthetic.write_tts_model(
+        tmp_path / "base", tiny["tts_model_type"], tiny["tts_model_size"], tiny["talker"], tiny["speaker_encoder"]
+    )
+    for directory in (written, *(CHECKPOINTS / f"tiny-{kind}" for kind in presets.TINY_TTS_MODELS)):
+        talker = json.loads((directory / "config.json").read_text())["talker_config"]
+        assert talker["position_id_per_seconds"] == presets.RELEASED_POSITION_ID_PER_SECONDS, directory.name
+    for directory in (written / "speech_tokenizer", CHECKPOINTS / "tiny-speech-tokenizer"):
+        decoder = json.loads((directory / "config.json").read_text())["decoder_config"]
+        assert {k: decoder[k] for k in QUANTIZER_KEYS} == quantizer_layout(decoder), directory
