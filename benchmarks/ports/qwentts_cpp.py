@@ -12,8 +12,8 @@ the conformance suite, in one command:
    pinned wheel; its converter's packages (``torch==2.13.0 gguf==0.19.0 safetensors==0.8.0``, wheels) are
    added to it when a checkpoint must be converted; nothing of it enters the project's environment;
 3. each checkpoint the cases need, converted by the port's own converter, ``convert.py`` of a checkout of
-   its repository (``--port-source``; it is not in the wheel), run in that environment on a view of the
-   checkpoint (below), to F32 GGUF files cached beside the environment; ``--quant BF16`` then runs the
+   its repository (``--port-source``; it is not in the wheel), run in that environment on the checkpoint (an
+   older one through a view, below), to F32 GGUF files cached beside the environment; ``--quant BF16`` then runs the
    port's own ``quantize`` tool (``--quantize-tool``, built from the same checkout; not in the wheel either);
 4. each case qwentts.cpp supports, in its own process (``qwentts_cpp_worker.py`` in its environment) under a
    time and a memory limit: greedy (``do_sample=False, subtalker_do_sample=False``) with the checkpoint's
@@ -27,12 +27,13 @@ the conformance suite, in one command:
    ``--quant BF16``; it generates ``max_new_tokens`` frames, one more than the official), printed, with
    ``RESULTS/report.json``, ``report.html`` and ``qwentts-cpp-run.json``.
 
-The view: ``convert.py`` reads three config keys that the released configs have and our synthetic checkpoints
-leave out (the official code reads none of them): ``talker_config.position_id_per_seconds`` (13 in the
-released configs), ``decoder_config.num_semantic_quantizers`` (1) and
-``decoder_config.vector_quantization_hidden_dimension`` (the decoder's ``codebook_dim``, 512 in the release).
-The view links every file of the checkpoint and adds those keys to its ``config.json`` copies, nothing else;
-``--no-config-view`` gives the converter the checkpoint as it is (it stops at the first key).
+The view: ``convert.py`` reads three config keys that the released configs have and the official code does not
+read: ``talker_config.position_id_per_seconds`` (13), ``decoder_config.num_semantic_quantizers`` (1) and
+``decoder_config.vector_quantization_hidden_dimension`` (the decoder's ``codebook_dim``, 512). Our synthetic
+checkpoints carry them (``refimpl.porting.presets``); one written before they did (a ``bench-checkpoints/``
+folder is written once, a suite keeps its copies) is converted through a view that links every file and adds
+the keys it lacks, with the values refimpl writes now, to copies of its two ``config.json``, nothing else.
+``--no-config-view`` gives the converter an older checkpoint as it is (it stops at the first key).
 """
 
 from __future__ import annotations
@@ -54,11 +55,6 @@ CONVERTER_REQUIREMENT = "torch==2.13.0 gguf==0.19.0 safetensors==0.8.0"
 WORKER = harness.HERE / "qwentts_cpp_worker.py"
 PRECISIONS = {"F32": "float32", "BF16": "bfloat16"}  # the rule each GGUF type computes under (README)
 BEHAVIOURS = ["length=natural", "decode=official"]  # max_new_tokens frames; one pass up to its 24 s chunks
-RELEASED_KEYS = {  # the keys convert.py reads that our synthetic configs lack, with the released values
-    "talker_config.position_id_per_seconds": 13,
-    "decoder_config.num_semantic_quantizers": 1,
-    "decoder_config.vector_quantization_hidden_dimension": "codebook_dim",
-}
 # convert.py reads checkpoints/ and writes models/ in the folder it runs in: run it as a script from there
 IN_FOLDER = (
     "import os, runpy, sys; os.chdir(sys.argv[1]); sys.argv = sys.argv[2:]; "
@@ -123,24 +119,35 @@ def ensure_converter(python: Path) -> None:
     done.write_text(CONVERTER_REQUIREMENT)
 
 
-def released_view(directory: Path, view: Path, section: str) -> dict:
-    """``view``: every file of ``directory`` linked, its config.json with the ``RELEASED_KEYS`` of ``section``
-    (talker_config, decoder_config) added where absent; returns the keys added."""
-    view.mkdir(parents=True)
+def keys_written_since(section: str, block: dict) -> dict:
+    """The keys of ``section`` (talker_config, decoder_config) that convert.py reads and a checkpoint written
+    before our presets carried them lacks, with the values refimpl writes now."""
+    from refimpl.porting import presets
+
+    if section == "talker_config":
+        wanted = {"position_id_per_seconds": presets.RELEASED_POSITION_ID_PER_SECONDS}
+    else:  # the decoder's split RVQ as it is decoded: one semantic layer, projections at codebook_dim
+        semantic = presets.RELEASED_SPEECH_TOKENIZER["decoder_config"]["num_semantic_quantizers"]
+        wanted = {"num_semantic_quantizers": semantic, "vector_quantization_hidden_dimension": block["codebook_dim"]}
+    return {key: value for key, value in wanted.items() if key not in block}
+
+
+def checkpoint_for_converter(directory: Path, target: Path, section: str, as_is: bool) -> dict:
+    """``target``: ``directory`` linked, or, when it was written before our presets carried the keys convert.py
+    reads (and not ``as_is``), a view of it: every file linked, its config.json with those keys of ``section``
+    added. Returns the keys added."""
+    config = json.loads((directory / "config.json").read_text())
+    added = {} if as_is else keys_written_since(section, config[section])
+    if not added:
+        os.symlink(directory.resolve(), target)
+        return {}
+    target.mkdir(parents=True)
     for src in sorted(directory.iterdir()):
         if src.name != "config.json" and src.name != "speech_tokenizer":
-            os.symlink(src.resolve(), view / src.name)
-    config = json.loads((directory / "config.json").read_text())
-    added = {}
-    for dotted, value in RELEASED_KEYS.items():
-        part, key = dotted.split(".")
-        block = config.get(part)
-        if part != section or not isinstance(block, dict) or key in block:
-            continue
-        block[key] = block[value] if isinstance(value, str) else value
-        added[dotted] = block[key]
-    (view / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return added
+            os.symlink(src.resolve(), target / src.name)
+    config[section].update(added)
+    (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return {f"{section}.{key}": value for key, value in added.items()}
 
 
 def checkpoint_names(directory: Path) -> tuple:
@@ -205,17 +212,14 @@ def run_converter(python: Path, directory: Path, talker_dir: str, models: Path, 
     work = Path(tempfile.mkdtemp(prefix="qwentts-convert-", dir=harness.ENVS / ENV_NAME))
     try:
         checkpoints = work / "checkpoints"
-        if args.no_config_view:
-            checkpoints.mkdir()
-            os.symlink(directory.resolve(), checkpoints / talker_dir)
-            os.symlink((directory / "speech_tokenizer").resolve(), checkpoints / "Qwen3-TTS-Tokenizer-12Hz")
-            added = {}
-        else:
-            added = released_view(directory, checkpoints / talker_dir, "talker_config")
-            tokenizer = directory / "speech_tokenizer"
-            added.update(released_view(tokenizer, checkpoints / "Qwen3-TTS-Tokenizer-12Hz", "decoder_config"))
+        checkpoints.mkdir()
+        as_is = args.no_config_view
+        added = checkpoint_for_converter(directory, checkpoints / talker_dir, "talker_config", as_is)
+        tokenizer, target = directory / "speech_tokenizer", checkpoints / "Qwen3-TTS-Tokenizer-12Hz"
+        added.update(checkpoint_for_converter(tokenizer, target, "decoder_config", as_is))
         argv = [str(python), "-I", "-c", IN_FOLDER, str(work), str(convert_py.resolve())]
-        print(f"converting {directory.name} with the port's convert.py (config keys added: {added}) ...", flush=True)
+        older = f" (written before our presets carried them, config keys added: {added})" if added else ""
+        print(f"converting {directory.name}{older} with the port's convert.py ...", flush=True)
         env = harness.child_env(args.threads)
         run = harness.run_limited(argv, args.timeout * 3, args.convert_memory_gib * harness.GIB, env)
         made = [work / "models" / p for p in ("qwen-tokenizer-12hz-F32.gguf",)]
@@ -396,7 +400,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quant", choices=sorted(PRECISIONS), default="F32", help="the GGUF type run (default F32)")
     ap.add_argument("--quantize-tool", help="the port's quantize binary (built from --port-source), for --quant BF16")
     ap.add_argument("--convert-memory-gib", type=int, default=24, help="address-space limit of the converter")
-    ap.add_argument("--no-config-view", action="store_true", help="convert the checkpoint as it is (see above)")
+    ap.add_argument("--no-config-view", action="store_true", help="convert an older checkpoint as it is (see above)")
     ap.add_argument(
         "--include-streaming-feed",
         action="store_true",
