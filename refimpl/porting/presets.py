@@ -40,8 +40,8 @@ _SPEECH_TOKENIZER_TOP = {
 #   second of audio; Qwen3-TTS keeps the key and never reads it.
 # - decoder_config.num_semantic_quantizers, 1, and vector_quantization_hidden_dimension, the decoder's
 #   codebook_dim: the split RVQ's semantic layers and the width it takes and gives back, which the official
-#   decoder and ours fix at one layer and codebook_dim (codec/quantization.py); io.validate refuses a config
-#   that says otherwise.
+#   decoder and ours fix at one layer and codebook_dim (codec/quantization.py), whatever a config says (a
+#   config that says otherwise is read as the official reads it).
 RELEASED_POSITION_ID_PER_SECONDS = 13
 
 RELEASED_SPEECH_TOKENIZER = {
