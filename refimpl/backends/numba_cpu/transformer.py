@@ -286,7 +286,8 @@ def _run_stack(x_btc, stack: tuple, cos_btd, sin_btd, first_key_b, caches: list,
     """``_decoder_steps_bf16`` on one stack's arguments (``_stack_arguments``); the caches' lengths advanced."""
     n, (B, T, _) = caches[0].length, x_btc.shape
     x_btc = np.array(x_btc, dtype=np.float32, order="C")  # (a writable copy: the layers' type)
-    rope = [np.ascontiguousarray(np.broadcast_to(a, (B, T, a.shape[-1])), dtype=np.float32) for a in (cos_btd, sin_btd)]
+    # (copies, always writable: one Numba type whether the tables were broadcast or not, so one kernel to load)
+    rope = [np.array(np.broadcast_to(a, (B, T, a.shape[-1])), dtype=np.float32, order="C") for a in (cos_btd, sin_btd)]
     out_brc = _decoder_steps_bf16(
         x_btc,
         *stack[:-2],
