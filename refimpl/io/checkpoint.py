@@ -520,16 +520,20 @@ def non_finite_tensors(weights: Mapping[str, np.ndarray], names, span: int = 1 <
     generation reads a few of its rows, so the check must not leave the whole table in this process's
     memory (the Talker's text embedding alone is 622 MB of the 0.6B model's 1.81 GB)."""
     bad = []
+    exponents = np.empty(span, np.uint16)  # (one buffer for every span: no temporaries to map)
     for name in names:
         arr = weights[name]
-        if isinstance(arr, BF16Matrix):  # NaN or infinity: all 8 exponent bits set
+        if isinstance(arr, BF16Matrix):  # NaN or infinity: all 8 exponent bits set, the largest exponent
             flat = arr.bits.reshape(-1)
             release = is_lookup_table(name)
             finite = True
             for i in range(0, flat.size, span):
-                finite = finite and not np.any(flat[i : i + span] & 0x7F80 == 0x7F80)
+                part = flat[i : i + span]
+                if finite:
+                    np.bitwise_and(part, 0x7F80, out=exponents[: part.size])
+                    finite = int(exponents[: part.size].max()) != 0x7F80
                 if release:
-                    release_pages(flat[i : i + span])
+                    release_pages(part)
                 elif not finite:
                     break
             if not finite:
