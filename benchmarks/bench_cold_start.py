@@ -3,17 +3,18 @@ of each phase.
 
     python benchmarks/bench_cold_start.py [--runs 5] [--frames 10] [--write-results]
 
-Runs ``--runs`` fresh Python processes one after another on the full-size 0.6B CustomVoice (random
-weights, bf16 on disk) and its speech tokenizer, greedy, each one: ``import refimpl``, ``from_pretrained``,
-``stream_custom_voice`` (default schedule: the first chunk after one frame) to its first chunk, then on to
-the end of ``--frames`` frames and their decode.  A probe inside the process takes the time stamps and wraps
-the functions each phase runs (the huge-page copy, the finiteness check, the packing, every Numba kernel's
-first call and its cache load...), so that each phase has its own time; each figure is the minimum over the
-runs.  A first run, not counted, compiles the kernels into Numba's cache and brings the files into the page
-cache: what is measured is the start with kernels cached and files in memory.  Then ``--runs`` runs of the
-command line, ``refimpl say TEXT --stream -o -``, its standard output read with time stamps: the time
-to the first audio bytes (after the WAV header) and to the end of the stream.  And one ``python -X
-importtime -c "import refimpl; ..."`` counted by top-level package (the import's own time of each).
+Runs ``--runs`` fresh Python processes one after another on the full-size 0.6B CustomVoice (random weights,
+bf16 on disk) and its speech tokenizer, greedy, each one: ``import refimpl``, ``from_pretrained``,
+``stream_custom_voice`` (default schedule: the first chunk after one frame) to its first chunk, then on to the
+end of ``--frames`` frames and their decode.  A probe inside the process takes the time stamps and wraps the
+functions each phase runs (the huge-page copy, the finiteness check, the packing, the kernels loaded ahead,
+every Numba kernel's first call and its cache load...), so that each phase has its own time; each figure is
+the minimum over the runs.  A first run, not counted, compiles the kernels into Numba's cache and brings the
+files into the page cache: what is measured is the start with kernels cached and files in memory.  Then
+``--runs`` runs of the command line, ``refimpl say TEXT --stream -o -``, its standard output read with time
+stamps: the time to the first audio bytes (after the WAV header) and to the end of the stream.  And one
+``python -X importtime -c "import refimpl; ..."`` counted by top-level package (the import's own time of
+each).
 
 Threads: 2 each (``NUMBA_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``) unless set before the start; the load
 average is printed.  ``--write-results`` records the totals and the phases as the entry
@@ -131,6 +132,7 @@ else:
     sys.meta_path.insert(0, KernelsWatch())
 
 wrap("refimpl.backends.numba_cpu.packed_words", None, "pack_words", "the packing")
+wrap("refimpl.backends.numba_cpu.cached_kernels", None, "_load_first_audio", "the kernels loaded ahead")
 
 from refimpl import Qwen3TTS
 path, text, speaker, language, frames = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
@@ -289,7 +291,7 @@ def main() -> None:
         ("  the model's weights read", best_spent("the model's weights read"), "the Talker's file: map, copies"),
         ("    the huge-page copy", best_spent("the huge-page copy"), "bf16 matrices into 2 MB pages"),
         ("  the finiteness check", best_spent("the finiteness check"), "every weight read once"),
-        ("  the codec loaded", best_spent("the codec loaded"), ""),
+        ("  the codec loaded", best_spent("the codec loaded"), "in a thread, beside the Talker's check"),
         ("  the text tokenizer loaded", best_spent("the text tokenizer loaded"), ""),
         ("the stream's call", best("stream call"), "the prompt built and embedded"),
         ("  the text tokenized", best_spent("the text tokenized"), ""),
@@ -303,6 +305,7 @@ def main() -> None:
             f"{len(kernels)} first calls; their cache loads "
             f"{min(sum(c for _, _, c in r['first calls']) for r in runs):.3f} s",
         ),
+        ("  the kernels loaded ahead", best_spent("the kernels loaded ahead"), "from the cache, in a thread (load)"),
         ("  the packing", best_spent("the packing"), "the code predictor's words in 12 bits (in a thread)"),
         ("the rest of the frames and the decode", best("rest"), f"to {args.frames} frames"),
     ]

@@ -19,7 +19,8 @@ backend module provides ``TWINS`` (primitive name -> twin: a module-level table,
 registered); a device backend's module also ``xp`` (its NumPy-like namespace), ``to_device(host)``,
 ``to_host(device array)``, ``special`` (its ``scipy.special``) and ``available()`` (raises
 ``BackendUnavailable`` naming what is missing); any backend module may provide ``prepare_weights(matrices)``,
-its layouts of a model's weights started at the load (``prepare_weights`` here).  Besides "cupy" there is
+its layouts of a model's weights started at the load, and ``prepare_kernels()``, what it readies at the start
+of a load (``prepare_weights`` and ``prepare_kernels`` here).  Besides "cupy" there is
 the test backend "strict" (``refimpl/backends/strict_device.py``): NumPy underneath, as strict as CuPy
 about host round trips and results, so CI proves the device data flow without a GPU.  It is accepted
 everywhere a backend name is, but not listed in ``BACKENDS`` (no user should pick it).
@@ -57,6 +58,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "BACKENDS",
+    "prepare_kernels",
     "prepare_weights",
     "AUTO_RULE",
     "Backend",
@@ -406,10 +408,23 @@ def prepare_weights(matrices: list, dtype: Any) -> None:
     (``backend_for_call``), so that it may prepare its layouts of them ahead of their first use (a backend
     module's optional ``prepare_weights(matrices)``: the numba backend packs the code predictor's words in a
     thread).  Nothing for the other backends."""
-    name = backend_for_call(active_backend()[0], np.empty(0, dtype))
-    prepare = getattr(REGISTRY[name].load(), "prepare_weights", None)
+    prepare = getattr(_module_for_calls(dtype), "prepare_weights", None)
     if prepare is not None:
         prepare(matrices)
+
+
+def prepare_kernels(dtype: Any) -> None:
+    """Tell the backend that will run a model's ``dtype`` calls that a load has started (a backend module's
+    optional ``prepare_kernels()``: the numba backend loads the first audio's kernels from its cache in a
+    thread).  Nothing for the other backends."""
+    prepare = getattr(_module_for_calls(dtype), "prepare_kernels", None)
+    if prepare is not None:
+        prepare()
+
+
+def _module_for_calls(dtype: Any) -> Any:
+    """The module of the backend that will run the ``dtype`` calls of a model loaded now."""
+    return REGISTRY[backend_for_call(active_backend()[0], np.empty(0, dtype))].load()
 
 
 def twin_of(name: str, backend_name: str) -> Callable[..., Any] | None:

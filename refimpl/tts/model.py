@@ -29,9 +29,11 @@ the decoder's chunk loop, e.g. ``progress=tqdm.tqdm`` (the command line passes i
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,7 +42,7 @@ from typing import Any, TypeGuard, TypeVar
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..backends import iterate_on_model_backend, on_model_backend, prepare_weights
+from ..backends import device_backend, iterate_on_model_backend, on_model_backend, prepare_kernels, prepare_weights
 from ..backends.bf16 import BF16Matrix
 from ..backends.host_memory import copy_into_huge_pages_later, huge_pages_enabled
 from ..codec.speech_tokenizer import Progress, SpeechTokenizer
@@ -94,6 +96,7 @@ Generated = tuple[list[np.ndarray], int] | tuple[list[np.ndarray], int, list[np.
 # a reference voice's audio: a WAV path, or (samples, sample rate)
 RefAudio = str | Path | tuple[np.ndarray, int]
 TTS = TypeVar("TTS", bound="Qwen3TTS")
+R = TypeVar("R")
 
 
 @dataclass
@@ -122,6 +125,18 @@ class Prompts:
 
 
 STREAM_CHUNK_FRAMES = (1, 2, 4)  # the default schedule: the first audio after one frame, then 2, then 4 at a time
+
+
+def beside(load: Callable[..., R], *args: Any) -> Callable[[], R]:
+    """Start ``load(*args)`` in a thread, in the caller's context (its backend); return the function that
+    waits for it and gives its result or raises its error.  On a device backend it runs in the caller's
+    thread when the result is asked for (a device's uploads stay on the thread that uses them)."""
+    if device_backend() is not None:
+        return partial(load, *args)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refimpl-load")
+    future = pool.submit(contextvars.copy_context().run, load, *args)
+    pool.shutdown(wait=False)  # (its thread ends with the load)
+    return future.result
 
 
 def matrices_for_huge_pages(talker: Talker) -> list:
@@ -248,11 +263,17 @@ class Qwen3TTS:
             raise CheckpointError(f"{directory}/config.json has no talker_config: not a Qwen3-TTS model")
         cfg = TTSConfig.from_dict(config)
         check_prefixes(directory, ("talker.", "speaker_encoder."), f"Qwen3-TTS model ({directory})")
+        if not (directory / "speech_tokenizer" / "config.json").is_file():
+            raise CheckpointError(f"{directory} has no speech_tokenizer/config.json")
         # float32: bfloat16 matrices stay as stored (half the memory; widened where used, exactly), read from
         # the memory map until their copy in huge pages is made, on an idle core (off the first audio's path)
         talker_weights = read_checkpoint_weights(
             directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32, huge_pages=False
         )
+        prepare_kernels(dtype)  # (numba: the first audio's kernels loaded from its cache in a thread)
+        # the codec read and checked beside the Talker (both wait mostly in NumPy loops and page faults, which
+        # let the other thread run); its error, if any, is raised after the Talker's, as in sequence
+        codec = beside(SpeechTokenizer.from_pretrained, directory / "speech_tokenizer", dtype)
         talker = Talker(cfg.talker_config, talker_weights, dtype)  # type: ignore[arg-type]  # from_dict sets it
         prepare_weights(list(talker.code_predictor.weights.values()), dtype)  # (numba: packed in a thread)
         if huge_pages_enabled():
@@ -260,9 +281,7 @@ class Qwen3TTS:
         speaker_encoder = None
         if cfg.tts_model_type == "base":
             speaker_encoder = SpeakerEncoder.from_pretrained(directory, dtype)
-        if not (directory / "speech_tokenizer" / "config.json").is_file():
-            raise CheckpointError(f"{directory} has no speech_tokenizer/config.json")
-        speech_tokenizer = SpeechTokenizer.from_pretrained(directory / "speech_tokenizer", dtype)
+        speech_tokenizer = codec()
         defaults = {}
         if (directory / "generation_config.json").is_file():
             defaults = read_json_object(directory / "generation_config.json")

@@ -15,6 +15,7 @@ Each module is named after the code it speeds up; the modules below them hold wh
     intrinsics                              bit casts, exp, prefetch, rows on cache lines
     amx, amx_conv                           the AMX tiles: their core, the convolutions on them
     kept, packed_words                      layouts kept per read-only weight; the 12-bit packed words
+    cached_kernels                          the first audio's kernels loaded from the cache ahead
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ runtime.configure()  # before Numba is imported: it reads its settings then
 
 from . import (  # noqa: E402
     attention,
+    cached_kernels,
     codec_decoder,
     codec_encoder,
     codec_quantization,
@@ -37,7 +39,13 @@ from . import (  # noqa: E402
 )
 from .runtime import available  # noqa: E402
 
-__all__ = ["TWINS", "available", "prepare_weights"]
+__all__ = ["TWINS", "available", "prepare_kernels", "prepare_weights"]
+
+
+def prepare_kernels() -> None:
+    """What this backend does at the start of a model's load: the kernels of the first audio loaded from the
+    cache in a thread, beside the load (``cached_kernels.load_ahead``)."""
+    cached_kernels.load_ahead()
 
 
 def prepare_weights(matrices) -> None:

@@ -1,0 +1,100 @@
+"""The kernels a model's first audio calls, brought from Numba's on-disk cache ahead of their first call, in a
+thread that a model's load starts (``load_ahead``), while the load goes on beside it (the weights' check and
+the codec's load spend their time in NumPy loops that release the interpreter).
+
+A kernel's first call in a fresh process loads its compiled code from the cache (``runtime``): for the
+first kernel of a process Numba also sets up its registries (they import SciPy's linear algebra), then
+each kernel's object code is linked into memory.  Done at the first calls, all of that waits on the
+prompt's path; done here, it overlaps the load.  Only what the cache holds for this machine is loaded:
+a kernel never compiled (or whose entries the package's source no longer matches) is left to its first
+call, which compiles it as before.  The same machine code runs either way: a loaded overload is the one
+the first call would have loaded."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+# The first audio's kernels (``Qwen3TTS.stream_*``: the code predictor's packing, the prompt, a frame, the
+# first chunk's decode), module and name, in the order of their first calls.  A kernel missing here is
+# loaded at its first call as before (tests/backends/numba_cpu/test_cached_kernels.py checks the list
+# against a generation's first calls).
+FIRST_AUDIO = (
+    ("packed_words", "_high_byte_counts"),
+    ("packed_words", "_pack_rows"),
+    ("packed_words", "_list_words"),
+    ("amx", "_tiles_take"),
+    ("linear", "_bf16_block_times"),
+    ("linear", "_matvec_bf16_into"),
+    ("transformer", "_decoder_steps_bf16"),
+    ("elementwise", "_rms_norm_rows"),
+    ("packed_words", "_packed_products_into"),
+    ("conv", "_stack_taps_into"),
+    ("attention", "_masked_softmax_rows"),
+    ("conv", "_few_frames_times"),
+    ("conv", "_overlap_add_into"),
+    ("intrinsics", "_rows_on_cache_lines"),
+    ("linear", "_rows_times_f32"),
+    ("elementwise", "_gelu_erf_into"),
+    ("elementwise", "_snake_rows_into"),
+    ("codec_decoder", "_unit_convs_direct"),
+    ("elementwise", "_add_bias_and_residual"),
+    ("conv", "_direct_conv_into"),
+    ("codec_decoder", "_snake_conv_few_into"),
+)
+
+_THREADS: list = []  # the thread of load_ahead, once started (once a process)
+_START = threading.Lock()
+
+
+def load_ahead() -> None:
+    """Start loading ``FIRST_AUDIO``'s cached kernels in a thread (once a process; a later call does nothing)."""
+    with _START:
+        if not _THREADS:
+            _THREADS.append(threading.Thread(target=_load_first_audio, name="refimpl-kernels", daemon=True))
+            _THREADS[0].start()
+
+
+def wait_for_loading() -> None:
+    """Return when ``load_ahead``'s thread has finished (at once if it never started)."""
+    for thread in _THREADS:
+        thread.join()
+
+
+def _load_first_audio() -> None:
+    try:
+        from numba.core.registry import cpu_target
+
+        cpu_target.target_context.refresh()  # Numba's registries: the set-up of the first cache load
+        for module, name in FIRST_AUDIO:
+            load_cached(getattr(importlib.import_module(f"{__package__}.{module}"), name))
+    except Exception:  # (a Numba without these internals): each kernel's first call loads it, as before
+        return
+
+
+def load_cached(kernel) -> int:
+    """Load every overload of the Numba dispatcher ``kernel`` that its on-disk cache holds for this machine
+    and that it does not have yet, as its first call with those argument types would (no compilation);
+    returns how many it loaded.  Holds Numba's compiler lock for this kernel only, so a first call of
+    another kernel elsewhere waits for one load at most."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    cache, context = kernel._cache, kernel.targetctx
+    index_file = getattr(cache, "_cache_file", None)
+    if index_file is None:  # not cached (cache=False)
+        return 0
+    magic = context.codegen().magic_tuple()  # this machine's target, CPU name and features
+    loaded = 0
+    with global_compiler_lock:
+        for key in index_file._load_index():  # (argument types, machine, source stamp)
+            signature = tuple(key[0])
+            if key[1] != magic or signature in kernel.overloads:
+                continue
+            compiled = cache.load_overload(signature, context)
+            if compiled is None:
+                continue
+            if not compiled.objectmode:  # (as Dispatcher.compile does with what it loads)
+                context.insert_user_function(compiled.entry_point, compiled.fndesc, [compiled.library])
+            kernel.add_overload(compiled)
+            loaded += 1
+    return loaded

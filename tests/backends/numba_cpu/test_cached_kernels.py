@@ -1,0 +1,105 @@
+"""The first audio's kernels loaded from Numba's cache ahead of their first calls (``cached_kernels``): what
+is loaded is what a first call would load (no compilation, the same results), the list names real cached
+kernels, and it covers the kernels a generation's first audio calls, so that after the load's thread has
+run, none of them waits on the cache at its first call.  Each run is a fresh process (a kernel's first
+call happens once a process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+pytest.importorskip("numba")
+
+from refimpl.backends import numba_cpu  # noqa: E402
+from refimpl.backends.numba_cpu import cached_kernels  # noqa: E402
+
+# A fresh process: the embedded CustomVoice model streamed to its first chunk on the numba backend, every
+# first call of a kernel of the backend recorded (the kernels loaded ahead have none).  argv: "ahead" to let
+# the load start its thread (and wait for it before the first chunk), "first-calls" to turn it off.
+FIRST_CHUNK = r"""
+import json, sys
+import numba.core.dispatcher as dispatcher
+from refimpl.backends.numba_cpu import cached_kernels
+from refimpl import Qwen3TTS, use_backend
+
+first_calls = []
+compile_for_args = dispatcher.Dispatcher._compile_for_args
+def recorded(self, *a, **k):
+    module = self.py_func.__module__
+    if module.startswith("refimpl.backends.numba_cpu."):
+        first_calls.append([module.rsplit(".", 1)[1], self.py_func.__name__])
+    return compile_for_args(self, *a, **k)
+dispatcher.Dispatcher._compile_for_args = recorded
+if sys.argv[1] == "first-calls":
+    cached_kernels.load_ahead = lambda: None
+with use_backend("numba"):
+    tts = Qwen3TTS.from_pretrained("default")
+    if sys.argv[1] == "ahead":
+        cached_kernels.wait_for_loading()
+        first_calls.clear()  # (the packing's, waited for with the loading: not a generation's)
+    stream = tts.stream_custom_voice("Hello there.", speaker="eric", language="english", max_new_tokens=3,
+                                     do_sample=False, subtalker_dosample=False)
+    first = next(stream)
+print(json.dumps({"first_calls": first_calls, "samples": len(first), "sum": float(first.astype(float).sum())}))
+"""
+
+
+def first_chunk(mode: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), NUMBA_NUM_THREADS="2")
+    run = subprocess.run(
+        [sys.executable, "-c", FIRST_CHUNK, mode], capture_output=True, text=True, env=env, timeout=900, cwd=REPO
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_the_list_names_cached_kernels_of_the_backend_once_each():
+    assert len(set(cached_kernels.FIRST_AUDIO)) == len(cached_kernels.FIRST_AUDIO)
+    for module, name in cached_kernels.FIRST_AUDIO:
+        kernel = getattr(getattr(numba_cpu, module), name)
+        assert getattr(kernel._cache, "_cache_file", None) is not None, f"{module}.{name} is not cached"
+
+
+def test_the_first_audio_calls_no_listed_kernel_first_once_they_are_loaded_ahead():
+    """Without the thread, a generation's first chunk calls kernels for the first time (the list must name
+    every one of them); with it, none of the listed ones (they were loaded from the cache), and the audio
+    is the same to the bit."""
+    without = first_chunk("first-calls")
+    called = {tuple(c) for c in without["first_calls"]}
+    assert called, "no kernel called: the test ran no numba kernel"
+    missing = called - set(cached_kernels.FIRST_AUDIO)
+    assert not missing, f"first calls of the first audio not in FIRST_AUDIO: {sorted(missing)}"
+    ahead = first_chunk("ahead")
+    assert ahead["first_calls"] == [], ahead["first_calls"]
+    assert (ahead["samples"], ahead["sum"]) == (without["samples"], without["sum"])
+
+
+def test_load_cached_loads_without_compiling(tmp_path):
+    """In a fresh process whose cache holds a kernel, ``load_cached`` adds its overloads (the count it says),
+    and the kernel's first call then finds them: no cache miss, no compilation."""
+    script = r"""
+import json
+import numpy as np
+from refimpl.backends.numba_cpu import cached_kernels, elementwise
+kernel = elementwise._rms_norm_rows
+loaded = cached_kernels.load_cached(kernel)
+before = len(kernel.overloads)
+x = np.ones((2, 8), np.float32)
+out = elementwise.rms_norm(x, np.ones(8, np.float32), 1e-6)
+print(json.dumps({"loaded": loaded, "before": before, "after": len(kernel.overloads),
+                  "misses": sum(kernel._cache_misses.values()), "again": cached_kernels.load_cached(kernel)}))
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO), NUMBA_CACHE_DIR=str(tmp_path))
+    for _ in range(2):  # the first run compiles into the empty cache; the second loads
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["loaded"] >= 1 and seen["before"] == seen["loaded"]
+    assert seen["after"] == seen["before"] and seen["misses"] == 0
+    assert seen["again"] == 0  # (what a dispatcher has is not loaded twice)
