@@ -63,9 +63,11 @@ def wait_for_loading() -> None:
 
 def _load_first_audio() -> None:
     try:
+        from numba.core.compiler_lock import global_compiler_lock
         from numba.core.registry import cpu_target
 
-        cpu_target.target_context.refresh()  # Numba's registries: the set-up of the first cache load
+        with global_compiler_lock:  # (as a first call does it: never beside another thread's)
+            cpu_target.target_context.refresh()  # Numba's registries: the set-up of the first cache load
         for module, name in FIRST_AUDIO:
             load_cached(getattr(importlib.import_module(f"{__package__}.{module}"), name))
     except Exception:  # (a Numba without these internals): each kernel's first call loads it, as before
