@@ -44,6 +44,7 @@ import functools
 import importlib
 import inspect
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
@@ -326,11 +327,16 @@ def special_module(x: object) -> Any:
 
 
 def _host_special() -> Any:
-    """``scipy.special``, imported at its first use (not by ``import refimpl``: a generation never needs it,
-    and importing it is a good part of a fresh process's start)."""
+    """``scipy.special``, imported at its first use, not by ``import refimpl`` (a codec or a speaker encoder
+    alone never needs it; a model's load imports it in a thread: ``prepare_kernels``)."""
     from scipy import special
 
     return special
+
+
+def _import_host_special() -> None:
+    with contextlib.suppress(Exception):  # (an import that fails here fails again, with its message, at its use)
+        _host_special()
 
 
 def model_scope(loaded_on: str | None, what: str) -> contextlib.AbstractContextManager[object]:
@@ -414,9 +420,12 @@ def prepare_weights(matrices: list, dtype: Any) -> None:
 
 
 def prepare_kernels(dtype: Any) -> None:
-    """Tell the backend that will run a model's ``dtype`` calls that a load has started (a backend module's
-    optional ``prepare_kernels()``: the numba backend loads the first audio's kernels from its cache in a
-    thread).  Nothing for the other backends."""
+    """Ready, beside a model's load, what its first calls will need: on the host, SciPy's special functions
+    imported in a thread (``_host_special``); and the backend that will run the model's ``dtype`` calls told
+    that a load has started (a backend module's optional ``prepare_kernels()``: the numba backend loads the
+    first audio's kernels from its cache in a thread)."""
+    if device_backend() is None:
+        threading.Thread(target=_import_host_special, name="refimpl-imports", daemon=True).start()
     prepare = getattr(_module_for_calls(dtype), "prepare_kernels", None)
     if prepare is not None:
         prepare()
