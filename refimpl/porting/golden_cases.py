@@ -332,6 +332,10 @@ def run_cases(
     to this process stops every worker first (a trace being written removes its temporary file), so that
     none goes on writing after the command has ended; on a Dask cluster the cases not finished are
     cancelled."""
+    # Each case runs alone, never in a batch with others (docs/performance.md, "Batches"): a case is a traced
+    # run, which takes the reference path (a fused twin records nothing), and there a batch's row does not
+    # trace as the case alone does (a product over B rows is not one row's bits; a padded prompt changes
+    # every prompt tensor), so its file would not be the single run's.
     args = [(str(model) if model else None, case, str(out_dir), fmt, dtype) for case in cases]
     progress = progress or (lambda iterable, desc: iterable)
     run = run or run_case_or_fail

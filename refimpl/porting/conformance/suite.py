@@ -368,7 +368,9 @@ def make_suite(
     kept = {c.name: e for c in selected if (e := complete_case(c, out / "cases" / c.name)) is not None}
     cases = list(kept.values())
     # checkpoint by checkpoint, every float64 reference and then every float32 one: one model in memory at a
-    # time (at the released sizes a 1.7B model takes 14 GB in float64)
+    # time (at the released sizes a 1.7B model takes 14 GB in float64).  Each case alone, never batched with
+    # another: a reference is a trace, and a batch's row does not trace as its case alone does
+    # (docs/performance.md, "Batches"; say-batch is the batch its case asks for)
     work = [
         (kind, dtype, c)
         for kind in directories
