@@ -2,6 +2,7 @@
 mistake each are named where they go wrong (first divergence, shapes in execution order, waveforms with
 their frame); the suite and the results are validated."""
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -76,6 +77,29 @@ def test_the_suite_covers_every_network_and_mode(made):
     readme = (suite_dir / "README.md").read_text()
     assert "refimpl conformance grade" in readme and all(f"`{n}`" in readme for n in names)
     assert json.loads((suite_dir / "cases" / "clone-icl" / "case.json").read_text())["name"] == "clone-icl"
+
+
+def test_each_row_of_the_batch_case_is_its_text_alone_in_codes_and_audio(made):
+    """say-batch's rows against their texts traced alone, as the suite traces a case (the first text is the
+    longer, unpadded; the second left-padded): the same codes and audio bit for bit in both precisions.
+    (Their traces differ in a few hundred tensors: why the suite and golden corpora run each case alone,
+    docs/performance.md "Batches".)"""
+    suite_dir, _ = made
+    case = next(c for c in suite.CASES if c.name == "say-batch")
+    models = suite.Models(suite.resolve_checkpoints(None)[0])
+    for precision, dtype in (("float64", np.float64), ("float32", np.float32)):
+        batch = reference(suite_dir, "say-batch", precision)
+        for i, text in enumerate(case.options["text"]):
+            alone = suite.reference_trace(
+                dataclasses.replace(case, options=dict(case.options, text=text)), models, {}, dtype
+            )
+            for output in ("codes", "waveform"):
+                np.testing.assert_array_equal(
+                    batch[f"refimpl.{output}.{i}"],
+                    alone[f"refimpl.{output}.0"],
+                    err_msg=f"{precision} row {i} {output}",
+                )
+        models.keep_only(None)
 
 
 def test_our_float32_run_passes_every_case_as_traces_and_as_plain_outputs(made, tmp_path):
