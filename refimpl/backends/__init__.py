@@ -334,11 +334,6 @@ def _host_special() -> Any:
     return special
 
 
-def _import_host_special() -> None:
-    with contextlib.suppress(Exception):  # (an import that fails here fails again, with its message, at its use)
-        _host_special()
-
-
 def model_scope(loaded_on: str | None, what: str) -> contextlib.AbstractContextManager[object]:
     """The backend a model's public method runs under: a model whose weights were uploaded to device
     backend ``loaded_on`` runs there, whatever host backend is active (its weights live on that device);
@@ -420,15 +415,26 @@ def prepare_weights(matrices: list, dtype: Any) -> None:
 
 
 def prepare_kernels(dtype: Any) -> None:
-    """Ready, beside a model's load, what its first calls will need: on the host, SciPy's special functions
-    imported in a thread (``_host_special``); and the backend that will run the model's ``dtype`` calls told
+    """Ready, beside a model's load, what its first calls will need, in a thread (in the caller's context: its
+    backend) for a model on the host: the backend that will run the model's ``dtype`` calls imported and told
     that a load has started (a backend module's optional ``prepare_kernels()``: the numba backend loads the
-    first audio's kernels from its cache in a thread)."""
-    if device_backend() is None:
-        threading.Thread(target=_import_host_special, name="refimpl-imports", daemon=True).start()
-    prepare = getattr(_module_for_calls(dtype), "prepare_kernels", None)
-    if prepare is not None:
-        prepare()
+    first audio's kernels from its cache), then SciPy's special functions imported (``_host_special``).  A
+    failure there is silent: the same import or check fails again, with its message, at the load's
+    ``prepare_weights`` or at the first use.  On a device backend, in the caller's thread."""
+    if device_backend() is not None:
+        _prepare_kernels(dtype)
+        return
+    run = contextvars.copy_context().run
+    threading.Thread(target=run, args=(_prepare_kernels, dtype, True), name="refimpl-imports", daemon=True).start()
+
+
+def _prepare_kernels(dtype: Any, host: bool = False) -> None:
+    with contextlib.suppress(Exception):
+        prepare = getattr(_module_for_calls(dtype), "prepare_kernels", None)
+        if prepare is not None:
+            prepare()
+        if host:
+            _host_special()
 
 
 def _module_for_calls(dtype: Any) -> Any:

@@ -270,9 +270,9 @@ class Qwen3TTS:
         talker_weights = read_checkpoint_weights(
             directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32, huge_pages=False
         )
-        prepare_kernels(dtype)  # (numba: the first audio's kernels loaded from its cache in a thread)
+        prepare_kernels(dtype)  # (numba imported, the first audio's kernels loaded from its cache: in threads)
         # the codec read and checked beside the Talker (both wait mostly in NumPy loops and page faults, which
-        # let the other thread run); its error, if any, is raised after the Talker's, as in sequence
+        # let the other threads run); its error, if any, is raised after the Talker's, as in sequence
         codec = beside(SpeechTokenizer.from_pretrained, directory / "speech_tokenizer", dtype)
         talker = Talker(cfg.talker_config, talker_weights, dtype)  # type: ignore[arg-type]  # from_dict sets it
         prepare_weights(list(talker.code_predictor.weights.values()), dtype)  # (numba: packed in a thread)
