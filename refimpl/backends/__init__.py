@@ -20,7 +20,7 @@ registered); a device backend's module also ``xp`` (its NumPy-like namespace), `
 ``to_host(device array)``, ``special`` (its ``scipy.special``) and ``available()`` (raises
 ``BackendUnavailable`` naming what is missing); any backend module may provide ``prepare_weights(matrices)``,
 its layouts of a model's weights started at the load, and ``prepare_kernels()``, what it readies at the start
-of a load (``prepare_weights`` and ``prepare_kernels`` here).  Besides "cupy" there is
+of a load (both called by ``prepare_load`` here).  Besides "cupy" there is
 the test backend "strict" (``refimpl/backends/strict_device.py``): NumPy underneath, as strict as CuPy
 about host round trips and results, so CI proves the device data flow without a GPU.  It is accepted
 everywhere a backend name is, but not listed in ``BACKENDS`` (no user should pick it).
@@ -44,7 +44,6 @@ import functools
 import importlib
 import inspect
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
@@ -59,7 +58,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "BACKENDS",
-    "prepare_kernels",
+    "prepare_load",
     "prepare_weights",
     "AUTO_RULE",
     "Backend",
@@ -328,7 +327,7 @@ def special_module(x: object) -> Any:
 
 def _host_special() -> Any:
     """``scipy.special``, imported at its first use, not by ``import refimpl`` (a codec or a speaker encoder
-    alone never needs it; a model's load imports it in a thread: ``prepare_kernels``)."""
+    alone never needs it; the numba backend imports it ahead of a model's first audio: ``cached_kernels``)."""
     from scipy import special
 
     return special
@@ -414,27 +413,17 @@ def prepare_weights(matrices: list, dtype: Any) -> None:
         prepare(matrices)
 
 
-def prepare_kernels(dtype: Any) -> None:
-    """Ready, beside a model's load, what its first calls will need, in a thread (in the caller's context: its
-    backend) for a model on the host: the backend that will run the model's ``dtype`` calls imported and told
-    that a load has started (a backend module's optional ``prepare_kernels()``: the numba backend loads the
-    first audio's kernels from its cache), then SciPy's special functions imported (``_host_special``).  A
-    failure there is silent: the same import or check fails again, with its message, at the load's
-    ``prepare_weights`` or at the first use.  On a device backend, in the caller's thread."""
-    if device_backend() is not None:
-        _prepare_kernels(dtype)
-        return
-    run = contextvars.copy_context().run
-    threading.Thread(target=run, args=(_prepare_kernels, dtype, True), name="refimpl-imports", daemon=True).start()
-
-
-def _prepare_kernels(dtype: Any, host: bool = False) -> None:
-    with contextlib.suppress(Exception):
-        prepare = getattr(_module_for_calls(dtype), "prepare_kernels", None)
-        if prepare is not None:
-            prepare()
-        if host:
-            _host_special()
+def prepare_load(dtype: Any, matrices: list) -> None:
+    """What a model's load tells the backend that will run its ``dtype`` calls (``backend_for_call``), once its
+    files are mapped: that a load has started (a backend module's optional ``prepare_kernels()``: the numba
+    backend loads the first audio's kernels from its cache in a thread), and its read-only ``matrices`` to
+    prepare layouts of ahead of their first use (``prepare_weights``).  The backend's module is imported here,
+    in the caller's thread (two threads importing Numba's modules at once can each see the other's half
+    made)."""
+    prepare = getattr(_module_for_calls(dtype), "prepare_kernels", None)
+    if prepare is not None:
+        prepare()
+    prepare_weights(matrices, dtype)
 
 
 def _module_for_calls(dtype: Any) -> Any:

@@ -42,8 +42,8 @@ from typing import Any, TypeGuard, TypeVar
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..backends import device_backend, iterate_on_model_backend, on_model_backend, prepare_kernels, prepare_weights
-from ..backends.bf16 import BF16Matrix
+from ..backends import device_backend, iterate_on_model_backend, on_model_backend, prepare_load
+from ..backends.bf16 import BF16Matrix, mark_read_packed
 from ..backends.host_memory import copy_into_huge_pages_later, huge_pages_enabled
 from ..codec.speech_tokenizer import Progress, SpeechTokenizer
 from ..io.audio import audio_as_float, check_sample_rate, read_wav
@@ -60,6 +60,7 @@ from ..io.checkpoint import (
 from ..io.hub import resolve_model
 from ..recorder import NULL_RECORDER, Recorder, as_recorder
 from ..sampling import SamplingSettings, UniformDraws
+from .code_predictor import read_packed_weight_names
 from .generate import GenerationLog, generate_codes, iterate_frames
 from .prompt import PromptLayout, TTSConfig, build_layout, embed_layout
 from .speaker_encoder import SpeakerEncoder
@@ -137,6 +138,14 @@ def beside(load: Callable[..., R], *args: Any) -> Callable[[], R]:
     future = pool.submit(contextvars.copy_context().run, load, *args)
     pool.shutdown(wait=False)  # (its thread ends with the load)
     return future.result
+
+
+def code_predictor_read_packed(talker_weights: dict, cfg: Any) -> list:
+    """The code predictor's read-packed matrices among the Talker's weights, marked as its constructor marks
+    them (``mark_read_packed``: the same words, so what the backend makes of them now serves it later)."""
+    names = ["code_predictor." + n for n in read_packed_weight_names(cfg.code_predictor_config, cfg.hidden_size)]
+    marked = mark_read_packed(talker_weights, names)
+    return [marked[n] for n in names if n in marked]
 
 
 def matrices_for_huge_pages(talker: Talker) -> list:
@@ -270,12 +279,13 @@ class Qwen3TTS:
         talker_weights = read_checkpoint_weights(
             directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32, huge_pages=False
         )
-        prepare_kernels(dtype)  # (numba imported, the first audio's kernels loaded from its cache: in threads)
+        # (numba: the first audio's kernels loaded from its cache and the code predictor's matrices packed, in
+        # threads beside the checks)
+        prepare_load(dtype, code_predictor_read_packed(talker_weights, cfg.talker_config))
         # the codec read and checked beside the Talker (both wait mostly in NumPy loops and page faults, which
         # let the other threads run); its error, if any, is raised after the Talker's, as in sequence
         codec = beside(SpeechTokenizer.from_pretrained, directory / "speech_tokenizer", dtype)
         talker = Talker(cfg.talker_config, talker_weights, dtype)  # type: ignore[arg-type]  # from_dict sets it
-        prepare_weights(list(talker.code_predictor.weights.values()), dtype)  # (numba: packed in a thread)
         if huge_pages_enabled():
             copy_into_huge_pages_later(matrices_for_huge_pages(talker), release=release_pages)
         speaker_encoder = None

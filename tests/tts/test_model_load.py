@@ -4,6 +4,7 @@ a device backend."""
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
@@ -51,3 +52,28 @@ def test_the_talkers_error_comes_first_then_the_codecs(monkeypatch):
     monkeypatch.setattr(model, "Talker", broken_talker)
     with pytest.raises(CheckpointError, match="the Talker's own error"):
         Qwen3TTS.from_pretrained("default")
+
+
+def test_the_load_packs_the_code_predictors_matrices_before_their_first_use(monkeypatch, tmp_path):
+    """On the numba backend the load hands the code predictor's read-packed matrices to the backend before the
+    Talker is checked and built: once its threads are done, every one of them is packed, and the code
+    predictor's first use finds the packing (none is made again).  The tiny CustomVoice in bfloat16, its code
+    predictor 64 wide (packed words take widths of 64)."""
+    pytest.importorskip("numba")
+    from refimpl.backends.numba_cpu import packed_words
+    from refimpl.porting import presets, synthetic
+
+    talker = copy.deepcopy(presets.TINY_TALKER_CUSTOMVOICE)
+    talker["code_predictor_config"].update(hidden_size=64, intermediate_size=128, head_dim=16)
+    synthetic.write_tts_model(tmp_path, "custom_voice", "0b6", talker, dtype="bfloat16")
+    with use_backend("numba"):
+        tts = Qwen3TTS.from_pretrained(tmp_path)
+    packed_words._wait_for_packing_ahead()
+    matrices = [m for m in tts.talker.code_predictor.weights.values() if packed_words._packable(m)]
+    assert matrices, "the embedded model's code predictor has no packable matrix: the test proves nothing"
+
+    def packing_again(bits):
+        raise AssertionError("packed again at the first use")
+
+    monkeypatch.setattr(packed_words, "pack_words", packing_again)
+    assert all(packed_words.packed_words(m) is not None for m in matrices)

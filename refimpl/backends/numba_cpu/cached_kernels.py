@@ -43,6 +43,11 @@ FIRST_AUDIO = (
     ("codec_decoder", "_snake_conv_few_into"),
 )
 
+# Modules the first audio imports, imported first in the thread: SciPy's special functions (the prompt's
+# SiLU, a reference primitive), before Numba's registries import SciPy's linear algebra (one thread
+# imports SciPy, never two at once: each could see the other's modules half made).
+FIRST_AUDIO_IMPORTS = ("scipy.special",)
+
 _THREADS: list = []  # the thread of load_ahead, once started (once a process)
 _START = threading.Lock()
 
@@ -66,6 +71,8 @@ def _load_first_audio() -> None:
         from numba.core.compiler_lock import global_compiler_lock
         from numba.core.registry import cpu_target
 
+        for module in FIRST_AUDIO_IMPORTS:
+            importlib.import_module(module)
         with global_compiler_lock:  # (as a first call does it: never beside another thread's)
             cpu_target.target_context.refresh()  # Numba's registries: the set-up of the first cache load
         for module, name in FIRST_AUDIO:

@@ -23,7 +23,7 @@ from refimpl.backends.numba_cpu import cached_kernels  # noqa: E402
 # first call of a kernel of the backend recorded (the kernels loaded ahead have none).  argv: "ahead" to let
 # the load start its thread (and wait for it before the first chunk), "first-calls" to turn it off.
 FIRST_CHUNK = r"""
-import json, sys, threading
+import json, sys
 import numba.core.dispatcher as dispatcher
 from refimpl.backends.numba_cpu import cached_kernels
 from refimpl import Qwen3TTS, use_backend
@@ -41,9 +41,6 @@ if sys.argv[1] == "first-calls":
 with use_backend("numba"):
     tts = Qwen3TTS.from_pretrained("default")
     if sys.argv[1] == "ahead":
-        for thread in threading.enumerate():  # (the thread that imports the backend and starts the loading)
-            if thread.name == "refimpl-imports":
-                thread.join()
         cached_kernels.wait_for_loading()
         first_calls.clear()  # (the packing's, waited for with the loading: not a generation's)
     stream = tts.stream_custom_voice("Hello there.", speaker="eric", language="english", max_new_tokens=3,
