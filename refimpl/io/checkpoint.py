@@ -529,9 +529,11 @@ def non_finite_tensors(weights: Mapping[str, np.ndarray], names, span: int = 1 <
             finite = True
             for i in range(0, flat.size, span):
                 part = flat[i : i + span]
-                if finite:
+                if finite and isinstance(part, np.ndarray):  # host words: their exponents in the one buffer
                     np.bitwise_and(part, 0x7F80, out=exponents[: part.size])
                     finite = int(exponents[: part.size].max()) != 0x7F80
+                elif finite:  # a device's words: its own arrays
+                    finite = not bool((part & 0x7F80 == 0x7F80).any())
                 if release:
                     release_pages(part)
                 elif not finite:

@@ -328,3 +328,22 @@ def test_a_view_of_a_view_reads_the_same_dict():
     views = layer_views(model, "layers.", 2)
     assert all(v.weights is weights for v in views)
     assert [v.prefix for v in views] == ["model.layers.0.", "model.layers.1."]
+
+
+def test_the_finiteness_check_reads_host_and_device_words_alike():
+    """A bf16 matrix's words on the host (one buffer for their exponents) and on a device (the device's own
+    arrays: the strict test backend) get the same verdicts, span by span: NaN and infinity found wherever
+    they lie, finite words passed."""
+    from refimpl.backends import REGISTRY
+    from refimpl.backends.bf16 import BF16Matrix
+    from refimpl.io.checkpoint import non_finite_tensors
+
+    device = REGISTRY["strict"]
+    device.load()
+    finite = np.full((4, 64), 0x3F80, np.uint16)  # 1.0
+    for special in (0x7FC0, 0xFF80, 0x7F80):  # NaN, -inf, +inf
+        bad = finite.copy()
+        bad[3, 63] = special  # in the last span
+        for move in (np.asarray, device.to_device):
+            weights = {"bad.weight": BF16Matrix(move(bad)), "good.weight": BF16Matrix(move(finite))}
+            assert non_finite_tensors(weights, ["good.weight", "bad.weight"], span=100) == ["bad.weight"]
