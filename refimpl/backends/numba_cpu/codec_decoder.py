@@ -20,7 +20,7 @@ from .amx_conv import (
     _unit_scratch_words,
     _weight_tiles,
 )
-from .conv import PER_TAP_MAX_OUT, _direct_conv_into, direct_conv_takes, direct_width
+from .conv import DIRECT_STEPS, PER_TAP_MAX_OUT, _direct_conv_into, direct_conv_takes, direct_width
 from .elementwise import (
     _add_bias_and_residual,
     _add_bias_and_residual_rows,
@@ -30,9 +30,9 @@ from .elementwise import (
     snake_beta,
 )
 from .intrinsics import FASTMATH
-from .pieces import run_pieces
+from .pieces import run_pieces, time_pieces
 
-UNIT_PIECE = 1024  # time steps per piece of the fused residual unit: its stacked taps ([C * 7, 1024]) stay in cache
+UNIT_PIECE = 1024  # most time steps a piece of the fused residual unit: its stacked taps ([C * 7, 1024]) stay in cache
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
@@ -86,15 +86,15 @@ def residual_unit(u, dilation: int, x_bct, state, record=None):
 def residual_unit_push(
     x_bct, log_alpha1_c, log_beta1_c, w1_oik, b1_o, log_alpha2_c, log_beta2_c, w2_oi1, b2_o, dilation, context_bcs=None
 ):
-    """x + conv_k1(SnakeBeta_2(causal_conv_k7_dilated(SnakeBeta_1(x)))) for one push of a signal (float32,
-    C -> C channels): ``residual_unit``'s formula on plain arrays, ``context_bcs`` the k7 conv's left context
-    (the last 6 * dilation outputs of SnakeBeta_1 of the pushes before; None: zeros), returning (y, the
-    context for the next push).  Over pieces of ``UNIT_PIECE`` time
-    steps, each carried through the whole unit by one thread in its core's cache: SnakeBeta of the piece
-    and its left context (``context_bcs`` before the push, or zeros) straight into the stacked taps, one
-    product for the k7 conv, bias + SnakeBeta, one for the k1 conv, bias + residual into the output, the
-    only array of the signal's length (the reference makes five).  The next push's context is SnakeBeta of
-    the last samples, by the same row kernel.  On the AMX tiles: ``_residual_unit_on_tiles``."""
+    """x + conv_k1(SnakeBeta_2(causal_conv_k7_dilated(SnakeBeta_1(x)))) for one push of a signal (float32, C -> C
+    channels): ``residual_unit``'s formula on plain arrays, ``context_bcs`` the k7 conv's left context (the last 6 *
+    dilation outputs of SnakeBeta_1 of the pushes before; None: zeros), returning (y, the context for the next
+    push).  Over pieces of at most ``UNIT_PIECE`` time steps, shared evenly between the threads (``time_pieces``: a
+    streamed chunk's short push too), each carried through the whole unit by one thread in its core's cache:
+    SnakeBeta of the piece and its left context (``context_bcs`` before the push, or zeros) straight into the
+    stacked taps, one product for the k7 conv, bias + SnakeBeta, one for the k1 conv, bias + residual into the
+    output, the only array of the signal's length (the reference makes five).  The next push's context is SnakeBeta
+    of the last samples, by the same row kernel.  On the AMX tiles: ``_residual_unit_on_tiles``."""
     if x_bct.dtype != np.float32 or w1_oik.shape[0] != w1_oik.shape[1] or w2_oi1.shape[-1] != 1:
         return NotImplemented  # (float64: the reference runs)
     rows_bcs, T = _whole_rows(x_bct)  # no copy of a trimmed transposed-conv output
@@ -115,15 +115,14 @@ def residual_unit_push(
         _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct)
         return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
 
-    def piece(b, t0):
-        n = min(UNIT_PIECE, T - t0)
+    def piece(b, t0, n):
         cols_ckn = _snake_taps(rows_bcs[b], T, t0, n, alpha1, inv_beta1, K, dilation, context_bcs, b)
         h_cn = w1_m @ cols_ckn.reshape(C * K, n)
         g_cn = np.empty_like(h_cn)
         _snake_rows_into(h_cn, b1_o, alpha2, inv_beta2, g_cn)
         _add_bias_and_residual(w2_m @ g_cn, b2_o, rows_bcs[b], t0, out_bct[b])
 
-    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_PIECE)])
+    run_pieces(piece, [(b, t0, n) for b in range(B) for t0, n in time_pieces(T, UNIT_PIECE, DIRECT_STEPS)])
     return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
 
 
@@ -185,14 +184,14 @@ def snake_causal_conv(w, act: str, conv: str, x_bct, state, record=None):
 
 
 def snake_causal_conv_push(x_bct, log_alpha_c, log_beta_c, w_oik, b_o, context_bcs=None):
-    """causal_conv(SnakeBeta(x)) for one push of a signal (float32), ``context_bcs`` the conv's left context
-    (the last K - 1 outputs of SnakeBeta of the pushes before; None: zeros), returning (y, the context for the
-    next push), over pieces of ``UNIT_PIECE`` time steps side by
-    side: SnakeBeta of the piece and its K - 1 samples of left context, multiplied tap by tap into the few
-    outputs (``_snake_conv_few_into``: up to ``PER_TAP_MAX_OUT``, the decoder's last conv), or stacked into
-    the K taps for one matrix product (``_snake_taps``), + bias.  Neither SnakeBeta's full-length output
-    nor a padded copy of it is made (the reference's two arrays of the signal's length, the copy's fresh
-    pages a good part of a decode); the next push's context is ``residual_unit_push``'s."""
+    """causal_conv(SnakeBeta(x)) for one push of a signal (float32), ``context_bcs`` the conv's left context (the
+    last K - 1 outputs of SnakeBeta of the pushes before; None: zeros), returning (y, the context for the next
+    push), over pieces of at most ``UNIT_PIECE`` time steps side by side (``time_pieces``): SnakeBeta of the piece
+    and its K - 1 samples of left context, multiplied tap by tap into the few outputs (``_snake_conv_few_into``: up
+    to ``PER_TAP_MAX_OUT``, the decoder's last conv), or stacked into the K taps for one matrix product
+    (``_snake_taps``), + bias.  Neither SnakeBeta's full-length output nor a padded copy of it is made (the
+    reference's two arrays of the signal's length, the copy's fresh pages a good part of a decode); the next push's
+    context is ``residual_unit_push``'s."""
     if x_bct.dtype != np.float32:
         return NotImplemented  # (float64: the reference runs)
     rows_bcs, T = _whole_rows(x_bct)
@@ -204,8 +203,7 @@ def snake_causal_conv_push(x_bct, log_alpha_c, log_beta_c, w_oik, b_o, context_b
     no_context = np.zeros((0, 0), np.float32)
     out_bot = new_output((B, O, T))
 
-    def piece(b, t0):
-        n = min(UNIT_PIECE, T - t0)
+    def piece(b, t0, n):
         out_on = out_bot[b, :, t0 : t0 + n]
         if O <= PER_TAP_MAX_OUT:
             context_cs = no_context if context_bcs is None else np.ascontiguousarray(context_bcs[b], np.float32)
@@ -217,7 +215,7 @@ def snake_causal_conv_push(x_bct, log_alpha_c, log_beta_c, w_oik, b_o, context_b
         if b_o is not None:
             out_on += b_o[:, None]
 
-    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_PIECE)])
+    run_pieces(piece, [(b, t0, n) for b in range(B) for t0, n in time_pieces(T, UNIT_PIECE, DIRECT_STEPS)])
     return out_bot, _next_context(x_bct, log_alpha_c, log_beta_c, K - 1, context_bcs)
 
 
@@ -307,7 +305,7 @@ def _unit_convs_direct(x_ct, T, t0, n, params_6c, w1_oik, dilation, context_cs, 
 
 
 def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct):
-    """``residual_unit_push``'s pieces of ``UNIT_PIECE`` steps with the k7 conv on the direct kernel
+    """``residual_unit_push``'s pieces (``time_pieces``) with the k7 conv on the direct kernel
     (``_unit_convs_direct``), the 1x1 conv too where it takes it (``direct_conv_takes``; else BLAS's product),
     then bias + residual (the reference's order); side by side, each in this thread's words."""
     B, C = out_bct.shape[:2]
@@ -318,8 +316,7 @@ def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, cont
     w1_oik, w2_oi1 = np.ascontiguousarray(w1_oik, np.float32), np.ascontiguousarray(w2_oi1, np.float32)
     direct_1x1, w2_m = direct_conv_takes(C, C, 1), w2_oi1[:, :, 0]
 
-    def piece(b, t0):
-        n = min(UNIT_PIECE, T - t0)
+    def piece(b, t0, n):
         W = direct_width(n)  # (a short push: its own steps only)
         words = _thread_words(C * (left + 3 * W)).view(np.float32)
         z = words[: C * (left + W)].reshape(C, left + W)
@@ -331,4 +328,4 @@ def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, cont
             np.matmul(w2_m, g, out=h)
         _add_bias_and_residual(h[:, :n], params_6c[5], rows_bcs[b], t0, out_bct[b])
 
-    run_pieces(piece, [(b, t0) for b in range(B) for t0 in range(0, T, UNIT_PIECE)])
+    run_pieces(piece, [(b, t0, n) for b in range(B) for t0, n in time_pieces(T, UNIT_PIECE, DIRECT_STEPS)])

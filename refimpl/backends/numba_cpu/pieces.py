@@ -47,6 +47,19 @@ def run_pieces(piece, pieces: list) -> None:
             f.result()
 
 
+def time_pieces(T: int, most: int, step: int) -> list:
+    """(t0, n) of the pieces of T time steps that ``run_pieces`` shares out: as few as pieces of at most
+    ``most`` steps allow, their count a multiple of the threads (each thread the same share), each a whole
+    number of ``step`` steps but the last.  A short push (a streamed chunk: 128 steps at the decoder's first
+    block) is split between the threads instead of left to one."""
+    if T <= 0:
+        return []
+    threads = _piece_threads()
+    rounds = -(-T // (threads * most))  # pieces per thread
+    n = min(most, -(-T // (threads * rounds * step)) * step)
+    return [(t0, min(n, T - t0)) for t0 in range(0, T, n)]
+
+
 _LENDING = threading.Lock()
 _lending = {"runs": 0, "limiter": None}  # how many run_pieces hold BLAS at one thread now, and the limit's handle
 

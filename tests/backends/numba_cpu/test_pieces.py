@@ -76,3 +76,21 @@ def test_pieces_run_side_by_side_and_their_errors_reach_the_caller():
     seen.clear()
     numba_cpu.pieces.run_pieces(lambda i: seen.add(i), [(i,) for i in range(10)])
     assert seen == set(range(10))
+
+
+@pytest.mark.parametrize("threads", (1, 2, 3, 8))
+@pytest.mark.parametrize("T", (1, 31, 32, 64, 100, 128, 640, 1000, 2560, 7680, 240000))
+@pytest.mark.parametrize("most", (64, 1024, 1000))
+def test_time_pieces_tile_the_steps_in_even_shares(monkeypatch, threads, T, most):
+    """The pieces of a push cover its steps once, in order, none over ``most``, all but the last a whole
+    number of blocks where ``most`` is; and as even as blocks allow: no piece over an even share of the
+    threads' rounds (a short push split between the threads, not left to one) by more than a block."""
+    monkeypatch.setattr(numba_cpu.pieces, "_piece_threads", lambda: threads)
+    pieces = numba_cpu.pieces.time_pieces(T, most, 64)
+    assert [t0 for t0, _ in pieces] == list(range(0, T, pieces[0][1]))
+    assert sum(n for _, n in pieces) == T and all(0 < n <= most for _, n in pieces)
+    if most % 64 == 0:
+        assert all(n % 64 == 0 for _, n in pieces[:-1])
+    rounds = -(-T // (threads * most))  # pieces per thread, the fewest that pieces of ``most`` allow
+    assert len(pieces) <= threads * rounds
+    assert pieces[0][1] < T / (threads * rounds) + 64
