@@ -3,8 +3,8 @@
 speed.py measures a port beside refimpl in fresh processes (never in a test); what it computes from the
 workers' results is checked here on made-up results: the worker's JSON line found in its output, the per-frame
 arithmetic (the minimum of each length over the runs, then the difference over the frames between), the
-rows of the results file, and docs/tools/results.py's table "Speed, side by side" of docs/ports.md, "not
-measured" until an entry exists.
+options (qwentts.cpp's ``--quant``), the rows and keys of the results file (an entry per GGUF type), and
+docs/tools/results.py's table "Speed, side by side" of docs/ports.md, "not measured" until an entry exists.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def _load(path: Path, name: str):
 
 
 speed = _load(REPO / "benchmarks" / "ports" / "speed.py", "ports_speed")
+worker = _load(REPO / "benchmarks" / "ports" / "speed_worker.py", "ports_speed_worker")
 results = _load(REPO / "docs" / "tools" / "results.py", "docs_results_ports")
 
 FRAME = 1920
@@ -37,6 +38,10 @@ FRAME = 1920
 def frames_run(short_s: float, long_s: float, short_frames: int = 10, long_frames: int = 35) -> dict:
     short = {"seconds": short_s, "samples": short_frames * FRAME}
     return {"runs": [short, {"seconds": long_s, "samples": long_frames * FRAME}]}
+
+
+def figures(per_frame=(0.168, 0.0870)) -> dict:
+    return {"per frame": per_frame, "first audio in a fresh process": (1.3, 1.07), "codec decode": (None, 4.0)}
 
 
 def test_the_worker_result_is_its_last_json_line():
@@ -61,37 +66,77 @@ def test_per_frame_refuses_lengths_that_change_or_leave_no_frames_between():
 
 
 def test_rows_hold_the_ports_seconds_against_refimpls():
-    figures = {"per frame": (0.168, 0.0870), "first audio in a fresh process": (1.3, 1.07), "codec decode": (None, 4.0)}
-    rows = speed.result_rows(figures, {"codec decode": "125 frames; the port: not in its API"})
+    rows = speed.result_rows(figures(), {"codec decode": "125 frames; the port: not in its API"})
     assert [r[0] for r in rows] == list(speed.MEASURES) == list(results.PORT_MEASURES)
     assert rows[0] == ("per frame", 0.168, 0.0870, pytest.approx(0.168 / 0.0870), "s", "", None)
     assert rows[2][1:4] == (None, 4.0, None)
     assert speed.ratio(1.0, None) is None and speed.ratio(1.0, 0.0) is None
 
 
+def entry_names() -> list:
+    """Every entry speed.py can write: a port's, and qwentts.cpp's once per GGUF type."""
+    every = speed.ports().values()
+    return [speed.entry_name(p.name, q) for p in every for q in (speed.QUANTS if p.quantized else ("F32",))]
+
+
 def test_every_port_of_the_command_has_its_worker_and_its_row_in_docs():
     """Each --port choice is timed by a class of speed_worker.py (beside refimpl's) and has its row in the
-    table of docs/ports.md."""
-    worker = _load(REPO / "benchmarks" / "ports" / "speed_worker.py", "ports_speed_worker")
+    table of docs/ports.md, qwentts.cpp one per GGUF type."""
     names = set(speed.ports())
     assert names | {"refimpl"} == set(worker.PORTS)
+    assert entry_names() == ["vox", "qwentts_cpp", "qwentts_cpp-bf16", "candle_tts", "mlx_audio"]
     marker = next(m for m in results.MARKED.finditer((REPO / "docs" / "ports.md").read_text()))
-    assert marker["spec"].split() == ["ports", *speed.ports()]
+    assert marker["spec"].split() == ["ports", *entry_names()]
+
+
+def test_each_rows_command_is_one_speed_accepts():
+    for name in entry_names():
+        command = results.port_command(name).split()
+        assert command[0] == "benchmarks/ports/speed.py" and command[-1] == "--write-results"
+        args = speed.parser().parse_args(command[1:])
+        assert speed.entry_name(args.port, args.quant) == name
+
+
+def test_the_options_take_the_gguf_type_and_refuse_lengths_with_no_frames_between():
+    args = speed.parse_args(["--port", "qwentts_cpp"])
+    assert (args.quant, args.quantize_tool) == ("F32", None)
+    args = speed.parse_args(["--port", "qwentts_cpp", "--quant", "BF16", "--quantize-tool", "Q"])
+    assert (args.quant, args.quantize_tool, args.no_config_view, args.convert_memory_gib) == ("BF16", "Q", False, 24)
+    fewest = ["--runs", "1", "--short-frames", "1", "--long-frames", "2", "--decode-frames", "1"]
+    args = speed.parse_args(["--port", "qwentts_cpp", *fewest])
+    assert (args.runs, args.short_frames, args.long_frames, args.decode_frames) == (1, 1, 2, 1)
+    for wrong in (
+        ["--port", "vox", "--quant", "BF16"],  # vox has one form of its model
+        ["--port", "qwentts_cpp", "--quant", "Q8_0"],
+        ["--port", "vox", "--short-frames", "5", "--long-frames", "5"],
+        ["--port", "vox", "--short-frames", "0"],
+        ["--port", "vox", "--decode-frames", "0"],
+    ):
+        with pytest.raises(SystemExit):
+            speed.parse_args(wrong)
+
+
+def test_the_label_and_the_entry_name_say_which_gguf_type_ran():
+    assert speed.ports()["qwentts_cpp"].label.endswith("(qwentts.cpp, F32 GGUF)")
+    assert speed.ports("BF16")["qwentts_cpp"].label.endswith("(qwentts.cpp, BF16 GGUF)")
+    assert speed.entry_name("qwentts_cpp") == "qwentts_cpp" and speed.entry_name("vox", "F32") == "vox"
+    assert speed.entry_name("qwentts_cpp", "BF16") == "qwentts_cpp-bf16"
 
 
 def test_the_table_says_not_measured_until_an_entry_exists(tmp_path):
-    table = results.render("ports vox candle_tts", {"amd-no-amx": {"rows": []}})
-    assert table.count("not measured") == 6 and "| vox | – |" in table
+    table = results.render("ports vox candle_tts qwentts_cpp-bf16", {"amd-no-amx": {"rows": []}})
+    assert table.count("not measured") == 9 and "| vox | – |" in table
     assert "`benchmarks/ports/speed.py --port candle_tts --write-results`" in table
+    assert "| qwentts_cpp-bf16 | – |" in table
+    assert "`benchmarks/ports/speed.py --port qwentts_cpp --quant BF16 --write-results`" in table
 
 
 def test_an_entry_written_by_speed_is_rendered_side_by_side(tmp_path):
     path = tmp_path / "results.json"
     path.write_text('{"machines": {"amd-no-amx": {"kept": true}}}')
     port = speed.Port("vox", "vox-tts 0.19.5", "custom_voice", "streaming", True, "no decode", "Engine(threads)")
-    figures = {"per frame": (0.168, 0.0870), "first audio in a fresh process": (1.3, 1.07), "codec decode": (None, 4.0)}
-    rows = speed.result_rows(figures, {"per frame": "greedy", "codec decode": "the port: no decode"})
-    args = argparse.Namespace(threads=2, runs=3)
+    rows = speed.result_rows(figures(), {"per frame": "greedy", "codec decode": "the port: no decode"})
+    args = argparse.Namespace(threads=2, runs=3, quant="F32")
     key = speed.write_results(port, rows, 0.4, 0.6, args, Path("released-0.6b-customvoice"), path)
     assert key.endswith("-ports-speed-vox")
     machines = results.load(path)
@@ -105,3 +150,26 @@ def test_an_entry_written_by_speed_is_rendered_side_by_side(tmp_path):
     assert "| 1.93 (0.168 s / 0.087 s) | 1.22 (1.3 s / 1.07 s) | not in its API (refimpl 4 s) |" in table
     assert "| qwentts_cpp | – | not measured |" in table
     assert "end load 0.60" in table and "  - codec decode: the port: no decode" in table
+
+
+def test_an_f32_and_a_bf16_entry_live_side_by_side(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text('{"machines": {}}')
+    keys = {}
+    for quant, per_frame in (("F32", (0.150, 0.080)), ("BF16", (0.110, 0.080))):
+        port = speed.ports(quant)["qwentts_cpp"]
+        rows = speed.result_rows(figures(per_frame), {"per frame": quant})
+        args = argparse.Namespace(threads=2, runs=3, quant=quant)
+        keys[quant] = speed.write_results(port, rows, 0.4, 0.6, args, Path("released-0.6b-customvoice"), path)
+    assert keys["F32"].endswith("-ports-speed-qwentts_cpp") and keys["BF16"].endswith("-ports-speed-qwentts_cpp-bf16")
+    machines = results.load(path)
+    f32, bf16 = machines[keys["F32"]], machines[keys["BF16"]]
+    assert (f32["gguf"], bf16["gguf"]) == ("F32", "BF16")
+    assert bf16["source"] == "benchmarks/ports/speed.py --port qwentts_cpp --quant BF16, 3 runs"
+    assert f32["source"] == "benchmarks/ports/speed.py --port qwentts_cpp, 3 runs"
+    assert bf16["rows"][0]["what"] == "per frame" and bf16["rows"][0]["ratio"] == 1.375
+    table = results.render("ports qwentts_cpp qwentts_cpp-bf16", machines)
+    f32_row, bf16_row = (line for line in table.splitlines() if line.startswith("| realtimetts"))
+    assert "(qwentts.cpp, F32 GGUF)" in f32_row and "| 1.88 (0.15 s / 0.08 s) |" in f32_row
+    assert "(qwentts.cpp, BF16 GGUF)" in bf16_row and "| 1.38 (0.11 s / 0.08 s) |" in bf16_row
+    assert "`benchmarks/ports/speed.py --port qwentts_cpp --quant BF16 --write-results`" in bf16_row

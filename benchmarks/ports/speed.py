@@ -2,6 +2,8 @@
 
     python benchmarks/ports/speed.py --port vox [--model DIR] [--runs 3] [--write-results]
     python benchmarks/ports/speed.py --port qwentts_cpp --port-source QWENTTS_CPP_CHECKOUT
+    python benchmarks/ports/speed.py --port qwentts_cpp --port-source QWENTTS_CPP_CHECKOUT --quant BF16 \
+        --quantize-tool QWENTTS_CPP_CHECKOUT/build/quantize
     python benchmarks/ports/speed.py --port candle_tts
     python benchmarks/ports/speed.py --port mlx_audio
 
@@ -10,7 +12,9 @@ environment, refimpl's in the project's), the two sides alternating, after one r
 counted (the files in the page cache, Numba's cache written); the threads fixed in both:
 ``NUMBA_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``RAYON_NUM_THREADS``
 and the port's own setting (vox's ``Engine(threads)``, qwentts.cpp's ``cpu_threads``), ``--threads`` each.
-mlx-audio runs as its grading script runs it, widened to float32.
+mlx-audio runs as its grading script runs it, widened to float32. qwentts.cpp runs its F32 GGUF files, or
+with ``--quant BF16`` its BF16 ones (made by its ``quantize`` tool, ``--quantize-tool``, as qwentts_cpp.py makes
+them).
 
 - **per frame**: in one process, after a warm-up generation of the long length, a generation of
   ``--short-frames`` frames and one of ``--long-frames``, greedy, the same text, the port's own text feed
@@ -23,9 +27,11 @@ mlx-audio runs as its grading script runs it, widened to float32.
   first 10 frames in the same process, where the port's API decodes codes; refimpl's is measured in every case.
 
 Printed: the CPU, the load average at the start and the end, the threads, and per figure the port's seconds,
-refimpl's and port / refimpl. ``--write-results`` records them as the entry ``<machine kind>-ports-speed-<port>``
-of benchmarks/results.json (``results_file.py``); ``python docs/tools/results.py`` renders docs/ports.md's
-table "Speed, side by side" from it. Run it on a quiet machine only (CONTRIBUTING.md, "Benchmarking").
+refimpl's and port / refimpl. ``--write-results`` records them as the entry ``<machine kind>-ports-speed-<name>``
+of benchmarks/results.json (``results_file.py``), the name the port's, with the GGUF type where it is not F32
+(``qwentts_cpp-bf16``: ``entry_name``), so that each type keeps its entry; ``python docs/tools/results.py``
+renders docs/ports.md's table "Speed, side by side" from it. Run it on a quiet machine only (CONTRIBUTING.md,
+"Benchmarking").
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ sys.path.insert(0, str(harness.HERE.parent))  # benchmarks/: common, results_fil
 FRAME = 1920  # samples per 12.5 Hz frame at 24 kHz
 WORKER = harness.HERE / "speed_worker.py"
 MEASURES = ("per frame", "first audio in a fresh process", "codec decode")
+QUANTS = ("F32", "BF16")  # qwentts.cpp's GGUF types (qwentts_cpp.PRECISIONS); the other ports have one form
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +68,12 @@ class Port:
     no_decode: str | None  # why its API cannot decode codes; None: it can
     threads_setting: str | None  # its own thread setting, beside the environment's variables
     extra_token: bool = False  # its max-token value gives one frame fewer (the official's count)
+    quantized: bool = False  # it runs GGUF files of --quant's type
     env: dict = dataclasses.field(default_factory=dict)  # more environment for its process
 
 
-def ports() -> dict:
+def ports(quant: str = "F32") -> dict:
+    """Every port of ``--port``; qwentts.cpp's label names the GGUF type ``quant`` it runs."""
     import candle_tts
     import mlx_audio
     import qwentts_cpp
@@ -77,13 +86,14 @@ def ports() -> dict:
         ),
         Port(
             "qwentts_cpp",
-            f"{q.PACKAGE} {q.VERSION} (qwentts.cpp, F32 GGUF)",
+            f"{q.PACKAGE} {q.VERSION} (qwentts.cpp, {quant} GGUF)",
             "custom_voice",
             "non-streaming",
             True,
             q.NO_DECODE,
             "cpu_threads",
             env={"GGML_NO_BACKTRACE": "1"},
+            quantized=True,
         ),
         Port(
             "candle_tts",
@@ -106,6 +116,12 @@ def ports() -> dict:
         ),
     ]
     return {p.name: p for p in found}
+
+
+def entry_name(port: str, quant: str = "F32") -> str:
+    """The name of a run's results entry (``<machine kind>-ports-speed-<name>``) and of its row in docs/ports.md:
+    the port's, with the GGUF type where it is not the default F32 (``qwentts_cpp-bf16``)."""
+    return port if quant == "F32" else f"{port}-{quant.lower()}"
 
 
 # ----------------------------------------------------------------------------- the pure parts (tests/benchmarks)
@@ -364,21 +380,24 @@ def figures_of(port: Port, found: dict, args) -> tuple:
 
 
 def write_results(port: Port, rows: list, load_start: float, load_end: float, args, directory: Path, path=None) -> str:
-    """Record ``rows`` as the entry ``<machine kind>-ports-speed-<port>`` of the results file (``path``, by
-    default benchmarks/results.json); returns the entry's key."""
+    """Record ``rows`` as the entry ``<machine kind>-ports-speed-<name>`` of the results file (``path``, by
+    default benchmarks/results.json), the name ``entry_name``'s; returns the entry's key."""
     import results_file
 
     cpu = results_file.cpu_info()
-    kind = f"{results_file.machine_kind(cpu)}-ports-speed-{port.name}"
+    name = entry_name(port.name, args.quant)
+    kind = f"{results_file.machine_kind(cpu)}-ports-speed-{name}"
     threads = {"numba": args.threads, "openblas": args.threads, "omp": args.threads}
     if port.threads_setting:
         threads[port.name] = args.threads
     title = f"{results_file.entry([], cpu=cpu, threads={}, load=0)['title']}: {port.label} beside refimpl"
+    quant = f" --quant {args.quant}" if args.quant != "F32" else ""
     extra = {
         "title": title,
-        "source": f"benchmarks/ports/speed.py --port {port.name}, {args.runs} runs",
+        "source": f"benchmarks/ports/speed.py --port {port.name}{quant}, {args.runs} runs",
         "port": port.name,
         "port_label": port.label,
+        **({"gguf": args.quant} if port.quantized else {}),
         "checkpoint": directory.name,
         "load_end": round(load_end, 2),
     }
@@ -387,27 +406,45 @@ def write_results(port: Port, rows: list, load_start: float, load_end: float, ar
     return kind
 
 
-def main(argv=None) -> int:
-    names = ("vox", "qwentts_cpp", "candle_tts", "mlx_audio")
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--port", required=True, choices=names)
+    ap.add_argument("--port", required=True, choices=("vox", "qwentts_cpp", "candle_tts", "mlx_audio"))
     ap.add_argument("--model", help="checkpoint directory (default: the full-size 0.6B CustomVoice, or Base)")
     ap.add_argument("--runs", type=int, default=3, help="fresh processes of each measure and side (minimum kept)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--short-frames", type=int, default=10)
-    ap.add_argument("--long-frames", type=int, default=35)
+    ap.add_argument("--short-frames", type=int, default=10, help="at least 1")
+    ap.add_argument("--long-frames", type=int, default=35, help="more than --short-frames")
     ap.add_argument("--first-frames", type=int, default=1, help="a port that does not stream: the short audio")
-    ap.add_argument("--decode-frames", type=int, default=125)
+    ap.add_argument("--decode-frames", type=int, default=125, help="at least 1")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per process")
     ap.add_argument("--memory-gib", type=int, default=16, help="address-space limit of each process")
     ap.add_argument("--write-results", action="store_true", help="record the entry of benchmarks/results.json")
-    # qwentts.cpp's conversion (qwentts_cpp.py's options; its F32 GGUF files are cached by weights hash)
+    # qwentts.cpp's GGUF files (qwentts_cpp.py's options; its files are cached by weights hash and type)
     ap.add_argument("--port-source", help="qwentts.cpp: a checkout of its repository (its convert.py)")
+    ap.add_argument("--quant", choices=QUANTS, default="F32", help="qwentts.cpp: the GGUF type run (default F32)")
+    ap.add_argument("--quantize-tool", help="qwentts.cpp: its quantize binary (built from --port-source), for BF16")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked: the lengths that give a per-frame figure, ``--quant`` for a port with GGUF types."""
+    ap = parser()
     args = ap.parse_args(argv)
-    args.quant, args.quantize_tool, args.no_config_view, args.convert_memory_gib = "F32", None, False, 24
+    if args.runs < 1 or args.short_frames < 1 or args.first_frames < 1 or args.decode_frames < 1:
+        ap.error("--runs, --short-frames, --first-frames and --decode-frames must be at least 1")
+    if args.long_frames <= args.short_frames:
+        ap.error(f"--long-frames ({args.long_frames}) must be more than --short-frames ({args.short_frames})")
+    if args.quant != "F32" and not ports()[args.port].quantized:
+        ap.error(f"--quant {args.quant}: {args.port} runs one form of its model (only qwentts_cpp takes --quant)")
+    args.no_config_view, args.convert_memory_gib = False, 24  # qwentts_cpp.convert's other options
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     import results_file
 
-    port = ports()[args.port]
+    port = ports(args.quant)[args.port]
     cpu = results_file.cpu_info()
     load_start = harness.load_average()
     own = f"the port's {port.threads_setting}" if port.threads_setting else "the port has no setting of its own"

@@ -9,7 +9,8 @@ Every speed figure of README.md and docs/ is a table generated from that file, b
     <!-- /results -->
 
     <!-- results: ports vox qwentts_cpp -->             docs/ports.md: each port's speed beside refimpl's, from
-    <!-- /results -->                                   the entries "<machine kind>-ports-speed-<port>"
+    <!-- /results -->                                   the entries "<machine kind>-ports-speed-<name>" (a port,
+                                                        or a port and its GGUF type: "qwentts_cpp-bf16")
 
 Run
 
@@ -117,14 +118,25 @@ def render_machine(machines: dict, key: str) -> str:
 
 # ----------------------------------------------------------------------------- the ports' speed (docs/ports.md)
 
-PORTS_SPEED = "-ports-speed-"  # an entry "<machine kind>-ports-speed-<port>" of benchmarks/ports/speed.py
+PORTS_SPEED = "-ports-speed-"  # an entry "<machine kind>-ports-speed-<name>" of benchmarks/ports/speed.py
 PORT_MEASURES = ("per frame", "first audio in a fresh process", "codec decode")
 NOT_MEASURED = "not measured"
 
 
-def port_entries(machines: dict, port: str) -> list:
-    """(key, entry) of every machine's speed entry of ``port``, by key."""
-    return sorted((k, m) for k, m in machines.items() if k.endswith(PORTS_SPEED + port) and k.index(PORTS_SPEED) > 0)
+def port_entries(machines: dict, name: str) -> list:
+    """(key, entry) of every machine's speed entry ``name`` (a port, or a port and its GGUF type), by key."""
+    return sorted((k, m) for k, m in machines.items() if k.endswith(PORTS_SPEED + name) and k.index(PORTS_SPEED) > 0)
+
+
+def port_command(name: str) -> str:
+    """The command that measures and records the entry ``name``: "qwentts_cpp-bf16" is speed.py's
+    ``--port qwentts_cpp --quant BF16`` (speed.py's ``entry_name``; port names have no hyphen)."""
+    port, _, quant = name.partition("-")
+    return (
+        f"benchmarks/ports/speed.py --port {port}"
+        + (f" --quant {quant.upper()}" if quant else "")
+        + (" --write-results")
+    )
 
 
 def port_cell(row: dict | None) -> str:
@@ -139,16 +151,17 @@ def port_cell(row: dict | None) -> str:
 
 
 def render_ports(machines: dict, ports: list) -> str:
-    """The table "Speed, side by side" of docs/ports.md: a row per port and machine measured (``speed.py
-    --write-results``), "not measured" for a port with no entry; each cell port / refimpl (the port's time /
-    refimpl's), then under the table each entry's machine, load and the notes of its measures."""
+    """The table "Speed, side by side" of docs/ports.md: a row per port (or port and GGUF type) and machine
+    measured (``speed.py --write-results``), "not measured" for one with no entry; each cell port / refimpl
+    (the port's time / refimpl's), then under the table each entry's machine, load and the notes of its
+    measures."""
     lines = [
         "| port | machine | " + " | ".join(f"{m}: port / refimpl" for m in PORT_MEASURES) + " | one command |",
         "|---|---|" + "---|" * len(PORT_MEASURES) + "---|",
     ]
     below = []
     for port in ports:
-        command = f"`benchmarks/ports/speed.py --port {port} --write-results`"
+        command = f"`{port_command(port)}`"
         entries = port_entries(machines, port)
         if not entries:
             cells = " | ".join([NOT_MEASURED] * len(PORT_MEASURES))
