@@ -3,6 +3,7 @@
 speed.py measures a port beside refimpl in fresh processes (never in a test); what it computes from the
 workers' results is checked here on made-up results: the worker's JSON line found in its output, the per-frame
 arithmetic (the minimum of each length over the runs, then the difference over the frames between), the
+generation alone (qwentts.cpp's "[Perf]" log lines, refimpl's time less its decode's) and its target, the
 options (qwentts.cpp's ``--quant``), the rows and keys of the results file (an entry per GGUF type), and
 docs/tools/results.py's table "Speed, side by side" of docs/ports.md, "not measured" until an entry exists.
 """
@@ -35,13 +36,23 @@ results = _load(REPO / "docs" / "tools" / "results.py", "docs_results_ports")
 FRAME = 1920
 
 
-def frames_run(short_s: float, long_s: float, short_frames: int = 10, long_frames: int = 35) -> dict:
+def frames_run(
+    short_s: float, long_s: float, short_frames: int = 10, long_frames: int = 35, generation: tuple | None = None
+) -> dict:
     short = {"seconds": short_s, "samples": short_frames * FRAME}
-    return {"runs": [short, {"seconds": long_s, "samples": long_frames * FRAME}]}
+    long = {"seconds": long_s, "samples": long_frames * FRAME}
+    if generation is not None:
+        short["generation_s"], long["generation_s"] = generation
+    return {"runs": [short, long]}
 
 
-def figures(per_frame=(0.168, 0.0870)) -> dict:
-    return {"per frame": per_frame, "first audio in a fresh process": (1.3, 1.07), "codec decode": (None, 4.0)}
+def figures(per_frame=(0.168, 0.0870), generation=(None, None)) -> dict:
+    return {
+        "per frame": per_frame,
+        "per frame, generation only": generation,
+        "first audio in a fresh process": (1.3, 1.07),
+        "codec decode": (None, 4.0),
+    }
 
 
 def test_the_worker_result_is_its_last_json_line():
@@ -65,11 +76,19 @@ def test_per_frame_refuses_lengths_that_change_or_leave_no_frames_between():
         speed.per_frame([frames_run(1.0, 3.0, short_frames=12, long_frames=12)])
 
 
+def test_per_frame_of_the_generation_alone_takes_its_own_times():
+    runs = [frames_run(2.0, 6.0, generation=(0.9, 3.4)), frames_run(1.5, 6.5, generation=(1.0, 3.2))]
+    got = speed.per_frame(runs, "generation_s")
+    assert got["frames"] == (10, 35) and got["times"] == (0.9, 3.2)
+    assert got["seconds"] == pytest.approx((3.2 - 0.9) / 25)
+
+
 def test_rows_hold_the_ports_seconds_against_refimpls():
     rows = speed.result_rows(figures(), {"codec decode": "125 frames; the port: not in its API"})
     assert [r[0] for r in rows] == list(speed.MEASURES) == list(results.PORT_MEASURES)
     assert rows[0] == ("per frame", 0.168, 0.0870, pytest.approx(0.168 / 0.0870), "s", "", None)
-    assert rows[2][1:4] == (None, 4.0, None)
+    assert rows[1] == ("per frame, generation only", None, None, None, "s", "", None)
+    assert rows[3][1:4] == (None, 4.0, None)
     assert speed.ratio(1.0, None) is None and speed.ratio(1.0, 0.0) is None
 
 
@@ -123,9 +142,80 @@ def test_the_label_and_the_entry_name_say_which_gguf_type_ran():
     assert speed.entry_name("qwentts_cpp", "BF16") == "qwentts_cpp-bf16"
 
 
+PERF_LOG = [  # qwentts.cpp's log of one synthesis (pipeline-tts.cpp, tts_log_perf), among other lines
+    "[Pipeline] Generation done : 35 frames",
+    "[Perf] PromptBuild 1.2 ms",
+    "[Perf] Prefill 95.0 ms (T_ctx prefill)",
+    "[Perf] TTFA 160.4 ms (first frame codes)",
+    "[Perf] TalkerDecode 1360.0 ms (35 frames, 38.86 ms/frame)",
+    "[Perf] CodePredictor 2450.5 ms (70.01 ms/frame)",
+    "[Perf] HostCompose 39.5 ms (c0 sample + next emb)",
+    "[Perf] CodecDecode 5100.0 ms",
+    "[Perf] Total 9100.0 ms (35 frames, 110.00 ms/frame AR, audio 2.80 s, RTF 3.250)",
+]
+
+
+def test_qwentts_cpps_generation_is_its_talker_code_predictor_and_host_stages():
+    got = worker.perf_stages(PERF_LOG)
+    assert got["frames"] == 35 and got["stages"]["CodecDecode"] == 5100.0
+    assert got["generation_s"] == pytest.approx((1360.0 + 2450.5 + 39.5) / 1000)  # its "ms/frame AR" x 35
+    assert worker.perf_stages(PERF_LOG[:4]) is None  # a log without the stages: no figure
+    assert worker.perf_stages([]) is None
+
+
+def test_a_generation_is_timed_with_its_stages_where_the_side_tells_them():
+    class Told:
+        decode_s = 0.25
+
+        def generate(self, n):
+            return n * FRAME
+
+        def generation_only(self, seconds):
+            return {"generation_s": seconds - self.decode_s, "decode_s": self.decode_s}
+
+    class Silent:
+        def generate(self, n):
+            return n * FRAME
+
+    run = worker.timed_generation(Told(), 3)
+    assert run["samples"] == 3 * FRAME and run["generation_s"] == pytest.approx(run["seconds"] - 0.25)
+    assert set(worker.timed_generation(Silent(), 3)) == {"seconds", "samples"}
+
+
+def found_frames(port_generation: bool) -> dict:
+    port = [frames_run(2.0, 6.0, generation=(0.4, 2.4) if port_generation else None) for _ in range(2)]
+    ours = [frames_run(1.0, 3.0, generation=(0.3, 1.8)) for _ in range(2)]
+    return {"port": {"frames": port}, "ours": {"frames": ours}}
+
+
+def test_the_generation_alone_is_given_where_the_port_reports_its_stages_with_its_target():
+    args = argparse.Namespace(quant="BF16", decode_frames=125, first_frames=1)
+    port = speed.ports("BF16")["qwentts_cpp"]
+    got, notes, errors = speed.figures_of(port, found_frames(True), args)
+    assert errors == []
+    assert got["per frame, generation only"] == (pytest.approx(2.0 / 25), pytest.approx(1.5 / 25))
+    assert got["per frame"] == (pytest.approx(4.0 / 25), pytest.approx(2.0 / 25))
+    note = notes["per frame, generation only"]
+    assert '"[Perf]" log' in note and "refimpl / port 0.75, target ≤ 0.7 (not met)" in note
+    args.quant = "F32"  # the issue's target is the BF16 files'
+    _, notes, _ = speed.figures_of(speed.ports()["qwentts_cpp"], found_frames(True), args)
+    assert "target" not in notes["per frame, generation only"]
+    got, notes, _ = speed.figures_of(speed.ports()["vox"], found_frames(False), args)
+    assert got["per frame, generation only"] == (None, pytest.approx(1.5 / 25))
+    assert "the port does not report its stages" in notes["per frame, generation only"]
+
+
+def test_the_target_is_refimpl_over_the_port():
+    assert speed.against_target("vox", figures()) is None
+    met = speed.against_target("qwentts_cpp-bf16", figures(generation=(0.110, 0.075)))
+    assert met == "refimpl / port 0.68, target ≤ 0.7 (met)"
+    unknown = speed.against_target("qwentts_cpp-bf16", figures())
+    assert unknown == "refimpl / port -, target ≤ 0.7"
+
+
 def test_the_table_says_not_measured_until_an_entry_exists(tmp_path):
     table = results.render("ports vox candle_tts qwentts_cpp-bf16", {"amd-no-amx": {"rows": []}})
-    assert table.count("not measured") == 9 and "| vox | – |" in table
+    assert table.count("not measured") == 12 and "| vox | – |" in table
     assert "`benchmarks/ports/speed.py --port candle_tts --write-results`" in table
     assert "| qwentts_cpp-bf16 | – |" in table
     assert "`benchmarks/ports/speed.py --port qwentts_cpp --quant BF16 --write-results`" in table
@@ -147,7 +237,7 @@ def test_an_entry_written_by_speed_is_rendered_side_by_side(tmp_path):
         if row["ours"] is not None and row["against"] is not None:
             assert row["ratio"] == pytest.approx(row["ours"] / row["against"], abs=0.005)
     table = results.render("ports vox qwentts_cpp", machines)
-    assert "| 1.93 (0.168 s / 0.087 s) | 1.22 (1.3 s / 1.07 s) | not in its API (refimpl 4 s) |" in table
+    assert "| 1.93 (0.168 s / 0.087 s) | not measured | 1.22 (1.3 s / 1.07 s) | not in its API (refimpl 4 s) |" in table
     assert "| qwentts_cpp | – | not measured |" in table
     assert "end load 0.60" in table and "  - codec decode: the port: no decode" in table
 
@@ -156,9 +246,9 @@ def test_an_f32_and_a_bf16_entry_live_side_by_side(tmp_path):
     path = tmp_path / "results.json"
     path.write_text('{"machines": {}}')
     keys = {}
-    for quant, per_frame in (("F32", (0.150, 0.080)), ("BF16", (0.110, 0.080))):
+    for quant, generation in (("F32", (0.150, 0.080)), ("BF16", (0.110, 0.080))):
         port = speed.ports(quant)["qwentts_cpp"]
-        rows = speed.result_rows(figures(per_frame), {"per frame": quant})
+        rows = speed.result_rows(figures(generation=generation), {"per frame, generation only": quant})
         args = argparse.Namespace(threads=2, runs=3, quant=quant)
         keys[quant] = speed.write_results(port, rows, 0.4, 0.6, args, Path("released-0.6b-customvoice"), path)
     assert keys["F32"].endswith("-ports-speed-qwentts_cpp") and keys["BF16"].endswith("-ports-speed-qwentts_cpp-bf16")
@@ -167,7 +257,7 @@ def test_an_f32_and_a_bf16_entry_live_side_by_side(tmp_path):
     assert (f32["gguf"], bf16["gguf"]) == ("F32", "BF16")
     assert bf16["source"] == "benchmarks/ports/speed.py --port qwentts_cpp --quant BF16, 3 runs"
     assert f32["source"] == "benchmarks/ports/speed.py --port qwentts_cpp, 3 runs"
-    assert bf16["rows"][0]["what"] == "per frame" and bf16["rows"][0]["ratio"] == 1.375
+    assert bf16["rows"][1]["what"] == "per frame, generation only" and bf16["rows"][1]["ratio"] == 1.375
     table = results.render("ports qwentts_cpp qwentts_cpp-bf16", machines)
     f32_row, bf16_row = (line for line in table.splitlines() if line.startswith("| realtimetts"))
     assert "(qwentts.cpp, F32 GGUF)" in f32_row and "| 1.88 (0.15 s / 0.08 s) |" in f32_row

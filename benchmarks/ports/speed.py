@@ -20,6 +20,10 @@ them).
   ``--short-frames`` frames and one of ``--long-frames``, greedy, the same text, the port's own text feed
   (refimpl run with it); each gives its whole audio, decode included; (long - short seconds) / (long - short
   frames), the frames counted in the audio (1920 samples each), the two times each the minimum over the runs;
+- **per frame, generation only**: the same from the same generations' Talker and code predictor alone, the
+  decode left out, where the port reports its stages: qwentts.cpp's own stage timings of each call (its
+  "[Perf]" log: Talker steps, code predictor, host work), refimpl's time less its decode's; for qwentts.cpp's
+  BF16 files printed also as refimpl / port against the target of ``GENERATION_TARGETS``;
 - **first audio in a fresh process**: from just before the process starts to the first audio the port gives:
   its streaming API's first chunk where it has one (refimpl's ``stream_*``, first chunk after one frame),
   else the whole audio of a ``--first-frames`` generation (refimpl then the same);
@@ -52,8 +56,10 @@ sys.path.insert(0, str(harness.HERE.parent))  # benchmarks/: common, results_fil
 
 FRAME = 1920  # samples per 12.5 Hz frame at 24 kHz
 WORKER = harness.HERE / "speed_worker.py"
-MEASURES = ("per frame", "first audio in a fresh process", "codec decode")
+MEASURES = ("per frame", "per frame, generation only", "first audio in a fresh process", "codec decode")
 QUANTS = ("F32", "BF16")  # qwentts.cpp's GGUF types (qwentts_cpp.PRECISIONS); the other ports have one form
+# refimpl / port per frame, generation only, that a run is held to: the GGML port's BF16 (issue 50's target)
+GENERATION_TARGETS = {"qwentts_cpp-bf16": 0.7}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Port:
     no_decode: str | None  # why its API cannot decode codes; None: it can
     threads_setting: str | None  # its own thread setting, beside the environment's variables
     extra_token: bool = False  # its max-token value gives one frame fewer (the official's count)
+    stages: str | None = None  # how its worker tells the generation alone from the decode (None: it cannot)
     quantized: bool = False  # it runs GGUF files of --quant's type
     env: dict = dataclasses.field(default_factory=dict)  # more environment for its process
 
@@ -93,6 +100,7 @@ def ports(quant: str = "F32") -> dict:
             q.NO_DECODE,
             "cpu_threads",
             env={"GGML_NO_BACKTRACE": "1"},
+            stages='own stage timings of each call (its "[Perf]" log: TalkerDecode + CodePredictor + HostCompose)',
             quantized=True,
         ),
         Port(
@@ -139,11 +147,12 @@ def last_json(output: str) -> dict:
     raise ValueError("no JSON result in the worker's output: " + (output.strip().splitlines() or [""])[-1])
 
 
-def per_frame(runs: list) -> dict:
+def per_frame(runs: list, key: str = "seconds") -> dict:
     """The steady state's seconds a frame from the frames measure's results, one per process: each holds
-    [short, long] as {"seconds", "samples"}. The minimum of each length over the runs, then
-    (long - short seconds) / (long - short frames). Raises ValueError when the lengths differ from run to run
-    (greedy is deterministic) or when the long one has no more frames than the short."""
+    [short, long] as {"seconds", "samples"} (and "generation_s", the generation alone: ``key``). The minimum
+    of each length over the runs, then (long - short seconds) / (long - short frames). Raises ValueError when
+    the lengths differ from run to run (greedy is deterministic) or when the long one has no more frames than
+    the short."""
     shorts, longs = [r["runs"][0] for r in runs], [r["runs"][1] for r in runs]
     for what, given in (("short", shorts), ("long", longs)):
         if len({g["samples"] for g in given}) != 1:
@@ -151,12 +160,24 @@ def per_frame(runs: list) -> dict:
     frames = (shorts[0]["samples"] / FRAME, longs[0]["samples"] / FRAME)
     if frames[1] <= frames[0]:
         raise ValueError(f"the long generation has {frames[1]:g} frames, the short {frames[0]:g}: no frames between")
-    seconds = (min(s["seconds"] for s in shorts), min(s["seconds"] for s in longs))
+    seconds = (min(s[key] for s in shorts), min(s[key] for s in longs))
     return {"seconds": (seconds[1] - seconds[0]) / (frames[1] - frames[0]), "frames": frames, "times": seconds}
 
 
 def ratio(port: float | None, ours: float | None) -> float | None:
     return None if port is None or ours is None or ours <= 0 else port / ours
+
+
+def against_target(name: str, figures: dict) -> str | None:
+    """refimpl / port per frame, generation only, against the target of the entry ``name``
+    (``GENERATION_TARGETS``): "refimpl / port 0.81, target ≤ 0.7 (not met)"; None where it has no target."""
+    target = GENERATION_TARGETS.get(name)
+    if target is None:
+        return None
+    port, ours = figures.get("per frame, generation only", (None, None))
+    r = ratio(ours, port)
+    met = "" if r is None else (" (met)" if r <= target else " (not met)")
+    return f"refimpl / port {'-' if r is None else f'{r:.2f}'}, target ≤ {target}{met}"
 
 
 def result_rows(figures: dict, notes: dict) -> list:
@@ -360,6 +381,24 @@ def figures_of(port: Port, found: dict, args) -> tuple:
     )
     pair = []
     for side in ("port", "ours"):
+        f = found[side].get("frames", [])
+        told = bool(f) and all("error" not in r and all("generation_s" in g for g in r["runs"]) for r in f)
+        try:
+            pair.append(per_frame(f, "generation_s") if told else None)
+        except ValueError:  # the lengths: reported with the per frame figure
+            pair.append(None)
+    what = "per frame, generation only"
+    figures[what] = tuple(p and p["seconds"] for p in pair)
+    if not port.stages:
+        how = "the port does not report its stages"
+    else:
+        how = f"the port's {port.stages}" + ("" if pair[0] else " (not found in its runs)")
+    target = against_target(entry_name(port.name, args.quant), figures)
+    notes[what] = f"the same generations without their decode: {how}; refimpl's time less its decode's" + (
+        f"; {target}" if target else ""
+    )
+    pair = []
+    for side in ("port", "ours"):
         f = found[side].get("first", [])
         pair.append(min(r["first_audio_s"] for r in f) if ok(f) else None)
     figures["first audio in a fresh process"] = tuple(pair)
@@ -460,6 +499,9 @@ def main(argv=None) -> int:
     rows = result_rows(figures, notes)
     print(f"\n{port.label} on {measured['directory'].name} (minimum over {args.runs} runs):")
     print("\n".join(format_rows(rows, port.name)))
+    target = against_target(entry_name(port.name, args.quant), figures)
+    if target:
+        print(f"  per frame, generation only: {target}")
     print(f"load {load_start:.2f} at the start, {load_end:.2f} at the end")
     for e in errors:
         print(f"  error: {e}")

@@ -14,13 +14,18 @@ value), "stream" (first-audio: the port's streaming API, else the whole audio), 
 Prints one line of JSON, the last line of its output:
   frames       {"runs": [{"seconds", "samples"} of the short, then the long generation]}, after a warm-up
                generation of the long length, not timed (and, in refimpl, the weights' copy in huge pages,
-               as its own benchmarks wait for it); each generation gives its whole audio, decode included
+               as its own benchmarks wait for it); each generation gives its whole audio, decode included.
+               Where the side can tell its generation from its decode, each run also holds "generation_s":
+               refimpl's seconds less its decode's (its speech tokenizer's decode timed, "decode_s"),
+               qwentts.cpp's own stage timings of the call (its "[Perf]" log lines: Talker steps, code
+               predictor, host work; "stages" holds them all, the codec's included)
   first-audio  {"first_audio_s": time.time() at the first audio minus "started", "samples", "load_s"}
   decode       {"seconds", "samples"}: the decode of the codes, after a warm-up decode of their first frames
 """
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -37,6 +42,17 @@ class Refimpl:
 
         self.job = job
         self.tts = Qwen3TTS.from_pretrained(job["model"])
+        self.decode_s = 0.0  # the speech tokenizer's decode in the last generate
+        decode = self.tts.speech_tokenizer.decode
+
+        def timed_decode(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return decode(*args, **kwargs)
+            finally:
+                self.decode_s += time.perf_counter() - t0
+
+        self.tts.speech_tokenizer.decode = timed_decode
         self.prompt = None
         if job["mode"] == "clone":
             import numpy as np
@@ -51,11 +67,16 @@ class Refimpl:
 
     def generate(self, n: int) -> int:
         j = self.job
+        self.decode_s = 0.0
         if self.prompt is None:
             wavs, _ = self.tts.generate_custom_voice(j["text"], j["speaker"], **self._options(n))
         else:
             wavs, _ = self.tts.generate_voice_clone(j["text"], voice_clone_prompt=self.prompt, **self._options(n))
         return len(wavs[0])
+
+    def generation_only(self, seconds: float) -> dict:
+        """The last generate's time less its decode's: the prompt, the Talker and the code predictor."""
+        return {"generation_s": seconds - self.decode_s, "decode_s": self.decode_s}
 
     def first_chunk(self, n: int) -> int:
         j = self.job
@@ -96,24 +117,56 @@ class Vox:
         return int(next(iter(self.engine.stream(self.job["text"], self.voice, **self._options(n)))).size)
 
 
+# qwentts.cpp's stage timings, logged at the end of each synthesis (its pipeline-tts.cpp, tts_log_perf)
+PERF_LINE = re.compile(r"\[Perf\] (?P<stage>\w+) (?P<ms>[0-9.]+) ms(?: \((?P<frames>\d+) frames)?")
+GENERATION_STAGES = ("TalkerDecode", "CodePredictor", "HostCompose")  # its "ms/frame AR": no prompt, no codec
+
+
+def perf_stages(lines: list) -> dict | None:
+    """qwentts.cpp's "[Perf] STAGE 12.3 ms ..." log lines of one synthesis -> {"stages": {stage: ms},
+    "frames": its frame count, "generation_s": the Talker steps, the code predictor and the host work in
+    seconds}; None where a generation stage is missing (a version that logs otherwise)."""
+    stages, frames = {}, None
+    for line in lines:
+        m = PERF_LINE.search(line)
+        if m:
+            stages[m["stage"]] = float(m["ms"])
+            frames = int(m["frames"]) if m["frames"] else frames
+    if not all(s in stages for s in GENERATION_STAGES):
+        return None
+    return {"stages": stages, "frames": frames, "generation_s": sum(stages[s] for s in GENERATION_STAGES) / 1000}
+
+
 class QwenttsCpp:
     """qwentts.cpp's QwenTTS (ctypes): greedy with the checkpoint's sampling values, no dump_dir (as
-    qwentts_cpp_worker.py, less its dumps)."""
+    qwentts_cpp_worker.py, less its dumps); its log lines caught (and passed on to stderr) for its stage
+    timings."""
 
     def __init__(self, job: dict):
         import qwentts_cpp_cpu as qt
 
         self.job = job
         talker, codec = job["model"]
+        self.log = []
         self.tts = qt.QwenTTS(talker, codec, cpu_threads=int(job["threads"]))
+        self.tts.set_log_callback(self._logged)
+
+    def _logged(self, level: int, message: str) -> None:
+        self.log.append(message)
+        print(message, file=sys.stderr, flush=True)
 
     def _options(self, n: int) -> dict:
         j = self.job
         return dict(text=j["text"], lang=j["language"], speaker=j["speaker"], max_new_tokens=n, seed=0, **j["sampling"])
 
     def generate(self, n: int) -> int:
+        self.log.clear()
         samples, _ = self.tts.synthesize(**self._options(n))
         return int(samples.size)
+
+    def generation_only(self, seconds: float) -> dict:
+        """The last synthesis's own stage timings (``perf_stages``), {} where it logged none."""
+        return perf_stages(self.log) or {}
 
     def first_chunk(self, n: int) -> int:
         chunk, _ = next(iter(self.tts.stream(**self._options(n))))
@@ -187,6 +240,13 @@ def timed(fn, *args) -> dict:
     return {"seconds": time.perf_counter() - t0, "samples": samples}
 
 
+def timed_generation(port, n: int) -> dict:
+    """``timed(port.generate, n)``, with the generation alone where the side tells it (``generation_only``)."""
+    run = timed(port.generate, n)
+    tell = getattr(port, "generation_only", None)
+    return dict(run, **(tell(run["seconds"]) if tell else {}))
+
+
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     t0 = time.perf_counter()
@@ -201,7 +261,7 @@ def main(job_path: str) -> int:
         warm, short, long = (int(n) for n in job["lengths"])
         port.generate(warm)  # not timed: first calls, caches
         getattr(port, "settle", lambda: None)()
-        result = {"runs": [timed(port.generate, short), timed(port.generate, long)], "load_s": load_s}
+        result = {"runs": [timed_generation(port, short), timed_generation(port, long)], "load_s": load_s}
     elif measure == "decode":
         import numpy as np
 

@@ -119,7 +119,7 @@ def render_machine(machines: dict, key: str) -> str:
 # ----------------------------------------------------------------------------- the ports' speed (docs/ports.md)
 
 PORTS_SPEED = "-ports-speed-"  # an entry "<machine kind>-ports-speed-<name>" of benchmarks/ports/speed.py
-PORT_MEASURES = ("per frame", "first audio in a fresh process", "codec decode")
+PORT_MEASURES = ("per frame", "per frame, generation only", "first audio in a fresh process", "codec decode")
 NOT_MEASURED = "not measured"
 
 
