@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # soxr (the resampler refimpl.io.audio shares with the official) is a declared dependency that a machine may
 # lack (the GPU image has none): REFIMPL_HIDE_SOXR=1 runs the suite as there (tests/io/test_soxr_optional.py).
 if os.environ.get("REFIMPL_HIDE_SOXR") == "1":
     sys.modules["soxr"] = None  # "import soxr" now fails, before refimpl.io.audio tries it
+
+# The store of finiteness verdicts (refimpl/io/finite_verdicts.py) of the loads in this session, and in the
+# processes its tests start, is a temporary folder of the session's: never the user's cache.
+TEST_CACHE_DIR = tempfile.mkdtemp(prefix="refimpl-test-cache-")
+os.environ["REFIMPL_CACHE_DIR"] = TEST_CACHE_DIR
+atexit.register(shutil.rmtree, TEST_CACHE_DIR, ignore_errors=True)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

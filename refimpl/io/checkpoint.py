@@ -21,6 +21,7 @@ import mmap
 import os
 import stat
 import struct
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..backends.bf16 import BF16Matrix, bf16_bits_to_float32, float32_to_bf16_bits
 from ..backends.host_memory import huge_page_array, huge_pages_enabled
+from . import finite_verdicts
 from .files import MAX_JSON_BYTES, InputError, atomic_output, parse_json, plain_file_name, read_limited
 from .mapped_files import track
 from .memory import check_room, file_size, names_the_file_when_memory_runs_out
@@ -289,6 +291,7 @@ def read_safetensors_file(
     copying = huge_pages and huge_pages_enabled()
     # out of address space (ulimit -v): said before a byte is allocated (io/memory.py)
     check_room(str(path), load_bytes(path, header, wanted, kept, read_whole if copying else [], dtype))
+    version = finite_verdicts.FileVersion.of(path)  # (taken before the map: what the check's verdict is of)
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     track(mapped, path)  # named if the file shrinks under the map (io/mapped_files.py: a bus error)
     raw = mapped.view(np.ndarray)
@@ -309,6 +312,9 @@ def read_safetensors_file(
         # a float stored in the compute dtype: a read-only view of the memory map (no copy, pages read on use);
         # otherwise a converted copy
         out[name] = np.ascontiguousarray(arr, dtype=dtype) if arr.dtype.kind == "f" else np.array(arr)
+    if version is not None:
+        for name in wanted:
+            note_read_from(out[name], version, name)
     return out
 
 
@@ -468,7 +474,8 @@ def check_weights(
     weights: Mapping[str, np.ndarray], spec: Iterable[WeightSpec], where: str, allow_extra: bool = False
 ) -> None:
     """Compare loaded tensors with what a network expects (names, shapes, floating dtype, finite values);
-    raise one error listing every problem."""
+    raise one error listing every problem.  A tensor read from a file whose remembered verdict names it
+    finite is not read again (``non_finite_unless_remembered``)."""
     spec = list(spec)
     expected = {s.name: tuple(s.shape) for s in spec}
     missing = [f"{n} {list(shape)}" for n, shape in expected.items() if n not in weights]
@@ -479,7 +486,7 @@ def check_weights(
     ]
     extra = [] if allow_extra else sorted(n for n in weights if n not in expected)
     not_float = [f"{n} ({weights[n].dtype})" for n in expected if n in weights and weights[n].dtype.kind != "f"]
-    not_finite = non_finite_tensors(weights, [n for n in expected if n in weights])
+    not_finite = non_finite_unless_remembered(weights, [n for n in expected if n in weights])
     if not (missing or wrong or extra or not_float or not_finite):
         return
     lines = [
@@ -512,6 +519,56 @@ def check_weights(
             f"  unexpected tensors ({len(extra)}): " + ", ".join(extra[:20]) + (" ..." if len(extra) > 20 else "")
         )
     raise CheckpointError("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- where a tensor was read from
+#
+# The tensors ``read_safetensors_file`` returns as the file's own bytes, read-only (views of the map, the
+# huge-page copies, a BF16Matrix's words), are noted with the file version and the name they were read
+# from, so that the finiteness check may take its verdict from the store (``finite_verdicts``).  A tensor
+# converted to another dtype is a writeable copy its owner may change (and float64 -> float32 may overflow):
+# never noted, always checked, as are arrays a caller builds.
+
+_read_from: dict[int, tuple] = {}  # id of the words -> (weak reference to them, FileVersion, tensor name)
+
+
+def _words(arr):
+    return arr.bits if isinstance(arr, BF16Matrix) else arr
+
+
+def note_read_from(arr, version: finite_verdicts.FileVersion, name: str) -> None:
+    """Note that ``arr`` holds the stored values of tensor ``name`` of ``version`` (if it is read-only)."""
+    words = _words(arr)
+    if not isinstance(words, np.ndarray) or words.flags.writeable:
+        return
+    key = id(words)
+    _read_from[key] = (weakref.ref(words, lambda _, key=key: _read_from.pop(key, None)), version, name)
+
+
+def read_from(arr) -> tuple | None:
+    """(FileVersion, tensor name) that ``arr`` was read from, still read-only; None for anything else."""
+    words = _words(arr)
+    entry = _read_from.get(id(words))
+    if entry is None or entry[0]() is not words or words.flags.writeable:
+        return None
+    return entry[1], entry[2]
+
+
+def non_finite_unless_remembered(weights: Mapping[str, np.ndarray], names) -> list:
+    """``non_finite_tensors`` of ``names``, less the tensors read from a file version whose verdict in the store
+    (``finite_verdicts``) names them finite; the tensors found finite are added to their file's verdict."""
+    origins = {name: read_from(weights[name]) for name in names}
+    known = {version: finite_verdicts.remembered(version) for version in {o[0] for o in origins.values() if o}}
+    unknown = [n for n in names if not origins[n] or origins[n][1] not in known[origins[n][0]]]
+    bad = non_finite_tensors(weights, unknown)
+    found: dict = {}
+    for name in set(unknown).difference(bad):
+        if origins[name]:
+            version, stored_name = origins[name]
+            found.setdefault(version, set()).add(stored_name)
+    for version, finite in found.items():
+        finite_verdicts.remember(version, finite)
+    return bad
 
 
 def non_finite_tensors(weights: Mapping[str, np.ndarray], names, span: int = 1 << 22) -> list:
