@@ -21,8 +21,7 @@ import threading
 # against a generation's first calls).
 FIRST_AUDIO = (
     ("packed_words", "_high_byte_counts"),
-    ("packed_words", "_pack_rows"),
-    ("packed_words", "_list_words"),
+    ("packed_words", "_pack_and_list_rows"),
     ("amx", "_tiles_take"),
     ("linear", "_bf16_block_times"),
     ("linear", "_matvec_bf16_into"),

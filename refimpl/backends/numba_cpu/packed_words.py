@@ -19,7 +19,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ...environment import switch
-from ..bf16 import PACK_WINDOW, BF16Matrix, PackedWords
+from ..bf16 import PACK_WINDOW, BF16Matrix, PackedWords, stored_order
 from . import runtime
 from .intrinsics import FASTMATH, PREFETCH_ROWS_AHEAD, _bf16_to_f32, _prefetch
 from .kept import _kept_while_read_only
@@ -31,67 +31,117 @@ PACKED_BLOCK = 64  # words a block: the columns of a packed matrix are a multipl
 
 @numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
 def _high_byte_counts(bits_oi):
-    """counts[v] = the words whose high byte, sign aside, is v (+0 and -0 not counted: always listed)."""
-    counts = np.zeros(128, np.int64)
-    for w in bits_oi.reshape(-1):
-        if w & 0x7FFF:
-            counts[(w >> 8) & 0x7F] += 1
+    """counts[v] = the words whose high byte, sign aside, is v (+0 and -0 not counted: always listed).  The high
+    bytes are counted into 8 histograms in turn (no count waits for the one before it to be stored), the sign
+    folded in after, and +-0, if any, taken back out of counts[0]."""
+    words = bits_oi.reshape(-1)
+    n, counts_sh = words.size, np.zeros((8, 256), np.int64)  # [histogram, high byte]
+    for i in range(0, n - n % 8, 8):
+        for s in range(8):
+            counts_sh[s, words[i + s] >> 8] += 1
+    for i in range(n - n % 8, n):
+        counts_sh[0, words[i] >> 8] += 1
+    counts_h = counts_sh.sum(axis=0)
+    counts = counts_h[:128] + counts_h[128:]
+    if counts[0]:
+        for w in words:
+            counts[0] -= (w & 0x7FFF) == 0
     return counts
 
 
-@numba.njit(inline="always")
-def _word_code(w, base):
-    """(code, low byte, listed) of one word for the window base .. base + 7 (``bf16.PackedWords``)."""
-    k, sign = np.int64((w >> 8) & 0x7F) - base, np.uint8(w >> 15)
-    if 0 <= k < 8 and w & 0x7FFF:  # (+-0 in the window's place: only if base is 0, listed like the others)
-        return np.uint8(k) | (sign << 3), np.uint8(w & 0xFF), False
-    return np.uint8(0), np.uint8(0), True
+_I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+
+def _vector(element, n):
+    return ir.VectorType(element, n)
+
+
+_STORED_ORDER = [int(p) for p in stored_order()]  # place p of a block holds word _STORED_ORDER[p]
+
+
+@intrinsic
+def _pack_block(typingctx, bits_i, b, base, low_i, codes_h):
+    """Pack block b (words 64 b .. 64 b + 63) of one row into ``PackedWords``' dense part, and return the
+    mask of its listed words (bit t: word 64 b + t).  Word w is held where its high byte, sign aside, is
+    base + k with k < 8 and w & 0x7FFF is not 0: code k | (sign << 3) and low byte w & 0xFF; a listed word
+    gets code 0 and low byte 0.  In 512-bit vectors: the 64 words' codes and low bytes computed side by
+    side, put in ``stored_order`` by one shuffle each, the codes of places j and 32 + j joined in byte j."""
+    rows = ((bits_i, types.uint16), (low_i, types.uint8), (codes_h, types.uint8))
+    if not all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == dtype for a, dtype in rows):
+        return None  # (contiguous rows of these types only: read and written through their data pointers)
+    sig = types.int64(bits_i, b, base, low_i, codes_h)
+
+    def codegen(context, builder, signature, args):
+        bits, low, codes = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 4))
+        byte_ptr = _I8.as_pointer()
+        bp, lp, cp = (builder.bitcast(a.data, byte_ptr) for a in (bits, low, codes))
+
+        def at(pointer, bytes_a_block, ty):
+            return builder.bitcast(
+                builder.gep(pointer, [builder.mul(args[1], ir.Constant(_I64, bytes_a_block))]), ty.as_pointer()
+            )
+
+        def splat(ty, value, n=64):
+            return ir.Constant(_vector(ty, n), [value] * n)
+
+        words = builder.load(at(bp, 128, _vector(_I16, 64)), align=1)
+        base_1 = builder.insert_element(
+            ir.Constant(_vector(_I16, 1), None), builder.trunc(args[2], _I16), ir.Constant(_I32, 0)
+        )
+        bases = builder.shuffle_vector(base_1, base_1, ir.Constant(_vector(_I32, 64), [0] * 64))
+        k = builder.sub(builder.and_(builder.lshr(words, splat(_I16, 8)), splat(_I16, 0x7F)), bases)
+        held = builder.and_(
+            builder.icmp_unsigned("<", k, splat(_I16, PACK_WINDOW)),
+            builder.icmp_unsigned("!=", builder.and_(words, splat(_I16, 0x7FFF)), splat(_I16, 0)),
+        )
+        code = builder.or_(k, builder.shl(builder.lshr(words, splat(_I16, 15)), splat(_I16, 3)))
+        no_bytes = splat(_I8, 0)
+        code_bytes = builder.select(held, builder.trunc(code, _vector(_I8, 64)), no_bytes)
+        low_bytes = builder.select(held, builder.trunc(words, _vector(_I8, 64)), no_bytes)
+
+        def stored(v, places):
+            return builder.shuffle_vector(v, v, ir.Constant(_vector(_I32, len(places)), places))
+
+        builder.store(stored(low_bytes, _STORED_ORDER), at(lp, 64, _vector(_I8, 64)), align=1)
+        low_nibbles, high_nibbles = stored(code_bytes, _STORED_ORDER[:32]), stored(code_bytes, _STORED_ORDER[32:])
+        joined = builder.or_(low_nibbles, builder.shl(high_nibbles, splat(_I8, 4, 32)))
+        builder.store(joined, at(cp, 32, _vector(_I8, 32)), align=1)
+        listed = builder.xor(held, ir.Constant(_vector(ir.IntType(1), 64), [1] * 64))
+        return builder.bitcast(listed, _I64)
+
+    return sig, codegen
 
 
 @numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
-def _pack_rows(bits_oi, base, low_oi, codes_oh):
-    """The dense part of ``PackedWords``: low bytes and codes, each block's words in the stored order."""
-    O, I = bits_oi.shape
-    for o in range(O):
-        for b in range(I // 64):
-            for j in range(32):
-                c0, l0, _ = _word_code(bits_oi[o, 64 * b + _stored_word(j)], base)
-                c1, l1, _ = _word_code(bits_oi[o, 64 * b + _stored_word(32 + j)], base)
-                codes_oh[o, 32 * b + j] = c0 | (c1 << 4)
-                low_oi[o, 64 * b + j], low_oi[o, 64 * b + 32 + j] = l0, l1
-
-
-@numba.njit(inline="always")
-def _stored_word(p):
-    """The word of a block at stored place p (``bf16.stored_order``)."""
-    return 16 * ((p // 4) % 4) + 4 * (p // 16) + p % 4
-
-
-@numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
-def _list_words(bits_oi, base, rows_e, cols_e, values_e):
-    """The listed words, row by row in column order: their row, column and float32 value."""
+def _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_e):
+    """``PackedWords`` of the words [O, I] (C-contiguous) for the window base .. base + 7, in one pass: each
+    block's dense part by ``_pack_block``, then the words it lists (row by row in column order): their row,
+    column and float32 value."""
     O, I = bits_oi.shape
     e = 0
     for o in range(O):
-        for i in range(I):
-            w = bits_oi[o, i]
-            if _word_code(w, base)[2]:
-                rows_e[e], cols_e[e], values_e[e] = o, i, _bf16_to_f32(w)
-                e += 1
+        bits_i, low_i, codes_h = bits_oi[o], low_oi[o], codes_oh[o]
+        for b in range(I // 64):
+            listed = _pack_block(bits_i, b, base, low_i, codes_h)
+            if listed:
+                for t in range(64):
+                    if (listed >> t) & 1:
+                        rows_e[e], cols_e[e], values_e[e] = o, 64 * b + t, _bf16_to_f32(bits_i[64 * b + t])
+                        e += 1
 
 
 def pack_words(bits_oi) -> PackedWords:
     """``bf16.PackedWords`` of the words [O, I] (I a multiple of ``PACKED_BLOCK``): the window of 8 high-byte
     values (sign aside) that holds the most words, the others listed."""
+    bits_oi = np.ascontiguousarray(bits_oi)
     O, I = bits_oi.shape
     counts = _high_byte_counts(bits_oi)
     held = np.convolve(counts, np.ones(PACK_WINDOW, np.int64), mode="valid")  # held[b]: words in b .. b + 7
     base = int(np.argmax(held))
     low_oi, codes_oh = np.empty((O, I), np.uint8), np.empty((O, I // 2), np.uint8)
-    _pack_rows(bits_oi, base, low_oi, codes_oh)
     E = bits_oi.size - int(held[base])  # the words outside the window, and +-0
     rows_e, cols_e, values_e = np.empty(E, np.int32), np.empty(E, np.int32), np.empty(E, np.float32)
-    _list_words(bits_oi, base, rows_e, cols_e, values_e)
+    _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_e)
     high_16 = [(c // 8) << 7 | (base + c % 8) for c in range(16)]
     return PackedWords(low_oi, codes_oh, np.array(high_16 * 4, np.uint8), rows_e, cols_e, values_e)
 
@@ -126,7 +176,7 @@ _AHEAD: list = []  # the threads of pack_ahead still packing
 
 def pack_ahead(matrices) -> None:
     """Pack the read-packed matrices of ``matrices`` now, in a thread, while the caller goes on (a model's load
-    calls it: the packing of the 0.6B code predictor, about a second on one core, then runs beside the
+    calls it: the packing of the 0.6B code predictor, about 0.1 s of one core, then runs beside the
     rest of the load and the prompt instead of before the first frame).  ``packed_words`` waits for it, so
     every matrix is packed once, the same packing as at its first use; a packing that fails there is left
     to the first use (which raises)."""
@@ -151,13 +201,6 @@ def _wait_for_packing_ahead() -> None:
             thread.join()
             if thread in _AHEAD:
                 _AHEAD.remove(thread)
-
-
-_I8, _I16, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
-
-
-def _vector(element, n):
-    return ir.VectorType(element, n)
 
 
 def _row_dots_intrinsic(R: int):

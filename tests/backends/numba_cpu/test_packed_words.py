@@ -37,6 +37,38 @@ def random_words(rng, O, I, scale=0.02, special=0.0, values=SPECIAL):
     return float32_to_bf16_bits(w)
 
 
+def packed_words_formula(bits):
+    """``PackedWords`` of the words [O, I] as ``bf16.PackedWords`` states it, in NumPy: the window is the first
+    of the 8 consecutive high-byte values (sign aside) holding the most words other than +-0; a word in it
+    has code k | (sign << 3) (its high byte base + k) and its low byte, in ``stored_order``; the others are
+    listed, row by row in column order, with code 0 and low byte 0 in their place."""
+    O, I = bits.shape
+    high, nonzero = (bits >> 8) & 0x7F, (bits & 0x7FFF) != 0
+    counts = np.bincount(high[nonzero], minlength=128)
+    base = int(np.argmax([counts[b : b + bf16.PACK_WINDOW].sum() for b in range(128 - bf16.PACK_WINDOW + 1)]))
+    k = high.astype(np.int64) - base
+    held = nonzero & (k >= 0) & (k < bf16.PACK_WINDOW)
+    codes = np.where(held, k | (bits >> 15) << 3, 0).astype(np.uint8).reshape(O, I // 64, 64)[:, :, bf16.stored_order()]
+    low = np.where(held, bits & 0xFF, 0).astype(np.uint8).reshape(O, I // 64, 64)[:, :, bf16.stored_order()]
+    high_16 = [(c // 8) << 7 | (base + c % 8) for c in range(16)]
+    rows, cols = np.nonzero(~held)
+    return PackedWords(
+        low.reshape(O, I),
+        (codes[:, :, :32] | codes[:, :, 32:] << 4).reshape(O, I // 2),
+        np.array(high_16 * 4, np.uint8),
+        rows.astype(np.int32),
+        cols.astype(np.int32),
+        (bits[rows, cols].astype(np.uint32) << 16).view(np.float32),
+    )
+
+
+def assert_same_packing(got, expected):
+    """Every array of two ``PackedWords`` the same: dtype, shape and bits (NaN payloads too)."""
+    for name, a, b in zip(PackedWords._fields, got, expected, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=name)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.integers(1, 40),
@@ -53,18 +85,82 @@ def test_packing_is_lossless(O, I, scale, special, seed):
     assert isinstance(packed, PackedWords)
     assert packed.low_oi.shape == (O, I) and packed.codes_oh.shape == (O, I // 2) and packed.high_64.shape == (64,)
     np.testing.assert_array_equal(unpack_words(packed), bits)
+    assert_same_packing(packed, packed_words_formula(bits))
     rows, cols = packed.rows_e.astype(np.int64), packed.cols_e.astype(np.int64)
     assert np.all(np.diff(rows * I + cols) > 0)  # listed row by row, in column order, each once
 
 
+def every_word(rng):
+    """The 65536 words, shuffled, as 1024 x 64: every high byte, every low byte, +-0, infinities, NaNs."""
+    return rng.permutation(np.arange(1 << 16, dtype=np.uint64)).astype(np.uint16).reshape(1024, 64)
+
+
+def window_words(rng, O, I, base, sign=True):
+    """Words whose high byte, sign aside, lies in base .. base + 7, none of them +-0."""
+    high = rng.integers(base, base + 8, (O, I)) | (rng.integers(0, 2, (O, I)) << 7 if sign else 0)
+    return (high << 8 | rng.integers(1 if base == 0 else 0, 256, (O, I))).astype(np.uint16)
+
+
+ADVERSARIAL = {
+    "every word": every_word,
+    "every word, 64 rows": lambda rng: every_word(rng)[:64],
+    "all in the window": lambda rng: window_words(rng, 5, 192, 60),
+    "all in the lowest window (subnormals)": lambda rng: window_words(rng, 3, 64, 0),
+    "all in the highest window (infinities, NaNs)": lambda rng: window_words(rng, 4, 128, 120),
+    "none in it: +0": lambda rng: np.zeros((3, 64), np.uint16),
+    "none in it: -0": lambda rng: np.full((2, 128), 0x8000, np.uint16),
+    "none in it: +-0": lambda rng: rng.choice(np.array([0, 0x8000], np.uint16), (7, 64)),
+    "+-0 beside the lowest window": lambda rng: np.where(
+        rng.random((6, 64)) < 0.5, window_words(rng, 6, 64, 0), rng.choice(np.array([0, 0x8000], np.uint16), (6, 64))
+    ),
+    "NaN and infinity words": lambda rng: rng.choice(
+        np.array([0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x7F81, 0xFFFF, 0x7FFF, 0x3F80], np.uint16), (9, 64)
+    ),
+    "two windows of as many words": lambda rng: np.concatenate(
+        [window_words(rng, 2, 64, 100, sign=False), window_words(rng, 2, 64, 20, sign=False)]
+    ),
+    "one word a row outside": lambda rng: np.where(
+        np.arange(256) == np.arange(11)[:, None] * 23, 0x7F80, window_words(rng, 11, 256, 58)
+    ).astype(np.uint16),
+    "normal, some special": lambda rng: random_words(rng, 33, 320, special=0.1),
+}
+
+
+@pytest.mark.parametrize("case", ADVERSARIAL)
+def test_packing_equals_the_formula_on_adversarial_words(case):
+    """The packing is ``packed_words_formula``'s, array for array, and unpacks to the words, bit for bit: every
+    word in the window or none (+-0 only), NaN and infinity words (the load's check rejects them, the
+    packing stays lossless), every high byte, one row of 64 words or several."""
+    bits = ADVERSARIAL[case](np.random.default_rng(sorted(ADVERSARIAL).index(case)))
+    packed = numba_cpu.packed_words.pack_words(bits)
+    assert_same_packing(packed, packed_words_formula(bits))
+    np.testing.assert_array_equal(unpack_words(packed), bits)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1000])
+def test_high_byte_counts_count_each_word_once(n):
+    """The 8 histograms side by side count each word once, the words past the last 8 too; +-0 not at all."""
+    rng = np.random.default_rng(n)
+    words = rng.choice(np.array([0, 0x8000, 0x0001, 0x8080, 0x3F80, 0xFF80], np.uint16), n)
+    words[: n // 2] = rng.integers(0, 1 << 16, n // 2)
+    nonzero = (words & 0x7FFF) != 0
+    expected = np.bincount((words[nonzero] >> 8) & 0x7F, minlength=128)
+    np.testing.assert_array_equal(numba_cpu.packed_words._high_byte_counts(words.reshape(1, n)), expected)
+
+
 def test_a_block_is_stored_in_the_order_the_unpacks_give_back():
-    """Place 16 j + 4 k + t holds word 16 k + 4 j + t: a permutation, its own inverse, the packer's too; and
-    the words of a block come back in that order from the kernel's lane-wise unpacks (a NumPy replay: bytes
-    into words, lanes' low halves then high halves; words into floats likewise)."""
+    """Place 16 j + 4 k + t holds word 16 k + 4 j + t: a permutation, its own inverse, the packer's too (a
+    block of words whose low bytes are their columns); and the words of a block come back in that order from
+    the kernel's lane-wise unpacks (a NumPy replay: bytes into words, lanes' low halves then high halves;
+    words into floats likewise)."""
     order = bf16.stored_order()
     np.testing.assert_array_equal(np.sort(order), np.arange(64))
     np.testing.assert_array_equal(order[order], np.arange(64))
-    assert [numba_cpu.packed_words._stored_word(p) for p in range(64)] == order.tolist()
+    columns = np.arange(128, dtype=np.uint16) % 64
+    packed = numba_cpu.packed_words.pack_words((0x3F00 | columns | (columns % 2) << 15).reshape(1, 128))
+    np.testing.assert_array_equal(packed.low_oi[0], np.tile(order, 2))
+    np.testing.assert_array_equal(packed.codes_oh[0] & 15, np.tile(7 | 8 * (order[:32] % 2), 2))
+    np.testing.assert_array_equal(packed.codes_oh[0] >> 4, np.tile(7 | 8 * (order[32:] % 2), 2))
     places = np.arange(64).reshape(4, 16)  # [128-bit lane j, byte]: the place each byte holds
     words = [places[:, :8], places[:, 8:]]  # vpunpcklbw, vpunpckhbw: [lane, word]
     floats = [w[:, first : first + 4].reshape(-1) for w in words for first in (0, 4)]  # vpunpck{l,h}wd
