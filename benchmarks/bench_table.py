@@ -83,7 +83,9 @@ RSS_PROBE = r"""
 import sys
 import numpy as np
 from refimpl import Qwen3TTS
+from refimpl.backends.host_memory import wait_for_huge_pages
 tts = Qwen3TTS.from_pretrained(sys.argv[1])
+wait_for_huge_pages()  # the weights' copy in huge pages made, as a long-running process has it
 tts.generate_custom_voice(sys.argv[2], speaker=sys.argv[3], language=sys.argv[4], max_new_tokens=11,
                           do_sample=False, subtalker_dosample=False)
 # VmHWM, not ru_maxrss: after fork + exec Linux keeps the parent's peak in ru_maxrss (the benchmark's own

@@ -20,11 +20,13 @@ The weights the kernels stream are placed too: a float32 model's bfloat16 matric
 embedding tables, read by rows) are read into anonymous memory backed by transparent 2 MB huge pages
 (``huge_page_array``), not left in the file's memory map.  The matrix-vector products stream every weight
 once per step, and in memory-mapped 4 KB pages the hardware prefetcher stops at every page end
-(docs/performance.md: about 15% of a frame).  A model's matrices are copied there after its load, by a
-thread that runs only on an idle core (``copy_into_huge_pages_later``), so that the copy (about a second
-for the 0.6B model) is not on the way to the first audio: the kernels read the memory map until a matrix's
-copy is made, then the copy (the same words: no number changes).  ``REFIMPL_HUGE_PAGES=0`` keeps the memory
-map."""
+(docs/performance.md: about 15% of a frame).  A model's matrices are copied there by a thread
+that runs only on an idle core (``copy_into_huge_pages_later``), once the process's generations have made
+``COPY_AFTER_FRAMES`` frames (``note_frames``): the copy (about a second of a core for the 0.6B model) is
+neither on the way to the first audio nor paid by a short generation (a sentence from the command line),
+and a long generation, or a server's next calls, read the copy.  The kernels read the memory map until a
+matrix's copy is made, then the copy (the same words: no number changes).  ``REFIMPL_HUGE_PAGES=0`` keeps
+the memory map."""
 
 from __future__ import annotations
 
@@ -183,12 +185,16 @@ def copy_into_huge_pages(matrices, release=None) -> None:
             release(words)
 
 
+COPY_AFTER_FRAMES = 25  # frames (2 s of audio) the process's generations make before the copy starts
+
+
 def copy_into_huge_pages_later(matrices, release=None) -> threading.Thread:
-    """``copy_into_huge_pages`` in a daemon thread that the system runs only on a core nothing else wants
-    (Linux ``SCHED_IDLE``; elsewhere the lowest priority it grants): after a load, while the process
-    prepares its first frame on one core, and between calls.  A copy that fails (no memory for the region)
+    """``copy_into_huge_pages`` in a daemon thread that waits until the process's generations have made
+    ``COPY_AFTER_FRAMES`` frames (``note_frames``; or ``wait_for_huge_pages`` asks for the copy), then runs
+    only on a core nothing else wants (Linux ``SCHED_IDLE``; elsewhere the lowest priority it grants):
+    between a generation's parallel loops, and between calls.  A copy that fails (no memory for the region)
     leaves the matrices on their memory map, with a warning.  Returns the thread (``join`` waits for the
-    copy)."""
+    copy, once it is wanted)."""
     thread = threading.Thread(
         target=_copy_when_idle, args=(list(matrices), release), name="refimpl-huge-pages", daemon=True
     )
@@ -198,11 +204,22 @@ def copy_into_huge_pages_later(matrices, release=None) -> threading.Thread:
 
 
 _COPYING: list = []  # the threads copy_into_huge_pages_later started
+_FRAMES = [0]  # frames the process's generations have made (note_frames)
+_COPY_WANTED = threading.Event()  # set: the copies may start
+
+
+def note_frames(n: int = 1) -> None:
+    """Count ``n`` frames made by a generation; at ``COPY_AFTER_FRAMES`` the copies into huge pages start."""
+    _FRAMES[0] += n
+    if _FRAMES[0] >= COPY_AFTER_FRAMES and not _COPY_WANTED.is_set():
+        _COPY_WANTED.set()
 
 
 def wait_for_huge_pages(timeout: float | None = None) -> bool:
-    """Wait until the copies into huge pages started so far are made (a benchmark of the steady state
-    waits, so as to time the frames as a long-running process has them); whether they all are."""
+    """Start the copies into huge pages made ready so far, if they wait for frames, and wait until they are
+    made (a benchmark of the steady state waits, so as to time the frames as a long-running process has
+    them); whether they all are."""
+    _COPY_WANTED.set()
     deadline = None if timeout is None else time.monotonic() + timeout
     for thread in list(_COPYING):
         thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -211,6 +228,7 @@ def wait_for_huge_pages(timeout: float | None = None) -> bool:
 
 
 def _copy_when_idle(matrices: list, release) -> None:
+    _COPY_WANTED.wait()
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # (Linux: this thread only)
     except (AttributeError, OSError):

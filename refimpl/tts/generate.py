@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import nn, sampling
+from ..backends import host_memory
 from ..io.validate import check_finite
 from ..recorder import NULL_RECORDER, Recorder
 from ..sampling import SamplingSettings
@@ -196,6 +197,7 @@ def iterate_frames(
         frame = np.concatenate([code0[:, None], rest], axis=1)
         log.add("frames", frame)
         yield frame
+        host_memory.note_frames()  # (a generation long enough starts the weights' copy into huge pages)
         if step + 2 == settings.max_new_tokens and not wants_last_step(log, record):
             return  # the next step's code 0 would only be drawn (stop at 2.): its Talker step not run
         text_c = trailing[:, step] if step < trailing.shape[1] else np.broadcast_to(pad_vector, (B, pad_vector.size))

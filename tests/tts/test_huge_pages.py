@@ -1,8 +1,13 @@
 """The Talker's bf16 matrices in huge pages (refimpl/tts/model.py, refimpl/backends/host_memory.py): copied
-after the load on an idle core, and the same numbers whether a generation reads the memory map, the
-copies, or the map and then the copies (a copy that lands between two of its steps)."""
+on an idle core once the process's generations have made enough frames, and the same numbers whether a
+generation reads the memory map, the copies, or the map and then the copies (a copy that lands between two
+of its steps)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -65,6 +70,7 @@ def test_a_generate_call_reads_the_same_numbers_while_the_copy_runs(bf16_model, 
     """The copy started by the load, racing a generation: the codes and the audio of a model whose copy is
     made first."""
     monkeypatch.setenv("REFIMPL_HUGE_PAGES", "1")
+    host_memory.note_frames(host_memory.COPY_AFTER_FRAMES)  # (the copy starts at once, beside the generation)
     racing = Qwen3TTS.from_pretrained(bf16_model)
     call = {k: v for k, v in CALL.items() if k != "chunk_frames"}
     wav, _, codes = racing.generate_custom_voice(TEXT, return_codes=True, **call)
@@ -72,3 +78,40 @@ def test_a_generate_call_reads_the_same_numbers_while_the_copy_runs(bf16_model, 
     again, _, codes_again = racing.generate_custom_voice(TEXT, return_codes=True, **call)
     np.testing.assert_array_equal(codes[0], codes_again[0])
     np.testing.assert_array_equal(wav[0], again[0])
+
+
+WAITS_FOR_FRAMES = r"""
+import sys
+import numpy as np
+from refimpl import Qwen3TTS
+from refimpl.backends import host_memory
+from refimpl.tts.model import matrices_for_huge_pages
+def in_the_map(a):
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return True
+        a = getattr(a, "base", None)
+    return False
+tts = Qwen3TTS.from_pretrained(sys.argv[1])
+call = dict(speaker="vivian", language="english", do_sample=False, subtalker_dosample=False, max_new_tokens=6)
+made = sum(1 for _ in tts.stream_custom_voice("Hello, world!", chunk_frames=1, **call))  # a short generation
+(copying,) = host_memory._COPYING
+copying.join(timeout=2)
+print(made, copying.is_alive(), all(in_the_map(m.bits) for m in matrices_for_huge_pages(tts.talker)))
+host_memory.note_frames(host_memory.COPY_AFTER_FRAMES)  # as a long generation does
+copying.join(timeout=120)
+print(copying.is_alive(), any(in_the_map(m.bits) for m in matrices_for_huge_pages(tts.talker)))
+"""
+
+
+def test_the_copy_waits_for_a_generation_long_enough_to_pay_for_it(bf16_model):
+    """In a fresh process: after a short generation the copy has not started (the matrices still in the
+    map, its thread waiting); once the frames reach ``COPY_AFTER_FRAMES`` it is made."""
+    env = {k: v for k, v in os.environ.items() if k != "REFIMPL_HUGE_PAGES"}
+    r = subprocess.run(
+        [sys.executable, "-c", WAITS_FOR_FRAMES, str(bf16_model)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert r.returncode == 0, r.stderr
+    short, long = (line.split() for line in r.stdout.strip().splitlines()[-2:])
+    assert 0 < int(short[0]) < host_memory.COPY_AFTER_FRAMES and short[1:] == ["True", "True"]
+    assert long == ["False", "False"]
