@@ -48,10 +48,11 @@ def run_pieces(piece, pieces: list) -> None:
 
 
 def time_pieces(T: int, most: int, step: int) -> list:
-    """(t0, n) of the pieces of T time steps that ``run_pieces`` shares out: as few as pieces of at most
-    ``most`` steps allow, their count a multiple of the threads (each thread the same share), each a whole
-    number of ``step`` steps but the last.  A short push (a streamed chunk: 128 steps at the decoder's first
-    block) is split between the threads instead of left to one."""
+    """(t0, n) of the pieces of T time steps that ``run_pieces`` shares out: pieces of at most ``most`` steps,
+    each a whole number of ``step`` steps but the last, as even between the threads as whole steps allow
+    (at most ``rounds`` a thread, the fewest rounds that pieces of ``most`` steps need).  A short push (a
+    streamed chunk: 128 steps at the decoder's first block) is split between the threads instead of left
+    to one."""
     if T <= 0:
         return []
     threads = _piece_threads()
