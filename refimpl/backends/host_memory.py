@@ -22,7 +22,7 @@ embedding tables, read by rows) are read into anonymous memory backed by transpa
 once per step, and in memory-mapped 4 KB pages the hardware prefetcher stops at every page end
 (docs/performance.md: about 15% of a frame).  A model's matrices are copied there by a thread
 that runs only on an idle core (``copy_into_huge_pages_later``), once the process's generations have made
-``COPY_AFTER_FRAMES`` frames (``note_frames``): the copy (about a second of a core for the 0.6B model) is
+``COPY_AFTER_FRAMES`` frames (``note_frames``): the copy (every matrix a step reads whole) is
 neither on the way to the first audio nor paid by a short generation (a sentence from the command line),
 and a long generation, or a server's next calls, read the copy.  The kernels read the memory map until a
 matrix's copy is made, then the copy (the same words: no number changes).  ``REFIMPL_HUGE_PAGES=0`` keeps

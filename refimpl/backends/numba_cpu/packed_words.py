@@ -176,7 +176,7 @@ _AHEAD: list = []  # the threads of pack_ahead still packing
 
 def pack_ahead(matrices) -> None:
     """Pack the read-packed matrices of ``matrices`` now, in a thread, while the caller goes on (a model's load
-    calls it: the packing of the 0.6B code predictor, about 0.1 s of one core, then runs beside the
+    calls it: the packing of the code predictor then runs beside the
     rest of the load and the prompt instead of before the first frame).  ``packed_words`` waits for it, so
     every matrix is packed once, the same packing as at its first use; a packing that fails there is left
     to the first use (which raises)."""
