@@ -10,7 +10,7 @@ from ... import nn
 from ..host_memory import new_output
 from . import amx, runtime
 from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_on_tiles, _tdnn_weight_tiles
-from .intrinsics import FASTMATH, _prefetch, _v16_fma, _v16_load, _v16_store, _v16_zeros
+from .intrinsics import FASTMATH, _v16_fma, _v16_load, _v16_store, _v16_zeros
 from .linear import F32_FEW_ROWS, F32_FEW_ROWS_MIN_BYTES, _few_rows_f32
 from .pieces import _piece_threads, run_pieces
 
@@ -226,35 +226,44 @@ def _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_ot):
 
 
 FEW_FRAMES = 8  # up to this many input frames (a streaming chunk, a first frame): ``_few_frames_times``
-FEW_FRAMES_COLUMNS = 256  # weight columns a thread sums at a time (their sums for 8 frames: 8 KB, in L1)
+FEW_FRAMES_COLUMNS = 4096  # weight columns a thread sums at a time (their sums for 8 frames: 128 KB, in L2)
+FEW_FRAMES_ROWS = 8  # weight rows added into the sums at a time (8 streams read in order)
 
 
-@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+@numba.njit(fastmath={"contract"}, cache=True, nogil=True)
 def _few_frames_times(x_if, w_ij, j0, j1, columns, z_jf):
-    """z[j, f] = sum_i x[i, f] w[i, j] for a few frames f and the columns j0 <= j < j1: strip by strip of
-    ``columns`` columns, the strip's rows read in order, i = 0 .. I - 1, each row times x[i, f] added into
-    the strip's sums for every frame (in the first-level cache), row i + 8 asked for meanwhile.  The
-    weight is read once, from memory, where BLAS packs its every block (a copy) before multiplying a few
-    columns."""
+    """z[j, f] = sum_i x[i, f] w[i, j] for a few frames f and the columns j0 <= j < j1, each sum a chain of
+    fused multiply-adds in the order i = 0 .. I - 1: strip by strip of ``columns`` columns, their sums for
+    every frame kept in the cache while ``FEW_FRAMES_ROWS`` rows of the strip at a time, read in order (from
+    memory: the weight is read once), are added into them, 16 columns a vector (a strip's last columns one
+    at a time, the same operations).  Where BLAS packs every block of the weight (a copy) before multiplying
+    a few columns, this reads it once; a sum's round trip through the cache every row (the loops before)
+    took twice the time."""
     I, J = w_ij.shape
     F = x_if.shape[1]
     words = w_ij.reshape(-1)
-    sums_fn = np.empty((F, columns), dtype=np.float32)
+    sums = np.empty(F * columns, dtype=np.float32)
     for s0 in range(j0, j1, columns):
         n = min(j1, s0 + columns) - s0
-        sums_fn[:, :] = 0.0
-        for i in range(I):
-            if i + 8 < I:
-                for j in range(0, n, 16):  # one request per 64-byte line
-                    _prefetch(words, (i + 8) * J + s0 + j)
-            w_n = w_ij[i, s0 : s0 + n]
-            for f in range(F):
-                x, sums_n = x_if[i, f], sums_fn[f, :n]
-                for j in range(n):
-                    sums_n[j] += x * w_n[j]
+        whole = n // 16 * 16
+        sums[:] = 0.0
+        for i0 in range(0, I, FEW_FRAMES_ROWS):
+            i1 = min(I, i0 + FEW_FRAMES_ROWS)
+            for j in range(0, whole, 16):
+                for f in range(F):
+                    s = _v16_load(sums, f * columns + j)
+                    for i in range(i0, i1):
+                        s = _v16_fma(s, _v16_load(words, i * J + s0 + j), x_if[i, f])
+                    _v16_store(sums, f * columns + j, s)
+            for j in range(whole, n):  # (fastmath "contract" alone: each += a fused multiply-add, in order)
+                for f in range(F):
+                    s = sums[f * columns + j]
+                    for i in range(i0, i1):
+                        s += x_if[i, f] * w_ij[i, s0 + j]
+                    sums[f * columns + j] = s
         for j in range(n):
             for f in range(F):
-                z_jf[s0 + j, f] = sums_fn[f, j]
+                z_jf[s0 + j, f] = sums[f * columns + j]
 
 
 def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):

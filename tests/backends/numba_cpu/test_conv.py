@@ -127,6 +127,34 @@ def test_few_frames_kernel_sums_every_column_strip_in_order(I, J, F, columns, n_
     np.testing.assert_array_equal(np.isnan(z).any(axis=1), np.arange(J) == J // 2)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    I=st.integers(1, 40),
+    J=st.integers(1, 80),
+    F=st.integers(1, numba_cpu.conv.FEW_FRAMES),
+    seed=st.integers(0, 2**31),
+)
+def test_few_frames_kernel_sums_in_the_same_order_whatever_its_strips(I, J, F, seed):
+    """Each of the few-frames kernel's sums is the same chain of multiply-adds (rows in order) whether its
+    column is in a strip's vectors of 16 or one of its last columns, taken one at a time: the same bits for
+    strips of 1, 3, 16 columns and the default width; and a plain NumPy sum row by row in order is within
+    one rounding per row of them (the kernel's are fused)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((I, F)).astype(np.float32)
+    w = rng.standard_normal((I, J)).astype(np.float32)
+    results = []
+    for columns in (1, 3, 16, numba_cpu.conv.FEW_FRAMES_COLUMNS):
+        z = np.full((J, F), np.nan, np.float32)
+        numba_cpu.conv._few_frames_times(x, w, 0, J, columns, z)
+        results.append(z)
+    assert all(np.array_equal(z, results[0]) for z in results[1:])
+    plain = np.zeros((J, F), np.float32)
+    for i in range(I):  # the plain twin: the same order, each product rounded before its sum
+        plain += w[i][:, None] * x[i][None, :]
+    bound = 2 * I * np.finfo(np.float32).eps * (np.abs(w.T).astype(np.float64) @ np.abs(x).astype(np.float64))
+    assert np.all(np.abs(results[0] - plain) <= bound)
+
+
 def test_transposed_pieces_split_channels_where_the_weight_outweighs_the_products():
     """The released decoder's transposed convs (2 threads): a big weight over few frames is cut into shares
     of the channels, a small weight over a long signal into pieces of frames with every channel."""
