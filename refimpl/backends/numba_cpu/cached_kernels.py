@@ -36,6 +36,7 @@ FIRST_AUDIO = (
     ("linear", "_rows_times_f32"),
     ("elementwise", "_gelu_erf_into"),
     ("elementwise", "_snake_rows_into"),
+    ("codec_decoder", "_snake_context_into"),
     ("codec_decoder", "_unit_convs_direct"),
     ("elementwise", "_add_bias_and_residual"),
     ("conv", "_direct_conv_into"),

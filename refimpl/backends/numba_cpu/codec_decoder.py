@@ -20,7 +20,7 @@ from .amx_conv import (
     _unit_scratch_words,
     _weight_tiles,
 )
-from .conv import DIRECT_STEPS, PER_TAP_MAX_OUT, _direct_conv_into, direct_conv_takes, direct_width
+from .conv import DIRECT_OUT, DIRECT_STEPS, PER_TAP_MAX_OUT, _direct_conv_into, direct_conv_takes, direct_width
 from .elementwise import (
     _add_bias_and_residual,
     _add_bias_and_residual_rows,
@@ -30,7 +30,7 @@ from .elementwise import (
     snake_beta,
 )
 from .intrinsics import FASTMATH
-from .pieces import run_pieces, time_pieces
+from .pieces import _piece_threads, run_pieces, time_pieces
 
 UNIT_PIECE = 1024  # most time steps a piece of the fused residual unit: its stacked taps ([C * 7, 1024]) stay in cache
 
@@ -288,18 +288,25 @@ def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, co
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _snake_context_into(x_ct, T, t0, n, alpha_c, inv_beta_c, left, context_cs, z):
+    """z[c, j] = SnakeBeta_1(x[c, t0 - left + j]) for j < left + n, from ``context_cs`` [C, left] before the
+    push's start (SnakeBeta's outputs already), zeros after: the rows the residual unit's k7 conv reads as
+    shifts (for the rows given: a share of the channels, or all of them)."""
+    for c in range(z.shape[0]):
+        _snake_row_into(x_ct[c], T, t0 - left, np.float32(0.0), alpha_c[c], inv_beta_c[c], z[c, : left + n])
+        z[c, left + n :] = 0.0
+        for j in range(max(left - t0, 0)):  # before the push: the context
+            z[c, j] = context_cs[c, t0 + j]
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
 def _unit_convs_direct(x_ct, T, t0, n, params_6c, w1_oik, dilation, context_cs, z, h, g):
     """The first half of the residual unit's output steps t0 .. t0 + n - 1 by the direct kernel
-    (``_direct_conv_into``): SnakeBeta_1 of the piece and its (K - 1) dilation steps before (from
-    ``context_cs`` before the push's start) into the rows of z (zeros after them), the k7 conv read from
-    them as shifts into h, then bias + SnakeBeta_2 into g (``params_6c`` as for ``_unit_piece_on_tiles``)."""
-    C, K = w1_oik.shape[0], w1_oik.shape[2]
-    left = (K - 1) * dilation
-    for c in range(C):
-        _snake_row_into(x_ct[c], T, t0 - left, np.float32(0.0), params_6c[0, c], params_6c[1, c], z[c, : left + n])
-        z[c, left + n :] = 0.0
-        for j in range(max(left - t0, 0)):  # before the push: the context (SnakeBeta's outputs already)
-            z[c, j] = context_cs[c, t0 + j]
+    (``_direct_conv_into``): SnakeBeta_1 of the piece and its (K - 1) dilation steps before into the rows of z
+    (``_snake_context_into``), the k7 conv read from them as shifts into h, then bias + SnakeBeta_2 into g
+    (``params_6c`` as for ``_unit_piece_on_tiles``)."""
+    K = w1_oik.shape[2]
+    _snake_context_into(x_ct, T, t0, n, params_6c[0], params_6c[1], (K - 1) * dilation, context_cs, z)
     _direct_conv_into(z, w1_oik, dilation, n, h)
     _snake_rows_into(h, params_6c[4], params_6c[2], params_6c[3], g)
 
@@ -307,7 +314,8 @@ def _unit_convs_direct(x_ct, T, t0, n, params_6c, w1_oik, dilation, context_cs, 
 def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct):
     """``residual_unit_push``'s pieces (``time_pieces``) with the k7 conv on the direct kernel
     (``_unit_convs_direct``), the 1x1 conv too where it takes it (``direct_conv_takes``; else BLAS's product),
-    then bias + residual (the reference's order); side by side, each in this thread's words."""
+    then bias + residual (the reference's order); side by side, each in this thread's words.  A push too short
+    to share its time out evenly shares its output channels instead (``_unit_by_outputs``)."""
     B, C = out_bct.shape[:2]
     K = w1_oik.shape[-1]
     left = (K - 1) * dilation
@@ -315,6 +323,10 @@ def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, cont
     context_bcs = np.ascontiguousarray(context_bcs, dtype=np.float32)
     w1_oik, w2_oi1 = np.ascontiguousarray(w1_oik, np.float32), np.ascontiguousarray(w2_oi1, np.float32)
     direct_1x1, w2_m = direct_conv_takes(C, C, 1), w2_oi1[:, :, 0]
+    if _shares_outputs(B, C, T):
+        for b in range(B):
+            _unit_by_outputs(rows_bcs[b], T, params_6c, w1_oik, w2_oi1, dilation, context_bcs[b], out_bct[b])
+        return
 
     def piece(b, t0, n):
         W = direct_width(n)  # (a short push: its own steps only)
@@ -329,3 +341,54 @@ def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, cont
         _add_bias_and_residual(h[:, :n], params_6c[5], rows_bcs[b], t0, out_bct[b])
 
     run_pieces(piece, [(b, t0, n) for b in range(B) for t0, n in time_pieces(T, UNIT_PIECE, DIRECT_STEPS)])
+
+
+SHARED_OUTPUTS_MAX_BLOCKS = 4  # up to this many blocks of 64 steps a thread: a push's unit may share its channels
+SHARED_OUTPUTS_MIN_CHANNELS = 128  # and at least this many channels (fewer: the rounds' hand-offs cost more)
+
+
+def _shares_outputs(B: int, C: int, T: int) -> bool:
+    """Whether a residual unit on the direct kernel shares its output channels between the threads rather
+    than its time (``_unit_by_outputs``): a short push of a wide unit, too few blocks of ``DIRECT_STEPS``
+    steps to give every thread the same number (a streamed chunk's first block: 32 steps a frame), and whole
+    blocks of ``DIRECT_OUT`` channels for each thread."""
+    threads = _piece_threads()
+    blocks = B * -(-T // DIRECT_STEPS)
+    fits = threads > 1 and C >= SHARED_OUTPUTS_MIN_CHANNELS and C % (threads * DIRECT_OUT) == 0
+    return fits and blocks % threads != 0 and blocks <= SHARED_OUTPUTS_MAX_BLOCKS * threads
+
+
+def _unit_by_outputs(x_ct, T, params_6c, w1_oik, w2_oi1, dilation, context_cs, out_ct):
+    """One push of one signal through the residual unit as ``_residual_unit_direct``'s pieces compute it, all T
+    steps at once, the threads sharing the channels (``run_pieces``, three rounds): SnakeBeta_1 of the push and its
+    context into the rows of z (``_snake_context_into``), each thread a share of the rows; the k7 conv then bias +
+    SnakeBeta_2 of a share of the outputs (``_direct_conv_into`` of the weight's rows, each output's sum as in a
+    piece of time); the 1x1 conv of a share of the outputs (direct or BLAS's product, as the pieces), bias and
+    residual.  The same operations in the same order as the pieces: the same bits."""
+    C, K = w1_oik.shape[0], w1_oik.shape[2]
+    left, W = (K - 1) * dilation, direct_width(T)
+    words = _thread_words(C * (left + 3 * W)).view(np.float32)  # (this thread's: the pieces run on the others)
+    z = words[: C * (left + W)].reshape(C, left + W)
+    h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)
+    alpha1, inv_beta1, alpha2, inv_beta2, b1, b2 = params_6c
+    direct_1x1, w2_m = direct_conv_takes(C, C, 1), w2_oi1[:, :, 0]
+    blocks, threads = C // DIRECT_OUT, _piece_threads()
+    cuts = [DIRECT_OUT * (blocks * i // threads) for i in range(threads + 1)]
+    shares = [(cuts[i], cuts[i + 1]) for i in range(threads) if cuts[i] < cuts[i + 1]]
+
+    def snake_taps(c0, c1):
+        _snake_context_into(x_ct[c0:c1], T, 0, T, alpha1[c0:c1], inv_beta1[c0:c1], left, context_cs[c0:c1], z[c0:c1])
+
+    def conv_k7(o0, o1):
+        _direct_conv_into(z, w1_oik[o0:o1], dilation, T, h[o0:o1])
+        _snake_rows_into(h[o0:o1], b1[o0:o1], alpha2[o0:o1], inv_beta2[o0:o1], g[o0:o1])
+
+    def conv_k1(o0, o1):
+        if direct_1x1:
+            _direct_conv_into(g, w2_oi1[o0:o1], 1, T, h[o0:o1])
+        else:
+            np.matmul(w2_m[o0:o1], g, out=h[o0:o1])
+        _add_bias_and_residual(h[o0:o1, :T], b2[o0:o1], x_ct[o0:o1], 0, out_ct[o0:o1])
+
+    for step in (snake_taps, conv_k7, conv_k1):
+        run_pieces(step, shares)

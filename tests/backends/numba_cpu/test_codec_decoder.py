@@ -161,6 +161,49 @@ def test_residual_unit_on_the_direct_kernel_equals_reference(C, T, dilation, pie
     assert direct_pieces[: len(pieces)] == [t0 for t0, _ in pieces]
 
 
+@pytest.mark.skipif(not numba_cpu.runtime.machine().packed_compiled, reason="no 512-bit vectors (AVX-512)")
+@settings(max_examples=20, deadline=None)
+@given(
+    st.sampled_from((8, 16, 24, 32)),  # channels: whole blocks of DIRECT_OUT for each of 2 threads
+    st.integers(1, 200),
+    st.sampled_from((1, 3, 9)),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_residual_unit_shared_by_outputs_equals_its_pieces_of_time(C, T, dilation, with_context, seed):
+    """A short push's unit with its output channels shared between the threads (``_unit_by_outputs``) against
+    the same unit in pieces of time (``_residual_unit_direct``'s pieces): the same bits with the direct 1x1
+    conv; within the float32 reference's noise with BLAS's (its products of a share of the rows); the next
+    context the reference's, to the bit."""
+    x, _, args32, _, context32, ref, exact, kept = _residual_unit_case(seed, 1, C, T, dilation, with_context)
+    push, decoder = numba_cpu.codec_decoder.residual_unit_push, numba_cpu.codec_decoder
+    got = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        mp.setattr(decoder, "_piece_threads", lambda: 2)
+        for shared in (False, True):
+            mp.setattr(decoder, "_shares_outputs", lambda *_, shared=shared: shared)
+            got[shared] = push(x, *args32, dilation, context32)
+        mp.setattr(numba_cpu.conv, "DIRECT_1X1_MAX_IN", 0)
+        blas_1x1, _ = push(x, *args32, dilation, context32)
+    assert np.array_equal(got[True][0], got[False][0]) and np.array_equal(got[True][1], kept)
+    assert within_float32_noise(got[True][0], ref, exact) and within_float32_noise(blas_1x1, ref, exact)
+
+
+def test_short_pushes_share_the_units_outputs_where_their_time_shares_out_unevenly():
+    """The released decoder's units on 2 threads: a streamed chunk of 1 or 2 frames at the first block (32,
+    64 steps: one block of 64) and of 1 frame at the second (160 steps: 3 blocks) share the channels; an even
+    number of blocks, a long push or channels that do not split into whole blocks share the time."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.codec_decoder, "_piece_threads", lambda: 2)
+        shares = numba_cpu.codec_decoder._shares_outputs
+        assert shares(1, 768, 32) and shares(1, 768, 64) and shares(1, 384, 160) and shares(1, 384, 320)
+        assert not shares(1, 768, 128) and not shares(1, 192, 640) and not shares(1, 96, 1920)
+        assert not shares(1, 768, 4000) and not shares(1, 12, 32) and not shares(2, 768, 64)
+        mp.setattr(numba_cpu.codec_decoder, "_piece_threads", lambda: 1)
+        assert not shares(1, 768, 32)
+
+
 @needs_tiles
 @settings(max_examples=12, deadline=None)
 @given(
