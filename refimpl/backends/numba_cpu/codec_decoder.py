@@ -20,7 +20,14 @@ from .amx_conv import (
     _unit_scratch_words,
     _weight_tiles,
 )
-from .conv import DIRECT_OUT, DIRECT_STEPS, PER_TAP_MAX_OUT, _direct_conv_into, direct_conv_takes, direct_width
+from .conv import (
+    DIRECT_OUT,
+    DIRECT_STEPS,
+    PER_TAP_MAX_OUT,
+    _direct_conv_into,
+    direct_conv_takes,
+    direct_half_width,
+)
 from .elementwise import (
     _add_bias_and_residual,
     _add_bias_and_residual_rows,
@@ -329,7 +336,7 @@ def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, cont
         return
 
     def piece(b, t0, n):
-        W = direct_width(n)  # (a short push: its own steps only)
+        W = direct_half_width(n)  # (a short push: its own steps only, to 32)
         words = _thread_words(C * (left + 3 * W)).view(np.float32)
         z = words[: C * (left + W)].reshape(C, left + W)
         h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)
@@ -366,7 +373,7 @@ def _unit_by_outputs(x_ct, T, params_6c, w1_oik, w2_oi1, dilation, context_cs, o
     piece of time); the 1x1 conv of a share of the outputs (direct or BLAS's product, as the pieces), bias and
     residual.  The same operations in the same order as the pieces: the same bits."""
     C, K = w1_oik.shape[0], w1_oik.shape[2]
-    left, W = (K - 1) * dilation, direct_width(T)
+    left, W = (K - 1) * dilation, direct_half_width(T)
     words = _thread_words(C * (left + 3 * W)).view(np.float32)  # (this thread's: the pieces run on the others)
     z = words[: C * (left + W)].reshape(C, left + W)
     h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)

@@ -362,18 +362,47 @@ def _store_row(out, r, s0, s1, s2, s3):
     _v16_store(out, r + 48, s3)
 
 
+@numba.njit(inline="always")
+def _direct_half_block_into(x, w, L, C, K, dilation, o, t, out, W):
+    """``_direct_conv_into``'s block of 4 outputs at step t over 32 steps only (2 vectors an output): the
+    same chain of fused multiply-adds for each of them."""
+    CK = C * K
+    a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = _v16_zeros()
+    for c in range(C):
+        for k in range(K):
+            i, q = c * L + t + k * dilation, o * CK + c * K + k
+            x0, x1 = _v16_load(x, i), _v16_load(x, i + 16)
+            a0, a1 = _v16_fma(a0, x0, w[q]), _v16_fma(a1, x1, w[q])
+            b0, b1 = _v16_fma(b0, x0, w[q + CK]), _v16_fma(b1, x1, w[q + CK])
+            c0, c1 = _v16_fma(c0, x0, w[q + 2 * CK]), _v16_fma(c1, x1, w[q + 2 * CK])
+            d0, d1 = _v16_fma(d0, x0, w[q + 3 * CK]), _v16_fma(d1, x1, w[q + 3 * CK])
+    r = o * W + t
+    _v16_store(out, r, a0)
+    _v16_store(out, r + 16, a1)
+    _v16_store(out, r + W, b0)
+    _v16_store(out, r + W + 16, b1)
+    _v16_store(out, r + 2 * W, c0)
+    _v16_store(out, r + 2 * W + 16, c1)
+    _v16_store(out, r + 3 * W, d0)
+    _v16_store(out, r + 3 * W + 16, d1)
+
+
 @numba.njit(cache=True, nogil=True)
 def _direct_conv_into(x_cl, w_oik, dilation, n, out_ow):
-    """out[o, j] = sum_c sum_k w[o, c, k] x[c, j + k dilation] for j < ``direct_width(n)`` (O a multiple of
-    ``DIRECT_OUT``; x and out C-contiguous, x's rows at least (K - 1) dilation + that many samples long, out's
-    that many): blocks of 4 outputs x 64 steps, each output's sum a float32 chain of fused multiply-adds in
-    the order c, then k (the same bits whichever block or thread computes it)."""
+    """out[o, j] = sum_c sum_k w[o, c, k] x[c, j + k dilation] for j < W, out's row length: ``direct_width(n)``,
+    or n rounded up to 32 steps where it ends in the first half of a block (O a multiple of ``DIRECT_OUT``; x
+    and out C-contiguous, x's rows at least (K - 1) dilation + W samples long): blocks of 4 outputs x 64 steps
+    (the last, within rows of such a W, of 32 steps: ``_direct_half_block_into``), each output's sum a float32
+    chain of fused multiply-adds in the order c, then k (the same bits whichever block or thread computes it)."""
     O, C, K = w_oik.shape
     L, W = x_cl.shape[1], out_ow.shape[1]
     x, w, out = x_cl.reshape(-1), w_oik.reshape(-1), out_ow.reshape(-1)
     CK = C * K
     for o in range(0, O, DIRECT_OUT):
         for t in range(0, n, DIRECT_STEPS):
+            if W - t < DIRECT_STEPS:  # rows ending 32 steps after t
+                _direct_half_block_into(x, w, L, C, K, dilation, o, t, out, W)
+                continue
             a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = _v16_zeros()
             for c in range(C):
                 for k in range(K):
@@ -388,3 +417,9 @@ def _direct_conv_into(x_cl, w_oik, dilation, n, out_ow):
             _store_row(out, r + W, b0, b1, b2, b3)
             _store_row(out, r + 2 * W, c0, c1, c2, c3)
             _store_row(out, r + 3 * W, d0, d1, d2, d3)
+
+
+def direct_half_width(n: int) -> int:
+    """The row length for n steps where ``_direct_conv_into`` computes a last half block: n rounded up to
+    32 steps (``direct_width`` where that is whole blocks)."""
+    return -(-n // (DIRECT_STEPS // 2)) * (DIRECT_STEPS // 2)

@@ -328,6 +328,34 @@ def test_direct_conv_kernel_equals_the_conv_formula(I, O, K, dilation, n, seed):
     assert np.array_equal(last, out[:, W - 64 :])
 
 
+@needs_direct
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(1, 40),  # input channels
+    st.sampled_from((4, 8, 12)),  # output channels (whole blocks of DIRECT_OUT)
+    st.sampled_from((1, 3, 7)),
+    st.sampled_from((1, 3, 9)),
+    st.integers(1, 200),  # steps (a last block of 32 where n ends in its first half)
+    st.integers(0, 2**31),
+)
+def test_direct_conv_kernel_with_a_last_half_block_keeps_its_sums(I, O, K, dilation, n, seed):
+    """``_direct_conv_into`` into rows of ``direct_half_width(n)`` steps (a last block of 32 steps where n ends
+    in a block's first half): every column the same bits as with rows of whole blocks, and within the conv
+    formula's bound (2 n eps sum|terms|, ``cases``' rule)."""
+    rng = np.random.default_rng(seed)
+    W, half = numba_cpu.conv.direct_width(n), numba_cpu.conv.direct_half_width(n)
+    assert n <= half <= W and half % 32 == 0 and (half == W or W - half == 32)
+    x = rng.standard_normal((I, (K - 1) * dilation + W)).astype(np.float32)
+    w = rng.standard_normal((O, I, K)).astype(np.float32)
+    whole, out = np.full((O, W), np.nan, np.float32), np.full((O, half), np.nan, np.float32)
+    numba_cpu.conv._direct_conv_into(x, w, dilation, n, whole)
+    numba_cpu.conv._direct_conv_into(np.ascontiguousarray(x[:, : (K - 1) * dilation + half]), w, dilation, n, out)
+    assert np.array_equal(out, whole[:, :half])
+    ref = nn.conv1d.reference(x[None, :, : (K - 1) * dilation + half], w, None, 1, dilation, 1)[0]
+    abs_sum = nn.conv1d.reference(np.abs(x[None]).astype(np.float64), np.abs(w).astype(np.float64), None, 1, dilation)
+    assert np.all(np.abs(out - ref) <= 2 * I * K * np.finfo(np.float32).eps * abs_sum[0, :, :half])
+
+
 def test_direct_conv_rule():
     """The direct kernel takes whole blocks of outputs, every conv with taps and 1x1 convs of up to
     ``DIRECT_1X1_MAX_IN`` inputs, where the processor has 512-bit vectors and no AMX tiles are granted."""
