@@ -12,7 +12,7 @@ from . import amx, runtime
 from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_on_tiles, _tdnn_weight_tiles
 from .intrinsics import FASTMATH, _v16_fma, _v16_load, _v16_store, _v16_zeros
 from .linear import F32_FEW_ROWS, F32_FEW_ROWS_MIN_BYTES, _few_rows_f32
-from .pieces import _piece_threads, run_pieces
+from .pieces import _piece_threads, run_pieces, time_pieces
 
 CONV_PIECE_BYTES = 4 << 20  # the stacked taps of one piece of ``conv1d`` ([I * K, columns] float32; half was slower)
 CONV_PIECE_MIN_COLUMNS = 256  # with many stacked taps, pieces this wide still (each piece reads the weight once)
@@ -291,17 +291,22 @@ def conv_transpose1d(x_bct, w_iok, b_o=None, stride: int = 1):
             _overlap_add_into(z_jf.reshape(O, K, T), 0, 0, frames, stride, bias_o, out_bot[b])
         return out_bot
     step, n_piece = _transposed_pieces(O, K, frames, w_t.nbytes)
+    if step == O:  # every channel: pieces of frames as even between the threads as whole lines allow
+        frame_pieces = time_pieces(frames, n_piece, TRANSPOSED_FRAMES_STEP)
+    else:
+        frame_pieces = [(t0, min(n_piece, frames - t0)) for t0 in range(0, frames, n_piece)]
 
-    def piece(b, o0, t0):
-        o1, n = min(O, o0 + step), min(n_piece, frames - t0)
+    def piece(b, o0, t0, n):
+        o1 = min(O, o0 + step)
         first, last = max(t0 - J + 1, 0), min(t0 + n, T)  # the input frames this piece reads
         z_okf = (w_t[o0 * K : o1 * K] @ x_bct[b, :, first:last]).reshape(o1 - o0, K, last - first)
         _overlap_add_into(z_okf, first, t0, n, stride, bias_o[o0:o1], out_bot[b, o0:o1])
 
-    run_pieces(piece, [(b, o0, t0) for b in range(B) for o0 in range(0, O, step) for t0 in range(0, frames, n_piece)])
+    run_pieces(piece, [(b, o0, t0, n) for b in range(B) for o0 in range(0, O, step) for t0, n in frame_pieces])
     return out_bot
 
 
+TRANSPOSED_FRAMES_STEP = 16  # a piece of frames of every channel: a whole number of 16 frames (but the last)
 TRANSPOSED_CHANNEL_PIECE_BYTES = 32 << 20  # the products of a piece of some of the channels (bounds its memory)
 
 

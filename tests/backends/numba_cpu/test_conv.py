@@ -155,6 +155,33 @@ def test_few_frames_kernel_sums_in_the_same_order_whatever_its_strips(I, J, F, s
     assert np.all(np.abs(results[0] - plain) <= bound)
 
 
+def test_transposed_conv_of_every_channel_shares_its_frames_out_evenly():
+    """A transposed conv whose pieces take every channel (a small weight over a long signal: the decoder's
+    last, over a 4-frame push) cuts its frames into pieces as even as steps of 16 frames allow, one round
+    per thread here, rather than a full piece and a short one; the output is the reference's, within its
+    bound."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 12, 2560)).astype(np.float32)
+    w = rng.standard_normal((12, 6, 6)).astype(np.float32)
+    taken = []
+
+    def run_pieces(piece, pieces):
+        taken.extend(pieces)
+        for p in pieces:
+            piece(*p)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.pieces, "_piece_threads", lambda: 2)
+        mp.setattr(numba_cpu.conv, "_piece_threads", lambda: 2)
+        mp.setattr(numba_cpu.conv, "TRANSPOSED_PIECE_BYTES", 4 * 6 * 6 * 1820)  # pieces of 1820 frames at most
+        mp.setattr(numba_cpu.conv, "run_pieces", run_pieces)
+        got = numba_cpu.conv.conv_transpose1d(x, w, None, 3)
+    assert [n for *_, n in taken] == [1296, 1265]  # 2561 frames; not 1820 and 741
+    ref = nn.conv_transpose1d.reference(x, w, None, 3)
+    bound = 2 * 12 * 2 * np.finfo(np.float32).eps * nn.conv_transpose1d.reference(np.abs(x), np.abs(w), None, 3)
+    assert np.all(np.abs(got - ref) <= bound)
+
+
 def test_transposed_pieces_split_channels_where_the_weight_outweighs_the_products():
     """The released decoder's transposed convs (2 threads): a big weight over few frames is cut into shares
     of the channels, a small weight over a long signal into pieces of frames with every channel."""
