@@ -227,7 +227,24 @@ def _overlap_add_into(z_okf, first, t0, n, stride, bias_o, out_ot):
 
 FEW_FRAMES = 8  # up to this many input frames (a streaming chunk, a first frame): ``_few_frames_times``
 FEW_FRAMES_COLUMNS = 4096  # weight columns a thread sums at a time (their sums for 8 frames: 128 KB, in L2)
-FEW_FRAMES_ROWS = 8  # weight rows added into the sums at a time (8 streams read in order)
+FEW_FRAMES_ROWS = 8  # weight rows added into the sums at a time (``_eight_rows_times``: 8 vectors in registers)
+
+
+@numba.njit(inline="always")
+def _eight_rows_times(words, p, J, x_if, i0, sums, q, F, columns):
+    """sums[f * columns + q ...] (16 of them) + rows i0 .. i0 + 7 of the weight (16 columns from word p) times
+    x[i, f], for every frame f: the 8 vectors of the weight loaded once, each sum a chain of 8 fused
+    multiply-adds in the rows' order."""
+    w0, w1, w2 = _v16_load(words, p), _v16_load(words, p + J), _v16_load(words, p + 2 * J)
+    w3, w4, w5 = _v16_load(words, p + 3 * J), _v16_load(words, p + 4 * J), _v16_load(words, p + 5 * J)
+    w6, w7 = _v16_load(words, p + 6 * J), _v16_load(words, p + 7 * J)
+    for f in range(F):
+        s = _v16_load(sums, f * columns + q)
+        s = _v16_fma(_v16_fma(s, w0, x_if[i0, f]), w1, x_if[i0 + 1, f])
+        s = _v16_fma(_v16_fma(s, w2, x_if[i0 + 2, f]), w3, x_if[i0 + 3, f])
+        s = _v16_fma(_v16_fma(s, w4, x_if[i0 + 4, f]), w5, x_if[i0 + 5, f])
+        s = _v16_fma(_v16_fma(s, w6, x_if[i0 + 6, f]), w7, x_if[i0 + 7, f])
+        _v16_store(sums, f * columns + q, s)
 
 
 @numba.njit(fastmath={"contract"}, cache=True, nogil=True)
@@ -235,10 +252,10 @@ def _few_frames_times(x_if, w_ij, j0, j1, columns, z_jf):
     """z[j, f] = sum_i x[i, f] w[i, j] for a few frames f and the columns j0 <= j < j1, each sum a chain of
     fused multiply-adds in the order i = 0 .. I - 1: strip by strip of ``columns`` columns, their sums for
     every frame kept in the cache while ``FEW_FRAMES_ROWS`` rows of the strip at a time, read in order (from
-    memory: the weight is read once), are added into them, 16 columns a vector (a strip's last columns one
-    at a time, the same operations).  Where BLAS packs every block of the weight (a copy) before multiplying
-    a few columns, this reads it once; a sum's round trip through the cache every row (the loops before)
-    took twice the time."""
+    memory: the weight is read once), are added into them, 16 columns a vector (``_eight_rows_times``; the
+    last rows and a strip's last columns one at a time, the same operations).  Where BLAS packs every block of
+    the weight (a copy) before multiplying a few columns, this reads it once; a sum's round trip through the
+    cache every row (the loops before) took twice the time."""
     I, J = w_ij.shape
     F = x_if.shape[1]
     words = w_ij.reshape(-1)
@@ -250,7 +267,10 @@ def _few_frames_times(x_if, w_ij, j0, j1, columns, z_jf):
         for i0 in range(0, I, FEW_FRAMES_ROWS):
             i1 = min(I, i0 + FEW_FRAMES_ROWS)
             for j in range(0, whole, 16):
-                for f in range(F):
+                if i1 - i0 == FEW_FRAMES_ROWS:
+                    _eight_rows_times(words, i0 * J + s0 + j, J, x_if, i0, sums, j, F, columns)
+                    continue
+                for f in range(F):  # the last rows
                     s = _v16_load(sums, f * columns + j)
                     for i in range(i0, i1):
                         s = _v16_fma(s, _v16_load(words, i * J + s0 + j), x_if[i, f])
