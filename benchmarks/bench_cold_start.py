@@ -1,7 +1,7 @@
 """The cold start: a fresh process to its first audio, and to the end of a short generation, with the time
 of each phase.
 
-    python benchmarks/bench_cold_start.py [--runs 5] [--frames 10] [--write-results]
+    python benchmarks/bench_cold_start.py [--runs 5] [--frames 10] [--write-results] [--package-cache]
 
 Runs ``--runs`` fresh Python processes one after another on the full-size 0.6B CustomVoice (random weights,
 bf16 on disk) and its speech tokenizer, greedy, each one: ``import refimpl``, ``from_pretrained``,
@@ -9,8 +9,10 @@ bf16 on disk) and its speech tokenizer, greedy, each one: ``import refimpl``, ``
 end of ``--frames`` frames and their decode.  A probe inside the process takes the time stamps and wraps the
 functions each phase runs (the huge-page copy, the finiteness check, the packing, the kernels loaded ahead,
 every Numba kernel's first call and its cache load...), so that each phase has its own time; each figure is
-the minimum over the runs.  A first run, not counted, compiles the kernels into Numba's cache and brings the
-files into the page cache: what is measured is the start with kernels cached and files in memory.  Then
+the minimum over the runs.  A first run, not counted, compiles the kernels into a Numba cache of the run's own
+(``common.own_numba_cache``: what a user's first run leaves; ``--package-cache``: the package's cache, which
+also holds the test suite's overloads) and brings the files into the page cache: what is measured is the
+start with kernels cached and files in memory.  Then
 ``--runs`` runs of the command line, ``refimpl say TEXT --stream -o -``, its standard output read with time
 stamps: the time to the first audio bytes (after the WAV header) and to the end of the stream.  And one
 ``python -X importtime -c "import refimpl; ..."`` counted by top-level package (the import's own time of
@@ -258,7 +260,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="fresh processes of each kind (the minimum is kept)")
     ap.add_argument("--frames", type=int, default=10)
     ap.add_argument("--write-results", action="store_true", help="record the entry of benchmarks/results.json")
+    ap.add_argument(
+        "--package-cache",
+        action="store_true",
+        help="load the kernels from the package's Numba cache (with the test suite's overloads), not the run's own",
+    )
     args = ap.parse_args()
+    os.environ.update(common.own_numba_cache(args.package_cache))  # (the children inherit it)
     start_load = os.getloadavg()[0]
     path = common.released_custom_voice_0_6b()
     print(

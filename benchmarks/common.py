@@ -151,6 +151,27 @@ def best_time(fn, repeats: int = 3):
     return best, result
 
 
+_OWN_NUMBA_CACHE: list = []  # the directory of own_numba_cache, once made
+
+
+def own_numba_cache(package_cache: bool = False) -> dict:
+    """The environment of a benchmark's fresh refimpl processes for Numba's on-disk cache: a directory of
+    their own (``NUMBA_CACHE_DIR``, made once per benchmark and removed at its exit; its first, uncounted run
+    compiles into it), so that a process loads what a user's first run put in the cache.  The package's own
+    cache also holds every overload the test suite compiled (the tiny models' layer counts, other dtypes),
+    and a fresh process loads every overload the cache holds of each kernel of its first audio.  Nothing
+    (the package's cache, or the user's ``NUMBA_CACHE_DIR``) with ``package_cache``."""
+    if package_cache:
+        return {}
+    if not _OWN_NUMBA_CACHE:
+        import atexit
+        import tempfile
+
+        _OWN_NUMBA_CACHE.append(tempfile.mkdtemp(prefix="refimpl-bench-numba-"))
+        atexit.register(shutil.rmtree, _OWN_NUMBA_CACHE[0], True)
+    return {"NUMBA_CACHE_DIR": _OWN_NUMBA_CACHE[0]}
+
+
 def official_available() -> bool:
     try:
         import qwen_tts  # noqa: F401

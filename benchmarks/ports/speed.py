@@ -222,11 +222,14 @@ def run_worker(python, job: dict, jobs: Path, args, env: dict, isolated: bool) -
         return {"error": lines[-1] if lines else str(e), "output": run["output"]}
 
 
-def environments(port: Port, threads: int) -> tuple:
-    """(the port's environment, refimpl's): the same thread counts in both."""
+def environments(port: Port, threads: int, package_cache: bool = False) -> tuple:
+    """(the port's environment, refimpl's): the same thread counts in both; refimpl's Numba cache one of the
+    run's own (``common.own_numba_cache``: what a user's first run leaves) unless ``package_cache``."""
+    import common
+
     n = str(threads)
     common_env = dict(harness.child_env(threads), NUMBA_NUM_THREADS=n, RAYON_NUM_THREADS=n, **port.env)
-    ours = dict(common_env, PYTHONPATH=str(harness.REPO))
+    ours = dict(common_env, PYTHONPATH=str(harness.REPO), **common.own_numba_cache(package_cache))
     return common_env, ours
 
 
@@ -306,7 +309,7 @@ def measure(port: Port, args) -> dict:
         directory = common.released_base_0_6b() if port.checkpoint == "base" else common.released_custom_voice_0_6b()
     python = port_python(port)
     model = port_model(port, python, directory, args)
-    env_port, env_ours = environments(port, args.threads)
+    env_port, env_ours = environments(port, args.threads, args.package_cache)
     base = {"threads": args.threads, "text": TEXT, "language": LANGUAGE.lower()}
     if port.checkpoint == "base":
         base.update(mode="clone", ref_audio=reference_audio())
@@ -458,6 +461,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=900, help="seconds per process")
     ap.add_argument("--memory-gib", type=int, default=16, help="address-space limit of each process")
     ap.add_argument("--write-results", action="store_true", help="record the entry of benchmarks/results.json")
+    ap.add_argument("--package-cache", action="store_true", help="refimpl's kernels from the package's Numba cache")
     # qwentts.cpp's GGUF files (qwentts_cpp.py's options; its files are cached by weights hash and type)
     ap.add_argument("--port-source", help="qwentts.cpp: a checkout of its repository (its convert.py)")
     ap.add_argument("--quant", choices=QUANTS, default="F32", help="qwentts.cpp: the GGUF type run (default F32)")
