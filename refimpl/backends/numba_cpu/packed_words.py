@@ -203,6 +203,50 @@ def _wait_for_packing_ahead() -> None:
                 _AHEAD.remove(thread)
 
 
+def _rebuilt_words(builder, table, packed, low_bytes):
+    """The 64 float32 words of a block from its 32 code bytes and 64 low bytes (``_row_dots_intrinsic``)."""
+    shuffle_fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_vector(_I8, 64), [_vector(_I8, 64)] * 2), "llvm.x86.avx512.pshuf.b.512"
+    )
+    low_nibbles = builder.and_(packed, ir.Constant(_vector(_I8, 32), [15] * 32))
+    high_nibbles = builder.lshr(packed, ir.Constant(_vector(_I8, 32), [4] * 32))
+    codes64 = builder.shuffle_vector(low_nibbles, high_nibbles, ir.Constant(_vector(_I32, 64), list(range(64))))
+    high_bytes = builder.call(shuffle_fn, [table, codes64])
+    halves = []  # words of bytes 0..7, then 8..15 of each 128-bit lane (vpunpcklbw, vpunpckhbw)
+    for first in (0, 8):
+        mask = [k for j in range(4) for i in range(first, first + 8) for k in (16 * j + i, 64 + 16 * j + i)]
+        pairs = builder.shuffle_vector(low_bytes, high_bytes, ir.Constant(_vector(_I32, 64), mask))
+        halves.append(builder.bitcast(pairs, _vector(_I16, 32)))
+    no_words = ir.Constant(_vector(_I16, 32), [0] * 32)
+    quarters = []  # each word above a zero word: its float32 (vpunpcklwd, vpunpckhwd)
+    for words in halves:
+        for first in (0, 4):
+            mask = [k for j in range(4) for i in range(first, first + 4) for k in (i, 32 + 8 * j + i)]
+            widened = builder.shuffle_vector(no_words, words, ir.Constant(_vector(_I32, 32), mask))
+            quarters.append(builder.bitcast(widened, _vector(_F32, 16)))
+    halves_f = [builder.shuffle_vector(a, b, ir.Constant(_vector(_I32, 32), list(range(32)))) for a, b in
+                (quarters[:2], quarters[2:])]  # fmt: skip
+    return builder.shuffle_vector(*halves_f, ir.Constant(_vector(_I32, 64), list(range(64))))
+
+
+def _fma(builder, lanes: int):
+    """LLVM's fused multiply-add of ``lanes`` float32 lanes."""
+    return cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_vector(_F32, lanes), [_vector(_F32, lanes)] * 3), f"llvm.fma.v{lanes}f32"
+    )
+
+
+def _lanes_summed(builder, total):
+    """The sum of a 64-lane vector's lanes by halves: lanes 0..31 + 32..63, then 0..15 + 16..31, ..."""
+    s, width = total, 64
+    while width > 1:
+        width //= 2
+        lo = builder.shuffle_vector(s, s, ir.Constant(_vector(_I32, width), list(range(width))))
+        hi = builder.shuffle_vector(s, s, ir.Constant(_vector(_I32, width), list(range(width, 2 * width))))
+        s = builder.fadd(lo, hi)
+    return builder.extract_element(s, ir.Constant(_I32, 0))
+
+
 def _row_dots_intrinsic(R: int):
     """An intrinsic ``(x_ni, n0, low_i, codes_h, high_64, out_no, o)``: out[n0 + r, o] = sum_i x[n0 + r, i] *
     word_i for r < R, the words of one packed row (its dense part: the listed words are added apart) rebuilt
@@ -230,12 +274,6 @@ def _row_dots_intrinsic(R: int):
                 return builder.load(builder.bitcast(builder.gep(pointer, [offset]), ty.as_pointer()), align=1)
 
             table = load(hp, ir.Constant(_I64, 0), _vector(_I8, 64))
-            shuffle_fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_vector(_I8, 64), [_vector(_I8, 64)] * 2), "llvm.x86.avx512.pshuf.b.512"
-            )
-            fma_fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_vector(_F32, 64), [_vector(_F32, 64)] * 3), "llvm.fma.v64f32"
-            )
             rows = [builder.mul(builder.add(args[1], ir.Constant(_I64, r)), x_row_bytes) for r in range(R)]
             zero = ir.Constant(_vector(_F32, 64), [0.0] * 64)
             entry = builder.block
@@ -248,31 +286,13 @@ def _row_dots_intrinsic(R: int):
             for s in sums:
                 s.add_incoming(zero, entry)
             packed = load(cp, builder.mul(b, ir.Constant(_I64, 32)), _vector(_I8, 32))
-            low_nibbles = builder.and_(packed, ir.Constant(_vector(_I8, 32), [15] * 32))
-            high_nibbles = builder.lshr(packed, ir.Constant(_vector(_I8, 32), [4] * 32))
-            codes64 = builder.shuffle_vector(low_nibbles, high_nibbles, ir.Constant(_vector(_I32, 64), list(range(64))))
-            high_bytes = builder.call(shuffle_fn, [table, codes64])
             low_bytes = load(lp, builder.mul(b, ir.Constant(_I64, 64)), _vector(_I8, 64))
-            halves = []  # words of bytes 0..7, then 8..15 of each 128-bit lane (vpunpcklbw, vpunpckhbw)
-            for first in (0, 8):
-                mask = [k for j in range(4) for i in range(first, first + 8) for k in (16 * j + i, 64 + 16 * j + i)]
-                pairs = builder.shuffle_vector(low_bytes, high_bytes, ir.Constant(_vector(_I32, 64), mask))
-                halves.append(builder.bitcast(pairs, _vector(_I16, 32)))
-            no_words = ir.Constant(_vector(_I16, 32), [0] * 32)
-            quarters = []  # each word above a zero word: its float32 (vpunpcklwd, vpunpckhwd)
-            for words in halves:
-                for first in (0, 4):
-                    mask = [k for j in range(4) for i in range(first, first + 4) for k in (i, 32 + 8 * j + i)]
-                    widened = builder.shuffle_vector(no_words, words, ir.Constant(_vector(_I32, 32), mask))
-                    quarters.append(builder.bitcast(widened, _vector(_F32, 16)))
-            halves_f = [builder.shuffle_vector(a, b, ir.Constant(_vector(_I32, 32), list(range(32)))) for a, b in
-                        (quarters[:2], quarters[2:])]  # fmt: skip
-            w = builder.shuffle_vector(*halves_f, ir.Constant(_vector(_I32, 64), list(range(64))))
+            w = _rebuilt_words(builder, table, packed, low_bytes)
             column_bytes = builder.mul(b, ir.Constant(_I64, 256))
             new_sums = []
             for r in range(R):
                 xv = load(xp, builder.add(rows[r], column_bytes), _vector(_F32, 64))
-                new_sums.append(builder.call(fma_fn, [xv, w, sums[r]]))
+                new_sums.append(builder.call(_fma(builder, 64), [xv, w, sums[r]]))
             b_next = builder.add(b, ir.Constant(_I64, 1))
             b.add_incoming(b_next, loop)
             for s, t in zip(sums, new_sums, strict=True):
@@ -287,13 +307,7 @@ def _row_dots_intrinsic(R: int):
             out_at = builder.mul(args[6], ir.Constant(_I64, 4))
             op = builder.bitcast(out.data, byte_ptr)
             for r, total in enumerate(totals):
-                s, width = total, 64
-                while width > 1:  # halves added: lanes 0..31 + 32..63, then 0..15 + 16..31, ...
-                    width //= 2
-                    lo = builder.shuffle_vector(s, s, ir.Constant(_vector(_I32, width), list(range(width))))
-                    hi = builder.shuffle_vector(s, s, ir.Constant(_vector(_I32, width), list(range(width, 2 * width))))
-                    s = builder.fadd(lo, hi)
-                value = builder.extract_element(s, ir.Constant(_I32, 0))
+                value = _lanes_summed(builder, total)
                 at = builder.add(builder.mul(builder.add(args[1], ir.Constant(_I64, r)), out_row_bytes), out_at)
                 builder.store(value, builder.bitcast(builder.gep(op, [at]), _F32.as_pointer()))
             return context.get_dummy_value()
