@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 from ...environment import switch
 from ..bf16 import PACK_WINDOW, BF16Matrix, PackedWords, stored_order
 from . import runtime
-from .intrinsics import FASTMATH, PREFETCH_ROWS_AHEAD, _bf16_to_f32, _prefetch
+from .intrinsics import FASTMATH, PREFETCH_LOCALITY, PREFETCH_ROWS_AHEAD, _bf16_to_f32, _prefetch
 from .kept import _kept_while_read_only
 
 PACKED_COMPILED = runtime.machine().packed_compiled  # the 64-byte shuffles of _packed_row_dots
@@ -336,25 +336,222 @@ def _packed_row_dots(x_ni, low_i, codes_h, high_64, out_no, o):
             _row_dots_1(x_ni, n0, low_i, codes_h, high_64, out_no, o)
 
 
+PAIR = 2  # packed rows a batch's kernel multiplies at a time: each load of x serves both
+
+
+def _pair_dots_intrinsic(R: int):
+    """An intrinsic ``(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k, words_k)``: for
+    rows n0 + r (r < R) of x and the packed rows o0 and o0 + 1, ``_row_dots_intrinsic``'s sums over the blocks
+    b0 <= b < b1 (each lane's products in the same order, the lanes summed by halves the same way: the same
+    bits), so that each load of x serves two rows of words.  A later span of a row's blocks (b0 > 0) goes on
+    from the 64 lanes of each sum left in ``sums_k`` ([p, r, lane], float32), a span before the last leaves
+    them there, the last one sums them into out[n0 + r, o0 + p].  For R > 2 (2 x R x 64 lanes of sums would
+    not fit in the 32 registers) the lanes are summed in two passes of 32, the second on the words the first
+    rebuilt and kept in ``words_k`` (its 32 lanes a block and row).  Rows o_ahead and o_ahead + 1's blocks
+    b0 .. b1 - 1 are asked for meanwhile, one request a block (not a burst a row: beside a batch's arithmetic,
+    measured faster)."""
+    parts = 1 if R * PAIR <= 4 else 2
+    W = 64 // parts  # lanes a pass
+
+    @intrinsic
+    def pair_dots(typingctx, x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k, words_k):
+        sig = types.void(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k, words_k)
+
+        def codegen(context, builder, signature, args):
+            arrays = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 3, 4, 5, 10, 11))
+            x, low, codes, high, out, kept, later = arrays
+            byte_ptr = _I8.as_pointer()
+            xp, lp, cp, hp, op, kp, wp = (
+                builder.bitcast(a.data, byte_ptr) for a in (x, low, codes, high, out, kept, later)
+            )
+            blocks = builder.udiv(builder.extract_value(low.shape, 1), ir.Constant(_I64, 64))
+            first_block, end_block = args[8], args[9]
+            lanes_t = _vector(_F32, W)
+
+            def at(pointer, offset, ty):
+                return builder.bitcast(builder.gep(pointer, [offset]), ty.as_pointer())
+
+            def load(pointer, offset, ty):
+                return builder.load(at(pointer, offset, ty), align=1)
+
+            def times(value, k):
+                return builder.mul(value, ir.Constant(_I64, k))
+
+            def row_at(array, first, k):  # the byte offset of row first + k
+                return builder.mul(builder.add(first, ir.Constant(_I64, k)), builder.extract_value(array.strides, 0))
+
+            def kept_at(p, r, h):
+                return ir.Constant(_I64, 4 * ((p * R + r) * 64 + h * W))
+
+            def lanes(first):
+                return ir.Constant(_vector(_I32, W), list(range(first, first + W)))
+
+            table = load(hp, ir.Constant(_I64, 0), _vector(_I8, 64))
+            prefetch_fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, _I32, _I32, _I32]), "llvm.prefetch.p0i8"
+            )
+            prefetch_args = [ir.Constant(_I32, k) for k in (0, PREFETCH_LOCALITY, 1)]  # a read, of data
+            x_rows = [row_at(x, args[1], r) for r in range(R)]
+            low_rows, code_rows = ([row_at(a, args[6], p) for p in range(PAIR)] for a in (low, codes))
+            ahead = [(pt, row_at(a, args[7], p), size) for pt, a, size in ((lp, low, 64), (cp, codes, 32))
+                     for p in range(PAIR)]  # fmt: skip
+            zero = ir.Constant(lanes_t, [0.0] * W)
+            carried = builder.icmp_unsigned(">", first_block, ir.Constant(_I64, 0))
+            passes = []  # [pass][p][r]: W lanes of sums
+            for h in range(parts):
+                entry = builder.block  # where b0 > 0, the sums go on from those kept (a branch: else never read)
+                carry, start = builder.append_basic_block(f"carry{h}"), builder.append_basic_block(f"start{h}")
+                builder.cbranch(carried, carry, start)
+                builder.position_at_end(carry)
+                loaded = [[load(kp, kept_at(p, r, h), lanes_t) for r in range(R)] for p in range(PAIR)]
+                builder.branch(start)
+                builder.position_at_end(start)
+                starts = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
+                for p in range(PAIR):
+                    for r in range(R):
+                        starts[p][r].add_incoming(zero, entry)
+                        starts[p][r].add_incoming(loaded[p][r], carry)
+                loop, done = builder.append_basic_block(f"blocks{h}"), builder.append_basic_block(f"sums{h}")
+                builder.cbranch(builder.icmp_unsigned("<", first_block, end_block), loop, done)
+                builder.position_at_end(loop)
+                b = builder.phi(_I64)
+                b.add_incoming(first_block, start)
+                sums = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
+                for p in range(PAIR):
+                    for r in range(R):
+                        sums[p][r].add_incoming(starts[p][r], start)
+                if h == 0:
+                    for pointer, row, size in ahead:
+                        builder.call(
+                            prefetch_fn, [builder.gep(pointer, [builder.add(row, times(b, size))]), *prefetch_args]
+                        )
+                ws = []
+                for p in range(PAIR):
+                    later_at = times(builder.add(times(builder.sub(b, first_block), PAIR), ir.Constant(_I64, p)), 4 * W)
+                    if h > 0:  # (the words of the second half, kept by the first pass)
+                        ws.append(load(wp, later_at, lanes_t))
+                        continue
+                    packed = load(cp, builder.add(code_rows[p], times(b, 32)), _vector(_I8, 32))
+                    low_bytes = load(lp, builder.add(low_rows[p], times(b, 64)), _vector(_I8, 64))
+                    w = _rebuilt_words(builder, table, packed, low_bytes)
+                    if parts > 1:
+                        builder.store(builder.shuffle_vector(w, w, lanes(W)), at(wp, later_at, lanes_t), align=1)
+                        w = builder.shuffle_vector(w, w, lanes(0))
+                    ws.append(w)
+                column_bytes = builder.add(times(b, 256), ir.Constant(_I64, 4 * h * W))
+                new_sums = [[None] * R for _ in range(PAIR)]
+                for r in range(R):
+                    xv = load(xp, builder.add(x_rows[r], column_bytes), lanes_t)
+                    for p in range(PAIR):
+                        new_sums[p][r] = builder.call(_fma(builder, W), [xv, ws[p], sums[p][r]])
+                b_next = builder.add(b, ir.Constant(_I64, 1))
+                b.add_incoming(b_next, loop)
+                for p in range(PAIR):
+                    for r in range(R):
+                        sums[p][r].add_incoming(new_sums[p][r], loop)
+                builder.cbranch(builder.icmp_unsigned("<", b_next, end_block), loop, done)
+                builder.position_at_end(done)
+                totals = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
+                for p in range(PAIR):
+                    for r in range(R):
+                        totals[p][r].add_incoming(starts[p][r], start)
+                        totals[p][r].add_incoming(new_sums[p][r], loop)
+                passes.append(totals)
+            with builder.if_else(builder.icmp_unsigned("<", end_block, blocks)) as (more, last):
+                with more:  # the sums kept for the next span
+                    for h in range(parts):
+                        for p in range(PAIR):
+                            for r in range(R):
+                                builder.store(passes[h][p][r], at(kp, kept_at(p, r, h), lanes_t), align=1)
+                with last:
+                    for p in range(PAIR):
+                        for r in range(R):
+                            total = passes[0][p][r]
+                            if parts > 1:  # (the 64 lanes joined)
+                                all_64 = ir.Constant(_vector(_I32, 64), list(range(64)))
+                                total = builder.shuffle_vector(total, passes[1][p][r], all_64)
+                            place = builder.add(
+                                row_at(out, args[1], r), times(builder.add(args[6], ir.Constant(_I64, p)), 4)
+                            )
+                            builder.store(_lanes_summed(builder, total), at(op, place, _F32))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return pair_dots
+
+
+_pair_dots_1, _pair_dots_2, _pair_dots_3, _pair_dots_4 = (_pair_dots_intrinsic(R) for R in (1, 2, 3, 4))
+
+
+@numba.njit(inline="always")
+def _packed_pair_dots(x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_gk, words_k):
+    """``_pair_dots_intrinsic`` for every row of x, four at a time (group g's sums kept in ``sums_gk[g]``);
+    rows o_ahead and o_ahead + 1 asked for by the first group."""
+    N = x_ni.shape[0]
+    for n0 in range(0, N, 4):
+        R, ahead, sums_k = min(4, N - n0), o_ahead if n0 == 0 else o0, sums_gk[n0 // 4]
+        if R == 4:
+            _pair_dots_4(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
+        elif R == 3:
+            _pair_dots_3(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
+        elif R == 2:
+            _pair_dots_2(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
+        else:
+            _pair_dots_1(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
+
+
+X_CACHED_BYTES = 32 << 10  # rows of x up to this many bytes in all: read whole for each packed row ...
+SPAN_X_BYTES = 16 << 10  # ... longer: by spans of columns of at most this many bytes of x (first-level cache)
+BAND_PAIRS = 4  # pairs of packed rows that take a span in turn (their sums kept between spans)
+PIECES = 32  # the pairs' bands are shared out in this many pieces (each allocates its buffers once)
+
+
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _packed_products_into(x_ni, packed, out_no):
     """out = x @ words^T for a packed matrix (``bf16.PackedWords``) and a few rows of x (C-contiguous
-    float32): parallel over the weight rows, each read once for all rows of x (row o + 8's low bytes and
-    codes asked for meanwhile) by ``_packed_row_dots``; then for each listed word its product added and the
-    placeholder's taken back out, in their order (row by row in the parallel loop, they were slower)."""
+    float32), parallel over the weight rows, each read once for all rows of x; then for each listed word its
+    product added and the placeholder's taken back out, in their order (row by row in the parallel loop,
+    they were slower).  Rows of x of up to ``X_CACHED_BYTES`` in all (a generation step's one row, a short
+    batch): a packed row at a time by ``_packed_row_dots``, row o + 8's low bytes and codes asked for
+    meanwhile.  Longer (a batch's rows of the MLP's down projection): the columns by spans of
+    ``SPAN_X_BYTES`` of x, which stay in the first-level cache while ``BAND_PAIRS`` pairs of packed rows
+    take the span (``_pair_dots_intrinsic``: each load of x serves two rows, and each sum is the one the
+    rows of x get alone, the same bits)."""
     low_oi, codes_oh, high_64, rows_e, cols_e, values_e = packed
     O, I = low_oi.shape
+    N = x_ni.shape[0]
     low_words, code_words = low_oi.reshape(-1), codes_oh.reshape(-1)
-    for o in prange(O):
-        if o + PREFETCH_ROWS_AHEAD < O:
-            for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 64):
-                _prefetch(low_words, j)
-            for j in range((o + PREFETCH_ROWS_AHEAD) * (I // 2), (o + PREFETCH_ROWS_AHEAD + 1) * (I // 2), 64):
-                _prefetch(code_words, j)
-        if x_ni.shape[0] == 1:  # (a generation step's one row: its own call, faster than the loop's)
-            _row_dots_1(x_ni, 0, low_oi[o], codes_oh[o], high_64, out_no, o)
-        else:
-            _packed_row_dots(x_ni, low_oi[o], codes_oh[o], high_64, out_no, o)
+    if N == 1 or N * I * 4 <= X_CACHED_BYTES:
+        for o in prange(O):
+            if o + PREFETCH_ROWS_AHEAD < O:
+                for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 64):
+                    _prefetch(low_words, j)
+                for j in range((o + PREFETCH_ROWS_AHEAD) * (I // 2), (o + PREFETCH_ROWS_AHEAD + 1) * (I // 2), 64):
+                    _prefetch(code_words, j)
+            if N == 1:  # (a generation step's one row: its own call, faster than the loop's)
+                _row_dots_1(x_ni, 0, low_oi[o], codes_oh[o], high_64, out_no, o)
+            else:
+                _packed_row_dots(x_ni, low_oi[o], codes_oh[o], high_64, out_no, o)
+    else:
+        blocks, pairs, groups = I // PACKED_BLOCK, O // PAIR, (N + 3) // 4
+        span = max(1, SPAN_X_BYTES // (N * 4 * PACKED_BLOCK))  # blocks a span (fewer than the row's)
+        bands = (pairs + BAND_PAIRS - 1) // BAND_PAIRS
+        for piece in prange(PIECES):
+            sums_qgk = np.empty((BAND_PAIRS, groups, PAIR * 4 * 64), np.float32)  # [pair, group, (p, r, lane)]
+            words_k = np.empty(span * PAIR * 32, np.float32)
+            for band in range(piece * bands // PIECES, (piece + 1) * bands // PIECES):
+                q0, q1 = band * BAND_PAIRS, min(pairs, (band + 1) * BAND_PAIRS)
+                for b0 in range(0, blocks, span):
+                    b1 = min(blocks, b0 + span)
+                    for q in range(q0, q1):
+                        o0 = PAIR * q
+                        o_ahead = min(o0 + PAIR * BAND_PAIRS, O - PAIR)  # (the same span of the next band)
+                        _packed_pair_dots(
+                            x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_qgk[q - q0], words_k
+                        )
+        if O % PAIR:  # (the last row, unpaired)
+            _packed_row_dots(x_ni, low_oi[O - 1], codes_oh[O - 1], high_64, out_no, O - 1)
     placeholder = _bf16_to_f32(np.uint16(high_64[0]) << np.uint16(8))  # (a listed word's place, code 0)
     for e in range(rows_e.shape[0]):
         o, c, v = rows_e[e], cols_e[e], values_e[e]

@@ -218,6 +218,56 @@ def test_packed_products_within_the_bound(N, O, I, special):
     assert np.all(np.abs(out - exact)[finite] <= (I + 1) * EPS * scale[finite])
 
 
+def dense_sums_formula(x, words):
+    """The packed kernels' sums, in NumPy: for row n of x and packed row o, lane l adds x[n, 64 b + l] * word
+    block after block, each step one fused multiply-add (the product exact in float64, the sum rounded once
+    to float32), then the 64 lanes are summed by halves in float32 (0..31 + 32..63, then 0..15 + 16..31...)."""
+    N, I = x.shape
+    lanes = np.zeros((N, words.shape[0], 64), np.float32)
+    for b in range(I // 64):
+        products = x[:, None, 64 * b : 64 * (b + 1)].astype(np.float64) * words[:, 64 * b : 64 * (b + 1)]
+        lanes = (lanes.astype(np.float64) + products).astype(np.float32)
+    while lanes.shape[-1] > 1:
+        half = lanes.shape[-1] // 2
+        lanes = lanes[..., :half] + lanes[..., half:]
+    return lanes[..., 0]
+
+
+def line_aligned(rng, N, I):
+    """Rows of x starting on 64-byte lines, as the fused step passes them."""
+    raw = np.empty(N * I + 16, np.float32)
+    first = (-(raw.ctypes.data // 4)) % 16
+    x = raw[first : first + N * I].reshape(N, I)
+    x[:] = rng.standard_normal((N, I))
+    return x
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("O, I", [(1, 3072), (2, 64), (5, 1024), (37, 3072), (6, 4096)])
+def test_batch_products_are_the_formula_and_each_row_alone(N, O, I):
+    """For 1 to 9 rows of x, every kernel of ``_packed_products_into`` (a packed row at a time, or, where the
+    rows of x outgrow ``X_CACHED_BYTES``, two at a time by spans of columns, which for N = 3, 5 or 9 do not
+    divide the row evenly, an odd last row alone) gives
+    ``dense_sums_formula``'s bits for words all in the window, and with listed words (+-0, a subnormal, the
+    largest values) each row of x the bits it gets alone."""
+    pw = numba_cpu.packed_words
+    rng = np.random.default_rng(N * 100 + O + I)
+    x = line_aligned(rng, N, I)
+    for words in (window_words(rng, O, I, 60), random_words(rng, O, I, special=0.05, values=SPECIAL[[0, 1, 5, 6, 7]])):
+        packed = pw.pack_words(words)
+        out = np.full((N, O), np.nan, np.float32)
+        pw._packed_products_into(x, packed, out)
+        for n in range(N):
+            alone = np.full((1, O), np.nan, np.float32)
+            pw._packed_products_into(x[n : n + 1], packed, alone)
+            np.testing.assert_array_equal(out[n].view(np.uint32), alone[0].view(np.uint32))
+        if packed.rows_e.size == 0:
+            expected = dense_sums_formula(x, bf16_bits_to_float32(words).astype(np.float64))
+            np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+        else:
+            assert packed.rows_e.size > 0  # (the listed words added apart)
+
+
 def test_linear_reads_a_streamed_matrix_packed_and_keeps_the_packing():
     """``linear`` of a few rows and a read-packed matrix runs the packed kernel on the packing made at its first
     use and kept while the words live (read-only); a matrix not read-packed, columns not a multiple of 64,
