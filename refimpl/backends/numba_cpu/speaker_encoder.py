@@ -1,5 +1,6 @@
 """The twins of ``refimpl/tts/speaker_encoder.py``: the TDNN (reflected taps read in place, bias and ReLU in
-one pass) and the Res2Net built of them, on the AMX tiles where the weights are bf16 values; the gated
+one pass) and the Res2Net built of them, on the AMX tiles where the weights are bf16 values, else on the direct
+kernel where it takes them (a thread's range of steps through all the groups in one call); the gated
 residual, the pooling statistics and the spectral magnitude, each one pass without temporaries; the log-mel
 front end's FFT on more than one of SciPy's threads."""
 
@@ -11,7 +12,7 @@ import numpy as np
 from ..host_memory import new_output
 from . import amx
 from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_blocks_on_tiles, _taps_on_tiles, _tdnn_weight_tiles
-from .conv import DIRECT_OUT, _direct_conv_into, direct_conv_takes, direct_width
+from .conv import DIRECT_OUT, DIRECT_STEPS, _direct_conv_into, direct_conv_takes, direct_width
 from .elementwise import ELEMENTWISE_PIECE
 from .intrinsics import FASTMATH, _exp_f32
 from .pieces import _piece_threads, run_pieces
@@ -127,7 +128,8 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
     group's output taken into one small buffer; group 0 copied, where the reference splits, adds into a
     fresh array, makes a TDNN's output and concatenates them all again (for the released encoder's small
     groups, a good part of the time).  On the AMX tiles, all the groups of a range of steps in one call
-    (``_res2net_range_on_tiles``)."""
+    (``_res2net_range_on_tiles``); where the direct kernel takes the groups' convs, likewise
+    (``_res2net_range_direct``: one call a thread, not seven hand-offs and passes of each group)."""
     B, C, T = x_bct.shape
     Cg = C // (len(w_joik) + 1)  # channels per group
     if x_bct.dtype != np.float32 or C % (len(w_joik) + 1) or any(w.shape[:2] != (Cg, Cg) for w in w_joik):
@@ -148,6 +150,20 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
             run_pieces(
                 lambda t0, t1, x_ct=x_ct, out_ct=out_ct: _res2net_range_on_tiles(
                     x_ct, tiles_j, b_jo, dilation, t0, t1, out_ct
+                ),
+                [(cuts[i], cuts[i + 1]) for i in range(n)],
+            )
+        return out_bct
+    if direct_conv_takes(Cg, Cg, K):  # AVX-512, no tiles: all the groups of a range of steps in one call
+        w_joik = np.ascontiguousarray(np.stack(w_joik), np.float32)
+        b_jo = np.ascontiguousarray(np.stack(b_jo), np.float32)
+        n = max(1, min(_piece_threads(), T // RES2NET_PIECE_MIN_STEPS))
+        cuts = [T * i // n for i in range(n + 1)]
+        for b in range(B):
+            x_ct, out_ct = np.ascontiguousarray(x_bct[b]), out_bct[b]
+            run_pieces(
+                lambda t0, t1, x_ct=x_ct, out_ct=out_ct: _res2net_range_direct(
+                    x_ct, w_joik, b_jo, dilation, t0, t1, out_ct
                 ),
                 [(cuts[i], cuts[i + 1]) for i in range(n)],
             )
@@ -367,4 +383,60 @@ def _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, a, b, out_ct):
             for t in range(z0, z1):
                 z_ct[c, t] = x_ct[j * Cg + c, t] if j == 1 else x_ct[j * Cg + c, t] + y_ct[c, t]
         _taps_blocks_on_tiles(z_ct, tiles_j[j - 1], b_jo[j - 1], True, True, K, dilation, -dilation, y_ct, r0, r1, 0, 1)
-        out_ct[j * Cg : (j + 1) * Cg, a:b] = y_ct[:, a:b]
+        for c in range(Cg):
+            out_t, y_t = out_ct[j * Cg + c, a:b], y_ct[c, a:b]
+            for i in range(out_t.shape[0]):
+                out_t[i] = y_t[i]
+
+
+RES2NET_PIECE_MIN_STEPS = 128  # steps a thread's range of ``_res2net_range_direct`` has at least (shorter signals: one)
+
+
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _res2net_range_direct(x_ct, w_joik, b_jo, dilation, a, b, out_ct):
+    """``res2net``'s output steps a <= t < b of one item [C, T] on the direct kernel (``_direct_conv_into``),
+    all its groups on this thread: group 0 copied; group j's TDNN on x_j + y_(j-1) over the steps its
+    successors need (the range widened by the padding's reach once per later group), its input rows written
+    with their mirrored edges, then bias and ReLU.  Each output is the same chain of multiply-adds as the
+    TDNN twin's on the direct kernel over the whole signal, so the same bits whoever computes it."""
+    C, T = x_ct.shape
+    J, Cg, _, K = w_joik.shape  # groups after the first, their channels, taps
+    span = dilation * (K - 1)
+    left = span // 2
+    reach = span - left  # the steps an output reads beyond itself, on its farther side
+    n_most = min(b - a + 2 * (J - 1) * reach, T)
+    W = -(-n_most // DIRECT_STEPS) * DIRECT_STEPS
+    rows_cl = np.zeros((Cg, span + W), dtype=np.float32)  # a group's input rows from r0 - left, mirrored
+    sums_cw = np.empty((Cg, W), dtype=np.float32)
+    y_ct = np.empty((Cg, T), dtype=np.float32)  # the previous group's output where it is computed
+    for c in range(Cg):
+        out_t, x_t = out_ct[c, a:b], x_ct[c, a:b]
+        for i in range(out_t.shape[0]):
+            out_t[i] = x_t[i]
+    for j in range(1, J + 1):
+        widen = (J - j) * reach
+        r0, r1 = max(a - widen, 0), min(b + widen, T)  # group j's outputs the cascade needs
+        n = r1 - r0
+        p0 = r0 - left  # the position of rows[:, 0]
+        inner0, inner1 = max(-p0, 0), min(T - p0, n + span)  # rows[:, inner0:inner1] unmirrored
+        for c in range(Cg):
+            x_t, y_t, row = x_ct[j * Cg + c], y_ct[c], rows_cl[c]
+            for m in range(inner0):
+                q = -(p0 + m)
+                row[m] = x_t[q] if j == 1 else x_t[q] + y_t[q]
+            xs, ys, rs = x_t[p0 + inner0 : p0 + inner1], y_t[p0 + inner0 : p0 + inner1], row[inner0:inner1]
+            for i in range(rs.shape[0]):  # (indices from 0: no check for negative ones, a vectorized loop)
+                rs[i] = xs[i] if j == 1 else xs[i] + ys[i]
+            for m in range(inner1, n + span):
+                q = 2 * (T - 1) - (p0 + m)
+                row[m] = x_t[q] if j == 1 else x_t[q] + y_t[q]
+        _direct_conv_into(rows_cl, w_joik[j - 1], dilation, n, sums_cw)
+        for c in range(Cg):
+            bias = b_jo[j - 1, c]
+            for t in range(n):
+                v = sums_cw[c, t] + bias
+                y_ct[c, r0 + t] = np.float32(0.0) if v <= 0 else v
+        for c in range(Cg):
+            out_t, y_t = out_ct[j * Cg + c, a:b], y_ct[c, a:b]
+            for i in range(out_t.shape[0]):
+                out_t[i] = y_t[i]

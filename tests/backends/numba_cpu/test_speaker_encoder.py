@@ -289,6 +289,55 @@ def test_res2net_on_the_tiles_is_its_groups_tdnns_on_the_tiles(dilation, T, monk
     assert nan_ref.any()
 
 
+@pytest.mark.skipif(not numba_cpu.runtime.machine().packed_compiled, reason="no 512-bit vectors (AVX-512)")
+@settings(max_examples=30, deadline=None)
+@given(
+    width=st.sampled_from((4, 8, 64)),
+    groups=st.integers(2, 8),
+    K=st.sampled_from((1, 3, 5)),
+    dilation=st.integers(1, 4),
+    extra=st.integers(0, 400),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**31),
+)
+def test_res2net_on_the_direct_kernel_is_its_groups_tdnns(width, groups, K, dilation, extra, threads, seed):
+    """A Res2Net on the direct kernel (no tiles), each thread all its groups over its own range of steps
+    (widened by the padding's reach once per later group, from the fewest frames the padding allows): the
+    same bits as its groups' TDNN twins one by one over the whole signal, whatever the ranges; within float32
+    noise of the formula; a NaN spoils the same outputs as in the reference."""
+    rng = np.random.default_rng(seed)
+    T = max(speaker_encoder.same_padding(K, dilation)) + 1 + extra
+    x = rng.standard_normal((1, groups * width, T)).astype(np.float32)
+    ws = tuple(
+        (rng.standard_normal((width, width, K)) / np.sqrt(width * K)).astype(np.float32) for _ in range(groups - 1)
+    )
+    bs = tuple(rng.standard_normal(width).astype(np.float32) for _ in range(groups - 1))
+    ran = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        mp.setattr(numba_cpu.speaker_encoder, "_piece_threads", lambda: threads)
+        mp.setattr(numba_cpu.speaker_encoder, "RES2NET_PIECE_MIN_STEPS", 16)  # short ranges too
+        kernel = numba_cpu.speaker_encoder._res2net_range_direct
+        mp.setattr(numba_cpu.speaker_encoder, "_res2net_range_direct", lambda *a: ran.append(a[4:6]) or kernel(*a))
+        got = numba_cpu.speaker_encoder.res2net(x, ws, bs, dilation)
+        group_by_group = [x[:, :width]]
+        for j in range(1, groups):
+            inp = x[:, j * width : (j + 1) * width] + (group_by_group[-1] if j > 1 else 0)
+            group_by_group.append(numba_cpu.speaker_encoder.tdnn(inp, ws[j - 1], bs[j - 1], dilation))
+        x_nan = x.copy()
+        x_nan[0, width, T // 2] = np.nan  # in group 1: it spoils every later group through the cascade
+        got_nan = numba_cpu.speaker_encoder.res2net(x_nan, ws, bs, dilation)
+    assert ran and ran[0][0] == 0 and ran[-1][1] == T
+    np.testing.assert_array_equal(got, np.concatenate(group_by_group, axis=1))
+    ref = speaker_encoder.res2net.reference(x, ws, bs, dilation)
+    as64 = [tuple(a.astype(np.float64) for a in arrays) for arrays in (ws, bs)]
+    exact = speaker_encoder.res2net.reference(x.astype(np.float64), *as64, dilation)
+    assert within_float32_noise(got, ref, exact)
+    nan_ref = np.isnan(speaker_encoder.res2net.reference(x_nan, ws, bs, dilation))
+    np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
+    assert nan_ref.any()
+
+
 def test_res2net_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     x = np.zeros((1, 4, 2), np.float32)
     w = (np.zeros((2, 2, 5), np.float32),)
