@@ -309,10 +309,12 @@ def asp_context(x_bct, mean_bc, std_bc):
     return np.concatenate([x_bct, *repeated], axis=1)
 
 
-def attentive_statistics_pooling(a: WeightView, x_bct, record: Recorder):
+@primitive
+def attentive_statistics_pooling(a: WeightView, x_bct, record: Recorder = NULL_RECORDER):
     """[B, C, T] -> [B, 2C, 1]: attention weights over time per channel, from the frame itself and
     the utterance's plain mean and std (global context); then the attention-weighted mean and std.
-    ``a`` and ``record`` scoped to the pooling (``asp.``)."""
+    ``a`` and ``record`` scoped to the pooling (``asp.``).  A primitive: numba's twin adds the logits' bias
+    inside the statistics' pass, and the TDNN's bias, ReLU and tanh in place."""
     B, C, T = x_bct.shape
     uniform_bct = nn.module_of(x_bct).full((B, 1, T), 1.0 / T, dtype=x_bct.dtype)
     mean_bc, std_bc = mean_and_std(x_bct, uniform_bct)

@@ -80,6 +80,7 @@ TWINS = {
     "gated_residual": speaker_encoder.gated_residual,
     "mean_and_std": speaker_encoder.mean_and_std,
     "softmax_mean_and_std": speaker_encoder.softmax_mean_and_std,
+    "attentive_statistics_pooling": speaker_encoder.attentive_statistics_pooling,
     # refimpl/tts/mel.py (the speaker encoder's front end)
     "real_fft": speaker_encoder.real_fft,
     "spectral_magnitude": speaker_encoder.spectral_magnitude,

@@ -316,6 +316,88 @@ def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record=None):
     return mean_bc, std_bc
 
 
+@numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
+def _exp_biased_minus_into(l_t, bias, m, e_t):
+    """e = exp((l + bias) - m) by ``_exp_f32``, the sum rounded first (compiled without reassociation)."""
+    for t in range(l_t.shape[0]):
+        e_t[t] = _exp_f32((l_t[t] + bias) - m)
+
+
+@numba.njit(fastmath=FASTMATH, error_model="numpy", cache=True, nogil=True)
+def _biased_softmax_mean_and_std_rows(x_ct, l_ct, lmax_c, bias_c, eps, mean_c, std_c):
+    """``_softmax_mean_and_std_rows`` of the logits l[c] + bias[c] (each sum rounded, as the conv's bias
+    pass rounds it), from the maximum of l[c]: rounding is monotonic, so max(l) + bias, rounded, is the
+    maximum of the rounded sums."""
+    C, T = x_ct.shape
+    e_t = np.empty(T, dtype=np.float32)
+    for c in range(C):
+        bias = bias_c[c]
+        _exp_biased_minus_into(l_ct[c], bias, lmax_c[c] + bias, e_t)
+        x_t = x_ct[c]
+        total = np.float32(0.0)
+        weighted = np.float32(0.0)
+        for t in range(T):
+            total += e_t[t]
+            weighted += e_t[t] * x_t[t]
+        mean = weighted / total
+        variance = np.float32(0.0)
+        for t in range(T):
+            d = x_t[t] - mean
+            variance += e_t[t] * (d * d)
+        variance = variance / total
+        mean_c[c] = mean
+        std_c[c] = np.sqrt(eps) if variance < eps else np.sqrt(variance)  # (NaN stays NaN)
+
+
+def attentive_statistics_pooling(a, x_bct, record=None):
+    """``tts.speaker_encoder.attentive_statistics_pooling`` (float32; with the AMX tiles granted, the reference,
+    whose convs' twins run on them): the reference's products and roundings, with the TDNN's bias, ReLU and
+    tanh in place in one array, and the logits' bias added inside the softmax's statistics
+    (``_biased_softmax_mean_and_std_rows``, rows of channels side by side), where the reference makes three
+    arrays and the conv's bias pass, and its softmax twin a pass of NumPy's for each row's maximum."""
+    if amx.USE_TILES or not isinstance(x_bct, np.ndarray) or x_bct.dtype != np.float32 or x_bct.ndim != 3:
+        return NotImplemented
+    B, C, T = x_bct.shape
+    w1_a3c1, b1_a, w2_ca1, b2_c = a["tdnn.conv.weight"], a["tdnn.conv.bias"], a["conv.weight"], a["conv.bias"]
+    arrays = (w1_a3c1, b1_a, w2_ca1, b2_c)
+    if T == 0 or not all(isinstance(w, np.ndarray) and w.dtype == np.float32 for w in arrays):
+        return NotImplemented
+    A = w1_a3c1.shape[0]
+    if w1_a3c1.shape != (A, 3 * C, 1) or b1_a.shape != (A,) or w2_ca1.shape != (C, A, 1) or b2_c.shape != (C,):
+        return NotImplemented
+    x_bct = np.ascontiguousarray(x_bct)
+    mean_bc, std_bc = mean_and_std(x_bct, np.full((B, 1, T), 1.0 / T, dtype=np.float32))
+    w_a3c = w1_a3c1[:, :, 0]
+    bias_ba = b1_a + mean_bc @ w_a3c[:, C : 2 * C].T + std_bc @ w_a3c[:, 2 * C :].T  # (as the reference)
+    w_ac, w_ca = np.ascontiguousarray(w_a3c[:, :C]), np.ascontiguousarray(w2_ca1[:, :, 0])
+    pooled_bc1 = np.empty((B, 2 * C, 1), np.float32)
+    mean_bc, std_bc = pooled_bc1[:, :C, 0], pooled_bc1[:, C:, 0]
+    rows = max(1, ELEMENTWISE_PIECE // T)
+    for b in range(B):
+        h_at = np.matmul(w_ac, x_bct[b])
+        h_at += bias_ba[b, :, None]
+        np.tanh(np.maximum(h_at, 0, out=h_at), out=h_at)
+        logits_ct = np.matmul(w_ca, h_at, out=new_output((C, T)))
+        sums_c = np.empty((2, C), np.float32)
+
+        def piece(c0, logits_ct=logits_ct, x_ct=x_bct[b], sums_c=sums_c):
+            c1 = min(C, c0 + rows)
+            lmax_c = np.max(logits_ct[c0:c1], axis=1)  # (NumPy's vectorized maximum, on this thread)
+            _biased_softmax_mean_and_std_rows(
+                x_ct[c0:c1],
+                logits_ct[c0:c1],
+                lmax_c,
+                b2_c[c0:c1],
+                np.float32(1e-12),
+                sums_c[0, c0:c1],
+                sums_c[1, c0:c1],
+            )
+
+        run_pieces(piece, [(c0,) for c0 in range(0, C, rows)])
+        mean_bc[b], std_bc[b] = sums_c
+    return pooled_bc1
+
+
 @numba.njit(cache=True, nogil=True)
 def _magnitude_rows(spectrum_tf, out_tf):
     """out = sqrt(re^2 + im^2 + 1e-9), each step rounded in float32 in that order (no fast-math: the

@@ -217,6 +217,53 @@ def test_pooling_statistics_from_logits_never_make_the_weights(B, C, T, scale, s
     )
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    B=st.integers(1, 2),
+    C=st.integers(1, 40),
+    A=st.integers(1, 12),
+    T=st.integers(1, 300),
+    seed=st.integers(0, 2**31),
+)
+def test_attentive_pooling_twin_adds_the_logits_bias_in_its_statistics(B, C, A, T, seed):
+    """The attentive pooling with the TDNN's bias, ReLU and tanh in place and the logits' bias added inside
+    the softmax's statistics: the same bits as the reference on the numba backend (its products, roundings
+    and sums are that one's), within float32 noise of the plain NumPy formula; a NaN sample spoils its
+    item's x-vector statistics as in the reference; on the AMX tiles, and for float64, the reference."""
+    rng = np.random.default_rng(seed)
+    x = np.maximum(rng.standard_normal((B, C, T)), 0).astype(np.float32)
+    weights = {
+        "tdnn.conv.weight": (rng.standard_normal((A, 3 * C, 1)) / np.sqrt(3 * C)).astype(np.float32),
+        "tdnn.conv.bias": rng.standard_normal(A).astype(np.float32),
+        "conv.weight": (3 * rng.standard_normal((C, A, 1)) / np.sqrt(A)).astype(np.float32),
+        "conv.bias": rng.standard_normal(C).astype(np.float32),
+    }
+    a = speaker_encoder.WeightView(weights)
+    pooling = speaker_encoder.attentive_statistics_pooling.reference
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        got = numba_cpu.speaker_encoder.attentive_statistics_pooling(a, x)
+        np.testing.assert_array_equal(got, pooling(a, x, speaker_encoder.NULL_RECORDER))
+        x_nan = x.copy()
+        x_nan[-1, 0, T // 2] = np.nan
+        got_nan = numba_cpu.speaker_encoder.attentive_statistics_pooling(a, x_nan)
+        mp.setattr(numba_cpu.amx, "USE_TILES", True)
+        assert numba_cpu.speaker_encoder.attentive_statistics_pooling(a, x) is NotImplemented
+    with kernels.use_backend("numpy"):
+        ref = pooling(a, x, speaker_encoder.NULL_RECORDER)
+        nan_ref = np.isnan(pooling(a, x_nan, speaker_encoder.NULL_RECORDER))
+    exact = pooling(
+        speaker_encoder.WeightView({k: v.astype(np.float64) for k, v in weights.items()}),
+        x.astype(np.float64),
+        speaker_encoder.NULL_RECORDER,
+    )
+    assert got.shape == ref.shape == (B, 2 * C, 1) and got.dtype == np.float32
+    assert within_float32_noise(got, ref, exact)
+    np.testing.assert_array_equal(np.isnan(got_nan), nan_ref)
+    assert nan_ref[-1].all()
+    assert numba_cpu.speaker_encoder.attentive_statistics_pooling(a, x.astype(np.float64)) is NotImplemented
+
+
 @pytest.mark.parametrize("B, T, F", [(1, 937, 513), (2, 5, 3), (1, 1, 1), (1, 600, 1000)])
 def test_spectral_magnitude_twin_is_bit_identical(B, T, F):
     """sqrt(re^2 + im^2 + 1e-9) in one pass, each step rounded as the reference's three, from spectra with
