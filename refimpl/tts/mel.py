@@ -28,6 +28,7 @@ __all__ = [
     "stft_magnitude",
     "real_fft",
     "spectral_magnitude",
+    "mel_bands",
     "mel_frame_count",
     "mel_spectrogram",
 ]
@@ -133,6 +134,14 @@ def spectral_magnitude(spectrum_btf):
     return np.sqrt(magnitude_btf, out=magnitude_btf)
 
 
+@primitive
+def mel_bands(basis_mf, magnitude_bft):
+    """The filterbank's bands of every frame: basis [M, F] times magnitudes [B, F, T] -> [B, M, T], one
+    product.  A band's row is zero outside the bins between its neighbours' centres, so a backend may sum
+    those bins alone."""
+    return np.matmul(basis_mf, magnitude_bft)
+
+
 # ----------------------------------------------------------------------------- the log-mel spectrogram
 
 
@@ -196,6 +205,6 @@ def mel_spectrogram(
         padded_bn = np.pad(padded_bn, ((0, 0), (n_fft // 2, n_fft // 2)), mode="reflect")
     magnitude_bft = stft_magnitude(padded_bn, n_fft, hop_size, win_size)
     basis_mf = _mel_basis(sampling_rate, n_fft, num_mels, fmin, fmax, dtype)
-    mel_bmt = np.matmul(basis_mf, magnitude_bft)
+    mel_bmt = mel_bands(basis_mf, magnitude_bft)
     log_mel_bmt = np.log(np.maximum(mel_bmt, dtype(1e-5)))
     return log_mel_bmt[0] if audio.ndim == 1 else log_mel_bmt

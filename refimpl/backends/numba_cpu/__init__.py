@@ -84,4 +84,5 @@ TWINS = {
     # refimpl/tts/mel.py (the speaker encoder's front end)
     "real_fft": speaker_encoder.real_fft,
     "spectral_magnitude": speaker_encoder.spectral_magnitude,
+    "mel_bands": speaker_encoder.mel_bands,
 }

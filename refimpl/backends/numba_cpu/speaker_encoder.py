@@ -1,8 +1,9 @@
 """The twins of ``refimpl/tts/speaker_encoder.py``: the TDNN (reflected taps read in place, bias and ReLU in
 one pass) and the Res2Net built of them, on the AMX tiles where the weights are bf16 values, else on the direct
 kernel where it takes them (a thread's range of steps through all the groups in one call); the gated
-residual, the pooling statistics and the spectral magnitude, each one pass without temporaries; the log-mel
-front end's FFT on more than one of SciPy's threads."""
+residual, the pooling statistics and the spectral magnitude, each one pass without temporaries (the attentive
+pooling's biases folded into its passes); the log-mel front end's FFT on more than one of SciPy's threads, and
+its filterbank's product over each band's nonzero bins alone."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from . import amx
 from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_blocks_on_tiles, _taps_on_tiles, _tdnn_weight_tiles
 from .conv import DIRECT_OUT, DIRECT_STEPS, _direct_conv_into, direct_conv_takes, direct_width
 from .elementwise import ELEMENTWISE_PIECE
-from .intrinsics import FASTMATH, _exp_f32
+from .intrinsics import FASTMATH, _exp_f32, _v16_fma, _v16_load, _v16_store, _v16_zeros
 from .pieces import _piece_threads, run_pieces
 
 
@@ -436,6 +437,67 @@ def spectral_magnitude(spectrum_btf):
         [(b, t0) for b in range(B) for t0 in range(0, T, rows)],
     )
     return out_btf
+
+
+MEL_LANES = 16  # frames a band's sums of ``_mel_bands_into`` hold in one vector
+
+
+@numba.njit(cache=True, nogil=True)
+def _mel_bands_into(mag_tf, basis_mf, f0_m, f1_m, t0, t1, out_mt):
+    """out[m, t] = sum_f basis[m, f] mag[t, f] for t0 <= t < t1, over each band's bins f0[m] <= f < f1[m] alone
+    (the rest of its row zeros), a chain of fused multiply-adds in the order of f; 16 frames at once, their
+    magnitudes copied into a buffer [F, 16] (a band's bin is then one vector of them)."""
+    M, F = basis_mf.shape
+    lanes_fl = np.zeros((F, MEL_LANES), dtype=np.float32)  # (lanes past the last frame: finite, dropped)
+    lanes, sums_l = lanes_fl.reshape(-1), np.empty(MEL_LANES, dtype=np.float32)
+    for s in range(t0, t1, MEL_LANES):
+        n = min(MEL_LANES, t1 - s)
+        mag_nf = mag_tf[s : s + n]
+        for f in range(F):
+            for i in range(n):
+                lanes[f * MEL_LANES + i] = mag_nf[i, f]
+        for m in range(M):
+            sums = _v16_zeros()
+            for f in range(f0_m[m], f1_m[m]):
+                sums = _v16_fma(sums, _v16_load(lanes, f * MEL_LANES), basis_mf[m, f])
+            _v16_store(sums_l, 0, sums)
+            for i in range(n):
+                out_mt[m, s + i] = sums_l[i]
+
+
+def band_spans(basis_mf):
+    """(f0, f1) [M] each: the first bin of each band's row that is not zero and one past its last (0, 0 for a
+    row of zeros)."""
+    nonzero_mf = basis_mf != 0
+    F = basis_mf.shape[1]
+    some_m = nonzero_mf.any(axis=1)
+    f0_m = np.where(some_m, np.argmax(nonzero_mf, axis=1), 0)
+    f1_m = np.where(some_m, F - np.argmax(nonzero_mf[:, ::-1], axis=1), 0)
+    return f0_m.astype(np.int64), f1_m.astype(np.int64)
+
+
+def mel_bands(basis_mf, magnitude_bft):
+    """``tts.mel.mel_bands`` (float32): each band's sum over its nonzero bins alone (about 2 of the 128 rows'
+    bins a bin, where the reference's product multiplies every zero), 16 frames a vector, pieces of frames
+    side by side (``_mel_bands_into``).  Sums of the same nonzero terms in another order than BLAS's: float32
+    rounding apart, the same numbers."""
+    arrays = (basis_mf, magnitude_bft)
+    if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in arrays):
+        return NotImplemented
+    if basis_mf.ndim != 2 or magnitude_bft.ndim != 3 or magnitude_bft.shape[1] != basis_mf.shape[1]:
+        return NotImplemented
+    B, F, T = magnitude_bft.shape
+    mag_btf = np.ascontiguousarray(np.swapaxes(magnitude_bft, 1, 2))  # (the front end's frames: a view)
+    basis_mf = np.ascontiguousarray(basis_mf)
+    f0_m, f1_m = band_spans(basis_mf)
+    out_bmt = np.empty((B, basis_mf.shape[0], T), np.float32)
+    n = _piece_threads()
+    cuts = [MEL_LANES * (-(-T // MEL_LANES) * i // n) for i in range(n)] + [T]
+    run_pieces(
+        lambda b, t0, t1: _mel_bands_into(mag_btf[b], basis_mf, f0_m, f1_m, t0, t1, out_bmt[b]),
+        [(b, cuts[i], cuts[i + 1]) for b in range(B) for i in range(n) if cuts[i] < cuts[i + 1]],
+    )
+    return out_bmt
 
 
 # A Res2Net's small groups one by one lose on the tiles; all of them in one call win from this many steps (each

@@ -424,6 +424,27 @@ def test_mean_and_std_twin_is_within_float32_noise(B, C, T, per_channel, seed):
     )
 
 
+@pytest.mark.parametrize(
+    "B, T, sr, n_fft, M, fmax",
+    [(1, 937, 24000, 1024, 128, 12000), (2, 5, 16000, 512, 40, None), (1, 1, 8000, 64, 8, 3000)],
+)
+def test_mel_bands_twin_sums_each_bands_nonzero_bins(B, T, sr, n_fft, M, fmax):
+    """The filterbank's product over each band's nonzero bins alone, 16 frames a vector (a last piece of
+    fewer): within the bound of two sums of the same terms of the reference's product; a band of zeros
+    gives zeros; what it has no kernel for goes back to the reference."""
+    rng = np.random.default_rng(T + M)
+    basis = mel.mel_filterbank(sr, n_fft, M, 0, fmax)
+    basis[M // 2] = 0  # a band of zeros
+    magnitude = np.swapaxes(np.abs(rng.standard_normal((B, T, n_fft // 2 + 1))).astype(np.float32), 1, 2)
+    got = numba_cpu.speaker_encoder.mel_bands(basis, magnitude)
+    ref = mel.mel_bands.reference(basis, magnitude)
+    assert got.shape == ref.shape == (B, M, T) and got.dtype == np.float32
+    abs_sum = np.abs(basis).astype(np.float64) @ np.abs(magnitude).astype(np.float64)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * basis.shape[1] * np.finfo(np.float32).eps * abs_sum)
+    assert np.all(got[:, M // 2] == 0)
+    assert numba_cpu.speaker_encoder.mel_bands(basis.astype(np.float64), magnitude) is NotImplemented
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_real_fft_twin_splits_the_frames_and_keeps_every_bit(dtype):
     """SciPy's FFT on the twin's threads: each frame's transform is the reference's, so the same bits."""

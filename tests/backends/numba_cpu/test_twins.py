@@ -19,13 +19,14 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
         *("elu_causal_conv",),
         *("snake_causal_conv", "softmax", "tdnn", "res2net", "mean_and_std", "nearest_rows"),
         *("softmax_mean_and_std", "gated_residual", "spectral_magnitude", "attention", "rms_norm"),
-        *("real_fft", "attentive_statistics_pooling"),
+        *("real_fft", "mel_bands", "attentive_statistics_pooling"),
     }
     for name, twin in numba_cpu.TWINS.items():
         # transformer_stack is the transformer's stage, residual_unit and snake_causal_conv the
         # codec decoder's, resnet_block and elu_causal_conv the codec encoder's,
         # tdnn, res2net, mean_and_std, softmax_mean_and_std, attentive_statistics_pooling, gated_residual and
-        # spectral_magnitude the speaker encoder's, real_fft its front end's, nearest_rows the codec's quantizer's
+        # spectral_magnitude the speaker encoder's, real_fft and mel_bands its front end's, nearest_rows the
+        # codec's quantizer's
         stages = (nn, transformer, codec_decoder, codec_encoder, speaker_encoder, mel, quantization)
         reference = next(getattr(m, name) for m in stages if hasattr(m, name))
         expected, got = inspect.signature(reference.reference), inspect.signature(twin)
