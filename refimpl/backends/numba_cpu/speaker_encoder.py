@@ -47,10 +47,21 @@ def _add_bias_and_relu(h_on, bias_o):
             row[j] = np.float32(0.0) if y <= 0 else y
 
 
-def _tdnn_direct(x_ct, w_oik, dilation, out_ot):
-    """out = reflect-"same" conv(x) [C, T] -> [O, T] on the direct kernel (``_direct_conv_into``): x's rows
-    with their mirrored edges once (``_stack_reflected_taps_into`` of one tap; zeros after), then the output
-    channels in shares of whole blocks side by side, each read from those rows as shifts."""
+@numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
+def _bias_and_relu_into(sums_ow, bias_o, out_ot):
+    """out = ReLU(sums + bias) over out's steps (``_add_bias_and_relu``'s arithmetic, from another array)."""
+    for o in range(out_ot.shape[0]):
+        bias, sums_t, out_t = bias_o[o], sums_ow[o], out_ot[o]
+        for t in range(out_t.shape[0]):
+            y = sums_t[t] + bias
+            out_t[t] = np.float32(0.0) if y <= 0 else y
+
+
+def _tdnn_direct(x_ct, w_oik, b_o, dilation, out_ot):
+    """out = ReLU(reflect-"same" conv(x) + b) [C, T] -> [O, T] on the direct kernel (``_direct_conv_into``):
+    x's rows with their mirrored edges once (``_stack_reflected_taps_into`` of one tap; zeros after), then
+    the output channels in shares of whole blocks side by side, each read from those rows as shifts, its
+    bias and ReLU taken as its sums are copied out."""
     O, I, K = w_oik.shape
     T = x_ct.shape[1]
     W, span = direct_width(T), T + dilation * (K - 1)
@@ -59,11 +70,13 @@ def _tdnn_direct(x_ct, w_oik, dilation, out_ot):
     w_oik, sums_ow = np.ascontiguousarray(w_oik, np.float32), np.empty((O, W), np.float32)
     blocks, n = O // DIRECT_OUT, _piece_threads()
     cuts = [DIRECT_OUT * (blocks * i // n) for i in range(n + 1)]
-    run_pieces(
-        lambda o0, o1: _direct_conv_into(rows_il, w_oik[o0:o1], dilation, T, sums_ow[o0:o1]),
-        [(cuts[i], cuts[i + 1]) for i in range(n) if cuts[i] < cuts[i + 1]],
-    )
-    out_ot[:] = sums_ow[:, :T]
+    b_o = np.ascontiguousarray(b_o, np.float32)
+
+    def piece(o0, o1):
+        _direct_conv_into(rows_il, w_oik[o0:o1], dilation, T, sums_ow[o0:o1])
+        _bias_and_relu_into(sums_ow[o0:o1], b_o[o0:o1], out_ot[o0:o1])
+
+    run_pieces(piece, [(cuts[i], cuts[i + 1]) for i in range(n) if cuts[i] < cuts[i + 1]])
 
 
 TDNN_RELU_PIECE = 1 << 21  # values per piece of the bias + ReLU pass (8 MB): smaller outputs in one pass here, as a
@@ -75,7 +88,7 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
     with the mirrored edges (``_stack_reflected_taps_into``, into ``cols_ikn`` [I, K, T] where given: a
     buffer reused from one call to the next; a 1-tap conv multiplies x itself), one matrix product on
     BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side.  Where the
-    direct kernel takes the conv (``direct_conv_takes``): ``_tdnn_direct`` instead of the product."""
+    direct kernel takes the conv (``direct_conv_takes``): ``_tdnn_direct`` instead, bias and ReLU in it."""
     O, I, K = w_oik.shape
     T = x_ct.shape[1]
     on_tiles = amx.USE_TILES and T >= TILE_TDNN_MIN_STEPS and O >= TILE_TDNN_MIN_OUT
@@ -86,8 +99,9 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
         return
     w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
     if direct_conv_takes(O, I, K):
-        _tdnn_direct(x_ct, w_oik, dilation, out_ot)
-    elif K == 1:
+        _tdnn_direct(x_ct, w_oik, b_o, dilation, out_ot)
+        return
+    if K == 1:
         np.matmul(w_m, x_ct, out=out_ot)
     else:
         cols_ikn = np.empty((I, K, T), np.float32) if cols_ikn is None else cols_ikn
