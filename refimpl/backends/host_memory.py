@@ -159,6 +159,23 @@ def huge_page_array(nbytes: int) -> np.ndarray:
     return np.frombuffer(region, dtype=np.uint8, count=nbytes, offset=lead)
 
 
+THREAD_WORDS_MIN_BYTES = 2 << 20  # a thread's first scratch words: a short push's stages all fit in them
+_THREAD_SCRATCH = threading.local()  # .words: this thread's scratch words (thread_words)
+
+
+def thread_words(n: int) -> np.ndarray:
+    """At least ``n`` 32-bit words (uint32) of this thread's, kept from call to call; when too few, made anew
+    with room to spare (``THREAD_WORDS_MIN_BYTES`` at first, then at least twice as many).  Fresh memory
+    faults page by page at its first touch, and a push's stages ask for more words at each wider stage: made
+    just large enough, each stage's words were fresh pages, where these are the pages the stage before
+    touched (a fresh process's first push; a long-running one has its words already)."""
+    words = getattr(_THREAD_SCRATCH, "words", None)
+    if words is None or words.shape[0] < n:
+        least = THREAD_WORDS_MIN_BYTES // 4 if words is None else 2 * words.shape[0]
+        words = _THREAD_SCRATCH.words = np.empty(max(n, least), np.uint32)  # (its pages touched as used)
+    return words
+
+
 def copy_into_huge_pages(matrices, release=None) -> None:
     """Copy the words of each ``BF16Matrix`` of ``matrices`` (host words) into one region of huge pages, each
     on a cache line, and point the matrix at its copy as soon as that is made: one assignment of

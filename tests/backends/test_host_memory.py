@@ -110,6 +110,19 @@ def test_every_public_model_method_takes_from_its_own_workspace():
     assert first.run().ctypes.data == address  # the next call takes the buffer the last one made
 
 
+def test_thread_words_are_kept_per_thread_and_grow_with_room_to_spare():
+    first = host_memory.thread_words(10)
+    assert first.dtype == np.uint32 and first.shape[0] * 4 >= host_memory.THREAD_WORDS_MIN_BYTES
+    assert host_memory.thread_words(first.shape[0]) is first  # enough: the same words
+    grown = host_memory.thread_words(first.shape[0] + 1)
+    assert grown.shape[0] >= 2 * first.shape[0] and host_memory.thread_words(5) is grown
+    others = []
+    thread = threading.Thread(target=lambda: others.append(host_memory.thread_words(10)))
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(others[0], grown)  # another thread's own
+
+
 def test_a_copied_or_pickled_workspace_starts_empty():
     import copy
     import pickle

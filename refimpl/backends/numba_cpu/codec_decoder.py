@@ -10,7 +10,7 @@ import numba
 import numpy as np
 
 from ... import nn
-from ..host_memory import new_output
+from ..host_memory import new_output, thread_words
 from .amx_conv import (
     _convs_take_tiles,
     _split_pair_into,
@@ -337,7 +337,7 @@ def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, cont
 
     def piece(b, t0, n):
         W = direct_half_width(n)  # (a short push: its own steps only, to 32)
-        words = _thread_words(C * (left + 3 * W)).view(np.float32)
+        words = thread_words(C * (left + 3 * W)).view(np.float32)
         z = words[: C * (left + W)].reshape(C, left + W)
         h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)
         _unit_convs_direct(rows_bcs[b], T, t0, n, params_6c, w1_oik, dilation, context_bcs[b], z, h, g)
@@ -374,7 +374,7 @@ def _unit_by_outputs(x_ct, T, params_6c, w1_oik, w2_oi1, dilation, context_cs, o
     residual.  The same operations in the same order as the pieces: the same bits."""
     C, K = w1_oik.shape[0], w1_oik.shape[2]
     left, W = (K - 1) * dilation, direct_half_width(T)
-    words = _thread_words(C * (left + 3 * W)).view(np.float32)  # (this thread's: the pieces run on the others)
+    words = thread_words(C * (left + 3 * W)).view(np.float32)  # (this thread's: the pieces run on the others)
     z = words[: C * (left + W)].reshape(C, left + W)
     h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)
     alpha1, inv_beta1, alpha2, inv_beta2, b1, b2 = params_6c
