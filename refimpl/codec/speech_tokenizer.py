@@ -24,6 +24,7 @@ from numpy.typing import ArrayLike, DTypeLike
 from .. import nn
 from ..backends import device_backend, on_model_backend
 from ..backends.bf16 import upload_weights
+from ..backends.host_memory import workspace_of
 from ..io.audio import audio_as_float, check_amplitude, check_sample_rate, resample
 from ..io.checkpoint import (
     CheckpointError,
@@ -427,11 +428,15 @@ def prepare_audio(
 class DecodeStream:
     """Exact streaming decode of one sequence: ``push(codes [n, 16])`` returns the n * 1920 samples of
     those frames.  ``decoder`` is the ``codec_decoder.DecoderStream`` doing the work; its ``state``
-    (a ``codec_decoder.DecoderState``) is everything carried between pushes."""
+    (a ``codec_decoder.DecoderState``) is everything carried between pushes.  Its pushes take their big
+    outputs from the tokenizer's workspace (``refimpl/backends/host_memory.py``), the buffers the streams
+    and decodes before made: a workspace of its own would start empty, its first pushes' outputs all fresh
+    pages, each faulting at its first touch."""
 
     def __init__(self, tokenizer: SpeechTokenizer) -> None:
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend
+        self._workspace = workspace_of(tokenizer)  # (the workspace ``on_model_backend`` finds: ``workspace_of``)
         self.decoder = codec_decoder.DecoderStream(
             tokenizer.decoder_weights,
             tokenizer.decoder_config,

@@ -96,6 +96,29 @@ def test_every_conv_streams_with_its_own_state(speech_tokenizers):
         swapped.push(codes)
 
 
+def test_streams_of_one_tokenizer_share_its_workspace(speech_tokenizers, backend, monkeypatch):
+    """A stream's pushes take their outputs from the tokenizer's workspace (the buffers the streams before
+    made), and a buffer a stream's state still holds is never handed to another: two streams pushed in
+    turns give the bits each gives alone (every twin's output from the workspace, however small)."""
+    from refimpl.backends import host_memory
+
+    monkeypatch.setattr(host_memory, "RECYCLE_MIN_BYTES", 0)
+    tok = speech_tokenizers["f32"]
+    codes = np.random.default_rng(11).integers(0, 64, size=(2, 12, 16))
+    bounds = [0, 1, 5, 6, 12]
+    alone = []
+    for c in codes:
+        stream = tok.stream()
+        alone.append([stream.push(c[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    streams = [tok.stream(), tok.stream()]
+    assert all(host_memory.workspace_of(s) is host_memory.workspace_of(tok) for s in streams)
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        for stream, c, pushes in zip(streams, codes, alone, strict=True):
+            np.testing.assert_array_equal(stream.push(c[a:b]), pushes[i])
+    if backend == "numba":  # (its twins take their outputs from the workspace)
+        assert host_memory.workspace_of(tok).buffers
+
+
 def test_long_stream_against_golden(speech_tokenizers):
     """Streaming a long golden sequence in uneven chunks matches the official single pass."""
     from conftest import GOLDEN, assert_close_to_oracle
