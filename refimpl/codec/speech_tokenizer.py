@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -425,6 +426,20 @@ def prepare_audio(
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
+PAGE_BYTES = 4096
+
+
+def read_every_page(arrays: Iterable[Any]) -> None:
+    """Read one byte of every page of each contiguous host array of ``arrays``, in their order.  A model's
+    weights are a memory map of its file: in a fresh process the first read of each of their pages maps it
+    (a page fault), and a stream's first push reads every weight of the decoder.  Run by a thread that the
+    tokenizer's first stream starts, from the decoder's last weights back while the push reads from its first
+    (``decoder_weight_spec``'s order), those faults are taken beside the push rather than by it."""
+    for a in arrays:
+        if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.nbytes > PAGE_BYTES:
+            a.reshape(-1).view(np.uint8)[::PAGE_BYTES].max()  # (NumPy lets the interpreter go meanwhile)
+
+
 class DecodeStream:
     """Exact streaming decode of one sequence: ``push(codes [n, 16])`` returns the n * 1920 samples of
     those frames.  ``decoder`` is the ``codec_decoder.DecoderStream`` doing the work; its ``state``
@@ -444,6 +459,11 @@ class DecodeStream:
             dtype=tokenizer.dtype,
             tables=tokenizer.codebooks,
         )
+        if not tokenizer.__dict__.get("_weight_pages_read"):  # (once a tokenizer)
+            tokenizer.__dict__["_weight_pages_read"] = True
+            spec = codec_decoder.decoder_weight_spec(tokenizer.decoder_config)
+            weights = [tokenizer.decoder_weights[s.name] for s in reversed(spec)]
+            threading.Thread(target=read_every_page, args=(weights,), name="refimpl-codec-pages", daemon=True).start()
 
     @property
     def frames_done(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -117,6 +118,29 @@ def test_streams_of_one_tokenizer_share_its_workspace(speech_tokenizers, backend
             np.testing.assert_array_equal(stream.push(c[a:b]), pushes[i])
     if backend == "numba":  # (its twins take their outputs from the workspace)
         assert host_memory.workspace_of(tok).buffers
+
+
+def test_a_tokenizers_first_stream_reads_its_weights_pages_once(speech_tokenizers, monkeypatch):
+    """The first stream of a tokenizer starts one thread that reads a byte of every page of the decoder's
+    weights (``read_every_page``: contiguous host arrays only, none changed); later streams start none."""
+    from refimpl.codec import speech_tokenizer
+
+    read = []
+    monkeypatch.setattr(speech_tokenizer, "read_every_page", lambda arrays: read.append(list(arrays)))
+    tok = speech_tokenizers["f32"]
+    tok.__dict__.pop("_weight_pages_read", None)
+    tok.stream()
+    tok.stream()
+    for _ in range(100):
+        if read:
+            break
+        time.sleep(0.01)
+    assert len(read) == 1 and len(read[0]) == len(tok.decoder_weights)
+    odd = [np.arange(8.0), np.arange(4096.0).reshape(64, 64)[:, ::2], np.arange(4096, dtype=np.float32), "x"]
+    before = [a.copy() if isinstance(a, np.ndarray) else a for a in odd]
+    monkeypatch.undo()
+    speech_tokenizer.read_every_page(odd)
+    assert all(np.array_equal(a, b) for a, b in zip(odd, before, strict=True))
 
 
 def test_long_stream_against_golden(speech_tokenizers):
