@@ -336,6 +336,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
     decides the pre-tokenisation pattern (``uses_case_aware_split``).
     """
     from tokenizers import AddedToken, Tokenizer
+    from tokenizers.models import BPE
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -360,7 +361,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
                 "tokenizer_config.json (it lists the special tokens such as <|im_start|>)"
             )
         vocab, merges = read_vocab_and_merges(model_dir)
-        definition = _byte_level_bpe_json(vocab, merges, QWEN2_SPLIT_PATTERN)
+        definition = _byte_level_bpe_json({}, [], QWEN2_SPLIT_PATTERN)  # (the model's entries given to it apart)
         base_vocab_size = len(vocab)
     else:
         present = sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else []
@@ -384,6 +385,10 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
 
     try:
         backend = Tokenizer.from_str(json.dumps(definition))
+        if not has_json:  # vocab.json + merges.txt: the BPE model made from them as they were read, the same
+            # model as from its definition with the entries in it, without writing and parsing them again
+            options = {k: v for k, v in definition["model"].items() if k not in ("type", "vocab", "merges")}
+            backend.model = BPE(vocab=vocab, merges=merges, **options)
     except Exception as e:  # the tokenizers library reports its own parse errors
         raise CheckpointError(f"text tokenizer in {model_dir}: cannot build it ({e})") from None
 

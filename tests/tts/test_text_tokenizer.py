@@ -25,6 +25,7 @@ from refimpl.porting import synthetic
 from refimpl.tts.text_tokenizer import (
     CASE_AWARE_SPLIT_PATTERN,
     QWEN2_SPLIT_PATTERN,
+    _byte_level_bpe_json,
     assistant_prompt,
     bpe_encode_explicit,
     instruct_prompt,
@@ -108,6 +109,19 @@ def test_released_layout_uses_the_case_aware_pattern(golden):
         if a != b
     ]
     assert "JavaScript and TypeScript, McDonald's, OpenAI's GPT-4o, XMLHttpRequest" in differ
+
+
+@pytest.mark.parametrize("layout", ["tiny", "real_released", "real_no_config"])
+def test_the_bpe_model_made_apart_is_the_one_its_definition_makes(layout, layout_dirs, tokenizers_by_layout):
+    """From vocab.json + merges.txt the loader gives the BPE model its entries as read, apart from the rest of
+    the definition: the model is the one the whole definition (entries included) would make."""
+    from tokenizers import Tokenizer
+
+    vocab, merges = read_vocab_and_merges(layout_dirs[layout])
+    tok = tokenizers_by_layout[layout]
+    assert tok.source == "vocab.json+merges.txt"
+    whole = Tokenizer.from_str(json.dumps(_byte_level_bpe_json(vocab, merges, tok.split_pattern)))
+    assert json.loads(tok.backend.to_str())["model"] == json.loads(whole.to_str())["model"]
 
 
 @pytest.mark.parametrize("layout", ["tiny", "real_released", "real_no_config"])
