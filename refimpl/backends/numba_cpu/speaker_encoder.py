@@ -275,6 +275,23 @@ def _exp_minus_into(l_t, m, e_t):
         e_t[t] = _exp_f32(l_t[t] - m)
 
 
+@numba.njit(fastmath=FASTMATH, error_model="numpy", inline="always")
+def _weighted_mean_and_std(x_t, e_t, eps):
+    """With s = sum_t e: mean = sum_t e x / s, std = sqrt(max(sum_t e (x - mean)^2 / s, eps)) (NaN stays NaN)."""
+    total = np.float32(0.0)
+    weighted = np.float32(0.0)
+    for t in range(x_t.shape[0]):
+        total += e_t[t]
+        weighted += e_t[t] * x_t[t]
+    mean = weighted / total
+    variance = np.float32(0.0)
+    for t in range(x_t.shape[0]):
+        d = x_t[t] - mean
+        variance += e_t[t] * (d * d)
+    variance = variance / total
+    return mean, np.sqrt(eps) if variance < eps else np.sqrt(variance)
+
+
 @numba.njit(fastmath=FASTMATH, error_model="numpy", cache=True, nogil=True)
 def _softmax_mean_and_std_rows(x_ct, l_ct, m_c, eps, mean_c, std_c):
     """For each row c, with e = exp(l[c] - m[c]) (m the row's maximum) and s = sum_t e: mean = sum_t e x / s,
@@ -284,20 +301,7 @@ def _softmax_mean_and_std_rows(x_ct, l_ct, m_c, eps, mean_c, std_c):
     e_t = np.empty(T, dtype=np.float32)
     for c in range(C):
         _exp_minus_into(l_ct[c], m_c[c], e_t)
-        x_t = x_ct[c]
-        total = np.float32(0.0)
-        weighted = np.float32(0.0)
-        for t in range(T):
-            total += e_t[t]
-            weighted += e_t[t] * x_t[t]
-        mean = weighted / total
-        variance = np.float32(0.0)
-        for t in range(T):
-            d = x_t[t] - mean
-            variance += e_t[t] * (d * d)
-        variance = variance / total
-        mean_c[c] = mean
-        std_c[c] = np.sqrt(eps) if variance < eps else np.sqrt(variance)  # (NaN stays NaN)
+        mean_c[c], std_c[c] = _weighted_mean_and_std(x_ct[c], e_t, eps)
 
 
 def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record=None):
@@ -348,20 +352,7 @@ def _biased_softmax_mean_and_std_rows(x_ct, l_ct, lmax_c, bias_c, eps, mean_c, s
     for c in range(C):
         bias = bias_c[c]
         _exp_biased_minus_into(l_ct[c], bias, lmax_c[c] + bias, e_t)
-        x_t = x_ct[c]
-        total = np.float32(0.0)
-        weighted = np.float32(0.0)
-        for t in range(T):
-            total += e_t[t]
-            weighted += e_t[t] * x_t[t]
-        mean = weighted / total
-        variance = np.float32(0.0)
-        for t in range(T):
-            d = x_t[t] - mean
-            variance += e_t[t] * (d * d)
-        variance = variance / total
-        mean_c[c] = mean
-        std_c[c] = np.sqrt(eps) if variance < eps else np.sqrt(variance)  # (NaN stays NaN)
+        mean_c[c], std_c[c] = _weighted_mean_and_std(x_ct[c], e_t, eps)
 
 
 def attentive_statistics_pooling(a, x_bct, record=None):
