@@ -164,7 +164,8 @@ _THREAD_SCRATCH = threading.local()  # .words: this thread's scratch words (thre
 
 
 def thread_words(n: int) -> np.ndarray:
-    """At least ``n`` 32-bit words (uint32) of this thread's, kept from call to call; when too few, made anew
+    """At least ``n`` 32-bit words (uint32) of this thread's, kept from call to call: the scratch of the codecs'
+    pieces of work (the tiles' units, the direct kernel's rows); when too few, made anew
     with room to spare (``THREAD_WORDS_MIN_BYTES`` at first, then at least twice as many).  Fresh memory
     faults page by page at its first touch, and a push's stages ask for more words at each wider stage: made
     just large enough, each stage's words were fresh pages, where these are the pages the stage before

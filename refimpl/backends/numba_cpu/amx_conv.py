@@ -6,8 +6,6 @@ model's read-only weights."""
 
 from __future__ import annotations
 
-import threading
-
 import numba
 import numpy as np
 
@@ -411,17 +409,6 @@ def _unit_scratch(scratch, C, Ch, steps, left, n):
     end = s1 + s2 + s3 + s4
     rows = scratch[end : end + 2 * (left + n)].view(np.float32).reshape((2, left + n))
     return z1, h, z2, g, rows
-
-
-_THREAD_WORDS = threading.local()
-
-
-def _thread_words(n: int):
-    """At least n 32-bit words of this thread's, kept from call to call (grown when too few)."""
-    words = getattr(_THREAD_WORDS, "words", None)
-    if words is None or words.shape[0] < n:
-        words = _THREAD_WORDS.words = np.empty(n, np.uint32)
-    return words
 
 
 def _convs_take_tiles(C: int, Ch: int, T: int, *weights) -> bool:

@@ -14,7 +14,6 @@ from ..host_memory import new_output, thread_words
 from .amx_conv import (
     _convs_take_tiles,
     _split_pair_into,
-    _thread_words,
     _tile_conv_into,
     _unit_scratch,
     _unit_scratch_words,
@@ -288,7 +287,7 @@ def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, co
     run_pieces(
         lambda b, t0: _unit_piece_on_tiles(
             *(rows_bcs[b], T, t0, min(n_piece, T - t0), params_6c, a1, a2, dilation, context_bcs[b], out_bct[b]),
-            _thread_words(words),
+            thread_words(words),
         ),
         [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)],
     )

@@ -8,12 +8,11 @@ import numba
 import numpy as np
 
 from ... import nn
-from ..host_memory import new_output
+from ..host_memory import new_output, thread_words
 from .amx_conv import (
     _convs_take_tiles,
     _pair_row_length,
     _split_pair_into,
-    _thread_words,
     _tile_conv_into,
     _unit_scratch,
     _unit_scratch_words,
@@ -247,7 +246,7 @@ def _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
     b1_o, b2_o = np.ascontiguousarray(b1_o, dtype=np.float32), np.ascontiguousarray(b2_o, dtype=np.float32)
     run_pieces(
         lambda b, t0: _resnet_piece_on_tiles(
-            x_bct[b], t0, min(n_piece, T - t0), a1, b1_o, a2, b2_o, dilation, out_bct[b], _thread_words(words)
+            x_bct[b], t0, min(n_piece, T - t0), a1, b1_o, a2, b2_o, dilation, out_bct[b], thread_words(words)
         ),
         [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)],
     )
@@ -309,7 +308,7 @@ def _elu_conv_on_tiles(x_bct, w_oik, b_o, stride, left, out_bot):
     x_bct = np.ascontiguousarray(x_bct)
     run_pieces(
         lambda b, t0: _elu_conv_piece_on_tiles(
-            x_bct[b], t0, min(n_piece, T_out - t0), a_tiles, bias_o, stride, left, out_bot[b], _thread_words(words)
+            x_bct[b], t0, min(n_piece, T_out - t0), a_tiles, bias_o, stride, left, out_bot[b], thread_words(words)
         ),
         [(b, t0) for b in range(B) for t0 in range(0, T_out, n_piece)],
     )
@@ -353,7 +352,7 @@ def _resnet_block_direct(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct):
     def piece(b, t0):
         n = min(n_piece, T - t0)
         W = direct_width(n)  # (a short signal: its own steps only)
-        words = _thread_words(C * (left + W) + 2 * Ch * W + C * W).view(np.float32)
+        words = thread_words(C * (left + W) + 2 * Ch * W + C * W).view(np.float32)
         z, rest = words[: C * (left + W)].reshape(C, left + W), words[C * (left + W) :]
         h, g = rest[: 2 * Ch * W].reshape(2, Ch, W)
         sums = rest[2 * Ch * W : 2 * Ch * W + C * W].reshape(C, W)
@@ -418,7 +417,7 @@ def _elu_conv_direct(x_bct, w_oik, b_o, stride, left, out_bot):
         n = min(n_piece, T_out - t0)
         W = direct_width(n)  # (a short signal: its own steps only)
         L = W + Q - 1
-        words = _thread_words(R * L + O * W + (n + Q - 1) * stride).view(np.float32)
+        words = thread_words(R * L + O * W + (n + Q - 1) * stride).view(np.float32)
         z, sums = words[: R * L].reshape(R, L), words[R * L : R * L + O * W].reshape(O, W)
         _elu_phases_into(x_bct[b], t0, n, stride, left, words[R * L + O * W :][: (n + Q - 1) * stride], z)
         _direct_conv_into(z, w_orq, 1, n, sums)
