@@ -317,6 +317,15 @@ def _unit_convs_direct(x_ct, T, t0, n, params_6c, w1_oik, dilation, context_cs, 
     _snake_rows_into(h, params_6c[4], params_6c[2], params_6c[3], g)
 
 
+def _unit_rows(C: int, left: int, W: int) -> tuple:
+    """This thread's rows for a residual unit on the direct kernel over W steps (``thread_words``): z [C, left +
+    W] (SnakeBeta_1 of the steps and their context), h and g [C, W] (the k7 conv, SnakeBeta_2, the 1x1 conv)."""
+    words = thread_words(C * (left + 3 * W)).view(np.float32)
+    z = words[: C * (left + W)].reshape(C, left + W)
+    h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)
+    return z, h, g
+
+
 def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct):
     """``residual_unit_push``'s pieces (``time_pieces``) with the k7 conv on the direct kernel
     (``_unit_convs_direct``), the 1x1 conv too where it takes it (``direct_conv_takes``; else BLAS's product),
@@ -335,10 +344,7 @@ def _residual_unit_direct(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, cont
         return
 
     def piece(b, t0, n):
-        W = direct_half_width(n)  # (a short push: its own steps only, to 32)
-        words = thread_words(C * (left + 3 * W)).view(np.float32)
-        z = words[: C * (left + W)].reshape(C, left + W)
-        h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)
+        z, h, g = _unit_rows(C, left, direct_half_width(n))  # (a short push: its own steps only, to 32)
         _unit_convs_direct(rows_bcs[b], T, t0, n, params_6c, w1_oik, dilation, context_bcs[b], z, h, g)
         if direct_1x1:
             _direct_conv_into(g, w2_oi1, 1, n, h)
@@ -372,10 +378,8 @@ def _unit_by_outputs(x_ct, T, params_6c, w1_oik, w2_oi1, dilation, context_cs, o
     piece of time); the 1x1 conv of a share of the outputs (direct or BLAS's product, as the pieces), bias and
     residual.  The same operations in the same order as the pieces: the same bits."""
     C, K = w1_oik.shape[0], w1_oik.shape[2]
-    left, W = (K - 1) * dilation, direct_half_width(T)
-    words = thread_words(C * (left + 3 * W)).view(np.float32)  # (this thread's: the pieces run on the others)
-    z = words[: C * (left + W)].reshape(C, left + W)
-    h, g = words[C * (left + W) : C * (left + 3 * W)].reshape(2, C, W)
+    left = (K - 1) * dilation
+    z, h, g = _unit_rows(C, left, direct_half_width(T))  # (this thread's: the pieces run on the others)
     alpha1, inv_beta1, alpha2, inv_beta2, b1, b2 = params_6c
     direct_1x1, w2_m = direct_conv_takes(C, C, 1), w2_oi1[:, :, 0]
     blocks, threads = C // DIRECT_OUT, _piece_threads()
