@@ -268,13 +268,6 @@ def mean_and_std(x_bct, weights_bct, eps: float = 1e-12):
     return mean_bc, std_bc
 
 
-@numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
-def _exp_minus_into(l_t, m, e_t):
-    """e = exp(l - m) by ``_exp_f32`` (compiled without reassociation, which its reduction needs)."""
-    for t in range(l_t.shape[0]):
-        e_t[t] = _exp_f32(l_t[t] - m)
-
-
 @numba.njit(fastmath=FASTMATH, error_model="numpy", inline="always")
 def _weighted_mean_and_std(x_t, e_t, eps):
     """With s = sum_t e: mean = sum_t e x / s, std = sqrt(max(sum_t e (x - mean)^2 / s, eps)) (NaN stays NaN)."""
@@ -292,15 +285,25 @@ def _weighted_mean_and_std(x_t, e_t, eps):
     return mean, np.sqrt(eps) if variance < eps else np.sqrt(variance)
 
 
+@numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
+def _exp_biased_minus_into(l_t, bias, m, e_t):
+    """e = exp((l + bias) - m) by ``_exp_f32``, the sum rounded first (compiled without reassociation)."""
+    for t in range(l_t.shape[0]):
+        e_t[t] = _exp_f32((l_t[t] + bias) - m)
+
+
 @numba.njit(fastmath=FASTMATH, error_model="numpy", cache=True, nogil=True)
-def _softmax_mean_and_std_rows(x_ct, l_ct, m_c, eps, mean_c, std_c):
-    """For each row c, with e = exp(l[c] - m[c]) (m the row's maximum) and s = sum_t e: mean = sum_t e x / s,
-    std = sqrt(max(sum_t e (x - mean)^2 / s, eps)); the weights e / s of the softmax folded into the sums,
-    each row's passes in the first-level cache."""
+def _biased_softmax_mean_and_std_rows(x_ct, l_ct, lmax_c, bias_c, eps, mean_c, std_c):
+    """For each row c of the logits l[c] + bias[c] (each sum rounded, as a conv's bias pass rounds it), with
+    e = exp(l + bias - m), m = max(l) + bias (rounding is monotonic: the maximum of the rounded sums), and
+    s = sum_t e: mean = sum_t e x / s, std = sqrt(max(sum_t e (x - mean)^2 / s, eps)); the weights e / s of
+    the softmax folded into the sums, each row's passes in the first-level cache.  A bias of 0 is the
+    softmax of l itself (l + 0 is l)."""
     C, T = x_ct.shape
     e_t = np.empty(T, dtype=np.float32)
     for c in range(C):
-        _exp_minus_into(l_ct[c], m_c[c], e_t)
+        bias = bias_c[c]
+        _exp_biased_minus_into(l_ct[c], bias, lmax_c[c] + bias, e_t)
         mean_c[c], std_c[c] = _weighted_mean_and_std(x_ct[c], e_t, eps)
 
 
@@ -316,16 +319,17 @@ def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record=None):
         return NotImplemented
     B, C, T = x_bct.shape
     x_bct, logits_bct = np.ascontiguousarray(x_bct), np.ascontiguousarray(logits_bct)
-    max_bc = np.max(logits_bct, axis=2)
+    max_bc, no_bias_c = np.max(logits_bct, axis=2), np.zeros(C, np.float32)
     mean_bc, std_bc = np.empty((B, C), np.float32), np.empty((B, C), np.float32)
     rows = max(1, ELEMENTWISE_PIECE // T)
 
     def piece(b, c0):
         c1 = min(C, c0 + rows)
-        _softmax_mean_and_std_rows(
+        _biased_softmax_mean_and_std_rows(
             x_bct[b, c0:c1],
             logits_bct[b, c0:c1],
             max_bc[b, c0:c1],
+            no_bias_c[c0:c1],
             np.float32(eps),
             mean_bc[b, c0:c1],
             std_bc[b, c0:c1],
@@ -333,26 +337,6 @@ def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record=None):
 
     run_pieces(piece, [(b, c0) for b in range(B) for c0 in range(0, C, rows)])
     return mean_bc, std_bc
-
-
-@numba.njit(fastmath={"contract"}, error_model="numpy", cache=True, nogil=True)
-def _exp_biased_minus_into(l_t, bias, m, e_t):
-    """e = exp((l + bias) - m) by ``_exp_f32``, the sum rounded first (compiled without reassociation)."""
-    for t in range(l_t.shape[0]):
-        e_t[t] = _exp_f32((l_t[t] + bias) - m)
-
-
-@numba.njit(fastmath=FASTMATH, error_model="numpy", cache=True, nogil=True)
-def _biased_softmax_mean_and_std_rows(x_ct, l_ct, lmax_c, bias_c, eps, mean_c, std_c):
-    """``_softmax_mean_and_std_rows`` of the logits l[c] + bias[c] (each sum rounded, as the conv's bias
-    pass rounds it), from the maximum of l[c]: rounding is monotonic, so max(l) + bias, rounded, is the
-    maximum of the rounded sums."""
-    C, T = x_ct.shape
-    e_t = np.empty(T, dtype=np.float32)
-    for c in range(C):
-        bias = bias_c[c]
-        _exp_biased_minus_into(l_ct[c], bias, lmax_c[c] + bias, e_t)
-        mean_c[c], std_c[c] = _weighted_mean_and_std(x_ct[c], e_t, eps)
 
 
 def attentive_statistics_pooling(a, x_bct, record=None):
