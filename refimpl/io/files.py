@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import stat
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -202,7 +203,9 @@ def read_limited(source, limit: int, what: str, error=InputError, regular_only: 
 
 
 def json_depth_at_most(value, limit: int) -> bool:
-    """Whether ``value`` (parsed JSON) nests at most ``limit`` lists / objects deep (iterative)."""
+    """Whether ``value`` (parsed JSON) nests at most ``limit`` lists / objects deep (iterative).  Only the
+    lists and objects holding lists or objects are walked in Python: a flat object of 151,643 entries (a
+    vocabulary) is one pass over its values' types."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -211,8 +214,13 @@ def json_depth_at_most(value, limit: int) -> bool:
             continue
         if depth > limit:
             return False
+        if _CONTAINERS.isdisjoint(map(type, children)):
+            continue
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return True
+
+
+_CONTAINERS = frozenset({dict, list})  # (the types json.loads makes of objects and arrays)
 
 
 def _unique_keys(pairs):
@@ -244,13 +252,31 @@ def _json_integer(text: str) -> int:
         raise _LongInteger(digits) from None
 
 
+def _json_loads(text, object_pairs_hook):
+    """``json.loads`` with integers of at most ``MAX_JSON_INT_DIGITS`` digits.  Where Python's own limit of
+    int(str) is set and at most ours (its default, 4300 digits, is ours), its decoder converts the integers
+    in C and refuses a longer one (a ValueError naming no file): the text is then read again with
+    ``_json_integer``, which raises ``_LongInteger`` with the digits.  Otherwise (no limit, a larger one,
+    or a Python without it) every integer passes through ``_json_integer``: a Python call each, the most
+    of a vocabulary's read."""
+    python_limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    if 0 < python_limit <= MAX_JSON_INT_DIGITS:
+        try:
+            return json.loads(text, object_pairs_hook=object_pairs_hook)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise
+        except ValueError:  # an integer past Python's limit: read again to name it
+            pass
+    return json.loads(text, object_pairs_hook=object_pairs_hook, parse_int=_json_integer)
+
+
 def parse_json(text, what: str, error=InputError, max_depth: int = MAX_JSON_DEPTH, unique_keys: bool = False):
     """``json.loads`` with every failure one ``error`` naming ``what``: malformed JSON, text that is not
     UTF-8, nesting deeper than ``max_depth`` (Python's decoder would raise RecursionError past ~1000),
     an integer of more than ``MAX_JSON_INT_DIGITS`` digits, and with ``unique_keys`` an object that
     repeats a key (``json`` would keep the last silently)."""
     try:
-        value = json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None, parse_int=_json_integer)
+        value = _json_loads(text, _unique_keys if unique_keys else None)
     except _RepeatedKey as e:
         raise error(f"{what}: the key {e.args[0]!r} appears twice in one object") from None
     except _LongInteger as e:
