@@ -217,23 +217,22 @@ def check_unicode(text, what: str = "text") -> None:
 def read_vocab_and_merges(model_dir: Path) -> tuple:
     """``vocab.json`` (token -> id) and ``merges.txt`` (ranked pairs, first line may be ``#version``)."""
     vocab = read_json_object(model_dir / "vocab.json")
-    if not all(isinstance(v, int) for v in vocab.values()):
+    if not {int}.issuperset(map(type, vocab.values())):  # (one pass in C: bools and floats are not ids)
         raise CheckpointError(f"{model_dir / 'vocab.json'} must map token strings to integer ids")
-    merges = []
     try:
         path = model_dir / "merges.txt"
         raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError, regular_only=True)
         lines = raw.decode("utf-8").split("\n")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{model_dir / 'merges.txt'} is not valid UTF-8 text: {e}") from None
-    for line_no, line in enumerate(lines):
-        line = line.strip()
-        if not line or (line_no == 0 and line.startswith("#version")):
-            continue
-        pair = line.split()
-        if len(pair) != 2:
-            raise CheckpointError(f"{model_dir / 'merges.txt'} line {line_no + 1}: expected two symbols, got {line!r}")
-        merges.append((pair[0], pair[1]))
+    if lines and lines[0].strip().startswith("#version"):
+        lines[0] = ""
+    pairs = [line.split() for line in lines]  # (a blank line: no symbols, skipped)
+    if not {0, 2}.issuperset(map(len, pairs)):
+        line_no = next(i for i, pair in enumerate(pairs) if len(pair) not in (0, 2))
+        line = lines[line_no].strip()
+        raise CheckpointError(f"{model_dir / 'merges.txt'} line {line_no + 1}: expected two symbols, got {line!r}")
+    merges = list(map(tuple, filter(None, pairs)))
     return vocab, merges
 
 

@@ -263,6 +263,24 @@ def _copy_tiny(tmp_path, names=("vocab.json", "merges.txt", "tokenizer_config.js
     return tmp_path
 
 
+def test_vocab_and_merges_read_as_written(tmp_path):
+    """merges.txt: a "#version" first line, blank lines and CRLF line ends skipped, each line two symbols
+    (the line named otherwise); vocab.json: integer ids only (not true / 1.0)."""
+    vocab, merges = read_vocab_and_merges(TINY_DIR)
+    d = _copy_tiny(tmp_path)
+    text = "#version: 0.2\r\n\n" + "".join(f"{a} {b}\r\n\n" for a, b in merges) + "  \n"
+    (d / "merges.txt").write_text(text, encoding="utf-8", newline="")
+    assert read_vocab_and_merges(d) == (vocab, merges)
+    (d / "merges.txt").write_text(f"{merges[0][0]} {merges[0][1]}\n\n a b c \n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="merges.txt line 3: expected two symbols, got 'a b c'"):
+        read_vocab_and_merges(d)
+    for bad in ("true", "1.0", '"1"', "null"):
+        _copy_tiny(d)
+        (d / "vocab.json").write_text('{"a": 0, "b": ' + bad + "}")
+        with pytest.raises(CheckpointError, match="must map token strings to integer ids"):
+            read_vocab_and_merges(d)
+
+
 def test_missing_files(tmp_path):
     with pytest.raises(CheckpointError, match="not a directory"):
         load_text_tokenizer(tmp_path / "nope")
