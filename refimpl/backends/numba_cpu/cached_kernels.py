@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 import threading
 
+from . import runtime
+
 # The first audio's kernels (``Qwen3TTS.stream_*``: the code predictor's packing, the prompt, a frame, the
 # first chunk's decode), module and name, in the order of their first calls.  A kernel missing here is
 # loaded at its first call as before (tests/backends/numba_cpu/test_cached_kernels.py checks the list
@@ -95,7 +97,8 @@ def load_cached(kernel) -> int:
     magic = context.codegen().magic_tuple()  # this machine's target, CPU name and features
     loaded = 0
     with global_compiler_lock:
-        for key in index_file._load_index():  # (argument types, machine, source stamp)
+        index = runtime.load_guarded(cache, index_file._load_index) or {}  # (a damaged one: discarded)
+        for key in index:  # (argument types, machine, source stamp)
             signature = tuple(key[0])
             if key[1] != magic or signature in kernel.overloads:
                 continue

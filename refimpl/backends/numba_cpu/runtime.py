@@ -50,20 +50,20 @@ def configure() -> Machine:
     """Set up Numba for the kernels, once a process (a later call returns the first one's answer): check the
     Numba settings of the environment (a ValueError naming a setting the backend cannot run with), choose
     the cache directory and the CPU features before Numba is imported (it reads them then), let a failed
-    cache save cost a warning instead of the call, key the kernels' cache entries by the whole package's
-    source, ask Linux for the AMX tile registers where Numba compiles their instructions, and discard
-    damaged cache entries."""
+    cache save cost a warning instead of the call, discard a damaged cache entry where it is loaded, key the
+    kernels' cache entries by the whole package's source, and ask Linux for the AMX tile registers where
+    Numba compiles their instructions."""
     global _MACHINE
     if _MACHINE is None:
         _check_numba_settings()
         _choose_cache_dir()
         _prefer_512_bit_vectors()
         _survive_unwritable_cache()
+        _discard_damaged_cache()
         _key_cache_by_the_package()
         features = _compile_features()
         tiles_compiled = {"+amx-tile", "+amx-bf16"} <= features
         _MACHINE = Machine(tiles_compiled, tiles_compiled and _tiles_granted(), "+avx512bw" in features)
-        _discard_damaged_cache()  # last: reading an entry imports its kernel's module, which needs all of the above
     return _MACHINE
 
 
@@ -205,43 +205,48 @@ def available() -> None:
 
 def _discard_damaged_cache() -> None:
     """Numba trusts its cache files: an emptied index or a truncated data file (a full disk, a killed
-    writer) would make every later run fail with EOFError or UnpicklingError.  Check this package's entries
-    (unpickled as Numba would, a few milliseconds), delete damaged ones with a one-line warning, and let
-    Numba compile those kernels again."""
-    import pickle
+    writer) would make the first call of that kernel, and every later run's, fail with EOFError or
+    UnpicklingError.  For this package's kernels, an entry that fails to load (``load_guarded``) is deleted
+    with a one-line warning and the kernel compiled again, at the load that finds it: nothing is read ahead
+    (unpickling every entry of a cache that holds hundreds of overloads cost a fresh process a tenth of a
+    second before its first call)."""
+    from numba.core.caching import Cache
+
+    load = Cache.load_overload
+    if getattr(load, "refimpl_guard", False):
+        return
+
+    def load_overload(self, sig, target_context):
+        if not getattr(self._py_func, "__module__", "").startswith("refimpl."):
+            return load(self, sig, target_context)
+        return load_guarded(self, lambda: load(self, sig, target_context))
+
+    load_overload.refimpl_guard = True
+    Cache.load_overload = load_overload
+
+
+def load_guarded(cache, read):
+    """``read()`` (a load from the Numba ``cache`` of one of this package's kernels), or None (compile the
+    kernel again) where the cache's files are damaged: any exception the read raises (EOFError,
+    UnpicklingError, ValueError... from an emptied index or a truncated data file) deletes the kernel's
+    index and data files, with one warning line naming them and the exception."""
     import warnings
 
-    import numba
-    from numba.core.caching import UserProvidedCacheLocator
-
-    user_dir = os.environ.get("NUMBA_CACHE_DIR")
-    subpath = UserProvidedCacheLocator.get_suitable_cache_subpath(str(PACKAGE / "runtime.py"))
-    cache = Path(user_dir) / subpath if user_dir else None
-    cache = cache or PACKAGE / "__pycache__"  # (one directory for every module of the package)
-    indexes = [index for module in sorted(PACKAGE.glob("*.py")) for index in cache.glob(module.stem + ".*.nbi")]
-    damaged = []
-    for index in sorted(indexes):
-        try:
-            with open(index, "rb") as f:
-                if pickle.load(f) != numba.__version__:
-                    continue  # Numba ignores (and later rewrites) another version's index
-                _, overloads = pickle.loads(f.read())
-            for name in overloads.values():
-                with contextlib.suppress(FileNotFoundError):  # a missing data file is recompiled by Numba
-                    pickle.loads((cache / name).read_bytes())
-        except FileNotFoundError:
-            continue
-        except Exception as e:  # any unreadable entry (EOFError, UnpicklingError, ValueError...)
-            damaged.append(f"{index.name} ({type(e).__name__})")
-            for path in [index, *cache.glob(index.name[: -len(".nbi")] + ".*.nbc")]:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-    if damaged:
+    try:
+        return read()
+    except Exception as e:
+        cache_file = cache._cache_file
+        index = Path(cache_file._index_path)
+        for path in [index, *index.parent.glob(index.name[: -len(".nbi")] + ".*.nbc")]:
+            with contextlib.suppress(OSError):
+                path.unlink()
         warnings.warn(
-            f"discarded damaged Numba cache entries in {cache}: {', '.join(damaged)}; recompiling those kernels",
+            f"discarded damaged Numba cache entries in {index.parent}: {index.name} ({type(e).__name__}); "
+            "recompiling that kernel",
             RuntimeWarning,
             stacklevel=2,
         )
+        return None
 
 
 def _survive_unwritable_cache() -> None:

@@ -1,6 +1,6 @@
 """A damaged Numba on-disk cache (an emptied index, a truncated data file: a full disk, a killed writer)
-is found when the twins are imported, discarded with one warning line, and the kernels compiled again;
-the run succeeds and the next one finds a good cache and says nothing."""
+is found where the kernel's entry is loaded, discarded with one warning line naming it, and the kernel
+compiled again; the run succeeds and the next one finds a good cache and says nothing."""
 
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ def test_damaged_cache_is_discarded_and_recompiled(tmp_path):
     second = run(tmp_path)
     assert second.returncode == 0 and second.stdout == "ran\n", second.stderr
     notes = [line for line in second.stderr.splitlines() if "discarded damaged Numba cache entries" in line]
-    assert len(notes) == 1, second.stderr
-    assert "_snake_rows_into" in notes[0] and "EOFError" in notes[0] and "_widen_bf16_into" in notes[0]
+    assert len(notes) == 2, second.stderr
+    assert any("_snake_rows_into" in note and "(EOFError)" in note for note in notes), notes
+    assert any("_widen_bf16_into" in note and "(UnpicklingError)" in note for note in notes), notes
     assert "Traceback" not in second.stderr
     assert snake_index.stat().st_size > 0  # written again by the recompilation
     third = run(tmp_path)
@@ -70,3 +71,22 @@ def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_call(tmp_path):
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and ".tmp." in p.name]
     second = run(tmp_path)  # no limit: compiles what is missing, finds nothing damaged
     assert second.returncode == 0 and "Numba cache" not in second.stderr, second.stderr
+
+
+def test_a_damaged_entry_found_while_loading_ahead_is_discarded_too(tmp_path):
+    """The first audio's kernels loaded ahead (``cached_kernels.load_cached``) read the index themselves: a
+    damaged one is discarded there with the same warning, nothing is loaded, and the call compiles."""
+    assert run(tmp_path).returncode == 0
+    snake_index = next(tmp_path.rglob("elementwise._snake_rows_into-*.nbi"))
+    snake_index.write_bytes(b"\x80")  # a pickle cut short
+    script = SCRIPT.replace(
+        "x = np.ones",
+        "from refimpl.backends.numba_cpu import cached_kernels\n"
+        "print(cached_kernels.load_cached(numba_cpu.elementwise._snake_rows_into))\nx = np.ones",
+    )
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout == "0\nran\n", r.stderr
+    notes = [line for line in r.stderr.splitlines() if "discarded damaged Numba cache entries" in line]
+    assert len(notes) == 1 and "_snake_rows_into" in notes[0] and "Traceback" not in r.stderr, r.stderr
+    assert snake_index.stat().st_size > 1  # written again by the compilation
