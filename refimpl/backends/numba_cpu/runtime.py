@@ -228,12 +228,14 @@ def _discard_damaged_cache() -> None:
 def load_guarded(cache, read):
     """``read()`` (a load from the Numba ``cache`` of one of this package's kernels), or None (compile the
     kernel again) where the cache's files are damaged: any exception the read raises (EOFError,
-    UnpicklingError, ValueError... from an emptied index or a truncated data file) deletes the kernel's
-    index and data files, with one warning line naming them and the exception."""
+    UnpicklingError, ValueError... from an emptied index or a truncated data file; not MemoryError) deletes
+    the kernel's index and data files, with one warning line naming them and the exception."""
     import warnings
 
     try:
         return read()
+    except MemoryError:  # (not a damaged file)
+        raise
     except Exception as e:
         cache_file = cache._cache_file
         index = Path(cache_file._index_path)

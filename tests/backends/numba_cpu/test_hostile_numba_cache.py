@@ -90,3 +90,25 @@ def test_a_damaged_entry_found_while_loading_ahead_is_discarded_too(tmp_path):
     notes = [line for line in r.stderr.splitlines() if "discarded damaged Numba cache entries" in line]
     assert len(notes) == 1 and "_snake_rows_into" in notes[0] and "Traceback" not in r.stderr, r.stderr
     assert snake_index.stat().st_size > 1  # written again by the compilation
+
+
+def test_running_out_of_memory_while_loading_is_not_damage(tmp_path):
+    """A MemoryError from a cache load is raised as it is: the entry is not deleted."""
+    from refimpl.backends.numba_cpu import runtime
+
+    index = tmp_path / "k.nbi"
+    index.write_bytes(b"index")
+
+    class Cache:
+        class _cache_file:
+            _index_path = str(index)
+
+    def out_of_memory():
+        raise MemoryError
+
+    with pytest.raises(MemoryError):
+        runtime.load_guarded(Cache, out_of_memory)
+    assert index.exists()
+    with pytest.warns(RuntimeWarning, match=r"k.nbi \(EOFError\)"):
+        assert runtime.load_guarded(Cache, lambda: (_ for _ in ()).throw(EOFError())) is None
+    assert not index.exists()
