@@ -5,7 +5,9 @@ and the check of which stacks it takes (``_fits``)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
+import weakref
 
 import numba
 import numpy as np
@@ -13,8 +15,10 @@ import numpy as np
 from ... import nn
 from ..bf16 import BF16Matrix
 from . import amx
+from . import packed_words as packing
 from .attention import _attend_new_positions
 from .intrinsics import FASTMATH, _exp_f32, _line_aligned_empty
+from .kept import _read_only
 from .linear import MATVEC_MAX_ROWS, _matrix_rows, _weight_products_into
 from .packed_words import packed_words
 
@@ -192,14 +196,16 @@ def transformer_stack(
     prompt, of one row or a batch) in one Numba call: the layers' tensors taken from the weights dict in one
     C call (``_stack_tensor_names``) and passed as tuples, one per argument of the layer kernel; layers that
     cannot pass as one tuple run one call each, the same kernel in the same order.  ``last_only``: the last
-    layer computed for the last position alone.  Anything else: ``NotImplemented`` (the reference runs)."""
-    first_key_b = _fits(layers, kind, x_btc, allowed, caches)
+    layer computed for the last position alone.  What the lookups found for a stack and its caches is kept
+    for their next step (``_StackMemo``).  Anything else: ``NotImplemented`` (the reference runs)."""
+    memo = _memo_of(layers, caches) if _is_qwen3(kind) else None
+    first_key_b = _fits(layers, kind, x_btc, allowed, caches, memo)
     if first_key_b is None:
         return NotImplemented
     T = x_btc.shape[1]
     for cache in caches:
         cache.reserve(T)
-    stack = _stack_arguments(layers, caches, T)
+    stack = _stack_arguments(layers, caches, T, memo)
     if stack is not None:
         return _run_stack(x_btc, stack, cos_btd, sin_btd, first_key_b, caches, eps, last_only)
     one_by_one = [_stack_arguments([lw], [c], T) for lw, c in zip(layers, caches, strict=True)]
@@ -211,29 +217,38 @@ def transformer_stack(
     return x_btc
 
 
-def _fits(layers: list, kind, x_btc, allowed, caches):
+def _is_qwen3(kind) -> bool:
+    """Qwen3 layers: RMSNorm, q/k norm, SwiGLU, no LayerScale."""
+    return kind.norm == "rms" and kind.qk_norm and kind.mlp == "swiglu" and not kind.layer_scale
+
+
+def _fits(layers: list, kind, x_btc, allowed, caches, memo=None):
     """Each batch row's first valid key (int64 [B]) where the fused step takes the stack, else None: at
     most ``STEP_MAX_POSITIONS`` new positions of each of the B rows that are the caches' next ones and see
-    the keys causally (one position sees them all), Qwen3 layers (RMSNorm, q/k norm, SwiGLU, no
-    LayerScale) with bf16 matrices and no biases, plain ``KVCache``s (no window) of B rows, and keys valid
-    from a row's first valid one on (a left-padded batch; no padding: every first key 0).  Read on the
-    host: this backend's arrays live there."""
+    the keys causally (one position sees them all), Qwen3 layers (``_is_qwen3``) with bf16 matrices and no
+    biases (``_bf16_without_biases``; ``memo``: as found for the same tensors), plain ``KVCache``s (no window)
+    of B rows, and keys valid from a row's first valid one on (a left-padded batch; no padding: every first
+    key 0).  Read on the host: this backend's arrays live there."""
     B, T = x_btc.shape[:2]
-    qwen3 = kind.norm == "rms" and kind.qk_norm and kind.mlp == "swiglu" and not kind.layer_scale
-    if not qwen3 or caches is None or B < 1 or not 1 <= T <= STEP_MAX_POSITIONS or not layers:
+    if not _is_qwen3(kind) or caches is None or B < 1 or not 1 <= T <= STEP_MAX_POSITIONS or not layers:
         return None
     if not isinstance(allowed, nn.AttentionMask) or allowed.window is not None:
         return None
     if not all(hasattr(c, "reserve") and c.k.shape[0] == B for c in caches):  # a KVCache (a SlidingKVCache
         return None  # forgets keys) of the batch's rows
-    fits = all(
-        isinstance(lw[n], BF16Matrix) and b not in lw for lw in layers for n, b in zip(_MATRICES, _BIASES, strict=True)
-    )
+    fits = memo.bf16_without_biases if memo is not None else _bf16_without_biases(layers)
     n = caches[0].length
     if fits and T > 1:  # several new positions: the causal order must be the cache's
         fits = all(c.length == n for c in caches) and _is_range(allowed.query_positions_t, n, n + T)
         fits = fits and _is_range(allowed.key_positions_s, 0, n + T)
     return _first_valid_keys(allowed.key_valid_bs, B, n + T) if fits else None
+
+
+def _bf16_without_biases(layers: list) -> bool:
+    """Whether every matrix of the layers is a ``BF16Matrix`` and none of them has a bias."""
+    return all(
+        isinstance(lw[n], BF16Matrix) and b not in lw for lw in layers for n, b in zip(_MATRICES, _BIASES, strict=True)
+    )
 
 
 def _first_valid_keys(key_valid_bs, B: int, S: int):
@@ -261,33 +276,152 @@ _MATRICES = tuple(STEP_TENSORS[j] for j in STEP_MATRICES)
 _BIASES = tuple(f"{n[: -len('weight')]}bias" for n in _MATRICES)  # the fused step has none of them
 
 
-def _stack_arguments(layers: list, caches: list, T: int):
+def _stack_arguments(layers: list, caches: list, T: int, memo=None):
     """The layer kernel's arguments that differ by layer, each a tuple over ``layers`` (the matrices as
     packed words where every one has them and few rows are multiplied, else their words), then the caches'
-    keys and values: None where the layers' or caches' arrays are not one Numba type each."""
+    keys and values: None where the layers' or caches' arrays are not one Numba type each.  ``memo``: the
+    stack's ``_StackMemo`` (its tensors checked to be the layers'), which keeps them from step to step."""
     weights, n = layers[0].weights, caches[0].length
-    if any(lw.weights is not weights for lw in layers) or any(c.length != n for c in caches):
+    if memo is None and any(lw.weights is not weights for lw in layers):
         return None
-    tensors = _stack_tensor_names(tuple(lw.prefix for lw in layers))(weights)
+    if not all(map(operator.eq, map(_LENGTH, caches), itertools.repeat(n))):  # (one C loop: a step's hot path)
+        return None
+    if memo is None:
+        tensors = _stack_tensor_names(tuple(lw.prefix for lw in layers))(weights)
+        by_argument, _ = _weight_arguments(tensors, T <= MATVEC_MAX_ROWS)
+        keys_values = _cache_arguments(caches)
+    else:
+        by_argument, keys_values = memo.weight_arguments(T <= MATVEC_MAX_ROWS), memo.cache_arguments(caches)
+    if by_argument is None or keys_values is None:
+        return None
+    return (*by_argument, *keys_values)
+
+
+def _weight_arguments(tensors: tuple, few_rows: bool):
+    """The kernel's arguments made of the layers' ``tensors`` (in the order of ``_stack_tensor_names``): one
+    tuple over the layers per tensor of ``STEP_TENSORS``, the matrices as packed words where every one has
+    them and ``few_rows`` are multiplied, else their words; None where an argument's arrays are not one Numba
+    type.  And whether these arguments may be kept while the tensors and their words are the same objects:
+    not where words that may change in place were packed (``packed_words`` packs them anew at each call),
+    nor where a read-packed matrix had no packed words."""
     K = len(STEP_TENSORS)
     by_argument = [tensors[j::K] for j in range(K)]
-    packed = {j: tuple(map(packed_words, by_argument[j])) for j in STEP_MATRICES} if T <= MATVEC_MAX_ROWS else {}
+    packed = {j: tuple(map(packed_words, by_argument[j])) for j in STEP_MATRICES} if few_rows else {}
     use_packed = bool(packed) and all(p is not None for words in packed.values() for p in words)
+    matrices = [m for j in STEP_MATRICES for m in by_argument[j]]
+    if use_packed:
+        keep = all(_read_only(m.bits) for m in matrices)
+    else:
+        keep = not (few_rows and packing.USE_PACKED and any(m.read_packed for m in matrices))
     for j in STEP_MATRICES:  # a read-packed stack's packed words (all of its matrices), else its words as they are
         by_argument[j] = packed[j] if use_packed else tuple(m.bits for m in by_argument[j])
-    k_caches, v_caches = tuple(c.k for c in caches), tuple(c.v for c in caches)
     arrays = [a for j, a in enumerate(by_argument) if not (use_packed and j in STEP_MATRICES)]
-    if not all(map(_one_array_type, (*arrays, k_caches, v_caches))):
+    return (tuple(by_argument) if all(map(_one_array_type, arrays)) else None), keep
+
+
+def _cache_arguments(caches: list):
+    """The caches' keys and values, a tuple over the layers each, or None where they are not one Numba type."""
+    k_caches, v_caches = tuple(map(_KEYS, caches)), tuple(map(_VALUES, caches))
+    return (k_caches, v_caches) if _one_array_type(k_caches) and _one_array_type(v_caches) else None
+
+
+_LENGTH, _KEYS, _VALUES = operator.attrgetter("length"), operator.attrgetter("k"), operator.attrgetter("v")
+_WEIGHTS, _PREFIX, _BITS = operator.attrgetter("weights"), operator.attrgetter("prefix"), operator.attrgetter("bits")
+
+
+def _same_objects(now, kept) -> bool:
+    """Whether the sequences hold the same objects, one by one (by identity: one C loop, no ``==`` of arrays)."""
+    return len(now) == len(kept) and all(map(operator.is_, now, kept))
+
+
+class _StackMemo:
+    """What ``_fits`` and ``_stack_arguments`` found for a stack's layers, kept with the objects it was made
+    of, for one set of caches (a generation's, or a frame's in the code predictor: ``_memo_of``), so that a
+    step looks each of its tensors up again but checks the rest by identity only.
+
+    It is used only while each object is the same one: the weights dict, its size (a tensor added: a bias)
+    and every tensor the layers' names give in it (a tensor replaced); each matrix's words (``m.bits``: the
+    huge-page copy, ``host_memory.copy_into_huge_pages``, swaps them in place, from another thread) and the
+    packing setting; the caches' key and value arrays (``reserve`` makes new ones when a cache grows).  Any
+    difference makes that part anew, as a step without the memo would.  It holds the objects it checks, so
+    none of them can be freed and another made at its address while it is kept."""
+
+    def __init__(self, layers: list):
+        self.weights = layers[0].weights
+        self.prefixes = tuple(map(_PREFIX, layers))
+        self.size = len(self.weights)
+        self.tensors = _stack_tensor_names(self.prefixes)(self.weights)
+        self.matrices = tuple(m for j in STEP_MATRICES for m in self.tensors[j :: len(STEP_TENSORS)])
+        self.bf16_without_biases = _bf16_without_biases(layers)
+        self.arguments: dict = {}  # few rows (bool) -> (the words read, the packing setting, the weights' arguments)
+        self.keys_values = ((), ())  # the caches' arrays last checked
+        self.one_cache_type = False
+
+    def same_weights(self, layers: list) -> bool:
+        """Whether ``layers`` are views of this memo's dict under its prefixes, which holds the same tensors."""
+        return (
+            len(layers) == len(self.prefixes)
+            and all(map(operator.is_, map(_WEIGHTS, layers), itertools.repeat(self.weights)))
+            and tuple(map(_PREFIX, layers)) == self.prefixes
+            and len(self.weights) == self.size
+            and _same_objects(_stack_tensor_names(self.prefixes)(self.weights), self.tensors)
+        )
+
+    def weight_arguments(self, few_rows: bool):
+        """``_weight_arguments`` of the memo's tensors, kept while the matrices' words and the packing setting
+        are the ones they were made from."""
+        words = tuple(map(_BITS, self.matrices))
+        kept = self.arguments.get(few_rows)
+        if kept is not None and kept[1] == packing.USE_PACKED and _same_objects(words, kept[0]):
+            return kept[2]
+        arguments, keep = _weight_arguments(self.tensors, few_rows)
+        if keep:
+            self.arguments[few_rows] = (words, packing.USE_PACKED, arguments)
+        else:
+            self.arguments.pop(few_rows, None)
+        return arguments
+
+    def cache_arguments(self, caches: list):
+        """``_cache_arguments``, their type checked again only when an array is not the last one checked."""
+        k_caches, v_caches = tuple(map(_KEYS, caches)), tuple(map(_VALUES, caches))
+        if not (_same_objects(k_caches, self.keys_values[0]) and _same_objects(v_caches, self.keys_values[1])):
+            self.keys_values = (k_caches, v_caches)
+            self.one_cache_type = _one_array_type(k_caches) and _one_array_type(v_caches)
+        return self.keys_values if self.one_cache_type else None
+
+
+_MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a stack's first cache -> its _StackMemo
+
+
+def _memo_of(layers: list, caches) -> _StackMemo | None:
+    """The ``_StackMemo`` of ``layers`` with ``caches`` (kept as long as its first cache lives), made anew
+    where it was made of other tensors; None where the layers are not of one weights dict or there are no
+    caches (or ones no weak reference can point at)."""
+    if not layers or not caches:
         return None
-    return (*by_argument, k_caches, v_caches)
+    try:
+        memo = _MEMOS.get(caches[0])
+    except TypeError:
+        return None
+    if memo is not None and memo.same_weights(layers):
+        return memo
+    weights = layers[0].weights
+    if any(lw.weights is not weights for lw in layers):
+        return None
+    memo = _MEMOS[caches[0]] = _StackMemo(layers)
+    return memo
 
 
 def _run_stack(x_btc, stack: tuple, cos_btd, sin_btd, first_key_b, caches: list, eps: float, last_only: bool):
     """``_decoder_steps_bf16`` on one stack's arguments (``_stack_arguments``); the caches' lengths advanced."""
     n, (B, T, _) = caches[0].length, x_btc.shape
     x_btc = np.array(x_btc, dtype=np.float32, order="C")  # (a writable copy: the layers' type)
-    # (copies, always writable: one Numba type whether the tables were broadcast or not, so one kernel to load)
-    rope = [np.array(np.broadcast_to(a, (B, T, a.shape[-1])), dtype=np.float32, order="C") for a in (cos_btd, sin_btd)]
+    # (copies, always writable: one Numba type whether the tables were broadcast or not, so one kernel to load;
+    # broadcast only where not [B, T, D] already, the same copy without broadcast_to's few microseconds)
+    tables = [
+        a if a.shape == (B, T, a.shape[-1]) else np.broadcast_to(a, (B, T, a.shape[-1])) for a in (cos_btd, sin_btd)
+    ]
+    rope = [np.array(a, dtype=np.float32, order="C") for a in tables]
     out_brc = _decoder_steps_bf16(
         x_btc,
         *stack[:-2],

@@ -8,7 +8,8 @@ import pytest
 
 from refimpl import backends as kernels
 from refimpl import nn, transformer
-from refimpl.backends import numba_cpu
+from refimpl.backends import bf16, numba_cpu
+from refimpl.backends.bf16 import BF16Matrix, float32_to_bf16_bits
 
 from .cases import layer_step, needs_tiles, random_qwen3_layer
 
@@ -378,3 +379,84 @@ def test_fused_batch_rows_have_the_bits_of_each_row_alone(lengths):
         alone = run(xs[b : b + 1, T - n :], positions[b : b + 1, T - n :], valid[b : b + 1, T - n :], fused=True)
         np.testing.assert_array_equal(batch[b], alone[0], err_msg=f"row {b}")
     np.testing.assert_allclose(batch, run(xs, positions, valid, fused=False), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_kept_stack_follows_new_words_new_tensors_and_grown_caches(packed, monkeypatch):
+    """The stack's memo (``_StackMemo``, kept from step to step with the caches) against no memo, over steps on
+    the same caches between which a matrix's words are swapped in place (as the huge-page copy does, other
+    words here so that stale ones would show), a norm is replaced in the weights dict, and the caches grow
+    (capacity 2): the same bits at every step, the words the kernel reads the new ones, and the arguments
+    made again only where something changed.  ``packed``: read-packed matrices of read-only words (the code
+    predictor's), whose packed words are kept with the words they were made of."""
+    C, H, G, D, F = 64, 4, 2, 16, 128  # (columns a multiple of 64: packable)
+    pw = numba_cpu.packed_words
+    made = []
+    weight_arguments = numba_cpu.transformer._weight_arguments
+    monkeypatch.setattr(numba_cpu.transformer, "_weight_arguments", lambda *a: made.append(1) or weight_arguments(*a))
+
+    def words(seed, shape):
+        bits = float32_to_bf16_bits(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) / 8)
+        bits.flags.writeable = not packed
+        return bits
+
+    def run():
+        weights, layers, cfg = random_qwen3_stack(51, 2, C, H, G, D, F)
+        if packed:
+            names = [n for n, m in weights.items() if isinstance(m, BF16Matrix)]
+            weights.update(bf16.mark_read_packed(weights, names))
+            for n in names:
+                weights[n].bits = np.frombuffer(weights[n].bits.tobytes(), np.uint16).reshape(weights[n].shape)
+        caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
+        made.clear()
+        outs, swapped = [], None
+        for step in range(5):
+            q = weights["model.layers.1.self_attn.q_proj.weight"]
+            if step == 2:  # other words, in place
+                q.bits = swapped = words(step, q.shape)
+            if step == 3:  # a tensor replaced
+                weights["model.layers.0.post_attention_layernorm.weight"] = weights[
+                    "model.layers.0.post_attention_layernorm.weight"
+                ] * np.float32(1.5)
+            x = np.random.default_rng(step).standard_normal((1, 1, C)).astype(np.float32)
+            cos, sin = nn.rope_cos_sin(np.arange(step, step + 1), D, 10000.0, np.float32)
+            mask = nn.AttentionMask(nn.arange(step, step + 1), nn.arange(step + 1))
+            y = numba_cpu.transformer.transformer_stack(
+                layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches, 1e-6, None, True
+            )
+            outs.append(y)
+            if step == 2:
+                kept = numba_cpu.transformer._memo_of(layers, caches)
+                q_l = kept.weight_arguments(True)[1] if kept is not None else None
+                reads = pw.packed_words(q) if packed and pw.USE_PACKED else swapped
+                assert kept is None or q_l[1] is reads  # the new words, or their packing
+        return outs, caches
+
+    kept_outs, caches = run()
+    assert made == [1, 1, 1]  # the first step, the words swapped, the tensor replaced
+    assert caches[0].k.shape[2] >= 5  # (the caches grew)
+    monkeypatch.setattr(numba_cpu.transformer, "_memo_of", lambda layers, caches: None)
+    fresh_outs, _ = run()
+    assert len(made) == 5
+    for kept, fresh in zip(kept_outs, fresh_outs, strict=True):
+        np.testing.assert_array_equal(kept, fresh)
+
+
+def test_a_stack_memo_lives_as_long_as_its_first_cache():
+    """The memo is kept by a weak reference to the stack's first cache: no memo keeps a cache (with its
+    arrays, or a model's weights) alive, and a frame's caches take their memo with them."""
+    import gc
+    import weakref
+
+    C, H, G, D, F = 32, 4, 2, 8, 64
+    weights, layers, cfg = random_qwen3_stack(61, 2, C, H, G, D, F)
+    caches = [transformer.KVCache(1, G, D, np.float32, capacity=2) for _ in layers]
+    x = np.zeros((1, 1, C), np.float32)
+    cos, sin = nn.rope_cos_sin(np.arange(0, 1), D, 10000.0, np.float32)
+    mask = nn.AttentionMask(nn.arange(0, 1), nn.arange(1))
+    y = numba_cpu.transformer.transformer_stack(layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches)
+    assert y is not NotImplemented and caches[0] in numba_cpu.transformer._MEMOS
+    first = weakref.ref(caches[0])
+    del caches
+    gc.collect()
+    assert first() is None
