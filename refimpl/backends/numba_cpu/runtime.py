@@ -210,19 +210,11 @@ def _discard_damaged_cache() -> None:
     with a one-line warning and the kernel compiled again, at the load that finds it: nothing is read ahead
     (unpickling every entry of a cache that holds hundreds of overloads cost a fresh process a tenth of a
     second before its first call)."""
-    from numba.core.caching import Cache
 
-    load = Cache.load_overload
-    if getattr(load, "refimpl_guard", False):
-        return
-
-    def load_overload(self, sig, target_context):
-        if not getattr(self._py_func, "__module__", "").startswith("refimpl."):
-            return load(self, sig, target_context)
+    def load_overload(load, self, sig, target_context):
         return load_guarded(self, lambda: load(self, sig, target_context))
 
-    load_overload.refimpl_guard = True
-    Cache.load_overload = load_overload
+    _guard_our_kernels("load_overload", load_overload)
 
 
 def load_guarded(cache, read):
@@ -259,15 +251,7 @@ def _survive_unwritable_cache() -> None:
     (a temporary file renamed into place, removed on failure)."""
     import warnings
 
-    from numba.core.caching import Cache
-
-    save = Cache.save_overload
-    if getattr(save, "refimpl_guard", False):
-        return
-
-    def save_overload(self, sig, data):
-        if not getattr(self._py_func, "__module__", "").startswith("refimpl."):
-            return save(self, sig, data)
+    def save_overload(save, self, sig, data):
         try:
             return save(self, sig, data)
         except OSError as e:
@@ -278,8 +262,25 @@ def _survive_unwritable_cache() -> None:
                 stacklevel=2,
             )
 
-    save_overload.refimpl_guard = True
-    Cache.save_overload = save_overload
+    _guard_our_kernels("save_overload", save_overload)
+
+
+def _guard_our_kernels(name: str, guarded) -> None:
+    """Numba's ``Cache.<name>`` replaced, for this package's kernels only, by ``guarded(the method, self,
+    *args)`` (once a process: a second call finds it replaced)."""
+    from numba.core.caching import Cache
+
+    method = getattr(Cache, name)
+    if getattr(method, "refimpl_guard", False):
+        return
+
+    def ours_guarded(self, *args):
+        if not getattr(self._py_func, "__module__", "").startswith("refimpl."):
+            return method(self, *args)
+        return guarded(method, self, *args)
+
+    ours_guarded.refimpl_guard = True
+    setattr(Cache, name, ours_guarded)
 
 
 def _compile_features() -> set:
