@@ -2,13 +2,12 @@
 thread that a model's load starts (``load_ahead``), while the load goes on beside it (the weights' check and
 the codec's load spend their time in NumPy loops that release the interpreter).
 
-A kernel's first call in a fresh process loads its compiled code from the cache (``runtime``): for the
-first kernel of a process Numba also sets up its registries (they import SciPy's linear algebra), then
-each kernel's object code is linked into memory.  Done at the first calls, all of that waits on the
-prompt's path; done here, it overlaps the load.  Only what the cache holds for this machine is loaded:
-a kernel never compiled (or whose entries the package's source no longer matches) is left to its first
-call, which compiles it as before.  The same machine code runs either way: a loaded overload is the one
-the first call would have loaded."""
+A kernel's first call in a fresh process loads its compiled code from the cache (``runtime``: without setting
+up Numba's registries, which only compiling needs), each kernel's object code linked into memory. Done at the
+first calls, all of that waits on the prompt's path; done here, it overlaps the load. Only what the cache holds
+for this machine is loaded: a kernel never compiled (or whose entries the package's source no longer matches)
+is left to its first call, which compiles it as before. The same machine code runs either way: a loaded
+overload is the one the first call would have loaded."""
 
 from __future__ import annotations
 
@@ -46,8 +45,9 @@ FIRST_AUDIO = (
 )
 
 # Modules the first audio imports, imported first in the thread: SciPy's special functions (the prompt's
-# SiLU, a reference primitive), before Numba's registries import SciPy's linear algebra (one thread
-# imports SciPy, never two at once: each could see the other's modules half made).
+# SiLU, a reference primitive), on this thread only (one thread imports SciPy, never two at once: each
+# could see the other's modules half made; a kernel compiled elsewhere sets up Numba's registries, which
+# import SciPy's linear algebra).
 FIRST_AUDIO_IMPORTS = ("scipy.special",)
 
 _THREADS: list = []  # the thread of load_ahead, once started (once a process)
@@ -70,13 +70,8 @@ def wait_for_loading() -> None:
 
 def _load_first_audio() -> None:
     try:
-        from numba.core.compiler_lock import global_compiler_lock
-        from numba.core.registry import cpu_target
-
         for module in FIRST_AUDIO_IMPORTS:
             importlib.import_module(module)
-        with global_compiler_lock:  # (as a first call does it: never beside another thread's)
-            cpu_target.target_context.refresh()  # Numba's registries: the set-up of the first cache load
         for module, name in FIRST_AUDIO:
             load_cached(getattr(importlib.import_module(f"{__package__}.{module}"), name))
     except Exception:  # (a Numba without these internals): each kernel's first call loads it, as before

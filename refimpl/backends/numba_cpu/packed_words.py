@@ -33,7 +33,8 @@ PACKED_BLOCK = 64  # words a block: the columns of a packed matrix are a multipl
 def _high_byte_counts(bits_oi):
     """counts[v] = the words whose high byte, sign aside, is v (+0 and -0 not counted: always listed).  The high
     bytes are counted into 8 histograms in turn (no count waits for the one before it to be stored), the sign
-    folded in after, and +-0, if any, taken back out of counts[0]."""
+    folded in after, and +-0, if any, taken back out of counts[0].  (Summed by loops: an array's ``sum`` would
+    make loading this kernel from the cache import Numba's array math, and SciPy's linear algebra with it.)"""
     words = bits_oi.reshape(-1)
     n, counts_sh = words.size, np.zeros((8, 256), np.int64)  # [histogram, high byte]
     for i in range(0, n - n % 8, 8):
@@ -41,8 +42,10 @@ def _high_byte_counts(bits_oi):
             counts_sh[s, words[i + s] >> 8] += 1
     for i in range(n - n % 8, n):
         counts_sh[0, words[i] >> 8] += 1
-    counts_h = counts_sh.sum(axis=0)
-    counts = counts_h[:128] + counts_h[128:]
+    counts = np.zeros(128, np.int64)
+    for s in range(8):
+        for v in range(256):
+            counts[v & 127] += counts_sh[s, v]
     if counts[0]:
         for w in words:
             counts[0] -= (w & 0x7FFF) == 0

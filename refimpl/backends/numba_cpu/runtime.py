@@ -209,12 +209,27 @@ def _discard_damaged_cache() -> None:
     UnpicklingError.  For this package's kernels, an entry that fails to load (``load_guarded``) is deleted
     with a one-line warning and the kernel compiled again, at the load that finds it: nothing is read ahead
     (unpickling every entry of a cache that holds hundreds of overloads cost a fresh process a tenth of a
-    second before its first call)."""
+    second before its first call).  And the load does not set up Numba's registries
+    (``_load_without_registries``)."""
 
     def load_overload(load, self, sig, target_context):
-        return load_guarded(self, lambda: load(self, sig, target_context))
+        return load_guarded(self, lambda: _load_without_registries(self, sig, target_context))
 
     _guard_our_kernels("load_overload", load_overload)
+
+
+def _load_without_registries(cache, sig, target_context):
+    """Numba's ``Cache.load_overload`` without its first step, ``target_context.refresh()``: the first
+    refresh of a process imports every lowering registry of Numba (its list, dict, set, linear-algebra,
+    random... implementations, and SciPy's linear algebra with them: about 200 modules) which only
+    compiling uses.  Loading compiled code needs Numba's runtime functions (``rtsys.initialize``, the first
+    thing a refresh does) and the modules of the functions the kernel inlined (the unpickling imports
+    them); a kernel compiled later refreshes the context then (Numba's compiler does at every compile)."""
+    from numba.core.runtime import rtsys
+
+    rtsys.initialize(target_context)
+    with cache._guard_against_spurious_io_errors():
+        return cache._load_overload(sig, target_context)
 
 
 def load_guarded(cache, read):

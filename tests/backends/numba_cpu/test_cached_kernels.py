@@ -46,7 +46,8 @@ with use_backend("numba"):
     stream = tts.stream_custom_voice("Hello there.", speaker="eric", language="english", max_new_tokens=3,
                                      do_sample=False, subtalker_dosample=False)
     first = next(stream)
-print(json.dumps({"first_calls": first_calls, "samples": len(first), "sum": float(first.astype(float).sum())}))
+print(json.dumps({"first_calls": first_calls, "samples": len(first), "sum": float(first.astype(float).sum()),
+                  "registries": "numba.np.linalg" in sys.modules}))
 """
 
 
@@ -69,7 +70,9 @@ def test_the_list_names_cached_kernels_of_the_backend_once_each():
 def test_the_first_audio_calls_no_listed_kernel_first_once_they_are_loaded_ahead():
     """Without the thread, a generation's first chunk calls kernels for the first time (the list must name
     every one of them); with it, none of the listed ones (they were loaded from the cache), and the audio
-    is the same to the bit."""
+    is the same to the bit.  With every kernel in the cache (the first run put them there), neither run set
+    up Numba's registries (whose set-up imports ``numba.np.linalg``): no kernel the first audio loads
+    inlines Numba's array math (an array's ``sum``, whose module imports it)."""
     without = first_chunk("first-calls")
     called = {tuple(c) for c in without["first_calls"]}
     assert called, "no kernel called: the test ran no numba kernel"
@@ -78,13 +81,18 @@ def test_the_first_audio_calls_no_listed_kernel_first_once_they_are_loaded_ahead
     ahead = first_chunk("ahead")
     assert ahead["first_calls"] == [], ahead["first_calls"]
     assert (ahead["samples"], ahead["sum"]) == (without["samples"], without["sum"])
+    assert not ahead["registries"], "loading the first audio's kernels set up Numba's registries"
+    assert not first_chunk("first-calls")["registries"], "the first calls' loads set up Numba's registries"
 
 
 def test_load_cached_loads_without_compiling(tmp_path):
     """In a fresh process whose cache holds a kernel, ``load_cached`` adds its overloads (the count it says),
-    and the kernel's first call then finds them: no cache miss, no compilation."""
+    and the kernel's first call then finds them: no cache miss, no compilation.  The load does not set up
+    Numba's registries (``numba.np.linalg`` is not imported); a function compiled after it, which needs
+    them (a list's sort, an array's sum), compiles and runs: Numba's compiler sets them up then."""
     script = r"""
-import json
+import json, sys
+import numba
 import numpy as np
 from refimpl.backends.numba_cpu import cached_kernels, elementwise
 kernel = elementwise._rms_norm_rows
@@ -92,8 +100,16 @@ loaded = cached_kernels.load_cached(kernel)
 before = len(kernel.overloads)
 x = np.ones((2, 8), np.float32)
 out = elementwise.rms_norm(x, np.ones(8, np.float32), 1e-6)
+registries = "numba.np.linalg" in sys.modules
+
+@numba.njit
+def smallest_plus_total(a):
+    return sorted([a[1], a[0]])[0] + a.sum()
+
 print(json.dumps({"loaded": loaded, "before": before, "after": len(kernel.overloads),
-                  "misses": sum(kernel._cache_misses.values()), "again": cached_kernels.load_cached(kernel)}))
+                  "misses": sum(kernel._cache_misses.values()), "again": cached_kernels.load_cached(kernel),
+                  "registries": registries, "compiled": smallest_plus_total(np.array([3.0, 2.0])),
+                  "registries_after": "numba.np.linalg" in sys.modules}))
 """
     env = dict(os.environ, PYTHONPATH=str(REPO), NUMBA_CACHE_DIR=str(tmp_path))
     for _ in range(2):  # the first run compiles into the empty cache; the second loads
@@ -103,3 +119,31 @@ print(json.dumps({"loaded": loaded, "before": before, "after": len(kernel.overlo
     assert seen["loaded"] >= 1 and seen["before"] == seen["loaded"]
     assert seen["after"] == seen["before"] and seen["misses"] == 0
     assert seen["again"] == 0  # (what a dispatcher has is not loaded twice)
+    assert not seen["registries"] and seen["registries_after"]
+    assert seen["compiled"] == 7.0
+
+
+@pytest.mark.skipif(
+    not numba_cpu.packed_words.PACKED_COMPILED, reason="the packed kernel needs 512-bit byte shuffles (avx512bw)"
+)
+def test_the_packings_kernels_load_without_numbas_registries(tmp_path):
+    """The packing's kernels (the first ones a full-size load calls, in its threads) loaded from the cache in
+    a fresh process: neither sets up Numba's registries, by itself or through the functions it inlined
+    (an array's ``sum`` would import Numba's array math, and its linear algebra with it)."""
+    script = r"""
+import json, sys
+import numpy as np
+from refimpl.backends.numba_cpu import cached_kernels, packed_words
+kernels = (packed_words._high_byte_counts, packed_words._pack_and_list_rows)
+loaded = [cached_kernels.load_cached(kernel) for kernel in kernels]
+packed = packed_words.pack_words((0x3F00 | np.arange(128, dtype=np.uint16)).reshape(1, 128))
+print(json.dumps({"loaded": loaded, "misses": sum(sum(k._cache_misses.values()) for k in kernels),
+                  "registries": "numba.np.linalg" in sys.modules}))
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO), NUMBA_CACHE_DIR=str(tmp_path))
+    for _ in range(2):  # the first run compiles into the empty cache; the second loads
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["loaded"] == [1, 1] and seen["misses"] == 0
+    assert not seen["registries"], "loading the packing's kernels set up Numba's registries"
