@@ -57,6 +57,7 @@ def prepare_weights(matrices) -> None:
 # primitive (or fused step) name -> its twin, the function of that name in the module of its reference
 TWINS = {
     # refimpl/nn.py
+    "silu": elementwise.silu,
     "elu": elementwise.elu,
     "gelu_erf": elementwise.gelu_erf,
     "snake_beta": elementwise.snake_beta,

@@ -25,6 +25,7 @@ FIRST_AUDIO = (
     ("packed_words", "_pack_and_list_rows"),
     ("amx", "_tiles_take"),
     ("linear", "_bf16_block_times"),
+    ("elementwise", "_silu_into"),
     ("linear", "_matvec_bf16_into"),
     ("transformer", "_decoder_steps_bf16"),
     ("elementwise", "_rms_norm_rows"),
@@ -43,12 +44,6 @@ FIRST_AUDIO = (
     ("conv", "_direct_conv_into"),
     ("codec_decoder", "_snake_conv_few_into"),
 )
-
-# Modules the first audio imports, imported first in the thread: SciPy's special functions (the prompt's
-# SiLU, a reference primitive), on this thread only (one thread imports SciPy, never two at once: each
-# could see the other's modules half made; a kernel compiled elsewhere sets up Numba's registries, which
-# import SciPy's linear algebra).
-FIRST_AUDIO_IMPORTS = ("scipy.special",)
 
 _THREADS: list = []  # the thread of load_ahead, once started (once a process)
 _START = threading.Lock()
@@ -70,8 +65,6 @@ def wait_for_loading() -> None:
 
 def _load_first_audio() -> None:
     try:
-        for module in FIRST_AUDIO_IMPORTS:
-            importlib.import_module(module)
         for module, name in FIRST_AUDIO:
             load_cached(getattr(importlib.import_module(f"{__package__}.{module}"), name))
     except Exception:  # (a Numba without these internals): each kernel's first call loads it, as before

@@ -1,4 +1,4 @@
-"""The elementwise twins of ``refimpl/nn.py`` (elu, softmax, rms_norm, gelu_erf, snake_beta) and the
+"""The elementwise twins of ``refimpl/nn.py`` (silu, elu, softmax, rms_norm, gelu_erf, snake_beta) and the
 polynomials they evaluate, in pieces side by side (``run_pieces``); the per-row passes the codecs' fused
 steps share (SnakeBeta of a row, bias plus residual)."""
 
@@ -30,6 +30,25 @@ def _elementwise_in_pieces(x, into):
 
     run_pieces(piece, [(i0,) for i0 in range(0, flat.size, n)])
     return out
+
+
+def silu(x):
+    """``nn.silu``, x * (1 / (1 + exp(-x))) in x's precision, in pieces (``_silu_into``): the reference's
+    bits, without importing SciPy for its ``expit`` (the text projection's SiLU is on a fresh process's
+    way to its first audio, where importing SciPy's special functions is a sizable part of the start)."""
+    one = x.dtype.type(1.0)
+    return _elementwise_in_pieces(x, lambda xs, ys: _silu_into(xs, one, ys))
+
+
+@numba.njit(cache=True, nogil=True)
+def _silu_into(x, one, out):
+    """out = x * (one / (one + exp(-x))), ``one`` of x's type: the operations of ``scipy.special.expit`` (a
+    quotient of the C library's exp) and the product, each rounded to x's type; exp is the C library's
+    (``math.exp``, a call Numba does not vectorise), so every element is the reference's to the bit
+    (tested across every float32 exponent)."""
+    for i in range(x.shape[0]):
+        xi = x[i]
+        out[i] = xi * (one / (one + math.exp(-xi)))
 
 
 def elu(x, alpha: float = 1.0):

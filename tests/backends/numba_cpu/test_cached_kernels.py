@@ -47,7 +47,7 @@ with use_backend("numba"):
                                      do_sample=False, subtalker_dosample=False)
     first = next(stream)
 print(json.dumps({"first_calls": first_calls, "samples": len(first), "sum": float(first.astype(float).sum()),
-                  "registries": "numba.np.linalg" in sys.modules}))
+                  "registries": "numba.np.linalg" in sys.modules, "special": "scipy.special" in sys.modules}))
 """
 
 
@@ -72,7 +72,8 @@ def test_the_first_audio_calls_no_listed_kernel_first_once_they_are_loaded_ahead
     every one of them); with it, none of the listed ones (they were loaded from the cache), and the audio
     is the same to the bit.  With every kernel in the cache (the first run put them there), neither run set
     up Numba's registries (whose set-up imports ``numba.np.linalg``): no kernel the first audio loads
-    inlines Numba's array math (an array's ``sum``, whose module imports it)."""
+    inlines Numba's array math (an array's ``sum``, whose module imports it); nor imported SciPy's special
+    functions (the text projection's SiLU has a twin)."""
     without = first_chunk("first-calls")
     called = {tuple(c) for c in without["first_calls"]}
     assert called, "no kernel called: the test ran no numba kernel"
@@ -82,7 +83,9 @@ def test_the_first_audio_calls_no_listed_kernel_first_once_they_are_loaded_ahead
     assert ahead["first_calls"] == [], ahead["first_calls"]
     assert (ahead["samples"], ahead["sum"]) == (without["samples"], without["sum"])
     assert not ahead["registries"], "loading the first audio's kernels set up Numba's registries"
-    assert not first_chunk("first-calls")["registries"], "the first calls' loads set up Numba's registries"
+    again = first_chunk("first-calls")
+    assert not again["registries"], "the first calls' loads set up Numba's registries"
+    assert not (again["special"] or ahead["special"]), "the first audio imported scipy.special"
 
 
 def test_load_cached_loads_without_compiling(tmp_path):
@@ -138,7 +141,7 @@ kernels = (packed_words._high_byte_counts, packed_words._pack_and_list_rows)
 loaded = [cached_kernels.load_cached(kernel) for kernel in kernels]
 packed = packed_words.pack_words((0x3F00 | np.arange(128, dtype=np.uint16)).reshape(1, 128))
 print(json.dumps({"loaded": loaded, "misses": sum(sum(k._cache_misses.values()) for k in kernels),
-                  "registries": "numba.np.linalg" in sys.modules}))
+                  "registries": "numba.np.linalg" in sys.modules, "special": "scipy.special" in sys.modules}))
 """
     env = dict(os.environ, PYTHONPATH=str(REPO), NUMBA_CACHE_DIR=str(tmp_path))
     for _ in range(2):  # the first run compiles into the empty cache; the second loads

@@ -1,4 +1,4 @@
-"""The elementwise twins (elu, gelu_erf, snake_beta, softmax, rms_norm) against their references."""
+"""The elementwise twins (silu, elu, gelu_erf, snake_beta, softmax, rms_norm) against their references."""
 
 from __future__ import annotations
 
@@ -45,6 +45,32 @@ def test_snake_beta_twin_sine_is_accurate_over_many_periods():
     z = np.linspace(-2000, 2000, 4001, dtype=np.float32)
     got = np.array([abs(numba_cpu.elementwise._sin_up_to_sign(v)) for v in z], dtype=np.float64)
     assert np.max(np.abs(got - np.abs(np.sin(z.astype(np.float64))))) <= 2 * np.finfo(np.float32).eps
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(DTYPES), st.integers(1, 700), st.sampled_from((0.1, 10.0, 100.0)), st.integers(0, 2**31))
+def test_silu_twin_is_bit_identical(dtype, n, amplitude, seed):
+    """x * expit(x) to the bit, in pieces or not: ±0, ±inf, NaN, the overflow of exp(-x) and the values
+    around it among random ones."""
+    x = (amplitude * np.random.default_rng(seed).standard_normal(n)).astype(dtype)
+    x[: min(n, 8)] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -88.8, -709.8, 1e-40], dtype)[: min(n, 8)]
+    with np.errstate(all="ignore"):
+        ref = nn.silu.reference(x)
+    np.testing.assert_array_equal(numba_cpu.elementwise.silu(x), ref)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.elementwise, "ELEMENTWISE_PIECE", 7)  # pieces, the last one short
+        np.testing.assert_array_equal(numba_cpu.elementwise.silu(x.reshape(1, -1)), ref.reshape(1, -1))
+
+
+def test_silu_twin_is_bit_identical_across_every_float32_exponent():
+    """Every 4093rd float32 bit pattern (all exponents, both signs, subnormals, infinities and NaNs among
+    them): the C library's expf, as SciPy's expit calls it, to the bit."""
+    x = np.arange(0, 1 << 32, 4093, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(all="ignore"):
+        ref = nn.silu.reference(x)
+    got = numba_cpu.elementwise.silu(x)
+    same = (got.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(got) & np.isnan(ref))
+    assert same.all(), x[~same][:10]
 
 
 @settings(max_examples=60, deadline=None)

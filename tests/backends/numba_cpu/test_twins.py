@@ -14,7 +14,7 @@ def test_every_twin_has_a_reference_of_the_same_name_and_signature():
     import inspect
 
     assert set(numba_cpu.TWINS) == {
-        *("conv1d", "conv_transpose1d", "snake_beta", "elu", "gelu_erf", "linear"),
+        *("conv1d", "conv_transpose1d", "snake_beta", "silu", "elu", "gelu_erf", "linear"),
         *("transformer_stack", "residual_unit", "resnet_block"),
         *("elu_causal_conv",),
         *("snake_causal_conv", "softmax", "tdnn", "res2net", "mean_and_std", "nearest_rows"),
