@@ -20,8 +20,10 @@ import functools
 import hashlib
 import os
 import platform
+import struct
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from ...environment import switch
@@ -60,6 +62,7 @@ def configure() -> Machine:
         _prefer_512_bit_vectors()
         _survive_unwritable_cache()
         _discard_damaged_cache()
+        _parse_shared_bitcode_when_linked()
         _key_cache_by_the_package()
         features = _compile_features()
         tiles_compiled = {"+amx-tile", "+amx-bf16"} <= features
@@ -228,8 +231,88 @@ def _load_without_registries(cache, sig, target_context):
     from numba.core.runtime import rtsys
 
     rtsys.initialize(target_context)
-    with cache._guard_against_spurious_io_errors():
-        return cache._load_overload(sig, target_context)
+    _LOADING_OURS.active = True
+    try:
+        with cache._guard_against_spurious_io_errors():
+            return cache._load_overload(sig, target_context)
+    finally:
+        _LOADING_OURS.active = False
+
+
+_LOADING_OURS = threading.local()  # .active: this thread is loading one of this package's kernels
+
+
+def _parse_shared_bitcode_when_linked() -> None:
+    """A cached kernel is its machine code and, beside it, its LLVM bitcode (for linking the kernel into a
+    later compile that calls it).  Numba's load parses the bitcode at once, to list the symbols the machine
+    code defines: most of the load of a large kernel (the fused transformer step's).  For this package's
+    kernels the symbols are read from the machine code's ELF symbol table (``_elf_defined_symbols``; the
+    same set, tested on every entry of a cache) and the bitcode is parsed at the first link that needs it;
+    machine code in another format is loaded by Numba's way."""
+    import llvmlite.binding as llvm
+    from numba.core.codegen import CPUCodeLibrary
+
+    unserialize, module_for_linking = CPUCodeLibrary._unserialize.__func__, CPUCodeLibrary._get_module_for_linking
+    if getattr(unserialize, "refimpl_guard", False):
+        return
+
+    def _unserialize(cls, codegen, state):
+        name, kind, data = state
+        engine = codegen._engine
+        symbols = None
+        if kind == "object" and getattr(_LOADING_OURS, "active", False) and hasattr(engine, "_defined_symbols"):
+            symbols = _elf_defined_symbols(data[0])
+        if symbols is None:
+            return unserialize(cls, codegen, state)
+        library = codegen.create_library(name)
+        library.enable_object_caching()
+        library._set_compiled_object(data[0])
+        library._refimpl_shared_bitcode = data[1]
+        library._finalize_final_module()
+        engine._defined_symbols |= symbols
+        return library
+
+    def _get_module_for_linking(self):
+        bitcode = self.__dict__.pop("_refimpl_shared_bitcode", None)
+        if bitcode is not None and self._shared_module is None:
+            self._shared_module = llvm.parse_bitcode(bitcode)
+        return module_for_linking(self)
+
+    _unserialize.refimpl_guard = True
+    CPUCodeLibrary._unserialize = classmethod(_unserialize)
+    CPUCodeLibrary._get_module_for_linking = _get_module_for_linking
+
+
+_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")  # e_ident ... e_shstrndx: a 64-bit little-endian ELF file
+_ELF_SECTION = struct.Struct("<IIQQQQIIQQ")  # sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link...
+_ELF_SYMBOL = struct.Struct("<IBBHQQ")  # st_name, st_info, st_other, st_shndx, st_value, st_size
+_SHT_SYMTAB, _SHN_UNDEF, _SYMBOL_TYPES = 2, 0, (0, 1, 2)  # the symbol table; not defined; NOTYPE, OBJECT, FUNC
+
+
+def _elf_defined_symbols(code: bytes) -> set | None:
+    """The names of the functions and data that the 64-bit little-endian ELF object ``code`` defines (its
+    symbol table's entries with a section), or None for an object in another format.  A table that does
+    not fit in the file raises ValueError (a damaged cache entry: ``load_guarded`` discards it)."""
+    if len(code) < _ELF_HEADER.size or code[:6] != b"\x7fELF\x02\x01":
+        return None
+    header = _ELF_HEADER.unpack_from(code)
+    shoff, shentsize, shnum = header[6], header[11], header[12]
+    if shentsize != _ELF_SECTION.size or shoff + shnum * shentsize > len(code):
+        raise ValueError("an ELF object whose section table does not fit in it")
+    sections = [_ELF_SECTION.unpack_from(code, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != _SHT_SYMTAB:
+            continue
+        if entsize != _ELF_SYMBOL.size or offset + size > len(code) or link >= shnum:
+            raise ValueError("an ELF object whose symbol table does not fit in it")
+        strings = sections[link][4]
+        for k in range(1, size // entsize):  # (entry 0 is the null symbol)
+            name, info, _, section, _, _ = _ELF_SYMBOL.unpack_from(code, offset + k * entsize)
+            if section != _SHN_UNDEF and info & 0xF in _SYMBOL_TYPES:
+                end = code.index(b"\0", strings + name)
+                names.add(code[strings + name : end].decode())
+    return names
 
 
 def load_guarded(cache, read):

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import REPO
 
@@ -150,3 +151,97 @@ print(json.dumps({"loaded": loaded, "misses": sum(sum(k._cache_misses.values()) 
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["loaded"] == [1, 1] and seen["misses"] == 0
     assert not seen["registries"], "loading the packing's kernels set up Numba's registries"
+
+
+def cached_object_code(kernel) -> list:
+    """(machine code, shared bitcode) of every entry of ``kernel``'s cache for this machine."""
+    cache = kernel._cache
+    magic = kernel.targetctx.codegen().magic_tuple()
+    found = []
+    for key in cache._cache_file._load_index():
+        if key[1] != magic:
+            continue
+        payload = cache._cache_file.load(key)
+        name, kind, (code, bitcode) = payload[0]  # the library, as serialize_using_object_code wrote it
+        assert kind == "object"
+        found.append((code, bitcode))
+    return found
+
+
+def test_the_machine_codes_symbols_are_the_ones_its_bitcode_defines():
+    """Every cached entry of the first audio's kernels (their caches filled by a call where empty): the
+    symbols read from the machine code's ELF table are the functions and data its bitcode defines (what
+    Numba's load would list by parsing the bitcode)."""
+    import llvmlite.binding as llvm
+
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    numba_cpu.elementwise.silu(x)
+    numba_cpu.elementwise.rms_norm(x.reshape(2, 32), np.ones(32, np.float32), 1e-6)
+    checked = 0
+    for module, name in cached_kernels.FIRST_AUDIO:
+        for code, bitcode in cached_object_code(getattr(getattr(numba_cpu, module), name)):
+            if code[:4] != b"\x7fELF":
+                pytest.skip("machine code not in ELF: Numba's own load is used")
+            parsed = llvm.parse_bitcode(bitcode)
+            defined = {g.name for gs in (parsed.functions, parsed.global_variables) for g in gs if not g.is_declaration}
+            assert numba_cpu.runtime._elf_defined_symbols(code) == defined, name
+            checked += 1
+    assert checked >= 2
+
+
+def test_a_damaged_symbol_table_is_refused():
+    """A machine code cut short or with a symbol table that does not fit: ValueError (the load that finds
+    it discards the cache entry); another format: None (Numba's own load)."""
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    numba_cpu.elementwise.silu(x)
+    code, _ = cached_object_code(numba_cpu.elementwise._silu_into)[0]
+    if code[:4] != b"\x7fELF":
+        pytest.skip("machine code not in ELF: Numba's own load is used")
+    assert numba_cpu.runtime._elf_defined_symbols(b"\xcf\xfa\xed\xfe" + code[4:]) is None  # (Mach-O's magic)
+    with pytest.raises(ValueError):
+        numba_cpu.runtime._elf_defined_symbols(code[: len(code) // 2])
+    shoff = int.from_bytes(code[0x28:0x30], "little")
+    shnum = int.from_bytes(code[0x3C:0x3E], "little")
+    for i in range(shnum):  # the symbol table made longer than the file
+        at = shoff + 64 * i
+        if int.from_bytes(code[at + 4 : at + 8], "little") == 2:
+            damaged = code[: at + 32] + (1 << 40).to_bytes(8, "little") + code[at + 40 :]
+            with pytest.raises(ValueError):
+                numba_cpu.runtime._elf_defined_symbols(damaged)
+            break
+    else:
+        raise AssertionError("no symbol table in the machine code")
+
+
+def test_a_kernel_loaded_without_parsing_its_bitcode_links_into_a_later_compile(tmp_path):
+    """In a fresh process, a kernel loaded from the cache keeps its bitcode unparsed; a function compiled
+    after, which calls it (its bitcode linked in), parses it then, and computes what the kernel does."""
+    script = r"""
+import json
+import numba
+import numpy as np
+from refimpl.backends.numba_cpu import cached_kernels, elementwise
+kernel = elementwise._silu_into
+loaded = cached_kernels.load_cached(kernel)
+libraries = [compiled.library for compiled in kernel.overloads.values()]
+unparsed = [library._shared_module is None for library in libraries]
+
+@numba.njit
+def silu_twice(x, one, out):
+    kernel(x, one, out)
+    kernel(out.copy(), one, out)
+
+x = np.linspace(-3, 3, 50, dtype=np.float32)
+out = np.empty_like(x)
+silu_twice(x, np.float32(1), out)
+twice = elementwise.silu(elementwise.silu(x))
+print(json.dumps({"loaded": loaded, "unparsed": unparsed, "same": bool((out == twice).all()),
+                  "parsed": [library._shared_module is not None for library in libraries]}))
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO), NUMBA_CACHE_DIR=str(tmp_path))
+    for _ in range(2):  # the first run compiles into the empty cache; the second loads
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["loaded"] == 1 and seen["same"]
+    assert seen["unparsed"] == [True] and seen["parsed"] == [True]
