@@ -21,8 +21,7 @@ from . import runtime
 # loaded at its first call as before (tests/backends/numba_cpu/test_cached_kernels.py checks the list
 # against a generation's first calls).
 FIRST_AUDIO = (
-    ("packed_words", "_high_byte_counts"),
-    ("packed_words", "_pack_and_list_rows"),
+    ("packed_words", "_packing"),
     ("amx", "_tiles_take"),
     ("linear", "_bf16_block_times"),
     ("elementwise", "_silu_into"),

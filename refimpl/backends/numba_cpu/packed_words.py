@@ -62,6 +62,119 @@ def _vector(element, n):
 _STORED_ORDER = [int(p) for p in stored_order()]  # place p of a block holds word _STORED_ORDER[p]
 
 
+CANDIDATES = 5  # windows _window weighs exactly: the one best in a sample, and 2 each side
+# What _counts_in counts for the windows lo + i (i < CANDIDATES), as ranges (first, width) of a high byte
+# (sign aside) less lo - 1 (0 where below): each window's words (lo + i .. lo + i + 7), then the words below
+# lo + 7 (the most a window before lo holds) and those from lo + CANDIDATES on (one after them).
+RANGES = (*((i + 1, PACK_WINDOW) for i in range(CANDIDATES)), (0, PACK_WINDOW), (CANDIDATES + 1, 128 - CANDIDATES))
+SAMPLED = 8192  # words whose histogram places the windows _window weighs
+
+
+@intrinsic
+def _counts_in(typingctx, words, b0, b1, lo, counts):
+    """counts[j] += the words of blocks b0 .. b1 - 1 (words 64 b .. 64 b + 63) whose high byte, sign aside,
+    less lo - 1 (0 where below; lo >= 1) lies in ``RANGES[j]``.  In 512-bit vectors: a block's 64 high bytes
+    tested for each range at once, the 64 bits of each test's mask counted (``popcnt``)."""
+    if not (isinstance(words, types.Array) and words.layout == "C" and words.dtype == types.uint16):
+        return None
+    if not (isinstance(counts, types.Array) and counts.layout == "C" and counts.dtype == types.int64):
+        return None
+    sig = types.void(words, b0, b1, lo, counts)
+
+    def codegen(context, builder, signature, args):
+        w, c = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 4))
+        wp = builder.bitcast(w.data, _I8.as_pointer())
+        bytes_t, words_t = _vector(_I8, 64), _vector(_I16, 64)
+
+        def splat(value):
+            return ir.Constant(bytes_t, [value] * 64)
+
+        below_1 = builder.trunc(builder.sub(args[3], ir.Constant(_I64, 1)), _I8)
+        one = builder.insert_element(ir.Constant(_vector(_I8, 1), None), below_1, ir.Constant(_I32, 0))
+        below = builder.shuffle_vector(one, one, ir.Constant(_vector(_I32, 64), [0] * 64))  # lo - 1
+        saturated_sub = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(bytes_t, [bytes_t] * 2), "llvm.usub.sat.v64i8"
+        )
+        entry = builder.block
+        loop, done = builder.append_basic_block("blocks"), builder.append_basic_block("sums")
+        builder.cbranch(builder.icmp_unsigned("<", args[1], args[2]), loop, done)
+        builder.position_at_end(loop)
+        b = builder.phi(_I64)
+        b.add_incoming(args[1], entry)
+        kept = [builder.phi(_I64) for _ in RANGES]
+        for k in kept:
+            k.add_incoming(ir.Constant(_I64, 0), entry)
+        at = builder.gep(wp, [builder.mul(b, ir.Constant(_I64, 128))])
+        block = builder.load(builder.bitcast(at, words_t.as_pointer()), align=1)
+        high = builder.lshr(builder.shl(block, ir.Constant(words_t, [1] * 64)), ir.Constant(words_t, [9] * 64))
+        k = builder.call(saturated_sub, [builder.trunc(high, bytes_t), below])
+        popcount = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I64, [_I64]), "llvm.ctpop.i64")
+        new = []
+        for s, (first, width) in zip(kept, RANGES, strict=True):
+            hit = builder.icmp_unsigned("<", builder.sub(k, splat(first)), splat(width))
+            new.append(builder.add(s, builder.call(popcount, [builder.bitcast(hit, _I64)])))
+        b_next = builder.add(b, ir.Constant(_I64, 1))
+        b.add_incoming(b_next, loop)
+        for s, n in zip(kept, new, strict=True):
+            s.add_incoming(n, loop)
+        builder.cbranch(builder.icmp_unsigned("<", b_next, args[2]), loop, done)
+        builder.position_at_end(done)
+        totals = [builder.phi(_I64) for _ in new]
+        cp = builder.bitcast(c.data, _I64.as_pointer())
+        for j, (total, n) in enumerate(zip(totals, new, strict=True)):
+            total.add_incoming(ir.Constant(_I64, 0), entry)
+            total.add_incoming(n, loop)
+            place = builder.gep(cp, [ir.Constant(_I64, j)])
+            builder.store(builder.add(builder.load(place), total), place)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
+def _window(bits_oi):
+    """(base, held): the window base .. base + 7 of high-byte values (sign aside) that holds the most words
+    (+-0 not counted; the first such window), and the words it holds: ``_high_byte_counts``'s window, found
+    from fewer counts.  The histogram of the first ``SAMPLED`` words names a best window; the words of the
+    ``CANDIDATES`` windows around it are counted exactly (``_counts_in``), with bounds on what any window
+    before or after them can hold.  Where no window outside can hold more (before them: as many), the best
+    of them is the one; else every value is counted."""
+    words = bits_oi.reshape(-1)
+    n, W, C = words.size, PACK_WINDOW, CANDIDATES
+    sampled, _ = _best_window(_high_byte_counts(words[:SAMPLED]))
+    lo = min(max(sampled - C // 2, 1), 128 - W - C + 1)  # the windows lo .. lo + C - 1
+    counts = np.zeros(len(RANGES), np.int64)
+    blocks = n // 64
+    _counts_in(words, 0, blocks, lo, counts)
+    for i in range(64 * blocks, n):
+        k = max((words[i] >> 8) & 0x7F, lo - 1) - (lo - 1)
+        for j in range(len(RANGES)):
+            counts[j] += RANGES[j][0] <= k < RANGES[j][0] + RANGES[j][1]
+    best = 0
+    for j in range(1, C):
+        if counts[j] > counts[best]:  # (the first of the most)
+            best = j
+    held = counts[best]
+    before, after = counts[C], counts[C + 1]
+    if before < held and (lo + C > 128 - W or after <= held):
+        return lo + best, held
+    return _best_window(_high_byte_counts(bits_oi))
+
+
+@numba.njit(nogil=True)
+def _best_window(counts):
+    """(b, held): the first b where counts[b : b + PACK_WINDOW] holds the most, and what it holds.  (Summed by
+    loops, as in ``_high_byte_counts``.)"""
+    best, held = 0, -1
+    for b in range(counts.size - PACK_WINDOW + 1):
+        total = 0
+        for v in range(b, b + PACK_WINDOW):
+            total += counts[v]
+        if total > held:
+            best, held = b, total
+    return best, held
+
+
 @intrinsic
 def _pack_block(typingctx, bits_i, b, base, low_i, codes_h):
     """Pack block b (words 64 b .. 64 b + 63) of one row into ``PackedWords``' dense part, and return the
@@ -116,6 +229,20 @@ def _pack_block(typingctx, bits_i, b, base, low_i, codes_h):
 
 
 @numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
+def _packing(bits_oi):
+    """The window's base and the low bytes, codes and listed words of ``PackedWords`` of the words [O, I]
+    (C-contiguous), in one call (one kernel to load in a fresh process): the window (``_window``), then the
+    arrays (``_pack_and_list_rows``)."""
+    O, I = bits_oi.shape
+    base, held = _window(bits_oi)
+    low_oi, codes_oh = np.empty((O, I), np.uint8), np.empty((O, I // 2), np.uint8)
+    E = O * I - held  # the words outside the window, and +-0
+    rows_e, cols_e, values_e = np.empty(E, np.int32), np.empty(E, np.int32), np.empty(E, np.float32)
+    _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_e)
+    return base, low_oi, codes_oh, rows_e, cols_e, values_e
+
+
+@numba.njit(nogil=True)
 def _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_e):
     """``PackedWords`` of the words [O, I] (C-contiguous) for the window base .. base + 7, in one pass: each
     block's dense part by ``_pack_block``, then the words it lists (row by row in column order): their row,
@@ -136,15 +263,7 @@ def _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_
 def pack_words(bits_oi) -> PackedWords:
     """``bf16.PackedWords`` of the words [O, I] (I a multiple of ``PACKED_BLOCK``): the window of 8 high-byte
     values (sign aside) that holds the most words, the others listed."""
-    bits_oi = np.ascontiguousarray(bits_oi)
-    O, I = bits_oi.shape
-    counts = _high_byte_counts(bits_oi)
-    held = np.convolve(counts, np.ones(PACK_WINDOW, np.int64), mode="valid")  # held[b]: words in b .. b + 7
-    base = int(np.argmax(held))
-    low_oi, codes_oh = np.empty((O, I), np.uint8), np.empty((O, I // 2), np.uint8)
-    E = bits_oi.size - int(held[base])  # the words outside the window, and +-0
-    rows_e, cols_e, values_e = np.empty(E, np.int32), np.empty(E, np.int32), np.empty(E, np.float32)
-    _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_e)
+    base, low_oi, codes_oh, rows_e, cols_e, values_e = _packing(np.ascontiguousarray(bits_oi))
     high_16 = [(c // 8) << 7 | (base + c % 8) for c in range(16)]
     return PackedWords(low_oi, codes_oh, np.array(high_16 * 4, np.uint8), rows_e, cols_e, values_e)
 

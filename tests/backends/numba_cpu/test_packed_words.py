@@ -148,6 +148,47 @@ def test_high_byte_counts_count_each_word_once(n):
     np.testing.assert_array_equal(numba_cpu.packed_words._high_byte_counts(words.reshape(1, n)), expected)
 
 
+def clustered_words(rng, n, clusters, first):
+    """n words whose high bytes (sign aside) lie around the centers of ``clusters`` ((center, spread, weight)),
+    the first ``first`` of them around the first cluster's center alone, a few of them +-0."""
+    centers, spreads, weights = (np.array(c, np.float64) for c in zip(*clusters, strict=True))
+    which = np.where(np.arange(n) < first, 0, rng.choice(len(clusters), n, p=weights / weights.sum()))
+    high = np.clip(np.round(centers[which] + spreads[which] * rng.standard_normal(n)), 0, 127).astype(np.uint16)
+    words = (high | rng.integers(0, 2, n, dtype=np.uint16) << 7) << 8 | rng.integers(0, 256, n, dtype=np.uint16)
+    words[rng.random(n) < 0.01] = 0x8000
+    return words
+
+
+WINDOW_CASES = {
+    "one cluster": ([(60, 1.5, 1)], 0),
+    "one cluster, narrow": ([(61, 0.3, 1)], 0),
+    "subnormals": ([(1, 1.0, 1)], 0),
+    "infinities and NaNs": ([(126, 1.0, 1)], 0),
+    "a sample that misleads": ([(30, 0.5, 1), (90, 2.0, 20)], 9000),
+    "a sample that misleads a little": ([(57, 0.5, 1), (64, 2.0, 20)], 9000),
+    "two clusters of as many words": ([(40, 1.0, 1), (50, 1.0, 1)], 0),
+    "two clusters a window apart": ([(60, 0.5, 1), (68, 0.5, 1)], 0),
+    "one value": ([(64, 0.0, 1)], 0),
+    "seven values": ([(64, 2.0, 1)], 0),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(WINDOW_CASES)), st.integers(0, 40000), st.integers(0, 2**31))
+def test_the_window_is_the_one_every_count_gives(case, n, seed):
+    """``_window``, from a sample and the counts of a few windows (with every value counted where those
+    cannot decide), gives the window every value's count gives: the first of the 8 consecutive high-byte
+    values (sign aside) holding the most words (+-0 not counted), and the words it holds; whatever the
+    number of words (the last ones past a block of 64 too) and wherever the first words are not like the
+    others."""
+    clusters, first = WINDOW_CASES[case]
+    words = clustered_words(np.random.default_rng(seed), n, clusters, min(first, n))
+    counts = np.bincount((words[(words & 0x7FFF) != 0] >> 8) & 0x7F, minlength=128)
+    held = [int(counts[b : b + bf16.PACK_WINDOW].sum()) for b in range(128 - bf16.PACK_WINDOW + 1)]
+    base, got = numba_cpu.packed_words._window(words.reshape(1, n))
+    assert (base, got) == (int(np.argmax(held)), max(held))
+
+
 def test_a_block_is_stored_in_the_order_the_unpacks_give_back():
     """Place 16 j + 4 k + t holds word 16 k + 4 j + t: a permutation, its own inverse, the packer's too (a
     block of words whose low bytes are their columns); and the words of a block come back in that order from
