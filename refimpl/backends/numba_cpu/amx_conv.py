@@ -294,7 +294,7 @@ def _split_pair_into(a_t, b_t, q, parts_pqt):
         parts_pqt[2, q, t] = (np.uint32(b_lo) << np.uint32(16)) | np.uint32(a_lo)
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", cache=True)  # (called from Python too: cached, not compiled by each process)
 def _pair_row_length(steps):
     """Time steps of a row of channel pairs (4 bytes each): at least ``steps``, a whole number of 64-byte
     lines and an odd one, so that the 16 rows of a B tile fall in 16 different sets of the cache."""
@@ -387,7 +387,7 @@ def _dots_after_b():
     _dot_c3()
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", cache=True)  # (called from Python too)
 def _unit_scratch_words(C, Ch, steps, left):
     """The 32-bit words a piece of ``steps`` (a multiple of 32) of a C -> Ch -> C unit needs (``_unit_scratch``)."""
     L1, width = _pair_row_length(steps + left), _pair_row_length(steps)

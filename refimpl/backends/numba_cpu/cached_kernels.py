@@ -19,10 +19,12 @@ from . import runtime
 # The first audio's kernels (``Qwen3TTS.stream_*``: the code predictor's packing, the prompt, a frame, the
 # first chunk's decode), module and name, in the order of their first calls.  A kernel missing here is
 # loaded at its first call as before (tests/backends/numba_cpu/test_cached_kernels.py checks the list
-# against a generation's first calls).
+# against a generation's first calls).  The AMX tiles' kernels are first called where the processor has
+# them (the prompt's products, the decoder's long units); elsewhere their cache holds nothing to load.
 FIRST_AUDIO = (
     ("packed_words", "_packing"),
     ("amx", "_tiles_take"),
+    ("amx", "_tile_bf16_times"),
     ("linear", "_bf16_block_times"),
     ("elementwise", "_silu_into"),
     ("linear", "_matvec_bf16_into"),
@@ -38,6 +40,10 @@ FIRST_AUDIO = (
     ("elementwise", "_gelu_erf_into"),
     ("elementwise", "_snake_rows_into"),
     ("codec_decoder", "_snake_context_into"),
+    ("amx_conv", "_unit_scratch_words"),
+    ("amx_conv", "_split_weight_into_tiles"),
+    ("codec_decoder", "_snake_taps_into"),
+    ("codec_decoder", "_unit_piece_on_tiles"),
     ("codec_decoder", "_unit_convs_direct"),
     ("elementwise", "_add_bias_and_residual"),
     ("conv", "_direct_conv_into"),

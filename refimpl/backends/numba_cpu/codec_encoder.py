@@ -252,7 +252,7 @@ def _resnet_block_on_tiles(x_bct, w1_oik, b1_o, w2_oi1, b2_o, dilation, out_bct)
     )
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", cache=True)  # (called from Python too)
 def _elu_conv_scratch_words(C, O, K, stride, n):
     """The 32-bit words a piece of n outputs of ``_elu_conv_piece_on_tiles`` needs (its views, in order: the
     split phases, the sums, two rows of the ELU's span, two rows of one phase)."""
