@@ -22,12 +22,16 @@ from refimpl.backends.numba_cpu import cached_kernels  # noqa: E402
 
 # A fresh process: the embedded CustomVoice model streamed to its first chunk on the numba backend, every
 # first call of a kernel of the backend recorded (the kernels loaded ahead have none).  argv: "ahead" to let
-# the load start its thread (and wait for it before the first chunk), "first-calls" to turn it off.
+# the load start its thread (and wait for it before the first chunk), "first-calls" to turn it off; then
+# "tiles" to lower the codec's tile thresholds to one step, so that the embedded model's decode takes the AMX
+# tiles, as the released sizes do on a processor that has them.
 FIRST_CHUNK = r"""
 import json, sys
 import numba.core.dispatcher as dispatcher
-from refimpl.backends.numba_cpu import cached_kernels
+from refimpl.backends.numba_cpu import amx_conv, cached_kernels
 from refimpl import Qwen3TTS, use_backend
+if sys.argv[2] == "tiles":
+    amx_conv.KEPT_TILES_MIN_STEPS = amx_conv.UNIT_TILES_MIN_STEPS = 1
 
 first_calls = []
 compile_for_args = dispatcher.Dispatcher._compile_for_args
@@ -52,10 +56,10 @@ print(json.dumps({"first_calls": first_calls, "samples": len(first), "sum": floa
 """
 
 
-def first_chunk(mode: str) -> dict:
+def first_chunk(mode: str, paths: str = "as chosen") -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), NUMBA_NUM_THREADS="2")
     run = subprocess.run(
-        [sys.executable, "-c", FIRST_CHUNK, mode], capture_output=True, text=True, env=env, timeout=900, cwd=REPO
+        [sys.executable, "-c", FIRST_CHUNK, mode, paths], capture_output=True, text=True, env=env, timeout=900, cwd=REPO
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -87,6 +91,22 @@ def test_the_first_audio_calls_no_listed_kernel_first_once_they_are_loaded_ahead
     again = first_chunk("first-calls")
     assert not again["registries"], "the first calls' loads set up Numba's registries"
     assert not (again["special"] or ahead["special"]), "the first audio imported scipy.special"
+
+
+@pytest.mark.skipif(not numba_cpu.amx.USE_TILES, reason="the AMX tiles' kernels run only where the processor has them")
+def test_the_list_covers_the_first_audio_on_the_tiles():
+    """Where the processor has AMX tiles, the released sizes' first chunk decodes on them: its tile kernels,
+    and the small functions Python calls to size their scratch, are listed and cached too (uncached, such a
+    function is compiled by every fresh process).  The embedded model takes that path with the tile
+    thresholds lowered."""
+    without = first_chunk("first-calls", "tiles")
+    called = {tuple(c) for c in without["first_calls"]}
+    assert ("codec_decoder", "_unit_piece_on_tiles") in called, "the decode did not take the tiles"
+    missing = called - set(cached_kernels.FIRST_AUDIO)
+    assert not missing, f"first calls of the first audio on the tiles not in FIRST_AUDIO: {sorted(missing)}"
+    ahead = first_chunk("ahead", "tiles")
+    assert ahead["first_calls"] == [], ahead["first_calls"]
+    assert (ahead["samples"], ahead["sum"]) == (without["samples"], without["sum"])
 
 
 def test_load_cached_loads_without_compiling(tmp_path):
