@@ -239,7 +239,9 @@ def _taps_on_tiles(x_ct, tiles_usrc, b_o, relu, K, dilation, first, out_ot):
 
 TILE_CONV_STEPS = 42  # steps (32 channels of one tap) summed in the tiles before they are stored and reloaded
 UNIT_TILES_MIN_STEPS = 1024  # shorter signals keep the BLAS path where the weights are split for each call
-KEPT_TILES_MIN_STEPS = 64  # where their tiles are kept (a model's read-only weights): from 64 steps, on the tiles
+# Where their tiles are kept (a model's read-only weights): on the tiles from 256 steps.  Below, the six
+# products of parts cost more than the vector kernels' one (a short streaming push's widest units).
+KEPT_TILES_MIN_STEPS = 256
 
 
 @numba.njit(cache=True, nogil=True)

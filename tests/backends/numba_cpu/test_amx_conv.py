@@ -97,7 +97,7 @@ def test_conv_weight_tiles_kept_while_read_only():
     assert key not in numba_cpu.amx_conv._WEIGHT_TILES
 
 
-@pytest.mark.parametrize("T", [63, 64, 1023, 1024])
+@pytest.mark.parametrize("T", [255, 256, 1023, 1024])
 def test_short_signals_take_the_tiles_only_with_kept_weight_tiles(T):
     """From ``KEPT_TILES_MIN_STEPS`` steps the convs take the tiles where every weight is read-only (their
     tiles kept), from ``UNIT_TILES_MIN_STEPS`` where one is writable or a view of a writable array (split

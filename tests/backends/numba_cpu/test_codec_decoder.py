@@ -240,7 +240,8 @@ def test_decoder_keeps_its_units_tiles_and_runs_a_short_decode_on_them(speech_to
     a few frames their tiles are kept (the units took the tiles below ``UNIT_TILES_MIN_STEPS``), and a second
     decode gives the same samples, to the bit."""
     tok = speech_tokenizers["f32"]
-    codes = np.random.default_rng(3).integers(0, 64, size=(3, 16))  # 96 steps in the first block's units
+    frames = -(-numba_cpu.amx_conv.KEPT_TILES_MIN_STEPS // 32)  # (32 steps a frame in the first block's units)
+    codes = np.random.default_rng(3).integers(0, 64, size=(frames, 16))
     units = [w for name, w in tok.decoder_weights.items() if ".block." in name and name.endswith("conv1.conv.weight")]
     numba_cpu.amx_conv._WEIGHT_TILES.clear()
     with kernels.use_backend("numba"):
