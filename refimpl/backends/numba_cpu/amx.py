@@ -207,6 +207,7 @@ def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
 
 @numba.njit(cache=True)
 def _tiles_take(tiles, O, I):
-    """Whether the tile kernel takes the product of more than ``MATVEC_MAX_ROWS`` rows of x by an O x I bf16
-    matrix: tiles granted (``USE_TILES``, passed in: compiled code must not freeze it) and whole tiles."""
+    """Whether the tile kernel may take a prompt's product (``linear``: more than ``MATVEC_MAX_ROWS`` rows of
+    x; the fused step: ``TILES_MIN_ROWS`` new positions) by an O x I bf16 matrix: tiles granted
+    (``USE_TILES``, passed in: compiled code must not freeze it) and whole tiles."""
     return tiles and O % 32 == 0 and I % 32 == 0 and I > 0

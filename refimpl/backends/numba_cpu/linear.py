@@ -32,6 +32,7 @@ from .packed_words import _packed_products_into, packed_words
 from .pieces import _piece_threads, run_pieces
 
 MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
+TILES_MIN_ROWS = 5  # a layer's products for this many new positions or more: on the AMX tiles where granted
 BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
 WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
 F32_FEW_ROWS = (2, 8)  # float32 weights: from 2 to 8 rows of x, ``_rows_times_f32`` on the piece threads ...
@@ -317,8 +318,9 @@ def _few_rows_f32(x, w_oi, b_o):
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
     """out = x @ widen(bits)^T for a generation step or a short prompt, by the kernel ``linear`` takes for
-    ``rows`` rows: ``_matvec_bf16_into`` for one, ``_bf16_rows_times`` up to ``MATVEC_MAX_ROWS``, more on the
-    AMX tiles (``_tile_bf16_times``) where ``tiles`` and the shapes let them, else ``_bf16_block_times``.
+    ``rows`` rows: ``_matvec_bf16_into`` for one, on the AMX tiles (``_tile_bf16_times``) from
+    ``TILES_MIN_ROWS`` where ``tiles`` and the shapes let them, else ``_bf16_rows_times`` up to
+    ``MATVEC_MAX_ROWS`` and ``_bf16_block_times`` for more.
     ``rows`` is the layer's count of new positions of each batch row, also where x holds fewer (the last
     position alone) or more (a batch's rows; one position each: ``_bf16_rows_times``, which sums each row
     as ``_matvec_bf16_into`` does): each kernel sums a row the same way whatever the others, so that a row
@@ -326,10 +328,10 @@ def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
     O, I = bits_oi.shape
     if rows == 1 and x_ni.shape[0] == 1:
         _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
+    elif rows >= TILES_MIN_ROWS and _tiles_take(tiles, O, I):
+        _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
     elif rows <= MATVEC_MAX_ROWS:
         _bf16_rows_times(x_ni, bits_oi, out_no)
-    elif _tiles_take(tiles, O, I):
-        _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
     else:
         _bf16_block_times(x_ni, bits_oi, out_no, n_threads)
 

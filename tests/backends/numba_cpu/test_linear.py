@@ -67,6 +67,36 @@ def test_linear_takes_the_tiles_for_a_prompt_and_keeps_infinities():
     np.testing.assert_array_equal(np.sign(got[np.isinf(ref)]), np.sign(ref[np.isinf(ref)]))
 
 
+@needs_tiles
+def test_the_fused_step_takes_the_tiles_from_a_few_new_positions():
+    """The fused step's products (``_products_into``) run on the tiles from ``TILES_MIN_ROWS`` new positions
+    where granted and the shapes fit (their bits), on the matrix-vector kernel for fewer, or with the tiles
+    not granted, and for a batch's step (one position a row, several rows: each row's bits as alone)."""
+    rng = np.random.default_rng(11)
+    bits = float32_to_bf16_bits(rng.standard_normal((64, 96)).astype(np.float32))
+    first = numba_cpu.linear.TILES_MIN_ROWS
+    for rows, tiles, on_tiles in (
+        (first, True, True),
+        (16, True, True),
+        (first - 1, True, False),
+        (first, False, False),
+    ):
+        x = rng.standard_normal((rows, 96)).astype(np.float32)
+        got, expect = np.empty((rows, 64), np.float32), np.empty((rows, 64), np.float32)
+        numba_cpu.linear._products_into(x, bits, got, 2, rows, tiles)
+        if on_tiles:
+            numba_cpu.amx._tile_bf16_times(x, bits, expect, 2)
+        else:
+            numba_cpu.linear._bf16_rows_times(x, bits, expect)
+        np.testing.assert_array_equal(got, expect)
+    x = rng.standard_normal((8, 96)).astype(np.float32)  # a batch of 8 texts' step: one position each
+    got, alone = np.empty((8, 64), np.float32), np.empty((1, 64), np.float32)
+    numba_cpu.linear._products_into(x, bits, got, 2, 1, True)
+    for n in range(8):
+        numba_cpu.linear._matvec_bf16_into(x[n], bits, alone[0])
+        np.testing.assert_array_equal(got[n], alone[0])
+
+
 @pytest.mark.parametrize("I", [1024, 1040, 1001])
 @pytest.mark.parametrize("shift", [0, 1, 4, 8])
 def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):

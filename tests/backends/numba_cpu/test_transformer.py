@@ -336,8 +336,15 @@ def test_fused_stack_runs_layers_it_cannot_pass_as_one_tuple_one_call_each():
 
 
 # the prompts by the rows kernel, by the block kernel (or the tiles): a row alone takes the kernel of its own
-# length, the batch that of the longest, so each row's length is in its batch's kernel's range
-@pytest.mark.parametrize("lengths", [(5, 3, 1), (20, 18, 17)])
+# length, the batch that of the longest, so each row's length is in its batch's kernel's range: up to
+# TILES_MIN_ROWS - 1 positions the rows kernel; from there to MATVEC_MAX_ROWS the tiles where granted, else
+# the rows kernel; more, the tiles or the block kernel
+_FEW, _MANY = numba_cpu.linear.TILES_MIN_ROWS, numba_cpu.linear.MATVEC_MAX_ROWS
+
+
+@pytest.mark.parametrize(
+    "lengths", [(_FEW - 1, _FEW - 2, 1), (_MANY, (_FEW + _MANY) // 2, _FEW), (_MANY + 4, _MANY + 2, _MANY + 1)]
+)
 def test_fused_batch_rows_have_the_bits_of_each_row_alone(lengths):
     """A left-padded batch of three rows through the fused stack (a prompt, then three one-position steps,
     the last layer for the last position alone as generation runs it) gives each row the bits of the same
