@@ -317,10 +317,10 @@ def _few_rows_f32(x, w_oi, b_o):
 # the same choice in compiled code, for the fused decoder layer
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
-    """out = x @ widen(bits)^T for a generation step or a short prompt, by the kernel ``linear`` takes for
-    ``rows`` rows: ``_matvec_bf16_into`` for one, on the AMX tiles (``_tile_bf16_times``) from
-    ``TILES_MIN_ROWS`` where ``tiles`` and the shapes let them, else ``_bf16_rows_times`` up to
-    ``MATVEC_MAX_ROWS`` and ``_bf16_block_times`` for more.
+    """out = x @ widen(bits)^T for a generation step or a prompt, by ``rows``: ``_matvec_bf16_into`` for one,
+    on the AMX tiles (``_tile_bf16_times``) from ``TILES_MIN_ROWS`` where ``tiles`` and the shapes let them,
+    else ``_bf16_rows_times`` up to ``MATVEC_MAX_ROWS`` and ``_bf16_block_times`` for more (``linear``, which
+    cannot tell a batch's rows from a prompt's positions, takes the tiles only above ``MATVEC_MAX_ROWS``).
     ``rows`` is the layer's count of new positions of each batch row, also where x holds fewer (the last
     position alone) or more (a batch's rows; one position each: ``_bf16_rows_times``, which sums each row
     as ``_matvec_bf16_into`` does): each kernel sums a row the same way whatever the others, so that a row
