@@ -65,6 +65,19 @@ def first_chunk(mode: str, paths: str = "as chosen") -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def first_calls_listed_and_none_once_loaded(paths: str) -> tuple:
+    """The first chunk's first calls without the loading thread (each must be in ``FIRST_AUDIO``), then with
+    it (none left, the same audio to the bit): the kernels first called, and the run with the thread."""
+    without = first_chunk("first-calls", paths)
+    called = {tuple(c) for c in without["first_calls"]}
+    missing = called - set(cached_kernels.FIRST_AUDIO)
+    assert not missing, f"first calls of the first audio ({paths}) not in FIRST_AUDIO: {sorted(missing)}"
+    ahead = first_chunk("ahead", paths)
+    assert ahead["first_calls"] == [], ahead["first_calls"]
+    assert (ahead["samples"], ahead["sum"]) == (without["samples"], without["sum"])
+    return called, ahead
+
+
 def test_the_list_names_cached_kernels_of_the_backend_once_each():
     assert len(set(cached_kernels.FIRST_AUDIO)) == len(cached_kernels.FIRST_AUDIO)
     for module, name in cached_kernels.FIRST_AUDIO:
@@ -79,14 +92,8 @@ def test_the_first_audio_calls_no_listed_kernel_first_once_they_are_loaded_ahead
     up Numba's registries (whose set-up imports ``numba.np.linalg``): no kernel the first audio loads
     inlines Numba's array math (an array's ``sum``, whose module imports it); nor imported SciPy's special
     functions (the text projection's SiLU has a twin)."""
-    without = first_chunk("first-calls")
-    called = {tuple(c) for c in without["first_calls"]}
+    called, ahead = first_calls_listed_and_none_once_loaded("as chosen")
     assert called, "no kernel called: the test ran no numba kernel"
-    missing = called - set(cached_kernels.FIRST_AUDIO)
-    assert not missing, f"first calls of the first audio not in FIRST_AUDIO: {sorted(missing)}"
-    ahead = first_chunk("ahead")
-    assert ahead["first_calls"] == [], ahead["first_calls"]
-    assert (ahead["samples"], ahead["sum"]) == (without["samples"], without["sum"])
     assert not ahead["registries"], "loading the first audio's kernels set up Numba's registries"
     again = first_chunk("first-calls")
     assert not again["registries"], "the first calls' loads set up Numba's registries"
@@ -99,14 +106,8 @@ def test_the_list_covers_the_first_audio_on_the_tiles():
     and the small functions Python calls to size their scratch, are listed and cached too (uncached, such a
     function is compiled by every fresh process).  The embedded model takes that path with the tile
     thresholds lowered."""
-    without = first_chunk("first-calls", "tiles")
-    called = {tuple(c) for c in without["first_calls"]}
+    called, _ = first_calls_listed_and_none_once_loaded("tiles")
     assert ("codec_decoder", "_unit_piece_on_tiles") in called, "the decode did not take the tiles"
-    missing = called - set(cached_kernels.FIRST_AUDIO)
-    assert not missing, f"first calls of the first audio on the tiles not in FIRST_AUDIO: {sorted(missing)}"
-    ahead = first_chunk("ahead", "tiles")
-    assert ahead["first_calls"] == [], ahead["first_calls"]
-    assert (ahead["samples"], ahead["sum"]) == (without["samples"], without["sum"])
 
 
 def test_load_cached_loads_without_compiling(tmp_path):
