@@ -1,6 +1,6 @@
-"""The AMX tile core: the grant, the tile instructions, the exact bf16 split of a float32 value, and a
-prompt's products of bf16 weights on the tiles (``_tile_bf16_times``); the convolutions on the tiles are
-in ``amx_conv.py``.
+"""The AMX tile core: the grant, the tile instructions, the exact bf16 split of a float32 value, and the
+products of bf16 weights on the tiles: a prompt's (``_tile_bf16_times``), a step's or a batch's few rows
+(``_tile_few_rows_times``); the convolutions on the tiles are in ``amx_conv.py``.
 
 Processors with AMX (Intel's tile registers: 8 tiles of 16 rows x 64 bytes, and ``TDPBF16PS``, which adds
 the products of bfloat16 pairs into float32 tiles) multiply bf16 matrices far faster than vectors.  The
@@ -87,6 +87,8 @@ _load_c0, _load_c1, _load_c2, _load_c3, _load_a4, _load_a5, _load_b6, _load_b7 =
 # C[o-tile i, n-tile j] (tile 2 i + j) += A[o-tile i] (tile 4 + i) . B[n-tile j] (tile 6 + j)
 _dot_c0, _dot_c1 = _tile_call("tdpbf16ps", (0, 4, 6), False), _tile_call("tdpbf16ps", (1, 4, 7), False)
 _dot_c2, _dot_c3 = _tile_call("tdpbf16ps", (2, 5, 6), False), _tile_call("tdpbf16ps", (3, 5, 7), False)
+# a few rows' kernel: C tiles 0 and 2 only, the weight tiles of odd steps in tiles 1 and 3, x's in 7
+_dot_017, _dot_237 = _tile_call("tdpbf16ps", (0, 1, 7), False), _tile_call("tdpbf16ps", (2, 3, 7), False)
 
 
 @numba.njit(inline="always")
@@ -211,3 +213,126 @@ def _tiles_take(tiles, O, I):
     x; the fused step: ``TILES_MIN_ROWS`` new positions) by an O x I bf16 matrix: tiles granted
     (``USE_TILES``, passed in: compiled code must not freeze it) and whole tiles."""
     return tiles and O % 32 == 0 and I % 32 == 0 and I > 0
+
+
+FEW_TILE_ROWS = 5  # rows of x a pass: the three parts of each side by side in one tile of x (16 columns)
+FEW_AHEAD_STEPS = 4  # the weight lines asked for this many steps (32 columns) ahead of the multiplies
+SPLIT_COLUMNS = 256  # columns of x split at a time (their parts stay in the first-level cache)
+
+
+@numba.njit(cache=True)
+def _split_into_columns(x_ni, n0, n1, words_pi, parts_kc2):
+    """parts[k, p R + r, j] = the bf16 word of part p (``_bf16_parts``) of x[n0 + r, 2 k + j] for the R =
+    n1 - n0 <= 5 rows n0 .. n1 - 1: the three parts of every row side by side in the 16 columns of one
+    tile of x, for ``_tile_few_rows_times``.  ``SPLIT_COLUMNS`` columns at a time: each row's parts made in
+    ``words_pi`` ([3, SPLIT_COLUMNS] uint16) by a loop that vectorises, then copied in pairs of words (a
+    tile's column holds two columns of x a row) while the chunk's lines of parts stay in that cache.  The
+    other columns are left as they are: no column's sums involve another's."""
+    R, I = n1 - n0, x_ni.shape[1]
+    pairs_pk = words_pi.view(np.uint32)
+    parts_kc = parts_kc2.reshape(I // 2, 32).view(np.uint32)
+    for c0 in range(0, I, SPLIT_COLUMNS):
+        c1 = min(I, c0 + SPLIT_COLUMNS)
+        for r in range(R):
+            x_i = x_ni[n0 + r]
+            for i in range(c0, c1):
+                words_pi[0, i - c0], words_pi[1, i - c0], words_pi[2, i - c0] = _bf16_parts(x_i[i])
+            for p in range(3):
+                for k in range(c0 // 2, c1 // 2):
+                    parts_kc[k, p * R + r] = pairs_pk[p, k - c0 // 2]
+
+
+@numba.njit(inline="always")
+def _few_rows_step(a_words, a_first, a_stride, pairs, s, odd):
+    """One step of 32 columns of the few rows' kernels: the weight tiles of rows 0..15 and 16..31 from
+    a_words (rows a_stride bytes apart, the second 16 rows after the first), x's tile of step s, two
+    multiplies into C tiles 0 and 2; odd steps on tiles 1, 3 and 7, so that a load never waits for the
+    multiply still reading the other set."""
+    if odd:
+        _load_c1(a_words, a_first, a_stride)
+        _load_c3(a_words, a_first + 16 * a_stride // 2, a_stride)
+        _load_b7(pairs, s * 512, 64)
+        _dot_017()
+        _dot_237()
+    else:
+        _load_a4(a_words, a_first, a_stride)
+        _load_a5(a_words, a_first + 16 * a_stride // 2, a_stride)
+        _load_b6(pairs, s * 512, 64)
+        _dot_c0()
+        _dot_c2()
+
+
+@numba.njit(inline="always")
+def _few_rows_span_summed(span, sums, first_span):
+    """sums (+)= the span's two C tiles (rows 0..15, 16..31 of the pair's sums, [32, 16] float32 flat): the
+    first span's stored in place, a later one's through ``span`` and added."""
+    if first_span:
+        _store_c0(sums, 0, 64)
+        _store_c2(sums, 256, 64)
+    else:
+        _store_c0(span, 0, 64)
+        _store_c2(span, 256, 64)
+        for k in range(32 * 16):
+            sums[k] += span[k]
+
+
+@numba.njit(inline="always")
+def _few_rows_out(sums, n0, R, o0, out_no):
+    """out[n0 + r, o0 + m] = (hi sum + mid sum) + lo sum of row r, for the pair's 32 weight rows m."""
+    sums_rc = sums.reshape(32, 16)
+    for m in range(32):
+        for r in range(R):
+            out_no[n0 + r, o0 + m] = (sums_rc[m, r] + sums_rc[m, R + r]) + sums_rc[m, 2 * R + r]
+
+
+@numba.njit(cache=True)
+def _few_rows_pairs_on_tiles(x_ni, words, op0, op1, out_no):
+    """``_tile_few_rows_times`` for the pairs of 16-row weight tiles op0 <= op < op1 (one thread's), x split
+    by the thread itself (tiles loaded from lines another core had just written measured several times
+    slower), ``FEW_TILE_ROWS`` rows of x a pass over the weights."""
+    N, I = x_ni.shape
+    steps, span_steps = I // 32, TILE_K_SPAN // 32
+    parts = np.empty((I // 2, 16, 2), dtype=np.uint16)
+    pairs = parts.reshape(-1)
+    words_pi = np.empty((3, SPLIT_COLUMNS), dtype=np.uint16)
+    sums = np.empty(32 * 16, dtype=np.float32)  # one pair's sums [32, 16]
+    span = np.empty(32 * 16, dtype=np.float32)
+    _tile_config(_tile_shapes())
+    for n0 in range(0, N, FEW_TILE_ROWS):
+        n1 = min(N, n0 + FEW_TILE_ROWS)
+        _split_into_columns(x_ni, n0, n1, words_pi, parts)
+        for op in range(op0, op1):
+            o0 = op * 32
+            if op == op0:
+                for s in range(min(FEW_AHEAD_STEPS, steps)):
+                    for m in range(32):
+                        _prefetch(words, (o0 + m) * I + s * 32)
+            for s0 in range(0, steps, span_steps):
+                _zero_c0()
+                _zero_c2()
+                for s in range(s0, min(s0 + span_steps, steps)):
+                    ahead = s + FEW_AHEAD_STEPS
+                    if ahead < steps:
+                        for m in range(32):
+                            _prefetch(words, (o0 + m) * I + ahead * 32)
+                    elif op + 1 < op1:
+                        for m in range(32):
+                            _prefetch(words, (o0 + 32 + m) * I + (ahead - steps) * 32)
+                    _few_rows_step(words, o0 * I + s * 32, 2 * I, pairs, s, s % 2 == 1)
+                _few_rows_span_summed(span, sums, s0 == 0)
+            _few_rows_out(sums, n0, n1 - n0, o0, out_no)
+    _tile_release()
+
+
+@numba.njit(parallel=True, cache=True)
+def _tile_few_rows_times(x_ni, bits_oi, out_no, n_threads):
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) on the tile registers for a few rows of x (a generation
+    step's, a batch's): the three exact bf16 parts of ``FEW_TILE_ROWS`` rows at a time are the columns of
+    one tile of x (``_split_into_columns``), so that each pair of 16-row weight tiles, read as stored, takes
+    two multiplies a step of 32 columns for all of them; the weight lines asked for ``FEW_AHEAD_STEPS``
+    steps ahead (the next pair's from the end of a pair's).  Sums over ``TILE_K_SPAN`` columns at a time,
+    the spans' sums added in float32; a row's value is (hi sum + mid sum) + lo sum.  Each column's sums
+    involve its own part of its own row alone: a row has the same bits whatever the others."""
+    words, o_pairs = bits_oi.reshape(-1), bits_oi.shape[0] // 32
+    for t in prange(n_threads):
+        _few_rows_pairs_on_tiles(x_ni, words, t * o_pairs // n_threads, (t + 1) * o_pairs // n_threads, out_no)

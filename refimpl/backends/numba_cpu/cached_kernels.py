@@ -20,11 +20,12 @@ from . import runtime
 # first chunk's decode), module and name, in the order of their first calls.  A kernel missing here is
 # loaded at its first call as before (tests/backends/numba_cpu/test_cached_kernels.py checks the list
 # against a generation's first calls).  The AMX tiles' kernels are first called where the processor has
-# them (the prompt's products, the decoder's long units); elsewhere their cache holds nothing to load.
+# them (the prompt's products, a step's, the decoder's long units); elsewhere their cache holds nothing to load.
 FIRST_AUDIO = (
     ("packed_words", "_packing"),
     ("amx", "_tiles_take"),
     ("amx", "_tile_bf16_times"),
+    ("amx", "_tile_few_rows_times"),
     ("linear", "_bf16_block_times"),
     ("elementwise", "_silu_into"),
     ("linear", "_matvec_bf16_into"),

@@ -1,8 +1,8 @@
 """``nn.linear``: the dispatch by shape and weight type, and its kernels: for bfloat16 weights read as stored,
 a matrix-vector kernel (a generation step), a register-blocked kernel (a short prompt), blocks widened for
-BLAS (longer inputs) and the AMX tiles where granted; for float32 weights, a few rows of x, each weight read once
-through a big weight.  ``_products_into`` and ``_weight_products_into`` are the same choice in compiled code,
-for the fused decoder layer."""
+BLAS (longer inputs) and the AMX tiles where granted (``amx.py``: a step's and a prompt's); for float32
+weights, a few rows of x, each weight read once through a big weight.  ``_products_into`` and
+``_weight_products_into`` are the same choice in compiled code, for the fused decoder layer."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from numba.extending import overload
 from ... import nn
 from ..bf16 import BF16Matrix
 from . import amx
-from .amx import _tile_bf16_times, _tiles_take
+from .amx import _tile_bf16_times, _tile_few_rows_times, _tiles_take
 from .intrinsics import (
     FASTMATH,
     PREFETCH_ROWS_AHEAD,
@@ -40,10 +40,11 @@ F32_FEW_ROWS_MIN_BYTES = 1 << 20  # ... for a weight of at least 1 MB (below, th
 
 
 def linear(x, w_oi, b_o=None):
-    """``nn.linear``.  A ``BF16Matrix`` weight is read as stored: for a few rows of x (a generation step)
-    by the matrix-vector kernels (from its packed words where it has them), for more on the AMX tiles
-    where granted, else by the block kernel (a short prompt) or by BLAS on blocks of rows widened one at a
-    time, so that no float32 copy of the whole matrix ever exists.  Float32 weights go to BLAS as in the
+    """``nn.linear``.  A ``BF16Matrix`` weight is read as stored: for a few rows of x (a generation step) from
+    its packed words where it has them, else on the AMX tiles where granted (the few rows' kernel), else by
+    the matrix-vector kernels; for more on the AMX tiles where granted, else by the block kernel (a short
+    prompt) or by BLAS on blocks of rows widened one at a time, so that no float32 copy of the whole matrix
+    ever exists.  Float32 weights go to BLAS as in the
     reference, but for a few rows of x and a big weight (``_few_rows_f32``)."""
     if not isinstance(w_oi, BF16Matrix):
         few = _few_rows_f32(x, w_oi, b_o) if isinstance(w_oi, np.ndarray) and isinstance(x, np.ndarray) else None
@@ -51,9 +52,13 @@ def linear(x, w_oi, b_o=None):
     O, I = w_oi.shape
     x_ni = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, I)
     packed = packed_words(w_oi) if x_ni.shape[0] <= MATVEC_MAX_ROWS else None
+    few_tiles = x_ni.shape[0] <= MATVEC_MAX_ROWS and _tiles_take(amx.USE_TILES, O, I)
     if packed is not None:  # (a code predictor's head)
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _packed_products_into(x_ni, packed, out_no)
+    elif few_tiles:  # (a Talker step's head, one text or a batch)
+        out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
+        _tile_few_rows_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
     elif x_ni.shape[0] == 1:  # (a generation step's head: the layers' matrix-vector kernel, the fastest for one row)
         out_no = np.empty((1, O), dtype=np.float32)
         _matvec_bf16_into(x_ni[0], w_oi.bits, out_no[0])
@@ -317,19 +322,23 @@ def _few_rows_f32(x, w_oi, b_o):
 # the same choice in compiled code, for the fused decoder layer
 @numba.njit(fastmath=FASTMATH, cache=True)
 def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
-    """out = x @ widen(bits)^T for a generation step or a prompt, by ``rows``: ``_matvec_bf16_into`` for one,
-    on the AMX tiles (``_tile_bf16_times``) from ``TILES_MIN_ROWS`` where ``tiles`` and the shapes let them,
-    else ``_bf16_rows_times`` up to ``MATVEC_MAX_ROWS`` and ``_bf16_block_times`` for more (``linear``, which
-    cannot tell a batch's rows from a prompt's positions, takes the tiles only above ``MATVEC_MAX_ROWS``).
-    ``rows`` is the layer's count of new positions of each batch row, also where x holds fewer (the last
-    position alone) or more (a batch's rows; one position each: ``_bf16_rows_times``, which sums each row
-    as ``_matvec_bf16_into`` does): each kernel sums a row the same way whatever the others, so that a row
-    has the same bits either way."""
+    """out = x @ widen(bits)^T for a generation step or a prompt, by ``rows``.  Where ``tiles`` and the shapes
+    let them, on the AMX tiles: the prompt's kernel (``_tile_bf16_times``) from ``TILES_MIN_ROWS``, the few
+    rows' (``_tile_few_rows_times``) for fewer; else ``_matvec_bf16_into`` for one, ``_bf16_rows_times`` up
+    to ``MATVEC_MAX_ROWS`` and ``_bf16_block_times`` for more (``linear``, which cannot tell a batch's rows
+    from a prompt's positions, takes the prompt's tiles only above ``MATVEC_MAX_ROWS``).  ``rows`` is the
+    layer's count of new positions of each batch row, also where x holds fewer (the last position alone) or
+    more (a batch's rows, one position each: the few rows' tiles, or ``_bf16_rows_times``, which sums each
+    row as ``_matvec_bf16_into`` does): each kernel sums a row the same way whatever the others, so that a
+    batch's row has the bits of its text alone."""
     O, I = bits_oi.shape
-    if rows == 1 and x_ni.shape[0] == 1:
+    if _tiles_take(tiles, O, I):
+        if rows >= TILES_MIN_ROWS:
+            _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
+        else:
+            _tile_few_rows_times(x_ni, bits_oi, out_no, n_threads)
+    elif rows == 1 and x_ni.shape[0] == 1:
         _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
-    elif rows >= TILES_MIN_ROWS and _tiles_take(tiles, O, I):
-        _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
     elif rows <= MATVEC_MAX_ROWS:
         _bf16_rows_times(x_ni, bits_oi, out_no)
     else:

@@ -54,3 +54,36 @@ def test_tile_kernel_within_the_bound_and_each_row_alone(N, O, I):
     shuffled = np.empty((N, O), np.float32)
     numba_cpu.amx._tile_bf16_times(np.ascontiguousarray(x[order]), bits, shuffled, 2)
     np.testing.assert_array_equal(shuffled, got[order])
+
+
+@needs_tiles
+@pytest.mark.parametrize("N, O, I", [(1, 32, 32), (2, 64, 1024), (4, 96, 2080), (5, 2048, 1024), (11, 64, 3072)])
+def test_few_rows_kernel_within_the_bound_and_each_row_alone(N, O, I):
+    """The few rows' tile kernel (a step's or a batch's rows, the three parts of up to ``FEW_TILE_ROWS``
+    rows side by side in one tile of x, each part summed apart, ``TILE_K_SPAN`` columns at a time): within
+    linear's reduction-length bound of the float64 product of the same bf16 words, for one row, rows that
+    fill part of a tile, several passes (11 rows), several spans (2080, 3072) and threads with no pair or
+    an odd number of pairs of weight tiles; each row's bits the same computed alone, or among the others
+    in another order; an infinity or a NaN gives the non-finite outputs of the float32 product."""
+    rng = np.random.default_rng(N + O + I)
+    bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
+    x = rng.standard_normal((N, I)).astype(np.float32)
+    got = np.full((N, O), np.nan, np.float32)
+    numba_cpu.amx._tile_few_rows_times(x, bits, got, 2)
+    w = np.asarray(BF16Matrix(bits), np.float64)
+    exact = x.astype(np.float64) @ w.T
+    bound = 2 * (I + 1) * np.finfo(np.float32).eps * (np.abs(x.astype(np.float64)) @ np.abs(w).T)
+    assert np.all(np.abs(got - exact) <= bound)
+    for n in range(N):
+        alone = np.full((1, O), np.nan, np.float32)
+        numba_cpu.amx._tile_few_rows_times(np.ascontiguousarray(x[n : n + 1]), bits, alone, 1 + n % 2)
+        np.testing.assert_array_equal(alone[0], got[n])
+    order = rng.permutation(N)
+    shuffled = np.empty((N, O), np.float32)
+    numba_cpu.amx._tile_few_rows_times(np.ascontiguousarray(x[order]), bits, shuffled, 3)
+    np.testing.assert_array_equal(shuffled, got[order])
+    x[0, 0], x[-1, I // 2] = np.inf, np.nan
+    numba_cpu.amx._tile_few_rows_times(x, bits, got, 2)
+    ref = x @ np.asarray(BF16Matrix(bits)).T
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))

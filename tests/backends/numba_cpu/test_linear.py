@@ -44,11 +44,17 @@ def test_linear_twin_reads_bf16_weights_as_stored(case):
 
 @needs_tiles
 def test_linear_takes_the_tiles_for_a_prompt_and_keeps_infinities():
-    """``linear`` on bf16 words takes the tile kernel from 17 rows where the shapes fit (its bits), the
-    block kernel for 17 rows of a shape that does not (O = 40), BLAS's widened blocks no more for 100 rows;
-    an infinity or a NaN in x gives the non-finite outputs of the float32 product."""
+    """``linear`` on bf16 words takes the few rows' tile kernel up to 16 rows where the shapes fit (a step's
+    head, one text or a batch: its bits), the prompt's from 17 (its bits), the block kernel for 17 rows of
+    a shape that does not (O = 40), BLAS's widened blocks no more for 100 rows; an infinity or a NaN in x
+    gives the non-finite outputs of the float32 product."""
     rng = np.random.default_rng(7)
     w = BF16Matrix(float32_to_bf16_bits(rng.standard_normal((64, 96)).astype(np.float32)))
+    for rows in (1, 4, 16):
+        x = rng.standard_normal((rows, 96)).astype(np.float32)
+        few = np.empty((rows, 64), np.float32)
+        numba_cpu.amx._tile_few_rows_times(x, w.bits, few, numba.get_num_threads())
+        np.testing.assert_array_equal(numba_cpu.linear.linear(x, w), few)
     for rows in (17, 100):
         x = rng.standard_normal((rows, 96)).astype(np.float32)
         tiles = np.empty((rows, 64), np.float32)
@@ -69,32 +75,34 @@ def test_linear_takes_the_tiles_for_a_prompt_and_keeps_infinities():
 
 @needs_tiles
 def test_the_fused_step_takes_the_tiles_from_a_few_new_positions():
-    """The fused step's products (``_products_into``) run on the tiles from ``TILES_MIN_ROWS`` new positions
-    where granted and the shapes fit (their bits), on the matrix-vector kernel for fewer, or with the tiles
-    not granted, and for a batch's step (one position a row, several rows: each row's bits as alone)."""
+    """The fused step's products (``_products_into``) run on the tiles where granted and the shapes fit: the
+    prompt's kernel from ``TILES_MIN_ROWS`` new positions, the few rows' kernel for fewer and for a batch's
+    step (one position a row, several rows: each row's bits as alone); without the tiles, on the
+    matrix-vector kernels (a batch's rows with the bits of each alone)."""
     rng = np.random.default_rng(11)
     bits = float32_to_bf16_bits(rng.standard_normal((64, 96)).astype(np.float32))
     first = numba_cpu.linear.TILES_MIN_ROWS
-    for rows, tiles, on_tiles in (
-        (first, True, True),
-        (16, True, True),
-        (first - 1, True, False),
-        (first, False, False),
-    ):
+    prompt, few, rows_kernel = numba_cpu.amx._tile_bf16_times, numba_cpu.amx._tile_few_rows_times, None
+    for rows, tiles, kernel in ((first, True, prompt), (16, True, prompt), (first - 1, True, few), (1, True, few),
+                                (first, False, rows_kernel)):  # fmt: skip
         x = rng.standard_normal((rows, 96)).astype(np.float32)
         got, expect = np.empty((rows, 64), np.float32), np.empty((rows, 64), np.float32)
         numba_cpu.linear._products_into(x, bits, got, 2, rows, tiles)
-        if on_tiles:
-            numba_cpu.amx._tile_bf16_times(x, bits, expect, 2)
-        else:
+        if kernel is None:
             numba_cpu.linear._bf16_rows_times(x, bits, expect)
+        else:
+            kernel(x, bits, expect, 2)
         np.testing.assert_array_equal(got, expect)
     x = rng.standard_normal((8, 96)).astype(np.float32)  # a batch of 8 texts' step: one position each
-    got, alone = np.empty((8, 64), np.float32), np.empty((1, 64), np.float32)
-    numba_cpu.linear._products_into(x, bits, got, 2, 1, True)
-    for n in range(8):
-        numba_cpu.linear._matvec_bf16_into(x[n], bits, alone[0])
-        np.testing.assert_array_equal(got[n], alone[0])
+    for tiles in (True, False):
+        got, alone = np.empty((8, 64), np.float32), np.empty((1, 64), np.float32)
+        numba_cpu.linear._products_into(x, bits, got, 2, 1, tiles)
+        for n in range(8):
+            numba_cpu.linear._products_into(np.ascontiguousarray(x[n : n + 1]), bits, alone, 2, 1, tiles)
+            np.testing.assert_array_equal(got[n], alone[0])
+        if not tiles:
+            numba_cpu.linear._matvec_bf16_into(x[7], bits, alone[0])
+            np.testing.assert_array_equal(got[7], alone[0])
 
 
 @pytest.mark.parametrize("I", [1024, 1040, 1001])
@@ -188,21 +196,24 @@ def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I, N):
     per matrix, rows prefetched ahead, widths that are and are not a multiple of the vector length) gives
     the bits of linear's kernel for a few rows (a batch's step: each word widened once for 4 rows, the
     remainder of 1 to 3 rows), row by row (a row's output does not depend on the rows beside it), and so
-    stays within the reduction-length bound of the float64 product of the same bf16 weights."""
+    stays within the reduction-length bound of the float64 product of the same bf16 weights.  (With the
+    tiles off: where granted, linear takes them for these rows where the shapes fit.)"""
     rng = np.random.default_rng(seed)
     bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
     rows = rng.standard_normal((N, I)).astype(np.float32)
     x = rows[0]
     out = np.full(O, np.nan, np.float32)
     numba_cpu.linear._matvec_bf16_into(x, bits, out)
-    np.testing.assert_array_equal(out, numba_cpu.linear.linear(x[None], BF16Matrix(bits))[0])
     few = np.full((N, O), np.nan, np.float32)
     numba_cpu.linear._bf16_rows_times(rows, bits, few)
     for n in range(N):
         alone = np.full(O, np.nan, np.float32)
         numba_cpu.linear._matvec_bf16_into(rows[n], bits, alone)
         np.testing.assert_array_equal(alone, few[n])
-    np.testing.assert_array_equal(few, numba_cpu.linear.linear(rows, BF16Matrix(bits)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        np.testing.assert_array_equal(out, numba_cpu.linear.linear(x[None], BF16Matrix(bits))[0])
+        np.testing.assert_array_equal(few, numba_cpu.linear.linear(rows, BF16Matrix(bits)))
     w = np.asarray(BF16Matrix(bits), np.float64)
     x64 = x.astype(np.float64)
     assert np.all(np.abs(out - w @ x64) <= (I + 1) * np.finfo(np.float32).eps * (np.abs(w) @ np.abs(x64)))
