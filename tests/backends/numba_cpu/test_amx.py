@@ -38,15 +38,7 @@ def test_tile_kernel_within_the_bound_and_each_row_alone(N, O, I):
     at a time): within linear's reduction-length bound of the float64 product of the same bf16 words,
     for rows that fill no whole tile, several groups of 32 rows, several column spans (2080 > 1024); each
     row's bits the same computed alone or among the others in another order (no row's sum sees another)."""
-    rng = np.random.default_rng(N + O + I)
-    bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
-    x = rng.standard_normal((N, I)).astype(np.float32)
-    got = np.full((N, O), np.nan, np.float32)
-    numba_cpu.amx._tile_bf16_times(x, bits, got, 2)
-    w = np.asarray(BF16Matrix(bits), np.float64)
-    exact = x.astype(np.float64) @ w.T
-    bound = 2 * (I + 1) * np.finfo(np.float32).eps * (np.abs(x.astype(np.float64)) @ np.abs(w).T)
-    assert np.all(np.abs(got - exact) <= bound)
+    rng, bits, x, got = _product_within_the_bound(numba_cpu.amx._tile_bf16_times, N, O, I)
     alone = np.empty((1, O), np.float32)
     numba_cpu.amx._tile_bf16_times(np.ascontiguousarray(x[-1:]), bits, alone, 1)
     np.testing.assert_array_equal(alone[0], got[-1])
@@ -65,15 +57,7 @@ def test_few_rows_kernel_within_the_bound_and_each_row_alone(N, O, I):
     fill part of a tile, several passes (11 rows), several spans (2080, 3072) and threads with no pair or
     an odd number of pairs of weight tiles; each row's bits the same computed alone, or among the others
     in another order; an infinity or a NaN gives the non-finite outputs of the float32 product."""
-    rng = np.random.default_rng(N + O + I)
-    bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
-    x = rng.standard_normal((N, I)).astype(np.float32)
-    got = np.full((N, O), np.nan, np.float32)
-    numba_cpu.amx._tile_few_rows_times(x, bits, got, 2)
-    w = np.asarray(BF16Matrix(bits), np.float64)
-    exact = x.astype(np.float64) @ w.T
-    bound = 2 * (I + 1) * np.finfo(np.float32).eps * (np.abs(x.astype(np.float64)) @ np.abs(w).T)
-    assert np.all(np.abs(got - exact) <= bound)
+    rng, bits, x, got = _product_within_the_bound(numba_cpu.amx._tile_few_rows_times, N, O, I)
     for n in range(N):
         alone = np.full((1, O), np.nan, np.float32)
         numba_cpu.amx._tile_few_rows_times(np.ascontiguousarray(x[n : n + 1]), bits, alone, 1 + n % 2)
@@ -87,3 +71,18 @@ def test_few_rows_kernel_within_the_bound_and_each_row_alone(N, O, I):
     ref = x @ np.asarray(BF16Matrix(bits)).T
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+
+
+def _product_within_the_bound(kernel, N, O, I):
+    """A tile kernel's product of N random rows and an O x I random bf16 matrix, asserted within linear's
+    reduction-length bound of the float64 product of the same words; (rng, bits, x, the product)."""
+    rng = np.random.default_rng(N + O + I)
+    bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
+    x = rng.standard_normal((N, I)).astype(np.float32)
+    got = np.full((N, O), np.nan, np.float32)
+    kernel(x, bits, got, 2)
+    w = np.asarray(BF16Matrix(bits), np.float64)
+    exact = x.astype(np.float64) @ w.T
+    bound = 2 * (I + 1) * np.finfo(np.float32).eps * (np.abs(x.astype(np.float64)) @ np.abs(w).T)
+    assert np.all(np.abs(got - exact) <= bound)
+    return rng, bits, x, got
