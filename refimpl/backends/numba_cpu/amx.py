@@ -209,9 +209,9 @@ def _tile_bf16_times(x_ni, bits_oi, out_no, n_threads):
 
 @numba.njit(cache=True)
 def _tiles_take(tiles, O, I):
-    """Whether the tile kernel may take a prompt's product (``linear``: more than ``MATVEC_MAX_ROWS`` rows of
-    x; the fused step: ``TILES_MIN_ROWS`` new positions) by an O x I bf16 matrix: tiles granted
-    (``USE_TILES``, passed in: compiled code must not freeze it) and whole tiles."""
+    """Whether the tile kernels may take a product by an O x I bf16 matrix (a prompt's: ``linear``'s more than
+    ``MATVEC_MAX_ROWS`` rows of x, the fused step's ``TILES_MIN_ROWS`` new positions; a step's few rows
+    otherwise): tiles granted (``USE_TILES``, passed in: compiled code must not freeze it) and whole tiles."""
     return tiles and O % 32 == 0 and I % 32 == 0 and I > 0
 
 
@@ -223,7 +223,7 @@ SPLIT_COLUMNS = 256  # columns of x split at a time (their parts stay in the fir
 @numba.njit(cache=True)
 def _split_into_columns(x_ni, n0, n1, words_pi, parts_kc2):
     """parts[k, p R + r, j] = the bf16 word of part p (``_bf16_parts``) of x[n0 + r, 2 k + j] for the R =
-    n1 - n0 <= 5 rows n0 .. n1 - 1: the three parts of every row side by side in the 16 columns of one
+    n1 - n0 <= ``FEW_TILE_ROWS`` rows n0 .. n1 - 1: the three parts of every row side by side in the 16 columns of one
     tile of x, for ``_tile_few_rows_times``.  ``SPLIT_COLUMNS`` columns at a time: each row's parts made in
     ``words_pi`` ([3, SPLIT_COLUMNS] uint16) by a loop that vectorises, then copied in pairs of words (a
     tile's column holds two columns of x a row) while the chunk's lines of parts stay in that cache.  The

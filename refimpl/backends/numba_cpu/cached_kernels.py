@@ -20,7 +20,8 @@ from . import runtime
 # first chunk's decode), module and name, in the order of their first calls.  A kernel missing here is
 # loaded at its first call as before (tests/backends/numba_cpu/test_cached_kernels.py checks the list
 # against a generation's first calls).  The AMX tiles' kernels are first called where the processor has
-# them (the prompt's products, a step's, the decoder's long units); elsewhere their cache holds nothing to load.
+# them (the prompt's products, a step's, the decoder's long units); elsewhere their cache holds nothing
+# to load.
 FIRST_AUDIO = (
     ("packed_words", "_packing"),
     ("amx", "_tiles_take"),

@@ -44,19 +44,18 @@ def linear(x, w_oi, b_o=None):
     its packed words where it has them, else on the AMX tiles where granted (the few rows' kernel), else by
     the matrix-vector kernels; for more on the AMX tiles where granted, else by the block kernel (a short
     prompt) or by BLAS on blocks of rows widened one at a time, so that no float32 copy of the whole matrix
-    ever exists.  Float32 weights go to BLAS as in the
-    reference, but for a few rows of x and a big weight (``_few_rows_f32``)."""
+    ever exists.  Float32 weights go to BLAS as in the reference, but for a few rows of x and a big weight
+    (``_few_rows_f32``)."""
     if not isinstance(w_oi, BF16Matrix):
         few = _few_rows_f32(x, w_oi, b_o) if isinstance(w_oi, np.ndarray) and isinstance(x, np.ndarray) else None
         return nn.linear.reference(x, w_oi, b_o) if few is None else few
     O, I = w_oi.shape
     x_ni = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, I)
     packed = packed_words(w_oi) if x_ni.shape[0] <= MATVEC_MAX_ROWS else None
-    few_tiles = x_ni.shape[0] <= MATVEC_MAX_ROWS and _tiles_take(amx.USE_TILES, O, I)
     if packed is not None:  # (a code predictor's head)
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _packed_products_into(x_ni, packed, out_no)
-    elif few_tiles:  # (a Talker step's head, one text or a batch)
+    elif x_ni.shape[0] <= MATVEC_MAX_ROWS and _tiles_take(amx.USE_TILES, O, I):  # (a Talker step's head)
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _tile_few_rows_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
     elif x_ni.shape[0] == 1:  # (a generation step's head: the layers' matrix-vector kernel, the fastest for one row)
