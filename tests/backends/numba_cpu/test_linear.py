@@ -82,16 +82,17 @@ def test_the_fused_step_takes_the_tiles_from_a_few_new_positions():
     rng = np.random.default_rng(11)
     bits = float32_to_bf16_bits(rng.standard_normal((64, 96)).astype(np.float32))
     first = numba_cpu.linear.TILES_MIN_ROWS
-    prompt, few, rows_kernel = numba_cpu.amx._tile_bf16_times, numba_cpu.amx._tile_few_rows_times, None
+    prompt, few = numba_cpu.amx._tile_bf16_times, numba_cpu.amx._tile_few_rows_times
+
+    def rows_kernel(x, bits, out, n_threads):
+        numba_cpu.linear._bf16_rows_times(x, bits, out)
+
     for rows, tiles, kernel in ((first, True, prompt), (16, True, prompt), (first - 1, True, few), (1, True, few),
                                 (first, False, rows_kernel)):  # fmt: skip
         x = rng.standard_normal((rows, 96)).astype(np.float32)
         got, expect = np.empty((rows, 64), np.float32), np.empty((rows, 64), np.float32)
         numba_cpu.linear._products_into(x, bits, got, 2, rows, tiles)
-        if kernel is None:
-            numba_cpu.linear._bf16_rows_times(x, bits, expect)
-        else:
-            kernel(x, bits, expect, 2)
+        kernel(x, bits, expect, 2)
         np.testing.assert_array_equal(got, expect)
     x = rng.standard_normal((8, 96)).astype(np.float32)  # a batch of 8 texts' step: one position each
     for tiles in (True, False):

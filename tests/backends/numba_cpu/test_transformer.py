@@ -337,8 +337,8 @@ def test_fused_stack_runs_layers_it_cannot_pass_as_one_tuple_one_call_each():
 
 # the prompts by the rows kernel, by the block kernel (or the tiles): a row alone takes the kernel of its own
 # length, the batch that of the longest, so each row's length is in its batch's kernel's range: up to
-# TILES_MIN_ROWS - 1 positions the rows kernel; from there to MATVEC_MAX_ROWS the tiles where granted, else
-# the rows kernel; more, the tiles or the block kernel
+# TILES_MIN_ROWS - 1 positions the few rows' tiles where granted, else the rows kernel; from there to
+# MATVEC_MAX_ROWS the prompt's tiles where granted, else the rows kernel; more, the tiles or the block kernel
 _FEW, _MANY = numba_cpu.linear.TILES_MIN_ROWS, numba_cpu.linear.MATVEC_MAX_ROWS
 
 
