@@ -623,7 +623,8 @@ def _packed_pair_dots(x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, 
             _pair_dots_1(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
 
 
-X_CACHED_BYTES = 32 << 10  # rows of x up to this many bytes in all: read whole for each packed row ...
+PAIRS_MAX_ROWS = 4  # two to this many rows of x (a batch's step): two packed rows at a time, whatever I
+X_CACHED_BYTES = 32 << 10  # more rows of x, up to this many bytes in all: read whole for each packed row ...
 SPAN_X_BYTES = 16 << 10  # ... longer: by spans of columns of at most this many bytes of x (first-level cache)
 BAND_PAIRS = 4  # pairs of packed rows that take a span in turn (their sums kept between spans)
 PIECES = 32  # the pairs' bands are shared out in this many pieces (each allocates its buffers once)
@@ -634,17 +635,18 @@ def _packed_products_into(x_ni, packed, out_no):
     """out = x @ words^T for a packed matrix (``bf16.PackedWords``) and a few rows of x (C-contiguous
     float32), parallel over the weight rows, each read once for all rows of x; then for each listed word its
     product added and the placeholder's taken back out, in their order (row by row in the parallel loop,
-    they were slower).  Rows of x of up to ``X_CACHED_BYTES`` in all (a generation step's one row, a short
-    batch): a packed row at a time by ``_packed_row_dots``, row o + 8's low bytes and codes asked for
-    meanwhile.  Longer (a batch's rows of the MLP's down projection): the columns by spans of
-    ``SPAN_X_BYTES`` of x, which stay in the first-level cache while ``BAND_PAIRS`` pairs of packed rows
-    take the span (``_pair_dots_intrinsic``: each load of x serves two rows, and each sum is the one the
-    rows of x get alone, the same bits)."""
+    they were slower).  One row of x (a generation step's), or more of up to ``X_CACHED_BYTES`` in all
+    (a batch's first code-predictor step, two positions a text): a packed row at a time by
+    ``_packed_row_dots``, row o + 8's low bytes and codes asked for meanwhile.  Two to ``PAIRS_MAX_ROWS``
+    rows (a batch's step), or rows of more bytes: the columns by spans of ``SPAN_X_BYTES`` of x, which stay
+    in the first-level cache while ``BAND_PAIRS`` pairs of packed rows take the span
+    (``_pair_dots_intrinsic``: each load of x serves two rows, half the loads of the row at a time, and
+    each sum is the one the rows of x get alone, the same bits)."""
     low_oi, codes_oh, high_64, rows_e, cols_e, values_e = packed
     O, I = low_oi.shape
     N = x_ni.shape[0]
     low_words, code_words = low_oi.reshape(-1), codes_oh.reshape(-1)
-    if N == 1 or N * I * 4 <= X_CACHED_BYTES:
+    if N == 1 or (N > PAIRS_MAX_ROWS and N * I * 4 <= X_CACHED_BYTES):
         for o in prange(O):
             if o + PREFETCH_ROWS_AHEAD < O:
                 for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 64):
