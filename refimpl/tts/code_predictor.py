@@ -171,17 +171,20 @@ class CodePredictor:
             self._positions[key] = (cos_td, sin_td, mask)
         return self._positions[key]
 
-    def step(self, x_btc, caches: list, record: Recorder = NULL_RECORDER):
-        """Decoder pass over new positions (caches[0].length, ...): [B, T, talker width] -> hidden [B, T, C].
-        ``record`` (scoped to the code predictor) receives its modules' outputs under the official names."""
+    def step(self, x_btc, caches: list, record: Recorder = NULL_RECORDER, last_only: bool = False):
+        """Decoder pass over new positions (caches[0].length, ...): [B, T, talker width] -> hidden [B, T, C]
+        ([B, 1, C], the last position's, with ``last_only``: every position's keys and values are cached all
+        the same).  ``record`` (scoped to the code predictor) receives its modules' outputs under the
+        official names."""
         c = self.cfg
         B, T, _ = x_btc.shape
         cos_td, sin_td, mask = self.positions(caches[0].length, T)
         x_btc = self.project(x_btc, record)
         model_record = record.scope("model.")
-        record_rope_and_mask(model_record, cos_td[None], sin_td[None], mask)
+        cos_btd, sin_btd, eps = cos_td[None], sin_td[None], c.rms_norm_eps
+        record_rope_and_mask(model_record, cos_btd, sin_btd, mask)
         h = transformer_stack(
-            self.layers, QWEN3, c, x_btc, cos_td[None], sin_td[None], mask, caches, c.rms_norm_eps, model_record
+            self.layers, QWEN3, c, x_btc, cos_btd, sin_btd, mask, caches, eps, model_record, last_only
         )
         h = nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
         model_record("norm", h)
@@ -208,7 +211,9 @@ class CodePredictor:
                                        the ids are host int64 (the codes are chosen on the host)
         returns codes [B, n_groups] (int64) and the logits they were chosen from [B, n_groups, V].
         ``record`` (scoped to the code predictor, ``talker.code_predictor.``) receives every module output;
-        the heads are traced over all new positions, as the official model computes them."""
+        the heads are traced over all new positions, as the official model computes them.  Unrecorded, a
+        step's last layer runs past its keys and values for the last position alone (the first step has two:
+        the next code reads the code-0 embedding's)."""
         n_groups = self.n_groups if n_groups is None else n_groups
         B = talker_hidden_bc.shape[0]
         caches = self.new_caches(B)
@@ -216,7 +221,7 @@ class CodePredictor:
         codes = np.zeros((B, n_groups), dtype=np.int64)
         logits_qbv = []
         for g in range(n_groups):
-            h_btc = self.step(x, caches, record)
+            h_btc = self.step(x, caches, record, last_only=not record.enabled)
             logits_qbv.append(self.head(g, h_btc[:, -1]))  # the next code reads the last position's alone
             record.output(record.lazy(f"lm_head.{g}", self.head, g, h_btc))  # the official: every position's
             codes[:, g] = choose(g, logits_qbv[-1])

@@ -207,6 +207,48 @@ def test_a_batch_of_four_texts_gives_the_codes_of_four_single_runs(weights, back
     assert set(fused_rows) == ({1} if fused else set())
 
 
+@pytest.mark.parametrize("weights", ("float32", "bf16"))
+def test_an_unrecorded_code_predictor_step_computes_its_last_position_alone(weights, backend, bf16_customvoice):
+    """Unrecorded, a code-predictor step's last layer runs past its keys and values for the last position
+    alone (the first step has two positions: the Talker's hidden state and the code-0 embedding): a frame's
+    codes and every head's logits keep the bits of the same steps over every position.  Recorded, the steps
+    run over every position (the trace holds each head over both positions of the first step)."""
+    m = model("customvoice") if weights == "float32" else bf16_customvoice
+    cp = m.talker.code_predictor
+    hidden_bc, code0_emb_bc = np.random.default_rng(3).standard_normal((2, 2, cp.talker_hidden)).astype(np.float32)
+
+    def greedy(g, logits_bv):
+        return np.argmax(nn.to_host(logits_bv), axis=-1).astype(np.int64)
+
+    step, positions, every_position = cp.step, [], [False]
+
+    def counted(x_btc, caches, record, last_only=False):
+        h_btc = step(x_btc, caches, record, last_only and not every_position[0])
+        positions.append((x_btc.shape[1], h_btc.shape[1]))
+        return h_btc
+
+    def frame(**kw):
+        positions.clear()
+        codes, logits = cp.predict_frame(nn.to_device(hidden_bc), nn.to_device(code0_emb_bc), greedy, **kw)
+        return nn.to_host(codes), nn.to_host(logits), list(positions)
+
+    cp.step = counted
+    try:
+        codes, logits, seen = frame()
+        every_position[0] = True
+        codes_all, logits_all, seen_all = frame()
+        every_position[0] = False
+        trace: dict = {}
+        *_, seen_recorded = frame(record=Recorder(trace))
+    finally:
+        del cp.step
+    assert seen == [(2, 1)] + [(1, 1)] * (cp.n_groups - 1)
+    assert seen_all == seen_recorded == [(2, 2)] + [(1, 1)] * (cp.n_groups - 1)
+    np.testing.assert_array_equal(codes, codes_all)
+    np.testing.assert_array_equal(logits.view(np.uint32), logits_all.view(np.uint32))
+    assert trace["lm_head.0"].shape[:2] == (2, 2)
+
+
 # ----------------------------------------------------------------------------- sampling processors
 
 _OFFICIAL_STEP = {
