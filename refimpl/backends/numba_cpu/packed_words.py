@@ -3,7 +3,7 @@ and the products that rebuild them.
 
 A generation step's products are bound by the bytes they read, so a quarter fewer bytes is a quarter less
 time where the words are rebuilt faster than memory delivers them: 64 a block by a dozen 512-bit
-instructions (``_packed_row_dots``: one byte shuffle looks up 64 high bytes, unpacks make words and floats
+instructions (``_rebuilt_words``: one byte shuffle looks up 64 high bytes, unpacks make words and floats
 of them), where the same rebuild written as a loop over single words compiled to as many instructions as
 it saved in bytes."""
 
@@ -24,7 +24,7 @@ from . import runtime
 from .intrinsics import FASTMATH, PREFETCH_LOCALITY, PREFETCH_ROWS_AHEAD, _bf16_to_f32, _prefetch
 from .kept import _kept_while_read_only
 
-PACKED_COMPILED = runtime.machine().packed_compiled  # the 64-byte shuffles of _packed_row_dots
+PACKED_COMPILED = runtime.machine().packed_compiled  # the 64-byte shuffles of _rebuilt_words
 USE_PACKED = PACKED_COMPILED and switch("REFIMPL_PACKED")
 PACKED_BLOCK = 64  # words a block: the columns of a packed matrix are a multiple of it
 
@@ -326,7 +326,8 @@ def _wait_for_packing_ahead() -> None:
 
 
 def _rebuilt_words(builder, table, packed, low_bytes):
-    """The 64 float32 words of a block from its 32 code bytes and 64 low bytes (``_row_dots_intrinsic``)."""
+    """The 64 float32 words of a block from its 32 code bytes and 64 low bytes (``_row_dots_intrinsic``,
+    ``_pair_dots_intrinsic``)."""
     shuffle_fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(_vector(_I8, 64), [_vector(_I8, 64)] * 2), "llvm.x86.avx512.pshuf.b.512"
     )
@@ -623,7 +624,7 @@ def _packed_pair_dots(x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, 
             _pair_dots_1(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
 
 
-PAIRS_MAX_ROWS = 4  # two to this many rows of x (a batch's step): two packed rows at a time, whatever I
+PAIRS_MAX_ROWS = 4  # up to this many rows of x (a step's: one text's, a batch's): two packed rows at a time
 X_CACHED_BYTES = 32 << 10  # more rows of x, up to this many bytes in all: read whole for each packed row ...
 SPAN_X_BYTES = 16 << 10  # ... longer: by spans of columns of at most this many bytes of x (first-level cache)
 BAND_PAIRS = 4  # pairs of packed rows that take a span in turn (their sums kept between spans)
@@ -635,28 +636,25 @@ def _packed_products_into(x_ni, packed, out_no):
     """out = x @ words^T for a packed matrix (``bf16.PackedWords``) and a few rows of x (C-contiguous
     float32), parallel over the weight rows, each read once for all rows of x; then for each listed word its
     product added and the placeholder's taken back out, in their order (row by row in the parallel loop,
-    they were slower).  One row of x (a generation step's), or more of up to ``X_CACHED_BYTES`` in all
-    (a batch's first code-predictor step, two positions a text): a packed row at a time by
-    ``_packed_row_dots``, row o + 8's low bytes and codes asked for meanwhile.  Two to ``PAIRS_MAX_ROWS``
-    rows (a batch's step), or rows of more bytes: the columns by spans of ``SPAN_X_BYTES`` of x, which stay
-    in the first-level cache while ``BAND_PAIRS`` pairs of packed rows take the span
-    (``_pair_dots_intrinsic``: each load of x serves two rows, half the loads of the row at a time, and
-    each sum is the one the rows of x get alone, the same bits)."""
+    they were slower).  Up to ``PAIRS_MAX_ROWS`` rows of x (a step's: one text's, a batch's), or rows of
+    more than ``X_CACHED_BYTES`` in all: the columns by spans of ``SPAN_X_BYTES`` of x, which stay in the
+    first-level cache while ``BAND_PAIRS`` pairs of packed rows take the span (``_pair_dots_intrinsic``:
+    each load of x serves two packed rows, half the loads of a packed row at a time, and each sum is the
+    one the rows of x get alone, the same bits).  More rows within ``X_CACHED_BYTES`` (a batch's first
+    code-predictor step, two positions a text): a packed row at a time by ``_packed_row_dots``, row o + 8's
+    low bytes and codes asked for meanwhile."""
     low_oi, codes_oh, high_64, rows_e, cols_e, values_e = packed
     O, I = low_oi.shape
     N = x_ni.shape[0]
     low_words, code_words = low_oi.reshape(-1), codes_oh.reshape(-1)
-    if N == 1 or (N > PAIRS_MAX_ROWS and N * I * 4 <= X_CACHED_BYTES):
+    if N > PAIRS_MAX_ROWS and N * I * 4 <= X_CACHED_BYTES:
         for o in prange(O):
             if o + PREFETCH_ROWS_AHEAD < O:
                 for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 64):
                     _prefetch(low_words, j)
                 for j in range((o + PREFETCH_ROWS_AHEAD) * (I // 2), (o + PREFETCH_ROWS_AHEAD + 1) * (I // 2), 64):
                     _prefetch(code_words, j)
-            if N == 1:  # (a generation step's one row: its own call, faster than the loop's)
-                _row_dots_1(x_ni, 0, low_oi[o], codes_oh[o], high_64, out_no, o)
-            else:
-                _packed_row_dots(x_ni, low_oi[o], codes_oh[o], high_64, out_no, o)
+            _packed_row_dots(x_ni, low_oi[o], codes_oh[o], high_64, out_no, o)
     else:
         blocks, pairs, groups = I // PACKED_BLOCK, O // PAIR, (N + 3) // 4
         span = max(1, SPAN_X_BYTES // (N * 4 * PACKED_BLOCK))  # blocks a span (fewer than the row's)
