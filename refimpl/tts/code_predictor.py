@@ -186,7 +186,7 @@ class CodePredictor:
         h = transformer_stack(
             self.layers, QWEN3, c, x_btc, cos_btd, sin_btd, mask, caches, eps, model_record, last_only
         )
-        h = nn.rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)
+        h = nn.rms_norm(h, self.w["model.norm.weight"], eps)
         model_record("norm", h)
         model_record.output(h)
         return h
