@@ -285,6 +285,13 @@ def _few_rows_out(sums, n0, R, o0, out_no):
             out_no[n0 + r, o0 + m] = (sums_rc[m, r] + sums_rc[m, R + r]) + sums_rc[m, 2 * R + r]
 
 
+@numba.njit(inline="always")
+def _prefetch_step(words, o0, I, s):
+    """Ask for step s's line (32 columns, 64 bytes) of each of the 32 weight rows o0 .. o0 + 31."""
+    for m in range(32):
+        _prefetch(words, (o0 + m) * I + s * 32)
+
+
 @numba.njit(cache=True)
 def _few_rows_pairs_on_tiles(x_ni, words, op0, op1, out_no):
     """``_tile_few_rows_times`` for the pairs of 16-row weight tiles op0 <= op < op1 (one thread's), x split
@@ -305,19 +312,16 @@ def _few_rows_pairs_on_tiles(x_ni, words, op0, op1, out_no):
             o0 = op * 32
             if op == op0:
                 for s in range(min(FEW_AHEAD_STEPS, steps)):
-                    for m in range(32):
-                        _prefetch(words, (o0 + m) * I + s * 32)
+                    _prefetch_step(words, o0, I, s)
             for s0 in range(0, steps, span_steps):
                 _zero_c0()
                 _zero_c2()
                 for s in range(s0, min(s0 + span_steps, steps)):
                     ahead = s + FEW_AHEAD_STEPS
                     if ahead < steps:
-                        for m in range(32):
-                            _prefetch(words, (o0 + m) * I + ahead * 32)
-                    elif op + 1 < op1:
-                        for m in range(32):
-                            _prefetch(words, (o0 + 32 + m) * I + (ahead - steps) * 32)
+                        _prefetch_step(words, o0, I, ahead)
+                    elif op + 1 < op1:  # (the next pair's first steps)
+                        _prefetch_step(words, o0 + 32, I, ahead - steps)
                     _few_rows_step(words, o0 * I + s * 32, 2 * I, pairs, s, s % 2 == 1)
                 _few_rows_span_summed(span, sums, s0 == 0)
             _few_rows_out(sums, n0, n1 - n0, o0, out_no)
