@@ -359,9 +359,28 @@ def _fma(builder, lanes: int):
     )
 
 
+SUM_LANES = 32  # lanes of a row's sum: a block's 64 products added in two halves, words 0..31 then 32..63
+
+
+def _block_halves(builder, v):
+    """A block's 64 float32 lanes (its words, or x's columns) as two halves of ``SUM_LANES``."""
+    return [
+        builder.shuffle_vector(v, v, ir.Constant(_vector(_I32, SUM_LANES), list(range(first, first + SUM_LANES))))
+        for first in (0, SUM_LANES)
+    ]
+
+
+def _block_added(builder, x_halves, w_halves, total):
+    """total + a block's 64 products in ``SUM_LANES`` lanes: lane l adds x[l] w[l], then x[32 + l] w[32 + l],
+    each one fused multiply-add (32 lanes, not 64: four rows' sums for two packed rows fit the registers)."""
+    for xh, wh in zip(x_halves, w_halves, strict=True):
+        total = builder.call(_fma(builder, SUM_LANES), [xh, wh, total])
+    return total
+
+
 def _lanes_summed(builder, total):
-    """The sum of a 64-lane vector's lanes by halves: lanes 0..31 + 32..63, then 0..15 + 16..31, ..."""
-    s, width = total, 64
+    """The sum of a vector's lanes by halves: lanes 0..15 + 16..31, then 0..7 + 8..15, ..."""
+    s, width = total, total.type.count
     while width > 1:
         width //= 2
         lo = builder.shuffle_vector(s, s, ir.Constant(_vector(_I32, width), list(range(width))))
@@ -378,7 +397,7 @@ def _row_dots_intrinsic(R: int):
     and high bytes unpacked into words and the words, above zero words, into float32 (the bf16 widening),
     both within 128-bit lanes (``vpunpck*``: fewer instructions than across the whole vector; the block's
     words are stored in the order this gives back, ``bf16.stored_order``), and each row's 64 products
-    summed in 64 lanes, the lanes summed by halves at the end."""
+    added into ``SUM_LANES`` lanes (``_block_added``), the lanes summed by halves at the end."""
 
     @intrinsic
     def row_dots(typingctx, x_ni, n0, low_i, codes_h, high_64, out_no, o):
@@ -398,31 +417,31 @@ def _row_dots_intrinsic(R: int):
 
             table = load(hp, ir.Constant(_I64, 0), _vector(_I8, 64))
             rows = [builder.mul(builder.add(args[1], ir.Constant(_I64, r)), x_row_bytes) for r in range(R)]
-            zero = ir.Constant(_vector(_F32, 64), [0.0] * 64)
+            zero = ir.Constant(_vector(_F32, SUM_LANES), [0.0] * SUM_LANES)
             entry = builder.block
             loop, done = builder.append_basic_block("blocks"), builder.append_basic_block("sums")
             builder.cbranch(builder.icmp_unsigned(">", blocks, ir.Constant(_I64, 0)), loop, done)
             builder.position_at_end(loop)
             b = builder.phi(_I64)
-            sums = [builder.phi(_vector(_F32, 64)) for _ in range(R)]
+            sums = [builder.phi(_vector(_F32, SUM_LANES)) for _ in range(R)]
             b.add_incoming(ir.Constant(_I64, 0), entry)
             for s in sums:
                 s.add_incoming(zero, entry)
             packed = load(cp, builder.mul(b, ir.Constant(_I64, 32)), _vector(_I8, 32))
             low_bytes = load(lp, builder.mul(b, ir.Constant(_I64, 64)), _vector(_I8, 64))
-            w = _rebuilt_words(builder, table, packed, low_bytes)
+            w_halves = _block_halves(builder, _rebuilt_words(builder, table, packed, low_bytes))
             column_bytes = builder.mul(b, ir.Constant(_I64, 256))
             new_sums = []
             for r in range(R):
                 xv = load(xp, builder.add(rows[r], column_bytes), _vector(_F32, 64))
-                new_sums.append(builder.call(_fma(builder, 64), [xv, w, sums[r]]))
+                new_sums.append(_block_added(builder, _block_halves(builder, xv), w_halves, sums[r]))
             b_next = builder.add(b, ir.Constant(_I64, 1))
             b.add_incoming(b_next, loop)
             for s, t in zip(sums, new_sums, strict=True):
                 s.add_incoming(t, loop)
             builder.cbranch(builder.icmp_unsigned("<", b_next, blocks), loop, done)
             builder.position_at_end(done)
-            totals = [builder.phi(_vector(_F32, 64)) for _ in range(R)]  # (the phis first in the block)
+            totals = [builder.phi(_vector(_F32, SUM_LANES)) for _ in range(R)]  # (the phis first in the block)
             for total, t in zip(totals, new_sums, strict=True):
                 total.add_incoming(zero, entry)
                 total.add_incoming(t, loop)
@@ -463,33 +482,27 @@ PAIR = 2  # packed rows a batch's kernel multiplies at a time: each load of x se
 
 
 def _pair_dots_intrinsic(R: int):
-    """An intrinsic ``(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k, words_k)``: for
-    rows n0 + r (r < R) of x and the packed rows o0 and o0 + 1, ``_row_dots_intrinsic``'s sums over the blocks
+    """An intrinsic ``(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k)``: for rows
+    n0 + r (r < R) of x and the packed rows o0 and o0 + 1, ``_row_dots_intrinsic``'s sums over the blocks
     b0 <= b < b1 (each lane's products in the same order, the lanes summed by halves the same way: the same
     bits), so that each load of x serves two rows of words.  A later span of a row's blocks (b0 > 0) goes on
-    from the 64 lanes of each sum left in ``sums_k`` ([p, r, lane], float32), a span before the last leaves
-    them there, the last one sums them into out[n0 + r, o0 + p].  For R > 2 (2 x R x 64 lanes of sums would
-    not fit in the 32 registers) the lanes are summed in two passes of 32, the second on the words the first
-    rebuilt and kept in ``words_k`` (its 32 lanes a block and row).  Rows o_ahead and o_ahead + 1's blocks
-    b0 .. b1 - 1 are asked for meanwhile, one request a block (not a burst a row: beside a batch's arithmetic,
-    measured faster)."""
-    parts = 1 if R * PAIR <= 4 else 2
-    W = 64 // parts  # lanes a pass
+    from the ``SUM_LANES`` lanes of each sum left in ``sums_k`` ([p, r, lane], float32), a span before the
+    last leaves them there, the last one sums them into out[n0 + r, o0 + p].  Rows o_ahead and o_ahead + 1's
+    blocks b0 .. b1 - 1 are asked for meanwhile, one request a block (not a burst a row: beside a batch's
+    arithmetic, measured faster)."""
+    lanes_t = _vector(_F32, SUM_LANES)
 
     @intrinsic
-    def pair_dots(typingctx, x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k, words_k):
-        sig = types.void(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k, words_k)
+    def pair_dots(typingctx, x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k):
+        sig = types.void(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_k)
 
         def codegen(context, builder, signature, args):
-            arrays = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 3, 4, 5, 10, 11))
-            x, low, codes, high, out, kept, later = arrays
+            arrays = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 3, 4, 5, 10))
+            x, low, codes, high, out, kept = arrays
             byte_ptr = _I8.as_pointer()
-            xp, lp, cp, hp, op, kp, wp = (
-                builder.bitcast(a.data, byte_ptr) for a in (x, low, codes, high, out, kept, later)
-            )
+            xp, lp, cp, hp, op, kp = (builder.bitcast(a.data, byte_ptr) for a in (x, low, codes, high, out, kept))
             blocks = builder.udiv(builder.extract_value(low.shape, 1), ir.Constant(_I64, 64))
             first_block, end_block = args[8], args[9]
-            lanes_t = _vector(_F32, W)
 
             def at(pointer, offset, ty):
                 return builder.bitcast(builder.gep(pointer, [offset]), ty.as_pointer())
@@ -503,11 +516,8 @@ def _pair_dots_intrinsic(R: int):
             def row_at(array, first, k):  # the byte offset of row first + k
                 return builder.mul(builder.add(first, ir.Constant(_I64, k)), builder.extract_value(array.strides, 0))
 
-            def kept_at(p, r, h):
-                return ir.Constant(_I64, 4 * ((p * R + r) * 64 + h * W))
-
-            def lanes(first):
-                return ir.Constant(_vector(_I32, W), list(range(first, first + W)))
+            def kept_at(p, r):
+                return ir.Constant(_I64, 4 * (p * R + r) * SUM_LANES)
 
             table = load(hp, ir.Constant(_I64, 0), _vector(_I8, 64))
             prefetch_fn = cgutils.get_or_insert_function(
@@ -518,85 +528,65 @@ def _pair_dots_intrinsic(R: int):
             low_rows, code_rows = ([row_at(a, args[6], p) for p in range(PAIR)] for a in (low, codes))
             ahead = [(pt, row_at(a, args[7], p), size) for pt, a, size in ((lp, low, 64), (cp, codes, 32))
                      for p in range(PAIR)]  # fmt: skip
-            zero = ir.Constant(lanes_t, [0.0] * W)
-            carried = builder.icmp_unsigned(">", first_block, ir.Constant(_I64, 0))
-            passes = []  # [pass][p][r]: W lanes of sums
-            for h in range(parts):
-                entry = builder.block  # where b0 > 0, the sums go on from those kept (a branch: else never read)
-                carry, start = builder.append_basic_block(f"carry{h}"), builder.append_basic_block(f"start{h}")
-                builder.cbranch(carried, carry, start)
-                builder.position_at_end(carry)
-                loaded = [[load(kp, kept_at(p, r, h), lanes_t) for r in range(R)] for p in range(PAIR)]
-                builder.branch(start)
-                builder.position_at_end(start)
-                starts = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
-                for p in range(PAIR):
-                    for r in range(R):
-                        starts[p][r].add_incoming(zero, entry)
-                        starts[p][r].add_incoming(loaded[p][r], carry)
-                loop, done = builder.append_basic_block(f"blocks{h}"), builder.append_basic_block(f"sums{h}")
-                builder.cbranch(builder.icmp_unsigned("<", first_block, end_block), loop, done)
-                builder.position_at_end(loop)
-                b = builder.phi(_I64)
-                b.add_incoming(first_block, start)
-                sums = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
-                for p in range(PAIR):
-                    for r in range(R):
-                        sums[p][r].add_incoming(starts[p][r], start)
-                if h == 0:
-                    for pointer, row, size in ahead:
-                        builder.call(
-                            prefetch_fn, [builder.gep(pointer, [builder.add(row, times(b, size))]), *prefetch_args]
-                        )
-                ws = []
-                for p in range(PAIR):
-                    later_at = times(builder.add(times(builder.sub(b, first_block), PAIR), ir.Constant(_I64, p)), 4 * W)
-                    if h > 0:  # (the words of the second half, kept by the first pass)
-                        ws.append(load(wp, later_at, lanes_t))
-                        continue
-                    packed = load(cp, builder.add(code_rows[p], times(b, 32)), _vector(_I8, 32))
-                    low_bytes = load(lp, builder.add(low_rows[p], times(b, 64)), _vector(_I8, 64))
-                    w = _rebuilt_words(builder, table, packed, low_bytes)
-                    if parts > 1:
-                        builder.store(builder.shuffle_vector(w, w, lanes(W)), at(wp, later_at, lanes_t), align=1)
-                        w = builder.shuffle_vector(w, w, lanes(0))
-                    ws.append(w)
-                column_bytes = builder.add(times(b, 256), ir.Constant(_I64, 4 * h * W))
-                new_sums = [[None] * R for _ in range(PAIR)]
+            zero = ir.Constant(lanes_t, [0.0] * SUM_LANES)
+            entry = builder.block  # where b0 > 0, the sums go on from those kept (a branch: else never read)
+            carry, start = builder.append_basic_block("carry"), builder.append_basic_block("start")
+            builder.cbranch(builder.icmp_unsigned(">", first_block, ir.Constant(_I64, 0)), carry, start)
+            builder.position_at_end(carry)
+            loaded = [[load(kp, kept_at(p, r), lanes_t) for r in range(R)] for p in range(PAIR)]
+            builder.branch(start)
+            builder.position_at_end(start)
+            starts = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
+            for p in range(PAIR):
                 for r in range(R):
-                    xv = load(xp, builder.add(x_rows[r], column_bytes), lanes_t)
-                    for p in range(PAIR):
-                        new_sums[p][r] = builder.call(_fma(builder, W), [xv, ws[p], sums[p][r]])
-                b_next = builder.add(b, ir.Constant(_I64, 1))
-                b.add_incoming(b_next, loop)
+                    starts[p][r].add_incoming(zero, entry)
+                    starts[p][r].add_incoming(loaded[p][r], carry)
+            loop, done = builder.append_basic_block("blocks"), builder.append_basic_block("sums")
+            builder.cbranch(builder.icmp_unsigned("<", first_block, end_block), loop, done)
+            builder.position_at_end(loop)
+            b = builder.phi(_I64)
+            b.add_incoming(first_block, start)
+            sums = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
+            for p in range(PAIR):
+                for r in range(R):
+                    sums[p][r].add_incoming(starts[p][r], start)
+            for pointer, row, size in ahead:
+                builder.call(prefetch_fn, [builder.gep(pointer, [builder.add(row, times(b, size))]), *prefetch_args])
+            ws = []
+            for p in range(PAIR):
+                packed = load(cp, builder.add(code_rows[p], times(b, 32)), _vector(_I8, 32))
+                low_bytes = load(lp, builder.add(low_rows[p], times(b, 64)), _vector(_I8, 64))
+                ws.append(_block_halves(builder, _rebuilt_words(builder, table, packed, low_bytes)))
+            column_bytes = times(b, 256)
+            new_sums = [[None] * R for _ in range(PAIR)]
+            for r in range(R):
+                xv = _block_halves(builder, load(xp, builder.add(x_rows[r], column_bytes), _vector(_F32, 64)))
                 for p in range(PAIR):
-                    for r in range(R):
-                        sums[p][r].add_incoming(new_sums[p][r], loop)
-                builder.cbranch(builder.icmp_unsigned("<", b_next, end_block), loop, done)
-                builder.position_at_end(done)
-                totals = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
-                for p in range(PAIR):
-                    for r in range(R):
-                        totals[p][r].add_incoming(starts[p][r], start)
-                        totals[p][r].add_incoming(new_sums[p][r], loop)
-                passes.append(totals)
+                    new_sums[p][r] = _block_added(builder, xv, ws[p], sums[p][r])
+            b_next = builder.add(b, ir.Constant(_I64, 1))
+            b.add_incoming(b_next, loop)
+            for p in range(PAIR):
+                for r in range(R):
+                    sums[p][r].add_incoming(new_sums[p][r], loop)
+            builder.cbranch(builder.icmp_unsigned("<", b_next, end_block), loop, done)
+            builder.position_at_end(done)
+            totals = [[builder.phi(lanes_t) for _ in range(R)] for _ in range(PAIR)]
+            for p in range(PAIR):
+                for r in range(R):
+                    totals[p][r].add_incoming(starts[p][r], start)
+                    totals[p][r].add_incoming(new_sums[p][r], loop)
             with builder.if_else(builder.icmp_unsigned("<", end_block, blocks)) as (more, last):
                 with more:  # the sums kept for the next span
-                    for h in range(parts):
-                        for p in range(PAIR):
-                            for r in range(R):
-                                builder.store(passes[h][p][r], at(kp, kept_at(p, r, h), lanes_t), align=1)
+                    for p in range(PAIR):
+                        for r in range(R):
+                            builder.store(totals[p][r], at(kp, kept_at(p, r), lanes_t), align=1)
                 with last:
                     for p in range(PAIR):
                         for r in range(R):
-                            total = passes[0][p][r]
-                            if parts > 1:  # (the 64 lanes joined)
-                                all_64 = ir.Constant(_vector(_I32, 64), list(range(64)))
-                                total = builder.shuffle_vector(total, passes[1][p][r], all_64)
                             place = builder.add(
                                 row_at(out, args[1], r), times(builder.add(args[6], ir.Constant(_I64, p)), 4)
                             )
-                            builder.store(_lanes_summed(builder, total), at(op, place, _F32))
+                            builder.store(_lanes_summed(builder, totals[p][r]), at(op, place, _F32))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -608,20 +598,20 @@ _pair_dots_1, _pair_dots_2, _pair_dots_3, _pair_dots_4 = (_pair_dots_intrinsic(R
 
 
 @numba.njit(inline="always")
-def _packed_pair_dots(x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_gk, words_k):
+def _packed_pair_dots(x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_gk):
     """``_pair_dots_intrinsic`` for every row of x, four at a time (group g's sums kept in ``sums_gk[g]``);
     rows o_ahead and o_ahead + 1 asked for by the first group."""
     N = x_ni.shape[0]
     for n0 in range(0, N, 4):
         R, ahead, sums_k = min(4, N - n0), o_ahead if n0 == 0 else o0, sums_gk[n0 // 4]
         if R == 4:
-            _pair_dots_4(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
+            _pair_dots_4(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k)
         elif R == 3:
-            _pair_dots_3(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
+            _pair_dots_3(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k)
         elif R == 2:
-            _pair_dots_2(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
+            _pair_dots_2(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k)
         else:
-            _pair_dots_1(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k, words_k)
+            _pair_dots_1(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k)
 
 
 PAIRS_MAX_ROWS = 4  # up to this many rows of x (a step's: one text's, a batch's): two packed rows at a time
@@ -660,8 +650,7 @@ def _packed_products_into(x_ni, packed, out_no):
         span = max(1, SPAN_X_BYTES // (N * 4 * PACKED_BLOCK))  # blocks a span (fewer than the row's)
         bands = (pairs + BAND_PAIRS - 1) // BAND_PAIRS
         for piece in prange(PIECES):
-            sums_qgk = np.empty((BAND_PAIRS, groups, PAIR * 4 * 64), np.float32)  # [pair, group, (p, r, lane)]
-            words_k = np.empty(span * PAIR * 32, np.float32)
+            sums_qgk = np.empty((BAND_PAIRS, groups, PAIR * 4 * SUM_LANES), np.float32)  # [pair, group, (p, r, lane)]
             for band in range(piece * bands // PIECES, (piece + 1) * bands // PIECES):
                 q0, q1 = band * BAND_PAIRS, min(pairs, (band + 1) * BAND_PAIRS)
                 for b0 in range(0, blocks, span):
@@ -670,7 +659,7 @@ def _packed_products_into(x_ni, packed, out_no):
                         o0 = PAIR * q
                         o_ahead = min(o0 + PAIR * BAND_PAIRS, O - PAIR)  # (the same span of the next band)
                         _packed_pair_dots(
-                            x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_qgk[q - q0], words_k
+                            x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_qgk[q - q0]
                         )
         if O % PAIR:  # (the last row, unpaired)
             _packed_row_dots(x_ni, low_oi[O - 1], codes_oh[O - 1], high_64, out_no, O - 1)

@@ -260,13 +260,14 @@ def test_packed_products_within_the_bound(N, O, I, special):
 
 
 def dense_sums_formula(x, words):
-    """The packed kernels' sums, in NumPy: for row n of x and packed row o, lane l adds x[n, 64 b + l] * word
-    block after block, each step one fused multiply-add (the product exact in float64, the sum rounded once
-    to float32), then the 64 lanes are summed by halves in float32 (0..31 + 32..63, then 0..15 + 16..31...)."""
+    """The packed kernels' sums, in NumPy: for row n of x and packed row o, lane l (of 32) adds x[n, 64 b + l]
+    * word, then x[n, 64 b + 32 + l] * word, block after block, each step one fused multiply-add (the
+    product exact in float64, the sum rounded once to float32), then the 32 lanes are summed by halves in
+    float32 (0..15 + 16..31, then 0..7 + 8..15...)."""
     N, I = x.shape
-    lanes = np.zeros((N, words.shape[0], 64), np.float32)
-    for b in range(I // 64):
-        products = x[:, None, 64 * b : 64 * (b + 1)].astype(np.float64) * words[:, 64 * b : 64 * (b + 1)]
+    lanes = np.zeros((N, words.shape[0], 32), np.float32)
+    for first in range(0, I, 32):
+        products = x[:, None, first : first + 32].astype(np.float64) * words[:, first : first + 32]
         lanes = (lanes.astype(np.float64) + products).astype(np.float32)
     while lanes.shape[-1] > 1:
         half = lanes.shape[-1] // 2
