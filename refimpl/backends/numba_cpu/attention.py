@@ -178,14 +178,16 @@ def _attend_new_positions(q_nq, k_bgsd, v_bgsd, n, first_key_b, out_nq):
                 scores[s_] = acc * scale
                 if scores[s_] > m:
                     m = scores[s_]
+            _exp_shifted_into(scores[:S], m)
             total = np.float32(0.0)
             for s_ in range(S):
-                scores[s_] = np.exp(scores[s_] - m)
                 total += scores[s_]
+            for s_ in range(S):  # the weights, before the values' loop: a division there was reassociated
+                scores[s_] /= total  # into one division per product of a value
             for d in range(D):
                 sum_d[d] = 0.0
             for s_ in range(S):
-                p = scores[s_] / total
+                p = scores[s_]
                 v_d = v_gsd[g, s0 + s_]
                 for d in range(D):
                     sum_d[d] += p * v_d[d]
