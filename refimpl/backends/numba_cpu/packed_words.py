@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 from ...environment import switch
 from ..bf16 import PACK_WINDOW, BF16Matrix, PackedWords, stored_order
 from . import runtime
-from .intrinsics import FASTMATH, PREFETCH_LOCALITY, PREFETCH_ROWS_AHEAD, _bf16_to_f32, _prefetch
+from .intrinsics import FASTMATH, PREFETCH_LOCALITY, _bf16_to_f32
 from .kept import _kept_while_read_only
 
 PACKED_COMPILED = runtime.machine().packed_compiled  # the 64-byte shuffles of _rebuilt_words
@@ -614,9 +614,7 @@ def _packed_pair_dots(x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, 
             _pair_dots_1(x_ni, n0, low_oi, codes_oh, high_64, out_no, o0, ahead, b0, b1, sums_k)
 
 
-PAIRS_MAX_ROWS = 4  # up to this many rows of x (a step's: one text's, a batch's): two packed rows at a time
-X_CACHED_BYTES = 32 << 10  # more rows of x, up to this many bytes in all: read whole for each packed row ...
-SPAN_X_BYTES = 16 << 10  # ... longer: by spans of columns of at most this many bytes of x (first-level cache)
+SPAN_X_BYTES = 16 << 10  # columns a span: at most this many bytes of x (first-level cache)
 BAND_PAIRS = 4  # pairs of packed rows that take a span in turn (their sums kept between spans)
 PIECES = 32  # the pairs' bands are shared out in this many pieces (each allocates its buffers once)
 
@@ -624,45 +622,30 @@ PIECES = 32  # the pairs' bands are shared out in this many pieces (each allocat
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _packed_products_into(x_ni, packed, out_no):
     """out = x @ words^T for a packed matrix (``bf16.PackedWords``) and a few rows of x (C-contiguous
-    float32), parallel over the weight rows, each read once for all rows of x; then for each listed word its
-    product added and the placeholder's taken back out, in their order (row by row in the parallel loop,
-    they were slower).  Up to ``PAIRS_MAX_ROWS`` rows of x (a step's: one text's, a batch's), or rows of
-    more than ``X_CACHED_BYTES`` in all: the columns by spans of ``SPAN_X_BYTES`` of x, which stay in the
-    first-level cache while ``BAND_PAIRS`` pairs of packed rows take the span (``_pair_dots_intrinsic``:
-    each load of x serves two packed rows, half the loads of a packed row at a time, and each sum is the
-    one the rows of x get alone, the same bits).  More rows within ``X_CACHED_BYTES`` (a batch's first
-    code-predictor step, two positions a text): a packed row at a time by ``_packed_row_dots``, row o + 8's
-    low bytes and codes asked for meanwhile."""
+    float32: a step's, one text's or a batch's), parallel over the weight rows, each read once for all rows
+    of x; then for each listed word its product added and the placeholder's taken back out, in their order
+    (row by row in the parallel loop, they were slower).  The columns by spans of ``SPAN_X_BYTES`` of x,
+    which stay in the first-level cache while ``BAND_PAIRS`` pairs of packed rows take the span
+    (``_pair_dots_intrinsic``, four rows of x at a time: each load of x serves two packed rows, and each sum
+    is the one the row of x gets alone, the same bits); an odd last packed row by ``_packed_row_dots``."""
     low_oi, codes_oh, high_64, rows_e, cols_e, values_e = packed
     O, I = low_oi.shape
     N = x_ni.shape[0]
-    low_words, code_words = low_oi.reshape(-1), codes_oh.reshape(-1)
-    if N > PAIRS_MAX_ROWS and N * I * 4 <= X_CACHED_BYTES:
-        for o in prange(O):
-            if o + PREFETCH_ROWS_AHEAD < O:
-                for j in range((o + PREFETCH_ROWS_AHEAD) * I, (o + PREFETCH_ROWS_AHEAD + 1) * I, 64):
-                    _prefetch(low_words, j)
-                for j in range((o + PREFETCH_ROWS_AHEAD) * (I // 2), (o + PREFETCH_ROWS_AHEAD + 1) * (I // 2), 64):
-                    _prefetch(code_words, j)
-            _packed_row_dots(x_ni, low_oi[o], codes_oh[o], high_64, out_no, o)
-    else:
-        blocks, pairs, groups = I // PACKED_BLOCK, O // PAIR, (N + 3) // 4
-        span = max(1, SPAN_X_BYTES // (N * 4 * PACKED_BLOCK))  # blocks a span (fewer than the row's)
-        bands = (pairs + BAND_PAIRS - 1) // BAND_PAIRS
-        for piece in prange(PIECES):
-            sums_qgk = np.empty((BAND_PAIRS, groups, PAIR * 4 * SUM_LANES), np.float32)  # [pair, group, (p, r, lane)]
-            for band in range(piece * bands // PIECES, (piece + 1) * bands // PIECES):
-                q0, q1 = band * BAND_PAIRS, min(pairs, (band + 1) * BAND_PAIRS)
-                for b0 in range(0, blocks, span):
-                    b1 = min(blocks, b0 + span)
-                    for q in range(q0, q1):
-                        o0 = PAIR * q
-                        o_ahead = min(o0 + PAIR * BAND_PAIRS, O - PAIR)  # (the same span of the next band)
-                        _packed_pair_dots(
-                            x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_qgk[q - q0]
-                        )
-        if O % PAIR:  # (the last row, unpaired)
-            _packed_row_dots(x_ni, low_oi[O - 1], codes_oh[O - 1], high_64, out_no, O - 1)
+    blocks, pairs, groups = I // PACKED_BLOCK, O // PAIR, (N + 3) // 4
+    span = max(1, SPAN_X_BYTES // (N * 4 * PACKED_BLOCK))  # blocks a span (fewer than the row's)
+    bands = (pairs + BAND_PAIRS - 1) // BAND_PAIRS
+    for piece in prange(PIECES):
+        sums_qgk = np.empty((BAND_PAIRS, groups, PAIR * 4 * SUM_LANES), np.float32)  # [pair, group, (p, r, lane)]
+        for band in range(piece * bands // PIECES, (piece + 1) * bands // PIECES):
+            q0, q1 = band * BAND_PAIRS, min(pairs, (band + 1) * BAND_PAIRS)
+            for b0 in range(0, blocks, span):
+                b1 = min(blocks, b0 + span)
+                for q in range(q0, q1):
+                    o0 = PAIR * q
+                    o_ahead = min(o0 + PAIR * BAND_PAIRS, O - PAIR)  # (the same span of the next band)
+                    _packed_pair_dots(x_ni, low_oi, codes_oh, high_64, out_no, o0, o_ahead, b0, b1, sums_qgk[q - q0])
+    if O % PAIR:  # (the last row, unpaired)
+        _packed_row_dots(x_ni, low_oi[O - 1], codes_oh[O - 1], high_64, out_no, O - 1)
     placeholder = _bf16_to_f32(np.uint16(high_64[0]) << np.uint16(8))  # (a listed word's place, code 0)
     for e in range(rows_e.shape[0]):
         o, c, v = rows_e[e], cols_e[e], values_e[e]

@@ -287,9 +287,9 @@ def line_aligned(rng, N, I):
 @pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 6, 7, 8, 9])
 @pytest.mark.parametrize("O, I", [(1, 3072), (2, 64), (5, 1024), (37, 3072), (6, 4096)])
 def test_batch_products_are_the_formula_and_each_row_alone(N, O, I):
-    """For 1 to 9 rows of x, every kernel of ``_packed_products_into`` (two packed rows at a time by spans of
-    columns, which for N = 3, 5 or 9 do not divide the row evenly, an odd last row alone; a packed row at a
-    time for 5 to 8 rows within ``X_CACHED_BYTES``, in groups of up to four rows) gives
+    """For 1 to 9 rows of x, both kernels of ``_packed_products_into`` (two packed rows at a time by spans of
+    columns, which for N = 3, 5 or 9 do not divide the row evenly, four rows of x at a time; an odd last
+    packed row alone) give
     ``dense_sums_formula``'s bits for words all in the window, and with listed words (+-0, a subnormal, the
     largest values) each row of x the bits it gets alone."""
     pw = numba_cpu.packed_words
