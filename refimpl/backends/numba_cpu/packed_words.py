@@ -326,8 +326,8 @@ def _wait_for_packing_ahead() -> None:
 
 
 def _rebuilt_words(builder, table, packed, low_bytes):
-    """The 64 float32 words of a block from its 32 code bytes and 64 low bytes (``_row_dots_intrinsic``,
-    ``_pair_dots_intrinsic``)."""
+    """The 64 float32 words of a block from its 32 code bytes and 64 low bytes, as the two halves a row's sum
+    takes in turn (words 0..31, 32..63: ``SUM_LANES`` each; ``_row_dots_intrinsic``, ``_pair_dots_intrinsic``)."""
     shuffle_fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(_vector(_I8, 64), [_vector(_I8, 64)] * 2), "llvm.x86.avx512.pshuf.b.512"
     )
@@ -347,9 +347,8 @@ def _rebuilt_words(builder, table, packed, low_bytes):
             mask = [k for j in range(4) for i in range(first, first + 4) for k in (i, 32 + 8 * j + i)]
             widened = builder.shuffle_vector(no_words, words, ir.Constant(_vector(_I32, 32), mask))
             quarters.append(builder.bitcast(widened, _vector(_F32, 16)))
-    halves_f = [builder.shuffle_vector(a, b, ir.Constant(_vector(_I32, 32), list(range(32)))) for a, b in
-                (quarters[:2], quarters[2:])]  # fmt: skip
-    return builder.shuffle_vector(*halves_f, ir.Constant(_vector(_I32, 64), list(range(64))))
+    return [builder.shuffle_vector(a, b, ir.Constant(_vector(_I32, 32), list(range(32)))) for a, b in
+            (quarters[:2], quarters[2:])]  # fmt: skip
 
 
 def _fma(builder, lanes: int):
@@ -363,7 +362,7 @@ SUM_LANES = 32  # lanes of a row's sum: a block's 64 products added in two halve
 
 
 def _block_halves(builder, v):
-    """A block's 64 float32 lanes (its words, or x's columns) as two halves of ``SUM_LANES``."""
+    """x's 64 columns of a block (64 float32 lanes) as two halves of ``SUM_LANES``, as the words come."""
     return [
         builder.shuffle_vector(v, v, ir.Constant(_vector(_I32, SUM_LANES), list(range(first, first + SUM_LANES))))
         for first in (0, SUM_LANES)
@@ -429,7 +428,7 @@ def _row_dots_intrinsic(R: int):
                 s.add_incoming(zero, entry)
             packed = load(cp, builder.mul(b, ir.Constant(_I64, 32)), _vector(_I8, 32))
             low_bytes = load(lp, builder.mul(b, ir.Constant(_I64, 64)), _vector(_I8, 64))
-            w_halves = _block_halves(builder, _rebuilt_words(builder, table, packed, low_bytes))
+            w_halves = _rebuilt_words(builder, table, packed, low_bytes)
             column_bytes = builder.mul(b, ir.Constant(_I64, 256))
             new_sums = []
             for r in range(R):
@@ -556,7 +555,7 @@ def _pair_dots_intrinsic(R: int):
             for p in range(PAIR):
                 packed = load(cp, builder.add(code_rows[p], times(b, 32)), _vector(_I8, 32))
                 low_bytes = load(lp, builder.add(low_rows[p], times(b, 64)), _vector(_I8, 64))
-                ws.append(_block_halves(builder, _rebuilt_words(builder, table, packed, low_bytes)))
+                ws.append(_rebuilt_words(builder, table, packed, low_bytes))
             column_bytes = times(b, 256)
             new_sums = [[None] * R for _ in range(PAIR)]
             for r in range(R):
