@@ -39,6 +39,7 @@ from .intrinsics import FASTMATH
 from .pieces import _piece_threads, run_pieces, time_pieces
 
 UNIT_PIECE = 1024  # most time steps a piece of the fused residual unit: its stacked taps ([C * 7, 1024]) stay in cache
+PRODUCT_STEPS = 32  # pieces on BLAS's products: multiples of these (a streamed frame's 160: 96 + 64, not 128 + 32)
 
 
 @numba.njit(fastmath=FASTMATH, cache=True, nogil=True)
@@ -128,7 +129,7 @@ def residual_unit_push(
         _snake_rows_into(h_cn, b1_o, alpha2, inv_beta2, g_cn)
         _add_bias_and_residual(w2_m @ g_cn, b2_o, rows_bcs[b], t0, out_bct[b])
 
-    run_pieces(piece, [(b, t0, n) for b in range(B) for t0, n in time_pieces(T, UNIT_PIECE, DIRECT_STEPS)])
+    run_pieces(piece, [(b, t0, n) for b in range(B) for t0, n in time_pieces(T, UNIT_PIECE, PRODUCT_STEPS)])
     return out_bct, _next_context(x_bct, log_alpha1_c, log_beta1_c, left, context_bcs)
 
 
@@ -275,7 +276,9 @@ def _unit_piece_on_tiles(x_ct, T, t0, n, params_6c, a1_tiles, a2_tiles, dilation
 
 def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, context_bcs, out_bct):
     """``residual_unit_push``'s pieces on the tiles (``_unit_piece_on_tiles``), side by side, the weights'
-    tiles those of ``_weight_tiles``."""
+    tiles those of ``_weight_tiles``: at most ``UNIT_PIECE_VALUES`` a piece, in whole tiles of 32 steps shared
+    evenly between the threads (``time_pieces``: a streamed frame's 640 steps at 192 channels are two pieces
+    of 320, where cut at 512 one thread had four times the other's)."""
     B, C = out_bct.shape[:2]
     K = w1_oik.shape[-1]
     a1, a2 = _weight_tiles(w1_oik), _weight_tiles(w2_oi1)
@@ -285,11 +288,10 @@ def _residual_unit_on_tiles(rows_bcs, T, params_6c, w1_oik, w2_oi1, dilation, co
     n_piece = max(32, UNIT_PIECE_VALUES // C // 32 * 32)
     words = _unit_scratch_words(C, C, (n_piece + 31) // 32 * 32, (K - 1) * dilation)
     run_pieces(
-        lambda b, t0: _unit_piece_on_tiles(
-            *(rows_bcs[b], T, t0, min(n_piece, T - t0), params_6c, a1, a2, dilation, context_bcs[b], out_bct[b]),
-            thread_words(words),
+        lambda b, t0, n: _unit_piece_on_tiles(
+            *(rows_bcs[b], T, t0, n, params_6c, a1, a2, dilation, context_bcs[b], out_bct[b]), thread_words(words)
         ),
-        [(b, t0) for b in range(B) for t0 in range(0, T, n_piece)],
+        [(b, t0, n) for b in range(B) for t0, n in time_pieces(T, n_piece, 32)],
     )
 
 
