@@ -36,6 +36,7 @@ from ..io.checkpoint import (
     read_config,
 )
 from ..io.hub import resolve_model
+from ..io.mapped_files import read_every_page
 from ..io.validate import check_codes, check_finite, check_speech_tokenizer_config, raise_non_finite_stage
 from ..recorder import Recorder
 from . import decoder as codec_decoder
@@ -424,20 +425,6 @@ def prepare_audio(
     if sr != target_sr:
         arr = resample(arr.astype(np.float64), sr, int(target_sr))
     return np.ascontiguousarray(arr, dtype=dtype)
-
-
-PAGE_BYTES = 4096
-
-
-def read_every_page(arrays: Iterable[Any]) -> None:
-    """Read one byte of every page of each contiguous host array of ``arrays``, in their order.  A model's
-    weights are a memory map of its file: in a fresh process the first read of each of their pages maps it
-    (a page fault), and a stream's first push reads every weight of the decoder.  Run by a thread that the
-    tokenizer's first stream starts, from the decoder's last weights back while the push reads from its first
-    (``decoder_weight_spec``'s order), those faults are taken beside the push rather than by it."""
-    for a in arrays:
-        if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.nbytes > PAGE_BYTES:
-            a.reshape(-1).view(np.uint8)[::PAGE_BYTES].max()  # (NumPy lets the interpreter go meanwhile)
 
 
 class DecodeStream:

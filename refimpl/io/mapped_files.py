@@ -22,10 +22,12 @@ import os
 import signal
 import threading
 import weakref
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
-__all__ = ["track", "mapped_files", "handle_bus_errors", "BUS_ERROR_STATUS"]
+__all__ = ["track", "mapped_files", "handle_bus_errors", "read_every_page", "BUS_ERROR_STATUS"]
 
 BUS_ERROR_STATUS = 1  # the command line's status for bad input or environment (docs/limits.md)
 MESSAGE_BYTES = 8192  # the prepared line, cut (with "...") past this
@@ -35,6 +37,21 @@ _mapped: dict[int, str] = {}  # id of a map's owner -> the file's path
 _state: dict = {"wanted": False, "installed": False}
 _message = np.zeros(MESSAGE_BYTES, np.uint8)  # the line the handler writes (never moved or freed)
 _length = np.zeros(1, np.int64)  # its length in bytes
+
+
+PAGE_BYTES = 4096
+
+
+def read_every_page(arrays: Iterable[Any]) -> None:
+    """Read one byte of every page of each contiguous host array of ``arrays``, in their order.  A model's
+    weights are a memory map of its file: in a fresh process the first read of each of their pages maps it
+    (a page fault).  Run by a thread beside the work that will read them (a model's load starts one for the
+    Talker's matrices, in the order of a step; a speech tokenizer's first stream one for the decoder's, from its
+    last weights back while the push reads from its first), those faults are taken there rather than inside
+    that work's parallel loops, where a thread stalled by a fault holds up the others."""
+    for a in arrays:
+        if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.nbytes > PAGE_BYTES:
+            a.reshape(-1).view(np.uint8)[::PAGE_BYTES].max()  # (NumPy lets the interpreter go meanwhile)
 
 
 def track(owner, path) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ from ..io.checkpoint import (
     release_pages,
 )
 from ..io.hub import resolve_model
+from ..io.mapped_files import read_every_page
 from ..recorder import NULL_RECORDER, Recorder, as_recorder
 from ..sampling import SamplingSettings, UniformDraws
 from .code_predictor import read_packed_weight_names
@@ -286,8 +288,12 @@ class Qwen3TTS:
         # let the other threads run); its error, if any, is raised after the Talker's, as in sequence
         codec = beside(SpeechTokenizer.from_pretrained, directory / "speech_tokenizer", dtype)
         talker = Talker(cfg.talker_config, talker_weights, dtype)  # type: ignore[arg-type]  # from_dict sets it
+        matrices = matrices_for_huge_pages(talker)  # (their pages mapped beside the load, not in the prompt's loops)
+        threading.Thread(
+            target=read_every_page, args=([m.bits for m in matrices],), name="refimpl-talker-pages", daemon=True
+        ).start()
         if huge_pages_enabled():
-            copy_into_huge_pages_later(matrices_for_huge_pages(talker), release=release_pages)
+            copy_into_huge_pages_later(matrices, release=release_pages)
         speaker_encoder = None
         if cfg.tts_model_type == "base":
             speaker_encoder = SpeakerEncoder.from_pretrained(directory, dtype)

@@ -115,3 +115,30 @@ def test_the_copy_waits_for_a_generation_long_enough_to_pay_for_it(bf16_model):
     short, long = (line.split() for line in r.stdout.strip().splitlines()[-2:])
     assert 0 < int(short[0]) < host_memory.COPY_AFTER_FRAMES and short[1:] == ["True", "True"]
     assert long == ["False", "False"]
+
+
+def test_the_load_reads_a_page_of_each_matrix_beside_it_in_the_steps_order(bf16_model, monkeypatch):
+    """A model's load starts one thread that maps the pages of the Talker's matrices (``read_every_page``: a
+    byte of each page), those of ``matrices_for_huge_pages`` in their order, so that the prompt's parallel
+    loops do not take the page faults; the words are unchanged."""
+    import threading
+
+    from refimpl.tts import model as tts_model
+
+    read = []
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "0")
+    monkeypatch.setattr(
+        tts_model, "read_every_page", lambda arrays: read.append((threading.current_thread().name, arrays))
+    )
+    loaded = Qwen3TTS.from_pretrained(bf16_model)
+    matrices = matrices_for_huge_pages(loaded.talker)
+    for _ in range(100):
+        if read:
+            break
+        threading.Event().wait(0.01)
+    assert [name for name, _ in read] == ["refimpl-talker-pages"]
+    assert [a.ctypes.data for a in read[0][1]] == [m.bits.ctypes.data for m in matrices]
+    words = [m.bits.copy() for m in matrices]
+    monkeypatch.undo()
+    tts_model.read_every_page(read[0][1])
+    assert all(np.array_equal(m.bits, w) for m, w in zip(matrices, words, strict=True))
