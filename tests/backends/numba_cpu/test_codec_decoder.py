@@ -234,25 +234,32 @@ def test_residual_unit_on_tiles_equals_reference(C, T, dilation, piece, with_con
     assert T < 4 or not np.array_equal(got, blas)
 
 
+def _push_pieces(mp, seed, C, T, dilation, kernel):
+    """One push of a random unit (2 piece threads) with ``decoder.<kernel>``'s calls recorded: the output
+    and the (t0, n) of each call, sorted."""
+    x, _, args32, _, context32, _, _, _ = _residual_unit_case(seed, 1, C, T, dilation, True)
+    decoder, pieces = numba_cpu.codec_decoder, []
+    run = getattr(decoder, kernel)
+    mp.setattr(numba_cpu.pieces, "_piece_threads", lambda: 2)
+    mp.setattr(decoder, kernel, lambda *a: pieces.append(a[2:4]) or run(*a))
+    got, _ = decoder.residual_unit_push(x, *args32, dilation, context32)
+    mp.setattr(decoder, kernel, run)
+    return got, sorted(pieces)
+
+
 @needs_tiles
 def test_a_short_push_on_the_tiles_shares_its_time_evenly():
     """A streamed chunk's unit on the tiles goes to the threads in even pieces of whole tiles of steps
     (``time_pieces``): one frame at the released decoder's second block (640 steps, at most 512 a piece)
     is two pieces of 320 on two threads, not 512 and 128; the output is that of the uneven split, to the bit."""
-    C, T = 32, 640
-    x, _, args32, _, context32, _, _, _ = _residual_unit_case(5, 1, C, T, 1, True)
-    decoder, pieces = numba_cpu.codec_decoder, []
-    piece_on_tiles = decoder._unit_piece_on_tiles
+    C, T, decoder = 32, 640, numba_cpu.codec_decoder
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu.pieces, "_piece_threads", lambda: 2)
         mp.setattr(numba_cpu.amx_conv, "UNIT_TILES_MIN_STEPS", 1)
         mp.setattr(decoder, "UNIT_PIECE_VALUES", 512 * C)
-        mp.setattr(decoder, "_unit_piece_on_tiles", lambda *a: pieces.append(a[2:4]) or piece_on_tiles(*a))
-        got, _ = decoder.residual_unit_push(x, *args32, 1, context32)
-        even, pieces[:] = sorted(pieces), []
+        got, even = _push_pieces(mp, 5, C, T, 1, "_unit_piece_on_tiles")
         mp.setattr(decoder, "time_pieces", lambda T, most, step: [(t0, min(most, T - t0)) for t0 in range(0, T, most)])
-        uneven, _ = decoder.residual_unit_push(x, *args32, 1, context32)
-    assert even == [(0, 320), (320, 320)] and sorted(pieces) == [(0, 512), (512, 128)]
+        uneven, cut = _push_pieces(mp, 5, C, T, 1, "_unit_piece_on_tiles")
+    assert even == [(0, 320), (320, 320)] and cut == [(0, 512), (512, 128)]
     assert np.array_equal(got, uneven)
 
 
@@ -260,17 +267,12 @@ def test_a_short_push_on_blas_shares_its_time_in_whole_tiles_of_steps():
     """A streamed chunk's unit on BLAS's products (no tiles, no direct kernel) goes to the threads in pieces
     of whole multiples of ``PRODUCT_STEPS``, as even as that allows: one frame at the released decoder's
     first 384-channel block (160 steps) is 96 and 64 steps on two threads (blocks of 64: 128 and 32)."""
-    C, T = 8, 160
-    x, _, args32, _, context32, _, _, _ = _residual_unit_case(6, 1, C, T, 3, True)
-    decoder, pieces = numba_cpu.codec_decoder, []
-    snake_taps = decoder._snake_taps
+    decoder = numba_cpu.codec_decoder
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu.pieces, "_piece_threads", lambda: 2)
         mp.setattr(numba_cpu.amx, "USE_TILES", False)
         mp.setattr(decoder, "direct_conv_takes", lambda *_: False)
-        mp.setattr(decoder, "_snake_taps", lambda *a: pieces.append(a[2:4]) or snake_taps(*a))
-        decoder.residual_unit_push(x, *args32, 3, context32)
-    assert decoder.PRODUCT_STEPS == 32 and sorted(pieces) == [(0, 96), (96, 64)]
+        _, pieces = _push_pieces(mp, 6, 8, 160, 3, "_snake_taps")
+    assert decoder.PRODUCT_STEPS == 32 and pieces == [(0, 96), (96, 64)]
 
 
 @needs_tiles
