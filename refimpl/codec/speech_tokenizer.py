@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -36,7 +35,7 @@ from ..io.checkpoint import (
     read_config,
 )
 from ..io.hub import resolve_model
-from ..io.mapped_files import read_every_page
+from ..io.mapped_files import read_pages_beside
 from ..io.validate import check_codes, check_finite, check_speech_tokenizer_config, raise_non_finite_stage
 from ..recorder import Recorder
 from . import decoder as codec_decoder
@@ -450,7 +449,7 @@ class DecodeStream:
             tokenizer.__dict__["_weight_pages_read"] = True
             spec = codec_decoder.decoder_weight_spec(tokenizer.decoder_config)
             weights = [tokenizer.decoder_weights[s.name] for s in reversed(spec)]
-            threading.Thread(target=read_every_page, args=(weights,), name="refimpl-codec-pages", daemon=True).start()
+            read_pages_beside(weights, "refimpl-codec-pages")
 
     @property
     def frames_done(self) -> int:

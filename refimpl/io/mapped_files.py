@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["track", "mapped_files", "handle_bus_errors", "read_every_page", "BUS_ERROR_STATUS"]
+__all__ = ["track", "mapped_files", "handle_bus_errors", "read_every_page", "read_pages_beside", "BUS_ERROR_STATUS"]
 
 BUS_ERROR_STATUS = 1  # the command line's status for bad input or environment (docs/limits.md)
 MESSAGE_BYTES = 8192  # the prepared line, cut (with "...") past this
@@ -52,6 +52,13 @@ def read_every_page(arrays: Iterable[Any]) -> None:
     for a in arrays:
         if isinstance(a, np.ndarray) and a.flags.c_contiguous and a.nbytes > PAGE_BYTES:
             a.reshape(-1).view(np.uint8)[::PAGE_BYTES].max()  # (NumPy lets the interpreter go meanwhile)
+
+
+def read_pages_beside(arrays: Iterable[Any], name: str) -> threading.Thread:
+    """Start a daemon thread ``name`` that runs ``read_every_page(arrays)``; returns it."""
+    thread = threading.Thread(target=read_every_page, args=(list(arrays),), name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def track(owner, path) -> None:

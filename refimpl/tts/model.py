@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextvars
 import itertools
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,7 +58,7 @@ from ..io.checkpoint import (
     release_pages,
 )
 from ..io.hub import resolve_model
-from ..io.mapped_files import read_every_page
+from ..io.mapped_files import read_pages_beside
 from ..recorder import NULL_RECORDER, Recorder, as_recorder
 from ..sampling import SamplingSettings, UniformDraws
 from .code_predictor import read_packed_weight_names
@@ -289,9 +288,7 @@ class Qwen3TTS:
         codec = beside(SpeechTokenizer.from_pretrained, directory / "speech_tokenizer", dtype)
         talker = Talker(cfg.talker_config, talker_weights, dtype)  # type: ignore[arg-type]  # from_dict sets it
         matrices = matrices_for_huge_pages(talker)  # (their pages mapped beside the load, not in the prompt's loops)
-        threading.Thread(
-            target=read_every_page, args=([m.bits for m in matrices],), name="refimpl-talker-pages", daemon=True
-        ).start()
+        read_pages_beside([m.bits for m in matrices], "refimpl-talker-pages")
         if huge_pages_enabled():
             copy_into_huge_pages_later(matrices, release=release_pages)
         speaker_encoder = None

@@ -123,10 +123,10 @@ def test_streams_of_one_tokenizer_share_its_workspace(speech_tokenizers, backend
 def test_a_tokenizers_first_stream_reads_its_weights_pages_once(speech_tokenizers, monkeypatch):
     """The first stream of a tokenizer starts one thread that reads a byte of every page of the decoder's
     weights (``read_every_page``: contiguous host arrays only, none changed); later streams start none."""
-    from refimpl.codec import speech_tokenizer
+    from refimpl.io import mapped_files
 
     read = []
-    monkeypatch.setattr(speech_tokenizer, "read_every_page", lambda arrays: read.append(list(arrays)))
+    monkeypatch.setattr(mapped_files, "read_every_page", lambda arrays: read.append(list(arrays)))
     tok = speech_tokenizers["f32"]
     tok.__dict__.pop("_weight_pages_read", None)
     tok.stream()
@@ -139,7 +139,7 @@ def test_a_tokenizers_first_stream_reads_its_weights_pages_once(speech_tokenizer
     odd = [np.arange(8.0), np.arange(4096.0).reshape(64, 64)[:, ::2], np.arange(4096, dtype=np.float32), "x"]
     before = [a.copy() if isinstance(a, np.ndarray) else a for a in odd]
     monkeypatch.undo()
-    speech_tokenizer.read_every_page(odd)
+    mapped_files.read_every_page(odd)
     assert all(np.array_equal(a, b) for a, b in zip(odd, before, strict=True))
 
 

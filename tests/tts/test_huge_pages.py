@@ -123,12 +123,12 @@ def test_the_load_reads_a_page_of_each_matrix_beside_it_in_the_steps_order(bf16_
     loops do not take the page faults; the words are unchanged."""
     import threading
 
-    from refimpl.tts import model as tts_model
+    from refimpl.io import mapped_files
 
     read = []
     monkeypatch.setenv("REFIMPL_HUGE_PAGES", "0")
     monkeypatch.setattr(
-        tts_model, "read_every_page", lambda arrays: read.append((threading.current_thread().name, arrays))
+        mapped_files, "read_every_page", lambda arrays: read.append((threading.current_thread().name, arrays))
     )
     loaded = Qwen3TTS.from_pretrained(bf16_model)
     matrices = matrices_for_huge_pages(loaded.talker)
@@ -140,5 +140,5 @@ def test_the_load_reads_a_page_of_each_matrix_beside_it_in_the_steps_order(bf16_
     assert [a.ctypes.data for a in read[0][1]] == [m.bits.ctypes.data for m in matrices]
     words = [m.bits.copy() for m in matrices]
     monkeypatch.undo()
-    tts_model.read_every_page(read[0][1])
+    mapped_files.read_every_page(read[0][1])
     assert all(np.array_equal(m.bits, w) for m, w in zip(matrices, words, strict=True))
