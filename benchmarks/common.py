@@ -65,14 +65,15 @@ def _in_child(fn, *args) -> None:
 
 
 def _write_released_tts(path: Path, seed: int, tts_model_type: str) -> None:
-    """Like ``synthetic.write_tts_model`` with the tiny text tokenizer, its added tokens at their released
-    ids, and the text embedding of the released size (151936 x 2048), bf16 on disk like the
-    release (speech_tokenizer/ is linked by the caller). ``tts_model_type`` "custom_voice" has the
+    """Like ``synthetic.write_tts_model`` with the released text tokenizer (``_write_released_text_tokenizer``:
+    the real vocabulary, its added tokens at their released ids), and the text embedding
+    of the released size (151936 x 2048), bf16 on disk like the release (speech_tokenizer/ is linked by the
+    caller). ``tts_model_type`` "custom_voice" has the
     released speakers; "base" has none and the 0.6B-Base speaker encoder (enc_dim 1024)."""
     from refimpl.porting import presets, synthetic
 
     path.mkdir(parents=True, exist_ok=True)
-    added = synthetic.write_tiny_text_tokenizer(path, released_ids=True)
+    added = _write_released_text_tokenizer(path)
     base = tts_model_type == "base"
     talker = presets.RELEASED_TALKER_0_6B if base else presets.RELEASED_TALKER_0_6B_CUSTOMVOICE
     config = {
@@ -96,11 +97,29 @@ def _write_released_tts(path: Path, seed: int, tts_model_type: str) -> None:
     (path / "generation_config.json").write_text(json.dumps(presets.RELEASED_GENERATION_CONFIG, indent=2) + "\n")
 
 
+def _write_released_text_tokenizer(path: Path) -> dict:
+    """The released text tokenizer: the real Qwen vocabulary (its 151,387 merges, committed under golden/)
+    with the Qwen3-TTS added tokens at their released ids, so that loading it costs what loading the
+    released one does (a cold start's largest part of the load); returns {added token: id}."""
+    from golden.text_layouts import read_real_merges
+    from refimpl.porting import synthetic
+
+    return synthetic.write_text_tokenizer(path, read_real_merges(), synthetic.QWEN3_TTS_ADDED_TOKENS)
+
+
+def _has_released_text_tokenizer(path: Path) -> bool:
+    """Whether ``path``'s merges.txt is the real one (its first merge, "Ġ Ġ"; the tiny one's is "a s")."""
+    with open(path / "merges.txt", encoding="utf-8") as f:
+        return f.readline().startswith("#version") and f.readline() == "Ġ Ġ\n"
+
+
 def _released_tts(name: str, tts_model_type: str, what: str, seed: int) -> Path:
     """A full-size 0.6B model directory ``CACHE/name`` (written once) whose speech_tokenizer/ links to
     ``released_speech_tokenizer()``."""
     tokenizer = released_speech_tokenizer()
     path = written_once(CACHE / name, lambda d: _in_child(_write_released_tts, d, seed, tts_model_type), what)
+    if not _has_released_text_tokenizer(path):  # (written when its tokenizer was the tiny one: the same added ids)
+        _write_released_text_tokenizer(path)
     link = path / "speech_tokenizer"
     if not link.exists():
         link.symlink_to(os.path.relpath(tokenizer, path), target_is_directory=True)
