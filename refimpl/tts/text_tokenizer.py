@@ -26,8 +26,10 @@ case-aware pattern; small (synthetic) vocabularies keep the Qwen2 pattern.  ``us
 encodes that rule.  The difference shows on camel case, all-caps words, apostrophes and combining
 marks (Devanagari, Thai, ...).
 
-``load_text_tokenizer`` builds the whole pipeline with the ``tokenizers`` library (fast, exact);
-``bpe_encode_explicit`` is the same algorithm in plain Python (slow, for reading and for tests).
+``load_text_tokenizer`` builds the whole pipeline with the ``tokenizers`` library (fast, exact), its BPE
+model (most of a load's time) at its first need on the released layout: until then ``WordMerges`` lets the
+library do steps 1-3 and does steps 4-5 in Python.  ``bpe_encode_explicit`` is the same algorithm in plain
+Python (slow, for reading and for tests).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
+import threading
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
@@ -60,6 +64,11 @@ __all__ = [
 # Qwen2's pre-tokenisation pattern: English contractions (any case), an optional non-letter then a
 # letter run, ONE digit, an optional space then a punctuation run (with trailing newlines), newline
 # runs with their leading spaces, spaces not followed by a non-space, other whitespace.
+# A merges.txt body (after its "#version" line) whose every line is two symbols and one space between them
+# (the last line's newline optional): split by whitespace, it gives the pairs that reading it line by line
+# gives.  Any other file (blank lines, tabs, a line of one symbol...) is read line by line.
+MERGE_LINES = re.compile(r"(?:\S+ \S+\n)*(?:\S+ \S+)?")
+
 QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -222,16 +231,24 @@ def read_vocab_and_merges(model_dir: Path) -> tuple:
     try:
         path = model_dir / "merges.txt"
         raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError, regular_only=True)
-        lines = raw.decode("utf-8").split("\n")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{model_dir / 'merges.txt'} is not valid UTF-8 text: {e}") from None
-    if lines and lines[0].strip().startswith("#version"):
-        lines[0] = ""
+    first, newline, rest = text.partition("\n")
+    skipped = 0  # lines before ``text``
+    if first.strip().startswith("#version"):
+        text, skipped = (rest if newline else ""), 1
+    if MERGE_LINES.fullmatch(text):  # the usual file: the pairs are its symbols two by two (one C call each)
+        symbols = iter(text.split())
+        return vocab, list(zip(symbols, symbols, strict=True))
+    lines = text.split("\n")
     pairs = [line.split() for line in lines]  # (a blank line: no symbols, skipped)
     if not {0, 2}.issuperset(map(len, pairs)):
         line_no = next(i for i, pair in enumerate(pairs) if len(pair) not in (0, 2))
         line = lines[line_no].strip()
-        raise CheckpointError(f"{model_dir / 'merges.txt'} line {line_no + 1}: expected two symbols, got {line!r}")
+        raise CheckpointError(
+            f"{model_dir / 'merges.txt'} line {skipped + line_no + 1}: expected two symbols, got {line!r}"
+        )
     merges = list(map(tuple, filter(None, pairs)))
     return vocab, merges
 
@@ -273,15 +290,37 @@ class TextTokenizer:
     """Text -> ids exactly as the official Qwen3-TTS processor (``processor(text=...)["input_ids"]``).
 
     ``split_pattern`` is the pre-tokenisation regex in use; ``added_tokens`` maps each added token
-    (special or not) to its id; ``base_vocab_size`` counts the BPE vocabulary without them.
+    (special or not) to its id; ``base_vocab_size`` counts the BPE vocabulary without them.  ``backend`` is
+    the ``tokenizers`` pipeline: given, or made at its first need by a function given in its place (then
+    ``words``, a ``WordMerges``, encodes the short texts until it is made).
     """
 
-    def __init__(self, backend, split_pattern: str, added_tokens: Mapping[str, int], base_vocab_size: int, source: str):
-        self.backend = backend  # a tokenizers.Tokenizer
+    def __init__(
+        self,
+        backend,
+        split_pattern: str,
+        added_tokens: Mapping[str, int],
+        base_vocab_size: int,
+        source: str,
+        words: WordMerges | None = None,
+    ):
+        self._backend = None if callable(backend) else backend  # a tokenizers.Tokenizer
+        self._make_backend = backend if callable(backend) else None
+        self._making = threading.Lock()
+        self.words = words
         self.split_pattern = split_pattern
         self.added_tokens = dict(added_tokens)
         self.base_vocab_size = int(base_vocab_size)
         self.source = source  # "tokenizer.json" or "vocab.json+merges.txt"
+
+    @property
+    def backend(self):
+        """The ``tokenizers.Tokenizer`` of the whole pipeline (made now if it was left for its first need)."""
+        with self._making:
+            if self._backend is None:
+                self._backend = self._make_backend()
+                self._make_backend = self.words = None  # (the library's model from now on, for every text)
+        return self._backend
 
     @property
     def vocab_size(self) -> int:
@@ -291,7 +330,9 @@ class TextTokenizer:
     def encode(self, text: str) -> list:
         """Ids of ``text`` (no BOS/EOS added; added tokens inside the text map to their own ids)."""
         check_unicode(text)
-        return list(self.backend.encode(text, add_special_tokens=False).ids)
+        words = self.words
+        ids = words.encode(text) if words is not None else None
+        return ids if ids is not None else list(self.backend.encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Iterable[str]) -> list:
         texts = list(texts)
@@ -332,11 +373,10 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
 
     Reads ``tokenizer.json`` when present, otherwise ``vocab.json`` + ``merges.txt``; the added
     tokens come from ``tokenizer_config.json`` (and ``tokenizer.json``'s own list); ``config.json``
-    decides the pre-tokenisation pattern (``uses_case_aware_split``).
+    decides the pre-tokenisation pattern (``uses_case_aware_split``).  The released layout (vocab.json +
+    merges.txt, the added tokens numbered on from the vocabulary) makes the library's BPE model at its
+    first need only (``TextTokenizer.backend``): a short text is encoded by ``WordMerges`` before.
     """
-    from tokenizers import AddedToken, Tokenizer
-    from tokenizers.models import BPE
-
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"text tokenizer: {model_dir} is not a directory")
@@ -345,6 +385,8 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
     has_json = (model_dir / "tokenizer.json").is_file()
     has_bpe_files = (model_dir / "vocab.json").is_file() and (model_dir / "merges.txt").is_file()
 
+    vocab: dict = {}
+    merges: list = []
     if has_json:
         source = "tokenizer.json"
         definition = read_json_object(model_dir / "tokenizer.json")
@@ -382,31 +424,40 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
         first = (definition.get("pre_tokenizer") or {}).get("pretokenizers", [{}])[0]
         split_pattern = (first.get("pattern") or {}).get("Regex", QWEN2_SPLIT_PATTERN)
 
+    entries = _added_token_entries(tokenizer_config or {})
+
+    def library_tokenizer():
+        return _library_tokenizer(model_dir, definition, vocab, merges, entries, base_vocab_size)
+
+    if not has_json and _numbered_on_from_the_vocabulary(entries, vocab):
+        added = {e["content"]: e["id"] for e in entries}
+        words = WordMerges.made(_splitter(model_dir, definition, entries), vocab, merges, added)
+        if words is not None:
+            return TextTokenizer(library_tokenizer, split_pattern, added, base_vocab_size, source, words)
+    backend = library_tokenizer()
+    added = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
+    return TextTokenizer(backend, split_pattern, added, base_vocab_size, source)
+
+
+def _library_tokenizer(model_dir: Path, definition: dict, vocab: dict, merges: list, entries: list, base_vocab_size):
+    """The ``tokenizers`` pipeline of ``definition`` (with the BPE model of ``vocab`` and ``merges`` where they
+    were read apart) and the added tokens of ``entries``, each given the id the official loader gives it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+
     try:
         backend = Tokenizer.from_str(json.dumps(definition))
-        if not has_json:  # vocab.json + merges.txt: the BPE model made from them as they were read, the same
+        if vocab:  # vocab.json + merges.txt: the BPE model made from them as they were read, the same
             # model as from its definition with the entries in it, without writing and parsing them again
             options = {k: v for k, v in definition["model"].items() if k not in ("type", "vocab", "merges")}
             backend.model = BPE(vocab=vocab, merges=merges, **options)
     except Exception as e:  # the tokenizers library reports its own parse errors
         raise CheckpointError(f"text tokenizer in {model_dir}: cannot build it ({e})") from None
-
     # Added tokens, in id order, each taking the next free id unless it is already in the vocabulary
     # (what the official loader does); the ids must come out as tokenizer_config.json lists them.
-    for entry in _added_token_entries(tokenizer_config or {}):
+    for entry in entries:
         existing = backend.token_to_id(entry["content"])
-        token = AddedToken(
-            entry["content"],
-            single_word=entry["single_word"],
-            lstrip=entry["lstrip"],
-            rstrip=entry["rstrip"],
-            normalized=entry["normalized"],
-            special=entry["special"],
-        )
-        if entry["special"]:
-            backend.add_special_tokens([token])
-        else:
-            backend.add_tokens([token])
+        _add_token(backend, entry)
         got = backend.token_to_id(entry["content"])
         if got != entry["id"]:
             raise CheckpointError(
@@ -414,8 +465,104 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
                 f"the loader gives it id {got} (added tokens must follow the {base_vocab_size}-entry vocabulary "
                 f"without gaps{'' if existing is None else ', or equal its vocabulary id'})"
             )
-    added = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
-    return TextTokenizer(backend, split_pattern, added, base_vocab_size, source)
+    return backend
+
+
+def _add_token(backend, entry: dict) -> None:
+    """Add the added token ``entry`` (``_added_token_entries``) to a ``tokenizers.Tokenizer``."""
+    from tokenizers import AddedToken
+
+    options = ("single_word", "lstrip", "rstrip", "normalized", "special")
+    token = AddedToken(entry["content"], **{k: entry[k] for k in options})
+    if entry["special"]:
+        backend.add_special_tokens([token])
+    else:
+        backend.add_tokens([token])
+
+
+def _numbered_on_from_the_vocabulary(entries: list, vocab: dict) -> bool:
+    """Whether the added tokens are new words (none in the vocabulary, none twice) listed with the ids after
+    the vocabulary's, in order: the ids the official loader gives them there (the released files)."""
+    contents = [e["content"] for e in entries]
+    return (
+        [e["id"] for e in entries] == list(range(len(vocab), len(vocab) + len(entries)))
+        and len(set(contents)) == len(contents)
+        and vocab.keys().isdisjoint(contents)
+    )
+
+
+def _splitter(model_dir: Path, definition: dict, entries: list):
+    """The ``tokenizers`` pipeline of ``definition`` over a BPE model of the 256 byte symbols and no merge, with
+    the added tokens of ``entries``: its encoding of a text is the text's words, each as its byte symbols,
+    and its added tokens (ids 256 on, in the order of ``entries``)."""
+    from tokenizers import Tokenizer
+
+    symbols = _byte_level_bpe_json({s: i for i, s in enumerate(byte_alphabet_in_vocab_order())}, [], "")
+    try:
+        splitter = Tokenizer.from_str(json.dumps(dict(definition, model=symbols["model"])))
+    except Exception as e:  # the tokenizers library reports its own parse errors
+        raise CheckpointError(f"text tokenizer in {model_dir}: cannot build it ({e})") from None
+    for entry in entries:
+        _add_token(splitter, entry)
+    return splitter
+
+
+class WordMerges:
+    """A text's ids without the library's BPE model (making it from the vocabulary's 151,643 entries is
+    most of a load's time): the library's splitter (``_splitter``: normalization, pre-tokenisation and
+    added tokens as in the whole pipeline) cuts the text into words and added tokens, and each word's
+    symbols merge by rank as in step 4 (``_bpe_word``), each symbol then looked up in the vocabulary.
+    Merging a word of n symbols in Python takes up to about n * n steps: a text whose words would take more
+    than ``PYTHON_MERGE_STEPS`` in all is left to the library (``encode`` returns None)."""
+
+    PYTHON_MERGE_STEPS = 200_000  # (a few tens of milliseconds)
+
+    def __init__(self, splitter, vocab: dict, ranks: dict, added_ids: dict):
+        self.splitter, self.vocab = splitter, vocab
+        self.ranks = ranks  # (a, b) -> rank
+        self.added_ids = added_ids  # the splitter's id of an added token -> its id
+
+    @classmethod
+    def made(cls, splitter, vocab: dict, merges: list, added: Mapping[str, int]) -> WordMerges | None:
+        """``WordMerges`` of the files' ``vocab`` and ``merges``, or None where the library's model is needed
+        to say what they mean: a merge of symbols (or making one) not in the vocabulary (the library refuses
+        the files), two words of one id, an added token that is a byte's symbol.  (A pair merged twice takes
+        its last rank, as in the library.)"""
+        ranks = dict(zip(merges, itertools.count()))
+        in_vocabulary = vocab.__contains__
+        if not (
+            all(map(in_vocabulary, itertools.chain.from_iterable(merges)))
+            and all(map(in_vocabulary, map("".join, merges)))
+            and len(set(vocab.values())) == len(vocab)
+        ):
+            return None
+        added_ids = {splitter.token_to_id(content): token_id for content, token_id in added.items()}
+        if min(added_ids, default=256) < 256:
+            return None
+        return cls(splitter, vocab, ranks, added_ids)
+
+    def encode(self, text: str) -> list | None:
+        encoding = self.splitter.encode(text, add_special_tokens=False)
+        pieces = []  # (word's symbols, or None for an added token: its id)
+        for token_id, token, word in zip(encoding.ids, encoding.tokens, encoding.word_ids, strict=True):
+            if token_id in self.added_ids:
+                pieces.append((None, self.added_ids[token_id]))
+            elif pieces and pieces[-1][0] is not None and pieces[-1][1] == word:
+                pieces[-1][0].append(token)
+            else:
+                pieces.append(([token], word))
+        if sum(len(symbols) ** 2 for symbols, _ in pieces if symbols is not None) > self.PYTHON_MERGE_STEPS:
+            return None
+        ids = []
+        for symbols, word_or_id in pieces:
+            if symbols is None:
+                ids.append(word_or_id)
+                continue
+            for symbol in _bpe_word(symbols, self.ranks):
+                if symbol not in self.vocab:  # (a vocabulary without some byte: what the library does with it)
+                    return None
+                ids.append(self.vocab[symbol])
+        return ids
 
 
 # ---------------------------------------------------------------------------------------------

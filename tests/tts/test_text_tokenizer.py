@@ -79,6 +79,36 @@ def test_ids_equal_official(layout, golden, tokenizers_by_layout):
     assert tok.encode_batch(golden["texts"][:20]) == expected[:20]
 
 
+@pytest.mark.parametrize("layout", ["tiny", "real_released", "real_config_4_57_1", "real_no_config"])
+def test_words_merged_before_the_librarys_model_give_the_official_ids(layout, golden, layout_dirs):
+    """The released layout (vocab.json + merges.txt) leaves the library's BPE model to its first need: until
+    then a text's words merge in Python (``WordMerges``), to the official ids, and the model is not made."""
+    tok = load_text_tokenizer(layout_dirs[layout])
+    assert tok.words is not None and tok._backend is None
+    ours = [tok.words.encode(t) for t in golden["texts"]]
+    assert [tok.encode(t) for t in golden["texts"][:5]] == ours[:5] and tok._backend is None
+    expected = golden["layouts"][layout]["ids"]
+    mismatches = [(t, o, e) for t, o, e in zip(golden["texts"], ours, expected, strict=True) if o != e]
+    assert not mismatches, f"{len(mismatches)} of {len(expected)} texts differ, first: {mismatches[0]!r}"
+    assert tok.vocab_size == golden["layouts"][layout]["len"]  # (its first need: made now, for every text)
+    assert tok._backend is not None and tok.words is None
+
+
+def test_a_text_too_long_to_merge_in_python_goes_to_the_library(golden, layout_dirs, tokenizers_by_layout):
+    """A word of n symbols takes up to n * n steps in Python: past ``PYTHON_MERGE_STEPS`` in all, the
+    library's model is made and encodes the text (the same ids)."""
+    tok = load_text_tokenizer(layout_dirs["real_released"])
+    long_word = "supercalifragilistic" * 30  # (one word of 600 symbols)
+    assert tok.words.encode(long_word) is None and tok._backend is None
+    assert tok.encode(long_word) == tokenizers_by_layout["real_released"].backend.encode(long_word).ids
+    assert tok._backend is not None
+
+
+def test_tokenizer_json_makes_the_librarys_model_at_the_load(layout_dirs):
+    tok = load_text_tokenizer(layout_dirs["real_tokenizer_json"])
+    assert tok.words is None and tok._backend is not None
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_official_loader(layout, golden, tokenizers_by_layout):
     tok, rec = tokenizers_by_layout[layout], golden["layouts"][layout]
@@ -241,6 +271,21 @@ def test_property_real_paths_agree(text, tokenizers_by_layout):
     assert tokenizers_by_layout["real_released"].decode(
         tokenizers_by_layout["real_released"].encode(text)
     ) == unicodedata.normalize("NFC", text)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.tuples(_TEXT, _SPECIALS), max_size=4))
+def test_property_words_merged_in_python_equal_the_library(parts, tokenizers_by_layout, words_by_layout):
+    """Random text and added tokens: the words merged in Python, the library's ids (or left to it)."""
+    text = "".join(a + b for a, b in parts)
+    for layout in ("tiny", "real_released"):
+        library = tokenizers_by_layout[layout].backend.encode(text, add_special_tokens=False).ids
+        assert words_by_layout[layout].encode(text) in (library, None), text
+
+
+@pytest.fixture(scope="module")
+def words_by_layout(layout_dirs):
+    return {name: load_text_tokenizer(layout_dirs[name]).words for name in ("tiny", "real_released")}
 
 
 _TINY_CACHE = {}
