@@ -27,7 +27,7 @@ from .commands import DEFAULT_MODELS
 from .files import check_output_path
 from .output import EMBEDDED_NOTE, NOTE_MARKER, CliError, Reporter, one_line
 from .parser import build_parser
-from .streams import quiet_after_closed_pipe, settle_standard_streams
+from .streams import end_standard_output, quiet_after_closed_pipe, settle_standard_streams
 
 __all__ = ["main", "build_parser", "CliError", "Reporter", "DEFAULT_MODELS", "EMBEDDED_NOTE", "NOTE_MARKER"]
 
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             else:
                 warnings.showwarning = say.warning
             status = args.func(args, say)
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        end_standard_output()  # a closed pipe shows here, not in the interpreter's flush at exit
         return status
     except BrokenPipeError:
         return quiet_after_closed_pipe()

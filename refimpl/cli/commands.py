@@ -108,13 +108,17 @@ def run_synthesis(args, say: Reporter, kind: str, method: str, make_call) -> int
 
 def write_stream(chunks, output: AudioOutput, say: Reporter) -> None:
     """Each streamed waveform chunk to ``output`` as it comes, with a bar counting seconds of audio (and
-    the time to the first chunk, the latency a listener would wait)."""
+    the time to the first chunk, the latency a listener would wait).  The bar is made once the first chunk
+    is written: making it imports tqdm, which would delay the first audio."""
     t0 = time.perf_counter()
-    bar = say.bar(desc="streamed audio")
+    bar, first = None, True
     for chunk in chunks:
-        if not output.samples and bar is not None:
-            bar.set_postfix_str(f"first chunk after {time.perf_counter() - t0:.2f} s", refresh=False)
+        waited = time.perf_counter() - t0
         output.write(chunk)
+        if first:
+            first, bar = False, say.bar(desc="streamed audio")
+            if bar is not None:
+                bar.set_postfix_str(f"first chunk after {waited:.2f} s", refresh=False)
         if bar is not None:
             bar.update(round(chunk.shape[0] / output.sample_rate, 2))
     if bar is not None:
@@ -207,10 +211,12 @@ def cmd_codec_decode(args, say: Reporter) -> int:
         if len(codes) == 0:
             tok.decode_full(codes)  # validates the (empty) array's shape
         stream, output = tok.stream(), AudioOutput(args.output, tok.sample_rate, args.float_wav)
-        bar = say.bar(desc="decoding", total=len(codes))
+        bar = None  # (made after the first chunk's audio, as in write_stream)
         for start in range(0, len(codes), args.chunk_frames):
             chunk = codes[start : start + args.chunk_frames]
             output.write(stream.push(chunk))
+            if start == 0:
+                bar = say.bar(desc="decoding", total=len(codes))
             if bar is not None:
                 bar.update(len(chunk))
         if bar is not None:

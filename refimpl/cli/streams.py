@@ -22,6 +22,25 @@ def quiet_after_closed_pipe() -> int:
     return 1
 
 
+def end_standard_output() -> None:
+    """The end of a command's standard output: flushed, then its descriptor given /dev/null, so that a reader
+    (``| aplay``) sees the end of the stream when the work is done, not when the interpreter has finished
+    tearing down (freeing a model's arrays, Numba's state: a tenth of a second or more).  A reader that has
+    gone raises ``BrokenPipeError`` here, as at any flush."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # (a ClosedStream, or a stand-in without a descriptor)
+        return
+    if fd != 1:  # (a stand-in's own file, e.g. a test's capture: not the process's standard output)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 class ClosedStream(io.RawIOBase):
     """Stands in for a standard stream that was closed when refimpl started: reading or writing it is an
     error naming it (its file descriptor is held open on /dev/null, so that no file opened later takes it)."""

@@ -85,6 +85,53 @@ def test_the_first_chunk_is_read_from_the_pipe_while_the_rest_is_made(tmp_path, 
         assert w.readframes(len(data)) == data[HEADER_BYTES:]
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_reader_sees_the_end_when_the_audio_is_written(stream):
+    """Standard output ends with the command's work, not with the interpreter: a process whose exit takes
+    three seconds more (an exit handler that waits) has its reader see the end of the WAV first."""
+    script = "import atexit, sys, time; atexit.register(time.sleep, 3); from refimpl.cli import main; sys.exit(main())"
+    args = ["say", "Hello there.", "--greedy", "--max-new-tokens", "4", "--backend", "numpy", "-q", "-o", "-"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args, *(["--stream"] if stream else [])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    data = proc.stdout.read()  # (until the end of the stream)
+    ended = time.monotonic()
+    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()
+    assert time.monotonic() - ended >= 2, "the reader saw the end only when the process had exited"
+    assert read_wav_bytes(data)[0].shape == (3 * 1920,)
+
+
+def test_the_progress_bar_comes_after_the_first_audio(tmp_path, capsysbinary, monkeypatch):
+    """A stream's bar is made once its first chunk is written (making it imports tqdm: not on the way to
+    the first audio), for say and codec decode alike; it counts every chunk."""
+    from refimpl.cli import commands, output
+
+    events = []
+    write, bar = commands.AudioOutput.write, output.Reporter.bar
+
+    def logged_write(self, chunk):
+        events.append("write")
+        return write(self, chunk)
+
+    def logged_bar(self, *args, **kwargs):
+        events.append("bar")
+        return bar(self, *args, **kwargs)
+
+    monkeypatch.setattr(commands.AudioOutput, "write", logged_write)
+    monkeypatch.setattr(output.Reporter, "bar", logged_bar)
+    np.save(tmp_path / "codes.npy", np.random.default_rng(0).integers(0, 64, size=(5, 16)))
+    say = ["say", "Hello.", "--greedy", "--max-new-tokens", "5"]  # 4 frames
+    decode = ["codec", "decode", str(tmp_path / "codes.npy")]  # 5 frames
+    for command, chunks in ((say, 2), (decode, 3)):
+        events.clear()
+        assert cli.main([*command, "--stream", "--chunk-frames", "2", "-o", "-"]) == 0
+        assert events == ["write", "bar"] + ["write"] * (chunks - 1), command
+        assert "first chunk after" in capsysbinary.readouterr().err.decode() or command is decode
+
+
 @pytest.mark.parametrize("float_wav", [False, True])
 def test_streamed_output_equals_the_file_for_every_synthesis_command(tmp_path, capsysbinary, float_wav):
     """say, design, clone and codec decode: ``--stream -o -`` writes the samples ``--stream -o FILE``
