@@ -61,14 +61,14 @@ __all__ = [
     "check_unicode",
 ]
 
-# Qwen2's pre-tokenisation pattern: English contractions (any case), an optional non-letter then a
-# letter run, ONE digit, an optional space then a punctuation run (with trailing newlines), newline
-# runs with their leading spaces, spaces not followed by a non-space, other whitespace.
 # A merges.txt body (after its "#version" line) whose every line is two symbols and one space between them
 # (the last line's newline optional): split by whitespace, it gives the pairs that reading it line by line
 # gives.  Any other file (blank lines, tabs, a line of one symbol...) is read line by line.
 MERGE_LINES = re.compile(r"(?:\S+ \S+\n)*(?:\S+ \S+)?")
 
+# Qwen2's pre-tokenisation pattern: English contractions (any case), an optional non-letter then a
+# letter run, ONE digit, an optional space then a punctuation run (with trailing newlines), newline
+# runs with their leading spaces, spaces not followed by a non-space, other whitespace.
 QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -313,6 +313,16 @@ class TextTokenizer:
         self.base_vocab_size = int(base_vocab_size)
         self.source = source  # "tokenizer.json" or "vocab.json+merges.txt"
 
+    def __getstate__(self) -> dict:
+        """A copy or a pickle holds the library's model (made now if it was not), not the way to make it."""
+        state = dict(self.__dict__, _backend=self.backend, _make_backend=None, words=None)
+        del state["_making"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._making = threading.Lock()
+
     @property
     def backend(self):
         """The ``tokenizers.Tokenizer`` of the whole pipeline (made now if it was left for its first need)."""
@@ -542,11 +552,14 @@ class WordMerges:
         return cls(splitter, vocab, ranks, added_ids)
 
     def encode(self, text: str) -> list | None:
+        """The ids of ``text``, or None where the library's model is to encode it."""
         encoding = self.splitter.encode(text, add_special_tokens=False)
-        pieces = []  # (word's symbols, or None for an added token: its id)
+        pieces = []  # (a word's symbols, its index) or (None, an added token's id)
         for token_id, token, word in zip(encoding.ids, encoding.tokens, encoding.word_ids, strict=True):
             if token_id in self.added_ids:
                 pieces.append((None, self.added_ids[token_id]))
+            elif word is None:  # (a symbol of no word: not what the splitter makes)
+                return None
             elif pieces and pieces[-1][0] is not None and pieces[-1][1] == word:
                 pieces[-1][0].append(token)
             else:

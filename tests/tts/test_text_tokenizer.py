@@ -104,6 +104,17 @@ def test_a_text_too_long_to_merge_in_python_goes_to_the_library(golden, layout_d
     assert tok._backend is not None
 
 
+def test_a_copy_or_a_pickle_holds_the_librarys_model(golden, layout_dirs):
+    import copy
+    import pickle
+
+    tok = load_text_tokenizer(layout_dirs["real_released"])
+    for other in (copy.deepcopy(tok), pickle.loads(pickle.dumps(tok))):
+        assert other.words is None and other._backend is not None
+        assert [other.encode(t) for t in golden["texts"][:20]] == golden["layouts"]["real_released"]["ids"][:20]
+        assert other.added_tokens == tok.added_tokens and other.split_pattern == tok.split_pattern
+
+
 def test_tokenizer_json_makes_the_librarys_model_at_the_load(layout_dirs):
     tok = load_text_tokenizer(layout_dirs["real_tokenizer_json"])
     assert tok.words is None and tok._backend is not None
