@@ -29,7 +29,7 @@ from .output import EMBEDDED_NOTE, NOTE_MARKER, CliError, Reporter, one_line
 from .parser import build_parser
 from .streams import end_standard_output, quiet_after_closed_pipe, settle_standard_streams
 
-__all__ = ["main", "build_parser", "CliError", "Reporter", "DEFAULT_MODELS", "EMBEDDED_NOTE", "NOTE_MARKER"]
+__all__ = ["main", "run", "build_parser", "CliError", "Reporter", "DEFAULT_MODELS", "EMBEDDED_NOTE", "NOTE_MARKER"]
 
 
 def debug_requested() -> bool:
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             else:
                 warnings.showwarning = say.warning
             status = args.func(args, say)
-        end_standard_output()  # a closed pipe shows here, not in the interpreter's flush at exit
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
         return status
     except BrokenPipeError:
         return quiet_after_closed_pipe()
@@ -86,6 +86,18 @@ def main(argv=None) -> int:
         return 130
     except Exception as e:  # a bug, not a user error: still one line, unless REFIMPL_DEBUG asks for the traceback
         return internal_error(e)
+
+
+def run() -> int:
+    """The command line as a process (the ``refimpl`` script, ``python -m refimpl``): ``main``, then standard
+    output ended (``end_standard_output``), so that a reader sees the end of the audio before the interpreter
+    tears the model down.  (``main`` leaves standard output open: a caller in the same process goes on.)"""
+    status = main()
+    try:
+        end_standard_output()
+    except BrokenPipeError:
+        return quiet_after_closed_pipe()
+    return status
 
 
 def internal_error(e: Exception) -> int:

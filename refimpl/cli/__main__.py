@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from . import run
 
-sys.exit(main())
+sys.exit(run())

@@ -88,8 +88,9 @@ def test_the_first_chunk_is_read_from_the_pipe_while_the_rest_is_made(tmp_path, 
 @pytest.mark.parametrize("stream", [True, False])
 def test_the_reader_sees_the_end_when_the_audio_is_written(stream):
     """Standard output ends with the command's work, not with the interpreter: a process whose exit takes
-    three seconds more (an exit handler that waits) has its reader see the end of the WAV first."""
-    script = "import atexit, sys, time; atexit.register(time.sleep, 3); from refimpl.cli import main; sys.exit(main())"
+    three seconds more (an exit handler that waits) has its reader see the end of the WAV first.  (``main``
+    called in a process that goes on leaves it open.)"""
+    script = "import atexit, sys, time; atexit.register(time.sleep, 3); from refimpl.cli import run; sys.exit(run())"
     args = ["say", "Hello there.", "--greedy", "--max-new-tokens", "4", "--backend", "numpy", "-q", "-o", "-"]
     proc = subprocess.Popen(
         [sys.executable, "-c", script, *args, *(["--stream"] if stream else [])],
@@ -102,6 +103,16 @@ def test_the_reader_sees_the_end_when_the_audio_is_written(stream):
     assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()
     assert time.monotonic() - ended >= 2, "the reader saw the end only when the process had exited"
     assert read_wav_bytes(data)[0].shape == (3 * 1920,)
+
+
+def test_main_leaves_standard_output_open_for_its_caller(tmp_path):
+    script = (
+        "import sys; from refimpl.cli import main; "
+        "status = main(['info', '--model', 'default']); print('after main'); sys.exit(status)"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip().endswith("after main")
 
 
 def test_the_progress_bar_comes_after_the_first_audio(tmp_path, capsysbinary, monkeypatch):
