@@ -23,7 +23,7 @@ from . import runtime
 # them (the prompt's products, a step's, the decoder's long units); elsewhere their cache holds nothing
 # to load.
 FIRST_AUDIO = (
-    ("packed_words", "_packing"),
+    ("packed_words", "_packings"),
     ("amx", "_tiles_take"),
     ("amx", "_tile_bf16_times"),
     ("amx", "_tile_few_rows_times"),

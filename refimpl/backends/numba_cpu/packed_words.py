@@ -9,6 +9,7 @@ it saved in bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numba
@@ -21,8 +22,9 @@ from numba.extending import intrinsic
 from ...environment import switch
 from ..bf16 import PACK_WINDOW, BF16Matrix, PackedWords, stored_order
 from . import runtime
+from .cached_kernels import load_cached
 from .intrinsics import FASTMATH, PREFETCH_LOCALITY, _bf16_to_f32
-from .kept import _kept_while_read_only
+from .kept import _kept_while_read_only, _read_only
 
 PACKED_COMPILED = runtime.machine().packed_compiled  # the 64-byte shuffles of _rebuilt_words
 USE_PACKED = PACKED_COMPILED and switch("REFIMPL_PACKED")
@@ -260,12 +262,57 @@ def _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_
                         e += 1
 
 
+@numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
+def _packings(words_n, first_m, shape_m2):
+    """``_packing`` of each matrix m of one buffer's words: the [O, I] = ``shape_m2[m]`` words from
+    ``words_n[first_m[m]]`` on, in one call (a thread that packs ahead then needs the interpreter's lock at
+    its start and its end only, while the load beside it holds that lock for long stretches)."""
+    packings = []
+    for m in range(first_m.size):
+        O, I = shape_m2[m, 0], shape_m2[m, 1]
+        packings.append(_packing(words_n[first_m[m] : first_m[m] + O * I].reshape((O, I))))
+    return packings
+
+
 def pack_words(bits_oi) -> PackedWords:
     """``bf16.PackedWords`` of the words [O, I] (I a multiple of ``PACKED_BLOCK``): the window of 8 high-byte
     values (sign aside) that holds the most words, the others listed."""
-    base, low_oi, codes_oh, rows_e, cols_e, values_e = _packing(np.ascontiguousarray(bits_oi))
+    return _packed_words(*_packing(np.ascontiguousarray(bits_oi)))
+
+
+def _packed_words(base, low_oi, codes_oh, rows_e, cols_e, values_e) -> PackedWords:
+    """The ``PackedWords`` of what ``_packing`` returns (the codes' 16 high bytes: sign and window value)."""
     high_16 = [(c // 8) << 7 | (base + c % 8) for c in range(16)]
     return PackedWords(low_oi, codes_oh, np.array(high_16 * 4, np.uint8), rows_e, cols_e, values_e)
+
+
+def _words_of_one_buffer(matrices: list) -> tuple:
+    """(the buffer's words, the matrices in it, the first word of each, the other matrices) for the
+    matrices whose words are C-contiguous views of the read-only byte buffer that holds the first one's (a
+    checkpoint's memory map); (None, [], [], matrices) where the first one's words are not such a view.  A
+    view's first word is its distance in bytes from the buffer's start, halved (both addresses even)."""
+    root = _outermost(matrices[0].bits)
+    if not (root.dtype == np.uint8 and root.ndim == 1 and root.flags.c_contiguous and _read_only(root)):
+        return None, [], [], matrices
+    start = root.__array_interface__["data"][0]
+    inside, firsts, others = [], [], []
+    for m in matrices:
+        offset = m.bits.__array_interface__["data"][0] - start
+        if _outermost(m.bits) is root and m.bits.flags.c_contiguous and start % 2 == 0 and offset % 2 == 0:
+            inside.append(m)
+            firsts.append(offset // 2)
+        else:
+            others.append(m)
+    if not inside:
+        return None, [], [], matrices
+    return root[: root.size // 2 * 2].view(np.uint16), inside, firsts, others
+
+
+def _outermost(array: np.ndarray) -> np.ndarray:
+    """The array that ``array`` is a view of, through every view between (``array`` itself if none)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
 
 
 _PACKED: dict = {}  # id of a read-only read-packed matrix's words -> (a weak reference to them, PackedWords)
@@ -298,21 +345,34 @@ _AHEAD: list = []  # the threads of pack_ahead still packing
 
 def pack_ahead(matrices) -> None:
     """Pack the read-packed matrices of ``matrices`` now, in a thread, while the caller goes on (a model's load
-    calls it: the packing of the code predictor then runs beside the
-    rest of the load and the prompt instead of before the first frame).  ``packed_words`` waits for it, so
+    calls it: the packing of the code predictor then runs beside the rest of the load instead of before the
+    first frame; its kernel is loaded first, here).  ``packed_words`` waits for it, so
     every matrix is packed once, the same packing as at its first use; a packing that fails there is left
     to the first use (which raises)."""
     todo = [m for m in matrices if _packable(m)]
     if todo:
+        # its kernel loaded here: in the thread, its load waited for the lock that the model's load holds
+        # (a Numba without the internals load_cached uses: the thread's call loads it, as before)
+        with contextlib.suppress(Exception):
+            load_cached(_packings)
         thread = threading.Thread(target=_pack_all, args=(todo,), name="refimpl-packing", daemon=True)
         _AHEAD.append(thread)
         thread.start()
 
 
 def _pack_all(matrices: list) -> None:
+    """Pack ``matrices`` (read-packed) and keep each packing: those of one buffer in one call (``_packings``),
+    the others one by one."""
     try:
-        for m in matrices:
-            _kept_while_read_only(_PACKED, m.bits, pack_words)
+        while matrices:
+            words_n, inside, firsts, matrices = _words_of_one_buffer(matrices)
+            if words_n is None:
+                _kept_while_read_only(_PACKED, matrices[0].bits, pack_words)
+                matrices = matrices[1:]
+                continue
+            shapes = np.array([m.shape for m in inside], np.int64).reshape(-1, 2)
+            for m, packing in zip(inside, _packings(words_n, np.array(firsts, np.int64), shapes), strict=True):
+                _kept_while_read_only(_PACKED, m.bits, lambda _, packing=packing: _packed_words(*packing))
     except Exception:  # (MemoryError...): the first use packs what is left, and raises
         return
 

@@ -152,16 +152,18 @@ print(json.dumps({"loaded": loaded, "before": before, "after": len(kernel.overlo
     not numba_cpu.packed_words.PACKED_COMPILED, reason="the packed kernel needs 512-bit byte shuffles (avx512bw)"
 )
 def test_the_packings_kernels_load_without_numbas_registries(tmp_path):
-    """The packing's kernel (the first one a full-size load calls, in its thread) loaded from the cache in
+    """The packing's kernel (the first one a full-size load calls, before its thread) loaded from the cache in
     a fresh process: it does not set up Numba's registries, by itself or through the functions it inlined
     (an array's ``sum`` would import Numba's array math, and its linear algebra with it)."""
     script = r"""
 import json, sys
 import numpy as np
 from refimpl.backends.numba_cpu import cached_kernels, packed_words
-kernels = (packed_words._packing,)
+kernels = (packed_words._packings,)
 loaded = [cached_kernels.load_cached(kernel) for kernel in kernels]
-packed = packed_words.pack_words((0x3F00 | np.arange(128, dtype=np.uint16)).reshape(1, 128))
+words = (0x3F00 | np.arange(256, dtype=np.uint16))
+words.flags.writeable = False  # (a checkpoint's map is read-only: the overload a load calls)
+packed = packed_words._packings(words, np.array([0, 128]), np.array([[1, 128], [2, 64]]))
 print(json.dumps({"loaded": loaded, "misses": sum(sum(k._cache_misses.values()) for k in kernels),
                   "registries": "numba.np.linalg" in sys.modules, "special": "scipy.special" in sys.modules}))
 """

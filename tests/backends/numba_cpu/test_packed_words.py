@@ -351,6 +351,36 @@ def test_packing_ahead_makes_the_packing_of_the_first_use_once():
     assert pw.packed_words(not_streamed) is None
 
 
+def test_matrices_of_one_mapped_buffer_are_packed_in_one_call(monkeypatch):
+    """Matrices that are views of one read-only byte buffer (a checkpoint's map) are packed by one call of
+    ``_packings`` (one wait for the interpreter's lock): each packing is the one of its first use.  A view
+    at an odd byte, and a matrix of another buffer, are packed one by one."""
+    rng = np.random.default_rng(12)
+    shapes = ((64, 128), (40, 1024), (8, 64))
+    parts = [random_words(rng, O, I, special=0.01) for O, I in shapes]
+    buffer = np.zeros(3 + sum(p.nbytes for p in parts), np.uint8)  # (3: a view at an odd byte below)
+    starts = 2 + np.cumsum([0] + [p.nbytes for p in parts])
+    for p, at in zip(parts, starts, strict=False):
+        buffer[at : at + p.nbytes] = p.reshape(-1).view(np.uint8)
+    buffer.flags.writeable = False
+    views = [buffer[at : at + p.nbytes].view(np.uint16).reshape(p.shape) for p, at in zip(parts, starts, strict=False)]
+    odd = buffer[1 : 1 + 128].view(np.uint16).reshape(1, 64)  # (a copy's words: packed alone)
+    other = random_words(rng, 16, 128)
+    other.flags.writeable = False
+    matrices = [BF16Matrix(b, read_packed=True) for b in (*views, odd, other)]
+    pw = numba_cpu.packed_words
+    calls = []
+    packings = pw._packings
+    monkeypatch.setattr(pw, "_packings", lambda *a: calls.append(a[1].size) or packings(*a))
+    monkeypatch.setattr(pw, "_PACKED", {})
+    pw._pack_all(matrices)
+    assert calls == [3]
+    for m in matrices:
+        assert id(m.bits) in pw._PACKED
+        for got, expected in zip(pw.packed_words(m), pw.pack_words(m.bits), strict=True):
+            np.testing.assert_array_equal(got, expected)
+
+
 def test_a_model_load_packs_the_code_predictor_ahead_on_the_numba_backend(monkeypatch):
     """backends.prepare_weights hands the weights to the backend of the dtype's calls: numba packs them, the
     numpy reference (float64, or asked for) does nothing."""
