@@ -133,7 +133,7 @@ else:
             return None
     sys.meta_path.insert(0, KernelsWatch())
 
-wrap("refimpl.backends.numba_cpu.packed_words", None, "pack_words", "the packing")
+wrap("refimpl.backends.numba_cpu.packed_words", None, "_pack_all", "the packing")  # (the thread's work)
 wrap("refimpl.backends.numba_cpu.cached_kernels", None, "_load_first_audio", "the kernels loaded ahead")
 
 from refimpl import Qwen3TTS
