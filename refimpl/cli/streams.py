@@ -6,6 +6,7 @@ command with status 1 and no message (``quiet_after_closed_pipe``)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -14,12 +15,19 @@ import sys
 def quiet_after_closed_pipe() -> int:
     """Standard output was closed by its reader (``| head``): end without a message or a traceback (and
     without the interpreter's own complaint when it flushes standard output at exit)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError):
+        devnull_on(sys.stdout.fileno())
     return 1
+
+
+def devnull_on(fd: int) -> None:
+    """Give the open descriptor ``fd`` /dev/null for writing (what it held is closed: a pipe's reader sees
+    its end when no other descriptor holds it)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def end_standard_output() -> None:
@@ -32,13 +40,8 @@ def end_standard_output() -> None:
         fd = sys.stdout.fileno()
     except (OSError, ValueError):  # (a ClosedStream, or a stand-in without a descriptor)
         return
-    if fd != 1:  # (a stand-in's own file, e.g. a test's capture: not the process's standard output)
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
+    if fd == 1:  # (else a stand-in's own file, e.g. a test's capture: not the process's standard output)
+        devnull_on(fd)
 
 
 class ClosedStream(io.RawIOBase):
