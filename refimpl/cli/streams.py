@@ -33,7 +33,7 @@ def devnull_on(fd: int) -> None:
 def end_standard_output() -> None:
     """The end of a command's standard output: flushed, then its descriptor given /dev/null, so that a reader
     (``| aplay``) sees the end of the stream when the work is done, not when the interpreter has finished
-    tearing down (freeing a model's arrays, Numba's state: a tenth of a second or more).  A reader that has
+    tearing down (freeing a model's arrays, Numba's state).  A reader that has
     gone raises ``BrokenPipeError`` here, as at any flush."""
     sys.stdout.flush()
     try:

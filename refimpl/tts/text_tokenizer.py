@@ -525,7 +525,7 @@ class WordMerges:
     Merging a word of n symbols in Python takes up to about n * n steps: a text whose words would take more
     than ``PYTHON_MERGE_STEPS`` in all is left to the library (``encode`` returns None)."""
 
-    PYTHON_MERGE_STEPS = 200_000  # (a few tens of milliseconds)
+    PYTHON_MERGE_STEPS = 200_000  # (past it the library's model, made then, is the quicker way)
 
     def __init__(self, splitter, vocab: dict, ranks: dict, added_ids: dict):
         self.splitter, self.vocab = splitter, vocab
