@@ -395,8 +395,8 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
     has_json = (model_dir / "tokenizer.json").is_file()
     has_bpe_files = (model_dir / "vocab.json").is_file() and (model_dir / "merges.txt").is_file()
 
-    vocab: dict = {}
-    merges: list = []
+    vocab: dict | None = None  # (read apart from the definition: vocab.json + merges.txt)
+    merges: list | None = None
     if has_json:
         source = "tokenizer.json"
         definition = read_json_object(model_dir / "tokenizer.json")
@@ -439,7 +439,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
     def library_tokenizer():
         return _library_tokenizer(model_dir, definition, vocab, merges, entries, base_vocab_size)
 
-    if not has_json and _numbered_on_from_the_vocabulary(entries, vocab):
+    if vocab is not None and merges is not None and _numbered_on_from_the_vocabulary(entries, vocab):
         added = {e["content"]: e["id"] for e in entries}
         words = WordMerges.made(_splitter(model_dir, definition, entries), vocab, merges, added)
         if words is not None:
@@ -449,7 +449,9 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
     return TextTokenizer(backend, split_pattern, added, base_vocab_size, source)
 
 
-def _library_tokenizer(model_dir: Path, definition: dict, vocab: dict, merges: list, entries: list, base_vocab_size):
+def _library_tokenizer(
+    model_dir: Path, definition: dict, vocab: dict | None, merges: list | None, entries: list, base_vocab_size: int
+):
     """The ``tokenizers`` pipeline of ``definition`` (with the BPE model of ``vocab`` and ``merges`` where they
     were read apart) and the added tokens of ``entries``, each given the id the official loader gives it."""
     from tokenizers import Tokenizer
@@ -457,7 +459,7 @@ def _library_tokenizer(model_dir: Path, definition: dict, vocab: dict, merges: l
 
     try:
         backend = Tokenizer.from_str(json.dumps(definition))
-        if vocab:  # vocab.json + merges.txt: the BPE model made from them as they were read, the same
+        if vocab is not None:  # vocab.json + merges.txt: the BPE model made from them as they were read, the same
             # model as from its definition with the entries in it, without writing and parsing them again
             options = {k: v for k, v in definition["model"].items() if k not in ("type", "vocab", "merges")}
             backend.model = BPE(vocab=vocab, merges=merges, **options)

@@ -364,6 +364,10 @@ def test_malformed_files(tmp_path):
     with pytest.raises(CheckpointError, match="cannot build it"):
         load_text_tokenizer(d)
     _copy_tiny(d)
+    (d / "vocab.json").write_text("{}")  # (an empty vocabulary is read too: its merges have no symbols)
+    with pytest.raises(CheckpointError, match="cannot build it"):
+        load_text_tokenizer(d)
+    _copy_tiny(d)
     config = json.loads((d / "tokenizer_config.json").read_text())
     first = min(config["added_tokens_decoder"], key=int)
     config["added_tokens_decoder"][str(int(first) + 100)] = config["added_tokens_decoder"].pop(first)
