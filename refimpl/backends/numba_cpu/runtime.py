@@ -413,18 +413,14 @@ def _key_cache_by_the_package() -> None:
     locator.get_source_stamp = get_source_stamp
 
 
+@functools.cache
 def _package_stamp() -> bytes:
-    """A hash of this package's source files, their names and contents in name order."""
-    files = sorted(PACKAGE.glob("*.py"))
-    return _hash_of(tuple((str(path), path.stat().st_mtime_ns, path.stat().st_size) for path in files))
-
-
-@functools.lru_cache(maxsize=4)
-def _hash_of(files: tuple) -> bytes:
-    """The hash of the files (path, modification time, size) in order: read again when one of them changed."""
+    """A hash of this package's source files, their names and contents in name order, taken once a process (at
+    the first kernel's decoration: the source the kernels are compiled from).  Every cached kernel asks for it
+    as its module is imported; listing and reading the files for each one made a good part of the import."""
     digest = hashlib.sha256()
-    for path, _, _ in files:
-        digest.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes() + b"\0")
+    for path in sorted(PACKAGE.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.digest()
 
 
