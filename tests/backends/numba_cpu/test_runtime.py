@@ -63,6 +63,23 @@ def test_the_kernels_cache_entries_are_keyed_by_the_whole_package(tmp_path):
     assert before != locator.get_source_stamp() != stamp
 
 
+def test_the_package_stamp_is_taken_once_a_process(monkeypatch):
+    """Every cached kernel asks for the package's stamp as its module is imported: the files are listed and
+    read for the first one only, and later asks (a kernel decorated now) get the stamp of the source the
+    process imported, whatever the files hold by then."""
+    from numba.core import caching
+
+    stamp = numba_cpu.runtime._package_stamp()
+
+    def no_listing(*args, **kwargs):
+        raise AssertionError("the package's files listed again")
+
+    monkeypatch.setattr(Path, "glob", no_listing)
+    monkeypatch.setattr(Path, "read_bytes", no_listing)
+    locator = caching.InTreeCacheLocator(numba_cpu.conv._stack_taps_into.py_func, numba_cpu.conv.__file__)
+    assert locator.get_source_stamp() == stamp == numba_cpu.runtime._package_stamp()
+
+
 @pytest.mark.skipif(
     "+avx512f" not in numba_cpu.runtime._compile_features(), reason="a processor without 512-bit vectors"
 )
