@@ -417,7 +417,7 @@ def _key_cache_by_the_package() -> None:
 def _package_stamp() -> bytes:
     """A hash of this package's source files, their names and contents in name order, taken once a process (at
     the first kernel's decoration: the source the kernels are compiled from).  Every cached kernel asks for it
-    as its module is imported; listing and reading the files for each one made a good part of the import."""
+    as its module is imported, and listing the files again for each one slowed the import."""
     digest = hashlib.sha256()
     for path in sorted(PACKAGE.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
