@@ -540,7 +540,6 @@ class WordMerges:
         to say what they mean: a merge of symbols (or making one) not in the vocabulary (the library refuses
         the files), two words of one id, an added token that is a byte's symbol.  (A pair merged twice takes
         its last rank, as in the library.)"""
-        ranks = dict(zip(merges, itertools.count()))
         in_vocabulary = vocab.__contains__
         if not (
             all(map(in_vocabulary, itertools.chain.from_iterable(merges)))
@@ -551,7 +550,7 @@ class WordMerges:
         added_ids = {splitter.token_to_id(content): token_id for content, token_id in added.items()}
         if min(added_ids, default=256) < 256:
             return None
-        return cls(splitter, vocab, ranks, added_ids)
+        return cls(splitter, vocab, dict(zip(merges, itertools.count())), added_ids)
 
     def encode(self, text: str) -> list | None:
         """The ids of ``text``, or None where the library's model is to encode it."""
