@@ -358,13 +358,19 @@ DIRECT_STEPS = 64  # time steps of a block (4 vectors of 16 lanes)
 DIRECT_1X1_MAX_IN = 128  # a 1x1 conv with more inputs keeps the BLAS product (faster there: measured at 384)
 
 
-def direct_conv_takes(O: int, I: int, K: int) -> bool:
-    """Whether a conv of I -> O channels with K taps runs on ``_direct_conv_into``: compiled for 512-bit
-    vectors (AVX-512; with narrower ones its 16 vectors of sums would not stay in registers), the AMX tiles
-    not granted (they run these convs: ``amx_conv._convs_take_tiles``), whole blocks of ``DIRECT_OUT``
-    outputs, and taps to read (K > 1) or at most ``DIRECT_1X1_MAX_IN`` inputs."""
+def direct_kernel_takes(O: int, I: int, K: int) -> bool:
+    """Whether ``_direct_conv_into`` can run a conv of I -> O channels with K taps: compiled for 512-bit vectors
+    (AVX-512; with narrower ones its 16 vectors of sums would not stay in registers), whole blocks of
+    ``DIRECT_OUT`` outputs, and taps to read (K > 1) or at most ``DIRECT_1X1_MAX_IN`` inputs."""
     avx512 = runtime.machine().packed_compiled
-    return avx512 and not amx.USE_TILES and O % DIRECT_OUT == 0 and (K > 1 or I <= DIRECT_1X1_MAX_IN)
+    return avx512 and O % DIRECT_OUT == 0 and (K > 1 or I <= DIRECT_1X1_MAX_IN)
+
+
+def direct_conv_takes(O: int, I: int, K: int) -> bool:
+    """Whether a conv of I -> O channels with K taps runs on ``_direct_conv_into``: where the kernel can
+    (``direct_kernel_takes``) and the AMX tiles are not granted (they run these convs:
+    ``amx_conv._convs_take_tiles``).  A Res2Net's small groups run on it whether or not (its twin's rule)."""
+    return not amx.USE_TILES and direct_kernel_takes(O, I, K)
 
 
 def direct_width(n: int) -> int:

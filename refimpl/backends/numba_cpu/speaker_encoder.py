@@ -1,6 +1,7 @@
 """The twins of ``refimpl/tts/speaker_encoder.py``: the TDNN (reflected taps read in place, bias and ReLU in
-one pass) and the Res2Net built of them, on the AMX tiles where the weights are bf16 values, else on the direct
-kernel where it takes them (a thread's range of steps through all the groups in one call); the gated
+one pass), on the AMX tiles where the weights are bf16 values, else on the direct kernel where it takes them;
+the Res2Net built of them, on the direct kernel where it takes its groups (a thread's range of steps through
+all the groups in one call); the gated
 residual, the pooling statistics and the spectral magnitude, each one pass without temporaries (the attentive
 pooling's biases folded into its passes); the log-mel front end's FFT on more than one of SciPy's threads, and
 its filterbank's product over each band's nonzero bins alone."""
@@ -12,8 +13,8 @@ import numpy as np
 
 from ..host_memory import new_output
 from . import amx
-from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_blocks_on_tiles, _taps_on_tiles, _tdnn_weight_tiles
-from .conv import DIRECT_OUT, DIRECT_STEPS, _direct_conv_into, direct_conv_takes, direct_width
+from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_on_tiles, _tdnn_weight_tiles
+from .conv import DIRECT_OUT, DIRECT_STEPS, _direct_conv_into, direct_conv_takes, direct_kernel_takes, direct_width
 from .elementwise import ELEMENTWISE_PIECE
 from .intrinsics import FASTMATH, _exp_f32, _v16_fma, _v16_load, _v16_store, _v16_zeros
 from .pieces import _piece_threads, run_pieces
@@ -128,23 +129,15 @@ def tdnn(x_bct, w_oik, b_o, dilation: int, record=None):
     return out_bot
 
 
-def _res2net_tiles(w_joik, T):
-    """The groups' weight tiles (``_tdnn_weight_tiles``) where the Res2Net runs on the tiles (granted, k3,
-    ``TILE_RES2NET_MIN_STEPS`` steps, every group's weight bf16 values of whole tiles), else None."""
-    if not amx.USE_TILES or T < TILE_RES2NET_MIN_STEPS or w_joik[0].shape[-1] != 3:
-        return None
-    tiles_j = tuple(_tdnn_weight_tiles(w) for w in w_joik)
-    return None if any(t is None for t in tiles_j) else tiles_j
-
-
 def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
     """``tts.speaker_encoder.res2net`` (float32): each group's TDNN written in place in the
     concatenated output (its rows of channels are a contiguous block of it), the sum with the previous
     group's output taken into one small buffer; group 0 copied, where the reference splits, adds into a
     fresh array, makes a TDNN's output and concatenates them all again (for the released encoder's small
-    groups, a good part of the time).  On the AMX tiles, all the groups of a range of steps in one call
-    (``_res2net_range_on_tiles``); where the direct kernel takes the groups' convs, likewise
-    (``_res2net_range_direct``: one call a thread, not seven hand-offs and passes of each group)."""
+    groups, a good part of the time).  Where the direct kernel can take the groups' convs, all the groups of a
+    range of steps in one call (``_res2net_range_direct``: one call a thread, not seven hand-offs and passes
+    of each group), the AMX tiles granted or not: for groups this small the direct kernel was the faster at
+    every length measured (docs/performance.md, "AMX tiles")."""
     B, C, T = x_bct.shape
     Cg = C // (len(w_joik) + 1)  # channels per group
     if x_bct.dtype != np.float32 or C % (len(w_joik) + 1) or any(w.shape[:2] != (Cg, Cg) for w in w_joik):
@@ -155,21 +148,7 @@ def res2net(x_bct, w_joik, b_jo, dilation: int, record=None):
     if too_short or any(w.dtype != np.float32 or w.shape[-1] != K for w in w_joik) or any(b is None for b in b_jo):
         return NotImplemented
     out_bct = new_output((B, C, T))
-    tiles_j = _res2net_tiles(w_joik, T)
-    if tiles_j is not None:  # bf16 weights (as released): each thread a range of steps, all groups on the tiles
-        b_jo = tuple(np.ascontiguousarray(b, np.float32) for b in b_jo)
-        n = _piece_threads()
-        for b in range(B):
-            x_ct, out_ct = np.ascontiguousarray(x_bct[b]), out_bct[b]
-            cuts = [T * i // n for i in range(n + 1)]
-            run_pieces(
-                lambda t0, t1, x_ct=x_ct, out_ct=out_ct: _res2net_range_on_tiles(
-                    x_ct, tiles_j, b_jo, dilation, t0, t1, out_ct
-                ),
-                [(cuts[i], cuts[i + 1]) for i in range(n)],
-            )
-        return out_bct
-    if direct_conv_takes(Cg, Cg, K):  # AVX-512, no tiles: all the groups of a range of steps in one call
+    if direct_kernel_takes(Cg, Cg, K):  # AVX-512: all the groups of a range of steps in one call
         w_joik = np.ascontiguousarray(np.stack(w_joik), np.float32)
         b_jo = np.ascontiguousarray(np.stack(b_jo), np.float32)
         n = max(1, min(_piece_threads(), T // RES2NET_PIECE_MIN_STEPS))
@@ -487,39 +466,6 @@ def mel_bands(basis_mf, magnitude_bft):
         [(b, cuts[i], cuts[i + 1]) for b in range(B) for i in range(n) if cuts[i] < cuts[i + 1]],
     )
     return out_bmt
-
-
-# A Res2Net's small groups one by one lose on the tiles; all of them in one call win from this many steps (each
-# thread's share of steps is widened by the dilation once per later group: for short signals mostly overlap)
-TILE_RES2NET_MIN_STEPS = 128
-
-
-@numba.njit(cache=True, nogil=True)
-def _res2net_range_on_tiles(x_ct, tiles_j, b_jo, dilation, a, b, out_ct):
-    """``res2net``'s output steps a <= t < b of one item [C, T], all its groups on this thread: group 0
-    copied; group j's TDNN (``_taps_blocks_on_tiles``, k3, reflect padding) on x_j + y_(j-1) over the steps
-    its successors need (the range widened by the dilation once per later group), so that the cascade needs
-    nothing of another thread's range.  Each step's sums see its own row alone: the same bits as the
-    groups' TDNNs on the tiles over the whole signal."""
-    C, T = x_ct.shape
-    J = len(tiles_j)  # groups after the first
-    Cg = C // (J + 1)
-    K = 3
-    z_ct = np.empty((Cg, T), dtype=np.float32)  # a group's input where it is read
-    y_ct = np.empty((Cg, T), dtype=np.float32)  # the previous group's output where it is computed
-    out_ct[:Cg, a:b] = x_ct[:Cg, a:b]
-    for j in range(1, J + 1):
-        widen = (J - j) * dilation
-        r0, r1 = max(a - widen, 0), min(b + widen, T)  # group j's outputs the cascade needs
-        z0, z1 = max(r0 - dilation, 0), min(r1 + dilation, T)  # its inputs they read (mirrored ones inside)
-        for c in range(Cg):
-            for t in range(z0, z1):
-                z_ct[c, t] = x_ct[j * Cg + c, t] if j == 1 else x_ct[j * Cg + c, t] + y_ct[c, t]
-        _taps_blocks_on_tiles(z_ct, tiles_j[j - 1], b_jo[j - 1], True, True, K, dilation, -dilation, y_ct, r0, r1, 0, 1)
-        for c in range(Cg):
-            out_t, y_t = out_ct[j * Cg + c, a:b], y_ct[c, a:b]
-            for i in range(out_t.shape[0]):
-                out_t[i] = y_t[i]
 
 
 RES2NET_PIECE_MIN_STEPS = 128  # steps a thread's range of ``_res2net_range_direct`` has at least (shorter signals: one)

@@ -302,40 +302,6 @@ def test_gated_residual_twin_is_bit_identical(B, C, T, seed):
     assert numba_cpu.speaker_encoder.gated_residual(h, gates[:, :, :1].repeat(2, axis=2), x) is NotImplemented
 
 
-@needs_tiles
-@pytest.mark.parametrize("dilation, T", [(2, 129), (4, 300), (3, 700)])
-def test_res2net_on_the_tiles_is_its_groups_tdnns_on_the_tiles(dilation, T, monkeypatch):
-    """A Res2Net with bf16 weights (k3, from ``TILE_RES2NET_MIN_STEPS`` steps) on the tiles, each thread all
-    its groups over its own range of steps (widened by the dilation once per later group): the same bits
-    as its groups' TDNNs run one by one on the tiles over the whole signal, and as one range over all steps;
-    group 0 copied; within float32 noise of the formula; a NaN spoils the same outputs."""
-    rng = np.random.default_rng(dilation + T)
-    G, groups = 64, 8
-    w_j = tuple(bf16_values(rng, (G, G, 3)) * np.float32(0.125) for _ in range(groups - 1))
-    for w in w_j:
-        w.flags.writeable = False
-    b_j = tuple(rng.standard_normal(G).astype(np.float32) for _ in range(groups - 1))
-    x = rng.standard_normal((1, groups * G, T)).astype(np.float32)
-    got = numba_cpu.speaker_encoder.res2net(x, w_j, b_j, dilation)
-    whole = np.empty_like(got[0])
-    tiles_j = numba_cpu.speaker_encoder._res2net_tiles(w_j, T)
-    numba_cpu.speaker_encoder._res2net_range_on_tiles(x[0], tiles_j, b_j, dilation, 0, T, whole)
-    np.testing.assert_array_equal(got[0], whole)
-    np.testing.assert_array_equal(got[:, :G], x[:, :G])
-    with monkeypatch.context() as mp:  # the groups one by one, each TDNN on the tiles
-        mp.setattr(numba_cpu.speaker_encoder, "TILE_TDNN_MIN_OUT", 32)
-        mp.setattr(numba_cpu.speaker_encoder, "_res2net_tiles", lambda w_joik, T: None)
-        np.testing.assert_array_equal(numba_cpu.speaker_encoder.res2net(x, w_j, b_j, dilation), got)
-    ref = speaker_encoder.res2net.reference(x, w_j, b_j, dilation)
-    as64 = [tuple(a.astype(np.float64) for a in arrays) for arrays in (w_j, b_j)]
-    exact = speaker_encoder.res2net.reference(x.astype(np.float64), *as64, dilation)
-    assert within_float32_noise(got, ref, exact)
-    x[0, 3 * G, T // 2] = np.nan
-    nan_ref = np.isnan(speaker_encoder.res2net.reference(x, w_j, b_j, dilation))
-    np.testing.assert_array_equal(np.isnan(numba_cpu.speaker_encoder.res2net(x, w_j, b_j, dilation)), nan_ref)
-    assert nan_ref.any()
-
-
 @pytest.mark.skipif(not numba_cpu.runtime.machine().packed_compiled, reason="no 512-bit vectors (AVX-512)")
 @settings(max_examples=30, deadline=None)
 @given(
@@ -345,13 +311,15 @@ def test_res2net_on_the_tiles_is_its_groups_tdnns_on_the_tiles(dilation, T, monk
     dilation=st.integers(1, 4),
     extra=st.integers(0, 400),
     threads=st.integers(1, 3),
+    tiles=st.booleans(),
     seed=st.integers(0, 2**31),
 )
-def test_res2net_on_the_direct_kernel_is_its_groups_tdnns(width, groups, K, dilation, extra, threads, seed):
-    """A Res2Net on the direct kernel (no tiles), each thread all its groups over its own range of steps
-    (widened by the padding's reach once per later group, from the fewest frames the padding allows): the
-    same bits as its groups' TDNN twins one by one over the whole signal, whatever the ranges; within float32
-    noise of the formula; a NaN spoils the same outputs as in the reference."""
+def test_res2net_on_the_direct_kernel_is_its_groups_tdnns(width, groups, K, dilation, extra, threads, tiles, seed):
+    """A Res2Net on the direct kernel, the AMX tiles granted or not (its groups are too small for them), each
+    thread all its groups over its own range of steps (widened by the padding's reach once per later group,
+    from the fewest frames the padding allows): the same bits as its groups' TDNN twins on the direct kernel
+    one by one over the whole signal, whatever the ranges; within float32 noise of the formula; a NaN spoils
+    the same outputs as in the reference."""
     rng = np.random.default_rng(seed)
     T = max(speaker_encoder.same_padding(K, dilation)) + 1 + extra
     x = rng.standard_normal((1, groups * width, T)).astype(np.float32)
@@ -361,12 +329,13 @@ def test_res2net_on_the_direct_kernel_is_its_groups_tdnns(width, groups, K, dila
     bs = tuple(rng.standard_normal(width).astype(np.float32) for _ in range(groups - 1))
     ran = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(numba_cpu.amx, "USE_TILES", False)
         mp.setattr(numba_cpu.speaker_encoder, "_piece_threads", lambda: threads)
         mp.setattr(numba_cpu.speaker_encoder, "RES2NET_PIECE_MIN_STEPS", 16)  # short ranges too
         kernel = numba_cpu.speaker_encoder._res2net_range_direct
         mp.setattr(numba_cpu.speaker_encoder, "_res2net_range_direct", lambda *a: ran.append(a[4:6]) or kernel(*a))
+        mp.setattr(numba_cpu.amx, "USE_TILES", tiles)  # (the twin does not ask for tiles: none run here)
         got = numba_cpu.speaker_encoder.res2net(x, ws, bs, dilation)
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)  # the groups' TDNNs on the direct kernel
         group_by_group = [x[:, :width]]
         for j in range(1, groups):
             inp = x[:, j * width : (j + 1) * width] + (group_by_group[-1] if j > 1 else 0)
