@@ -9,7 +9,6 @@ import numpy as np
 from ... import nn
 from ..host_memory import new_output
 from . import amx, runtime
-from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_on_tiles, _tdnn_weight_tiles
 from .intrinsics import FASTMATH, _v16_fma, _v16_load, _v16_store, _v16_zeros
 from .linear import F32_FEW_ROWS, F32_FEW_ROWS_MIN_BYTES, _few_rows_f32
 from .pieces import _piece_threads, run_pieces, time_pieces
@@ -89,7 +88,7 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
 
     - one input channel, stride 1: ``_one_channel_conv``, the reference's bits;
     - at most ``PER_TAP_MAX_OUT`` outputs: a product per tap, accumulated in one reused buffer;
-    - 1x1, stride 1: one product (on the AMX tiles for bf16 weights: ``_one_by_one_tiles``);
+    - 1x1, stride 1: one product;
     - a few output columns and a big float32 weight: ``_few_columns_conv``;
     - dense otherwise: pieces of columns side by side, each ONE product of its stacked taps ("im2col",
       about ``CONV_PIECE_BYTES``) by the weight as stored, in place (fewer than ``MIN_PIECES``:
@@ -107,11 +106,6 @@ def conv1d(x_bct, w_oik, b_o=None, stride: int = 1, dilation: int = 1, groups: i
         product = np.empty_like(out)  # reused for every further tap
         for k in range(1, K):
             out += np.matmul(w_oik[:, :, k], x_bct[:, :, k * dilation : end(k) : stride], out=product)
-    elif groups == 1 and K == 1 and stride == 1 and (tiles_usrc := _one_by_one_tiles(x_bct, w_oik, b_o)) is not None:
-        out = new_output((B, O, T), x_bct.dtype)  # bf16 weights (the speaker encoder's pooling): on the tiles
-        for b in range(B):
-            _taps_on_tiles(x_bct[b], tiles_usrc, b_o, False, 1, 1, 0, out[b])
-        return out
     elif groups == 1 and K == 1 and stride == 1:  # a plain product (the speaker encoder's 1x1 convs)
         out = np.matmul(np.ascontiguousarray(w_oik[:, :, 0]), x_bct, out=new_output((B, O, T), x_bct.dtype))
     elif groups == 1 and B == 1 and _few_columns(x_bct, w_oik, b_o, T_out):
@@ -187,18 +181,6 @@ def _few_columns_conv(x_bct, w_oik, b_o, stride, dilation, T_out):
     x_ni = np.ascontiguousarray(cols_ikn.reshape(I * K, T_out).T)
     out_no = _few_rows_f32(x_ni, np.ascontiguousarray(w_oik).reshape(O, I * K), b_o)  # (``_few_columns``: it applies)
     return np.ascontiguousarray(out_no.T)[None]
-
-
-def _one_by_one_tiles(x_bct, w_oik, b_o):
-    """The tiles of a 1x1 conv's weight where its product runs on them (``_tdnn_weight_tiles``: bf16
-    weights, whole tiles; a float32 signal and bias, ``TILE_TDNN_MIN_OUT`` outputs, ``TILE_TDNN_MIN_STEPS``
-    steps), else None."""
-    O, T = w_oik.shape[0], x_bct.shape[2]
-    if not amx.USE_TILES or T < TILE_TDNN_MIN_STEPS or O < TILE_TDNN_MIN_OUT or x_bct.dtype != np.float32:
-        return None
-    if b_o is not None and b_o.dtype != np.float32:
-        return None
-    return _tdnn_weight_tiles(w_oik)
 
 
 TRANSPOSED_PIECE_BYTES = 4 << 20  # the products of one piece of ``conv_transpose1d`` ([O * K, frames] float32)

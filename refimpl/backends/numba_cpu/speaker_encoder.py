@@ -319,12 +319,13 @@ def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record=None):
 
 
 def attentive_statistics_pooling(a, x_bct, record=None):
-    """``tts.speaker_encoder.attentive_statistics_pooling`` (float32; with the AMX tiles granted, the reference,
-    whose convs' twins run on them): the reference's products and roundings, with the TDNN's bias, ReLU and
-    tanh in place in one array, and the logits' bias added inside the softmax's statistics
+    """``tts.speaker_encoder.attentive_statistics_pooling`` (float32): the reference's products (BLAS's, AMX
+    tiles or not: one has 128 outputs, the other sums 128 inputs, too few for the tiles to gain) and
+    roundings, with the TDNN's bias,
+    ReLU and tanh in place in one array, and the logits' bias added inside the softmax's statistics
     (``_biased_softmax_mean_and_std_rows``, rows of channels side by side), where the reference makes three
     arrays and the conv's bias pass, and its softmax twin a pass of NumPy's for each row's maximum."""
-    if amx.USE_TILES or not isinstance(x_bct, np.ndarray) or x_bct.dtype != np.float32 or x_bct.ndim != 3:
+    if not isinstance(x_bct, np.ndarray) or x_bct.dtype != np.float32 or x_bct.ndim != 3:
         return NotImplemented
     B, C, T = x_bct.shape
     w1_a3c1, b1_a, w2_ca1, b2_c = a["tdnn.conv.weight"], a["tdnn.conv.bias"], a["conv.weight"], a["conv.bias"]

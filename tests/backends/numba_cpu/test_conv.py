@@ -1,5 +1,5 @@
 """The twins of ``nn.conv1d`` and ``nn.conv_transpose1d`` against their references, in each of their
-arrangements (pieces, a few columns, one channel, bf16 1x1 convs on the tiles)."""
+arrangements (pieces, a few columns, one channel, the direct kernel)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 from refimpl import backends as kernels
 from refimpl import nn
 from refimpl.backends import numba_cpu
-from refimpl.backends.bf16 import float32_to_bf16_bits
 
-from .cases import DTYPES, bf16_values, needs_tiles, within_float32_noise
+from .cases import DTYPES, within_float32_noise
 
 
 @st.composite
@@ -261,34 +260,6 @@ def test_conv1d_twin_and_reference_refuse_the_same_bad_shapes():
             f(x, np.zeros((4, 3, 2), np.float32), groups=2)  # 2 groups of 3 channels is not 8
         with pytest.raises(ValueError, match="shorter than the kernel span"):
             f(x, np.zeros((4, 8, 6), np.float32), dilation=2)
-
-
-@needs_tiles
-def test_one_by_one_conv_with_bf16_weights_on_the_tiles(monkeypatch):
-    """A 1x1 conv with bf16 weights and at least ``TILE_TDNN_MIN_OUT`` outputs (the speaker encoder's pooling
-    conv, 128 -> 1536) runs on the tiles, for each item of a batch, with and without a bias: the same bits as
-    the prompt's tile kernel (plus the bias), no ReLU (negative outputs kept), within the reduction bound of
-    the reference; not the BLAS path's bits (the tiles ran)."""
-    rng = np.random.default_rng(3)
-    B, I, O, T = 2, 128, 256, 70
-    x = rng.standard_normal((B, I, T)).astype(np.float32)
-    w = bf16_values(rng, (O, I, 1))
-    w.flags.writeable = False
-    for bias in (rng.standard_normal(O).astype(np.float32), None):
-        got = numba_cpu.conv.conv1d(x, w, bias)
-        assert got.shape == (B, O, T) and (got < 0).any()
-        for i in range(B):
-            sums = np.empty((T, O), np.float32)
-            numba_cpu.amx._tile_bf16_times(np.ascontiguousarray(x[i].T), float32_to_bf16_bits(w[:, :, 0]), sums, 2)
-            np.testing.assert_array_equal(got[i], sums.T if bias is None else sums.T + bias[:, None])
-        ref = nn.conv1d.reference(x, w, bias)
-        abs_sum = np.abs(w[:, :, 0]).astype(np.float64) @ np.abs(x.astype(np.float64)) + (
-            0 if bias is None else np.abs(bias)[:, None]
-        )
-        assert np.all(np.abs(got - ref) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
-        monkeypatch.setattr(numba_cpu.amx, "USE_TILES", False)
-        assert not np.array_equal(numba_cpu.conv.conv1d(x, w, bias), got)
-        monkeypatch.setattr(numba_cpu.amx, "USE_TILES", True)
 
 
 @settings(max_examples=60, deadline=None)
