@@ -69,48 +69,59 @@ def _mirrored(t, T):
 
 @numba.njit(inline="always")
 def _tap_row_into(x_ct, i, start, n, row_n):
-    """row[j] = x[i, r(start + j)] for j < n (r: the reflect padding, read in place, ``_mirrored``), 0 for
-    n <= j < len(row)."""
+    """row[j] = x[i, r(start + j)] for j < n (r: the reflect padding, ``_mirrored``): a row of taps that
+    reaches past an edge of x."""
     T = x_ct.shape[1]
-    if start >= 0 and start + n <= T:
-        row_n[:n] = x_ct[i, start : start + n]
-    else:
-        for j in range(n):
-            row_n[j] = x_ct[i, _mirrored(start + j, T)]
-    row_n[n:] = 0.0
+    for j in range(n):
+        row_n[j] = x_ct[i, _mirrored(start + j, T)]
+
+
+@numba.njit(inline="always")
+def _pair_parts_into(a_j, b_j, n, J, hi_j, mid_j, lo_j):
+    """hi[j], mid[j], lo[j] = the parts (``_bf16_parts``) of a[j] in the low half and of b[j] in the high half
+    of each word, for j < n; 0 for n <= j < J."""
+    shift = np.uint32(16)
+    for j in range(n):
+        a_hi, a_mid, a_lo = _bf16_parts(a_j[j])
+        b_hi, b_mid, b_lo = _bf16_parts(b_j[j])
+        hi_j[j] = np.uint32(a_hi) | (np.uint32(b_hi) << shift)
+        mid_j[j] = np.uint32(a_mid) | (np.uint32(b_mid) << shift)
+        lo_j[j] = np.uint32(a_lo) | (np.uint32(b_lo) << shift)
+    for j in range(n, J):
+        hi_j[j] = 0
+        mid_j[j] = 0
+        lo_j[j] = 0
 
 
 @numba.njit(cache=True, nogil=True)
 def _split_taps_into_tiles(x_ct, K, dilation, first, t0, n, J, pairs_spqn):
     """pairs[s, p, q, j] = part p (``_bf16_parts``) of the stacked taps' row t = t0 + j at columns c = 32 s +
     2 q (low half) and c + 1 (high half), where column c = i K + k holds x[i, r(t + first + k dilation)] (r:
-    the reflect padding, read in place); 0 for n <= j < J.  The B tile of steps t0 + 16 u ... + 15 is
-    pairs[s, p, :, 16 u : 16 u + 16]: 16 rows (pairs of columns) of 64 bytes a row of ``pairs`` apart."""
+    the reflect padding); 0 for n <= j < J.  The B tile of steps t0 + 16 u ... + 15 is pairs[s, p, :, 16 u :
+    16 u + 16]: 16 rows (pairs of columns) of 64 bytes a row of ``pairs`` apart.  A pair of columns whose
+    taps lie inside x is split from x's rows in place; one that reaches past an edge from a row of its
+    taps, mirrored (``_tap_row_into``)."""
     S = pairs_spqn.shape[0]
     T = x_ct.shape[1]
     x_flat = x_ct.reshape(-1)
     a_j = np.empty(J, dtype=np.float32)
     b_j = np.empty(J, dtype=np.float32)
-    shift = np.uint32(16)
     for h in range(16 * S):  # pairs of columns
         c = 2 * h
         for ahead in range(c + TILE_SPLIT_AHEAD, min(c + TILE_SPLIT_AHEAD + 2, 32 * S)):
             first_ahead = (ahead // K) * T + min(max(t0 + first + (ahead % K) * dilation, 0), T - 1)
             for j in range(0, n, 16):  # its lines asked for meanwhile (each row's are apart by the row)
                 _prefetch(x_flat, min(first_ahead + j, x_flat.shape[0] - 1))
-        _tap_row_into(x_ct, c // K, t0 + first + (c % K) * dilation, n, a_j)
-        _tap_row_into(x_ct, (c + 1) // K, t0 + first + ((c + 1) % K) * dilation, n, b_j)
-        hi_j, mid_j, lo_j = (
-            pairs_spqn[h // 16, 0, h % 16],
-            pairs_spqn[h // 16, 1, h % 16],
-            pairs_spqn[h // 16, 2, h % 16],
-        )
-        for j in range(J):
-            a_hi, a_mid, a_lo = _bf16_parts(a_j[j])
-            b_hi, b_mid, b_lo = _bf16_parts(b_j[j])
-            hi_j[j] = np.uint32(a_hi) | (np.uint32(b_hi) << shift)
-            mid_j[j] = np.uint32(a_mid) | (np.uint32(b_mid) << shift)
-            lo_j[j] = np.uint32(a_lo) | (np.uint32(b_lo) << shift)
+        ia, sa = c // K, t0 + first + (c % K) * dilation
+        ib, sb = (c + 1) // K, t0 + first + ((c + 1) % K) * dilation
+        s, q = h // 16, h % 16
+        hi_j, mid_j, lo_j = pairs_spqn[s, 0, q], pairs_spqn[s, 1, q], pairs_spqn[s, 2, q]
+        if min(sa, sb) >= 0 and max(sa, sb) + n <= T:
+            _pair_parts_into(x_ct[ia, sa : sa + n], x_ct[ib, sb : sb + n], n, J, hi_j, mid_j, lo_j)
+        else:
+            _tap_row_into(x_ct, ia, sa, n, a_j)
+            _tap_row_into(x_ct, ib, sb, n, b_j)
+            _pair_parts_into(a_j, b_j, n, J, hi_j, mid_j, lo_j)
 
 
 @numba.njit(cache=True, nogil=True)
