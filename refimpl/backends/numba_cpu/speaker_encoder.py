@@ -1,10 +1,9 @@
 """The twins of ``refimpl/tts/speaker_encoder.py``: the TDNN (reflected taps read in place, bias and ReLU in
 one pass), on the AMX tiles where the weights are bf16 values, else on the direct kernel where it takes them;
 the Res2Net built of them, on the direct kernel where it takes its groups (a thread's range of steps through
-all the groups in one call); the gated
-residual, the pooling statistics and the spectral magnitude, each one pass without temporaries (the attentive
-pooling's biases folded into its passes); the log-mel front end's FFT on more than one of SciPy's threads, and
-its filterbank's product over each band's nonzero bins alone."""
+all the groups in one call); the gated residual, the pooling statistics and the spectral magnitude, each one
+pass without temporaries (the attentive pooling's biases folded into its passes); the log-mel front end's FFT
+on more than one of SciPy's threads, and its filterbank's product over each band's nonzero bins alone."""
 
 from __future__ import annotations
 
@@ -321,10 +320,10 @@ def softmax_mean_and_std(x_bct, logits_bct, eps: float = 1e-12, record=None):
 def attentive_statistics_pooling(a, x_bct, record=None):
     """``tts.speaker_encoder.attentive_statistics_pooling`` (float32): the reference's products (BLAS's, AMX
     tiles or not: one has 128 outputs, the other sums 128 inputs, too few for the tiles to gain) and
-    roundings, with the TDNN's bias,
-    ReLU and tanh in place in one array, and the logits' bias added inside the softmax's statistics
-    (``_biased_softmax_mean_and_std_rows``, rows of channels side by side), where the reference makes three
-    arrays and the conv's bias pass, and its softmax twin a pass of NumPy's for each row's maximum."""
+    roundings, with the TDNN's bias, ReLU and tanh in place in one array, and the logits' bias added inside
+    the softmax's statistics (``_biased_softmax_mean_and_std_rows``, rows of channels side by side), where the
+    reference makes three arrays and the conv's bias pass, and its softmax twin a pass of NumPy's for each
+    row's maximum."""
     if not isinstance(x_bct, np.ndarray) or x_bct.dtype != np.float32 or x_bct.ndim != 3:
         return NotImplemented
     B, C, T = x_bct.shape
