@@ -62,6 +62,7 @@ from bench_floor import (  # noqa: E402
 from bench_talker import GREEDY, LANGUAGE, SPEAKER, TEXT  # noqa: E402
 from common import (  # noqa: E402
     REPO,
+    alternate,
     official_available,
     released_custom_voice_0_6b,
     released_speaker_encoder,
@@ -96,21 +97,6 @@ print(int(next(line for line in open("/proc/self/status") if line.startswith("Vm
 
 def load_average() -> str:
     return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def alternate(ours, official, repeats: int):
-    """Best time of each side over ``repeats`` alternating runs (official None: ours only), and the last
-    results."""
-    best = {"ours": float("inf"), "official": float("inf")}
-    results = {}
-    for _ in range(repeats):
-        for side, fn in (("ours", ours), ("official", official)):
-            if fn is None:
-                continue
-            t0 = time.perf_counter()
-            results[side] = fn()
-            best[side] = min(best[side], time.perf_counter() - t0)
-    return best["ours"], (best["official"] if official is not None else None), results
 
 
 class Table:

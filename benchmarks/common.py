@@ -170,6 +170,21 @@ def best_time(fn, repeats: int = 3):
     return best, result
 
 
+def alternate(ours, official, repeats: int):
+    """Best time of each side over ``repeats`` runs taken in turn (ours, official, ours, ...: the drift of a
+    shared machine falls on both alike; official None: ours only), and each side's last result."""
+    best = {"ours": float("inf"), "official": float("inf")}
+    results = {}
+    for _ in range(repeats):
+        for side, fn in (("ours", ours), ("official", official)):
+            if fn is None:
+                continue
+            t0 = time.perf_counter()
+            results[side] = fn()
+            best[side] = min(best[side], time.perf_counter() - t0)
+    return best["ours"], (best["official"] if official is not None else None), results
+
+
 _OWN_NUMBA_CACHE: list = []  # the directory of own_numba_cache, once made
 
 
