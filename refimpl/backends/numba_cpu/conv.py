@@ -351,7 +351,8 @@ def direct_kernel_takes(O: int, I: int, K: int) -> bool:
 def direct_conv_takes(O: int, I: int, K: int) -> bool:
     """Whether a conv of I -> O channels with K taps runs on ``_direct_conv_into``: where the kernel can
     (``direct_kernel_takes``) and the AMX tiles are not granted (they run these convs:
-    ``amx_conv._convs_take_tiles``).  A Res2Net's small groups run on it whether or not (its twin's rule)."""
+    ``amx_conv._convs_take_tiles``).  The speaker encoder's convs take it wherever the tiles do not run them
+    (its twins' rule: a Res2Net's groups, a TDNN of float32 weights)."""
     return not amx.USE_TILES and direct_kernel_takes(O, I, K)
 
 

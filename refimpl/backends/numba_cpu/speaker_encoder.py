@@ -13,7 +13,7 @@ import numpy as np
 from ..host_memory import new_output
 from . import amx
 from .amx_conv import TILE_TDNN_MIN_OUT, TILE_TDNN_MIN_STEPS, _taps_on_tiles, _tdnn_weight_tiles
-from .conv import DIRECT_OUT, DIRECT_STEPS, _direct_conv_into, direct_conv_takes, direct_kernel_takes, direct_width
+from .conv import DIRECT_OUT, DIRECT_STEPS, _direct_conv_into, direct_kernel_takes, direct_width
 from .elementwise import ELEMENTWISE_PIECE
 from .intrinsics import FASTMATH, _exp_f32, _v16_fma, _v16_load, _v16_store, _v16_zeros
 from .pieces import _piece_threads, run_pieces
@@ -88,7 +88,8 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
     with the mirrored edges (``_stack_reflected_taps_into``, into ``cols_ikn`` [I, K, T] where given: a
     buffer reused from one call to the next; a 1-tap conv multiplies x itself), one matrix product on
     BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side.  Where the
-    direct kernel takes the conv (``direct_conv_takes``): ``_tdnn_direct`` instead, bias and ReLU in it."""
+    tiles do not run it and the direct kernel can (``direct_kernel_takes``, tiles granted or not, as for the
+    Res2Net's groups): ``_tdnn_direct`` instead, bias and ReLU in it."""
     O, I, K = w_oik.shape
     T = x_ct.shape[1]
     on_tiles = amx.USE_TILES and T >= TILE_TDNN_MIN_STEPS and O >= TILE_TDNN_MIN_OUT
@@ -98,7 +99,7 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
         _taps_on_tiles(x_ct, tiles_usrc, b_o, True, K, dilation, first, out_ot)
         return
     w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
-    if direct_conv_takes(O, I, K):
+    if direct_kernel_takes(O, I, K):
         _tdnn_direct(x_ct, w_oik, b_o, dilation, out_ot)
         return
     if K == 1:
