@@ -140,18 +140,17 @@ def _bf16_words_into_tiles(w_om, tiles_usrc):
 
 
 @numba.njit(cache=True, nogil=True)
-def _taps_blocks_on_tiles(
-    x_ct, a_tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, t_begin, t_end, th, n_threads
-):
-    """out[o, t] = ReLU(b[o] + sum_c w[o, c] x_stacked[t, c]) (the bias where ``add_bias``, the ReLU where
-    ``relu``) on the tile registers, for t_begin <= t < t_end, in blocks of ``TILE_TDNN_STEPS`` steps of
-    which this call takes th, th + n_threads, ... (one piece of ``run_pieces``): the stacked taps' rows
+def _taps_blocks_on_tiles(x_ct, a_tiles_usrc, b_o, K, dilation, first, out_ot, th, n_threads):
+    """out[o, t] = ReLU(b[o] + sum_c w[o, c] x_stacked[t, c]) on the tile registers, in blocks of
+    ``TILE_TDNN_STEPS`` steps of which this call takes th, th + n_threads, ... (one piece of ``run_pieces``):
+    the stacked taps' rows
     (``_split_taps_into_tiles``) times the weights' bf16 words (``_bf16_words_into_tiles``; O a multiple
     of 32, K I of 32), four float32 tiles of sums for every pair of weight tiles: the order of
     ``_tile_bf16_times``, the same bits as it gives for the stacked rows.  A step's sums see its row alone."""
     U, S = a_tiles_usrc.shape[0], a_tiles_usrc.shape[1]
     NB = TILE_TDNN_STEPS
-    blocks = (t_end - t_begin + NB - 1) // NB
+    T = x_ct.shape[1]
+    blocks = (T + NB - 1) // NB
     steps = TILE_K_SPAN // 32
     a_words = a_tiles_usrc.reshape(-1)
     J = NB + 16  # a row of the split taps: the block's steps and 64 bytes more (rows a power of two apart
@@ -162,8 +161,8 @@ def _taps_blocks_on_tiles(
     span = span_rn.reshape(-1)
     _tile_config(_tile_shapes())
     for blk in range(th, blocks, n_threads):
-        t0 = t_begin + blk * NB
-        n = min(NB, t_end - t0)
+        t0 = blk * NB
+        n = min(NB, T - t0)
         pairs = (n + 31) // 32  # pairs of 16-step tiles
         _split_taps_into_tiles(x_ct, K, dilation, first, t0, n, 32 * pairs, pairs_spqn)
         for up in range(U // 2):
@@ -199,8 +198,8 @@ def _taps_blocks_on_tiles(
                 o = 32 * up + r
                 bias, sums_t, out_t = b_o[o], final_rn[r], out_ot[o, t0 : t0 + n]
                 for t in range(n):
-                    y = sums_t[t] + bias if add_bias else sums_t[t]
-                    out_t[t] = np.float32(0.0) if relu and y <= 0 else y
+                    y = sums_t[t] + bias
+                    out_t[t] = np.float32(0.0) if y <= 0 else y
     _tile_release()
 
 
@@ -226,16 +225,12 @@ def _tdnn_tiles_of(w_oik):
     return tiles_usrc if ok else None
 
 
-def _taps_on_tiles(x_ct, tiles_usrc, b_o, relu, K, dilation, first, out_ot):
-    """out = (ReLU of) the stacked taps' product by the weight's tiles plus the bias (where given): the
-    blocks of ``_taps_blocks_on_tiles`` shared out over the piece threads (``run_pieces``)."""
-    x_ct, n, T = np.ascontiguousarray(x_ct), _piece_threads(), x_ct.shape[1]
-    add_bias = b_o is not None
-    b_o = np.zeros(1, np.float32) if b_o is None else b_o
+def _taps_on_tiles(x_ct, tiles_usrc, b_o, K, dilation, first, out_ot):
+    """out = ReLU(the stacked taps' product by the weight's tiles + b): the blocks of ``_taps_blocks_on_tiles``
+    shared out over the piece threads (``run_pieces``)."""
+    x_ct, n = np.ascontiguousarray(x_ct), _piece_threads()
     run_pieces(
-        lambda th: _taps_blocks_on_tiles(
-            x_ct, tiles_usrc, b_o, add_bias, relu, K, dilation, first, out_ot, 0, T, th, n
-        ),
+        lambda th: _taps_blocks_on_tiles(x_ct, tiles_usrc, b_o, K, dilation, first, out_ot, th, n),
         [(th,) for th in range(n)],
     )
 

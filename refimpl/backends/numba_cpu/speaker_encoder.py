@@ -96,7 +96,7 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
     tiles_usrc = _tdnn_weight_tiles(w_oik) if on_tiles else None
     if tiles_usrc is not None:  # bf16 weights (as released): the product on the tiles, bias and ReLU in it
         first = -(dilation * (K - 1) // 2)
-        _taps_on_tiles(x_ct, tiles_usrc, b_o, True, K, dilation, first, out_ot)
+        _taps_on_tiles(x_ct, tiles_usrc, b_o, K, dilation, first, out_ot)
         return
     w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
     if direct_kernel_takes(O, I, K):
