@@ -2,9 +2,9 @@
 and the products that rebuild them.
 
 A generation step's products are bound by the bytes they read, so a quarter fewer bytes is a quarter less
-time where the words are rebuilt faster than memory delivers them: 64 a block by a dozen 512-bit
-instructions (``_rebuilt_words``: one byte shuffle looks up 64 high bytes, unpacks make words and floats
-of them), where the same rebuild written as a loop over single words compiled to as many instructions as
+time where the words are rebuilt faster than memory delivers them: 64 a block by eight to ten 512-bit
+instructions (``_rebuilt_words``: one or two byte permutes look up 64 high bytes, unpacks make words and
+floats of them), where the same rebuild written as a loop over single words compiled to as many instructions as
 it saved in bytes."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .intrinsics import FASTMATH, PREFETCH_LOCALITY, _bf16_to_f32
 from .kept import _kept_while_read_only, _read_only
 
 PACKED_COMPILED = runtime.machine().packed_compiled  # the 64-byte shuffles of _rebuilt_words
+PERMUTES_COMPILED = runtime.machine().permutes_compiled  # _high_bytes by whole-vector byte permutes
 USE_PACKED = PACKED_COMPILED and switch("REFIMPL_PACKED")
 PACKED_BLOCK = 64  # words a block: the columns of a packed matrix are a multiple of it
 
@@ -385,16 +386,39 @@ def _wait_for_packing_ahead() -> None:
                 _AHEAD.remove(thread)
 
 
-def _rebuilt_words(builder, table, packed, low_bytes):
-    """The 64 float32 words of a block from its 32 code bytes and 64 low bytes, as the two halves a row's sum
-    takes in turn (words 0..31, 32..63: ``SUM_LANES`` each; ``_row_dots_intrinsic``, ``_pair_dots_intrinsic``)."""
+def _high_bytes(builder, table, packed):
+    """The 64 high bytes of a block: ``table`` (its 16 high bytes in each 128-bit lane) looked up by the 64
+    codes of the block's 32 code bytes (their low nibbles, places 0..31, then their high nibbles, 32..63).
+    With AVX512_VBMI (``PERMUTES_COMPILED``) in two instructions: ``vpmultishiftqb`` takes each code from
+    the 32 bytes read into both halves of a vector (byte b from bit 8 (b % 8) + 4 (b >= 32) of its 64-bit
+    lane: its code in the low four bits, the next code's bits above them), ``vpermb`` looks the 64 up by
+    their low six bits (the table is the same in each 16 of them, so the two bits above the code choose
+    among equal entries).  Else the nibbles are split by a mask and a shift, joined, and looked up within
+    each 128-bit lane (``vpshufb``)."""
+    bytes_t = _vector(_I8, 64)
+    if PERMUTES_COMPILED:
+        both_halves = builder.shuffle_vector(packed, packed, ir.Constant(_vector(_I32, 64), list(range(32)) * 2))
+        multishift, permute = (
+            cgutils.get_or_insert_function(builder.module, ir.FunctionType(bytes_t, [bytes_t] * 2), name)
+            for name in ("llvm.x86.avx512.pmultishift.qb.512", "llvm.x86.avx512.permvar.qi.512")
+        )
+        from_bits = ir.Constant(bytes_t, [8 * (b % 8) + 4 * (b >= 32) for b in range(64)])
+        return builder.call(permute, [table, builder.call(multishift, [from_bits, both_halves])])
     shuffle_fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_vector(_I8, 64), [_vector(_I8, 64)] * 2), "llvm.x86.avx512.pshuf.b.512"
+        builder.module, ir.FunctionType(bytes_t, [bytes_t] * 2), "llvm.x86.avx512.pshuf.b.512"
     )
     low_nibbles = builder.and_(packed, ir.Constant(_vector(_I8, 32), [15] * 32))
     high_nibbles = builder.lshr(packed, ir.Constant(_vector(_I8, 32), [4] * 32))
     codes64 = builder.shuffle_vector(low_nibbles, high_nibbles, ir.Constant(_vector(_I32, 64), list(range(64))))
-    high_bytes = builder.call(shuffle_fn, [table, codes64])
+    return builder.call(shuffle_fn, [table, codes64])
+
+
+def _rebuilt_words(builder, table, packed, low_bytes):
+    """The 64 float32 words of a block from its 32 code bytes and 64 low bytes, as the two halves a row's sum
+    takes in turn (words 0..31, 32..63: ``SUM_LANES`` each; ``_row_dots_intrinsic``, ``_pair_dots_intrinsic``):
+    the high bytes looked up (``_high_bytes``), then low and high bytes unpacked into words and the words,
+    above zero words, into float32, within 128-bit lanes (in ``bf16.stored_order``)."""
+    high_bytes = _high_bytes(builder, table, packed)
     halves = []  # words of bytes 0..7, then 8..15 of each 128-bit lane (vpunpcklbw, vpunpckhbw)
     for first in (0, 8):
         mask = [k for j in range(4) for i in range(first, first + 8) for k in (16 * j + i, 64 + 16 * j + i)]
@@ -451,10 +475,10 @@ def _lanes_summed(builder, total):
 def _row_dots_intrinsic(R: int):
     """An intrinsic ``(x_ni, n0, low_i, codes_h, high_64, out_no, o)``: out[n0 + r, o] = sum_i x[n0 + r, i] *
     word_i for r < R, the words of one packed row (its dense part: the listed words are added apart) rebuilt
-    64 at a time in 512-bit vectors: the 32 code bytes split into 64 codes (low nibbles, high nibbles), the
-    64 high bytes looked up by one byte shuffle (``vpshufb``, the 16-entry table in each 128-bit lane), low
-    and high bytes unpacked into words and the words, above zero words, into float32 (the bf16 widening),
-    both within 128-bit lanes (``vpunpck*``: fewer instructions than across the whole vector; the block's
+    64 at a time in 512-bit vectors: the 32 code bytes taken as 64 codes (low nibbles, high nibbles) and the
+    64 high bytes looked up (``_high_bytes``: the 16-entry table in each 128-bit lane), low and high bytes
+    unpacked into words and the words, above zero words, into float32 (the bf16 widening), both within
+    128-bit lanes (``vpunpck*``: fewer instructions than across the whole vector; the block's
     words are stored in the order this gives back, ``bf16.stored_order``), and each row's 64 products
     added into ``SUM_LANES`` lanes (``_block_added``), the lanes summed by halves at the end."""
 

@@ -37,12 +37,14 @@ PACKAGE = Path(__file__).resolve().parent  # the kernels' modules: one cache dir
 class Machine:
     """What ``configure`` found: whether Numba compiles the AMX tile instructions (``tiles_compiled``; else
     they emit nothing), whether this process may run them (``tiles_granted``: compiled, granted by Linux, not
-    turned off with ``REFIMPL_AMX=0``), and whether it compiles the 64-byte shuffles of the packed words
-    (``packed_compiled``)."""
+    turned off with ``REFIMPL_AMX=0``), whether it compiles the 64-byte shuffles of the packed words
+    (``packed_compiled``: AVX512BW), and the byte permutes across a whole vector (``permutes_compiled``:
+    AVX512_VBMI)."""
 
     tiles_compiled: bool
     tiles_granted: bool
     packed_compiled: bool
+    permutes_compiled: bool
 
 
 _MACHINE: Machine | None = None  # what configure() found, once it has run
@@ -66,7 +68,9 @@ def configure() -> Machine:
         _key_cache_by_the_package()
         features = _compile_features()
         tiles_compiled = {"+amx-tile", "+amx-bf16"} <= features
-        _MACHINE = Machine(tiles_compiled, tiles_compiled and _tiles_granted(), "+avx512bw" in features)
+        packed_compiled = "+avx512bw" in features
+        permutes_compiled = packed_compiled and "+avx512vbmi" in features
+        _MACHINE = Machine(tiles_compiled, tiles_compiled and _tiles_granted(), packed_compiled, permutes_compiled)
     return _MACHINE
 
 

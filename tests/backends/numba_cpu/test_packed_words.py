@@ -9,8 +9,13 @@ kernel meets (``test_matvec_kernel_of_the_fused_step_is_the_linear_kernel``).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -308,6 +313,55 @@ def test_batch_products_are_the_formula_and_each_row_alone(N, O, I):
             np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
         else:
             assert packed.rows_e.size > 0  # (the listed words added apart)
+
+
+WITHOUT_PERMUTES = r"""
+import sys
+import numpy as np
+from refimpl.backends.numba_cpu import packed_words as pw
+x, words = np.load(sys.argv[1]), np.load(sys.argv[2])
+out = np.full((x.shape[0], words.shape[0]), np.nan, np.float32)
+pw._packed_products_into(x, pw.pack_words(words), out)
+np.save(sys.argv[3], out)
+print(pw.PACKED_COMPILED, pw.PERMUTES_COMPILED)
+"""
+
+
+@pytest.mark.skipif(
+    not numba_cpu.packed_words.PERMUTES_COMPILED,
+    reason="compiled without AVX512_VBMI: every other test here runs the lookup within 128-bit lanes",
+)
+def test_the_lookup_within_lanes_gives_the_products_of_the_permutes(tmp_path):
+    """Compiled for this processor less AVX512_VBMI (a fresh process, its own cache), the packed kernel looks
+    the high bytes up within 128-bit lanes (``_high_bytes``' other branch): for 1, 4 and 5 rows of x, words
+    in the window and listed ones, the bits of this process's whole-vector permutes."""
+    import llvmlite.binding as llvm
+
+    features = [f for f in llvm.get_host_cpu_features().flatten().split(",") if f != "+avx512vbmi"]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+        NUMBA_CPU_NAME=llvm.get_host_cpu_name(),
+        NUMBA_CPU_FEATURES=",".join([*features, "-avx512vbmi", "-prefer-256-bit"]),
+    )
+    rng = np.random.default_rng(5)
+    pw = numba_cpu.packed_words
+    for N, O, I, words in (
+        (1, 37, 1024, window_words(rng, 37, 1024, 60)),
+        (4, 6, 3072, window_words(rng, 6, 3072, 118)),
+        (5, 33, 256, random_words(rng, 33, 256, special=0.05, values=SPECIAL[[0, 1, 5, 6, 7]])),
+    ):
+        x = line_aligned(rng, N, I)
+        paths = [tmp_path / name for name in ("x.npy", "words.npy", "out.npy")]
+        np.save(paths[0], x)
+        np.save(paths[1], words)
+        command = [sys.executable, "-c", WITHOUT_PERMUTES, *map(str, paths)]
+        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0 and run.stdout.split() == ["True", "False"], run.stdout + run.stderr[-3000:]
+        here = np.full((N, O), np.nan, np.float32)
+        pw._packed_products_into(x, pw.pack_words(words), here)
+        np.testing.assert_array_equal(np.load(paths[2]).view(np.uint32), here.view(np.uint32))
 
 
 def test_linear_reads_a_streamed_matrix_packed_and_keeps_the_packing():
