@@ -146,10 +146,11 @@ def test_numba_settings_that_work(tmp_path, codes):
 
 def test_a_generic_processor_compiles_no_special_instructions():
     """NUMBA_CPU_NAME=generic: Numba compiles with no CPU features, and the backend knows it (no AMX tiles,
-    no packed words) instead of assuming the host's."""
-    script = "from refimpl.backends import numba_cpu as n; print(n.amx.TILES_COMPILED, n.packed_words.PACKED_COMPILED)"
+    no packed words, no byte permutes) instead of assuming the host's."""
+    script = "from refimpl.backends import numba_cpu as n; m = n.runtime.machine(); print(n.amx.TILES_COMPILED, "
+    script += "n.packed_words.PACKED_COMPILED, m.tiles_granted, m.packed_compiled, m.permutes_compiled)"
     r = run(env={"NUMBA_CPU_NAME": "generic"}, python=script)
-    assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.split() == ["False"] * 5, r.stdout + r.stderr
 
 
 # ----------------------------------------------------------------------------- REFIMPL_ switches
