@@ -98,10 +98,10 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
         first = -(dilation * (K - 1) // 2)
         _taps_on_tiles(x_ct, tiles_usrc, b_o, K, dilation, first, out_ot)
         return
-    w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
     if direct_kernel_takes(O, I, K):
         _tdnn_direct(x_ct, w_oik, b_o, dilation, out_ot)
         return
+    w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps
     if K == 1:
         np.matmul(w_m, x_ct, out=out_ot)
     else:
