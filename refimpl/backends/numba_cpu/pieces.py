@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import threading
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 
 import threadpoolctl
@@ -20,8 +21,9 @@ def _blas_controller():
 
 @functools.cache
 def _piece_workers(n: int, pid: int) -> ThreadPoolExecutor:
-    """The pool of ``n`` piece threads of process ``pid``: a process forked from this one has none of its
-    threads, so it makes its own pool (the parent's would take work and never run it)."""
+    """The pool of ``n`` piece threads of process ``pid`` (``run_pieces``'s caller is one more): a process
+    forked from this one has none of its threads, so it makes its own pool (the parent's would take work and
+    never run it)."""
     return ThreadPoolExecutor(n, thread_name_prefix="refimpl-piece")
 
 
@@ -32,19 +34,48 @@ def _piece_threads() -> int:
 
 def run_pieces(piece, pieces: list) -> None:
     """``piece(*p)`` for every ``p`` in ``pieces`` (independent pieces of work writing disjoint outputs), on
-    as many Python threads as BLAS has, BLAS running one thread per call meanwhile: its threads are lent to
-    the pieces, so that each piece is one core's from its input to its output (the Numba kernels release the
+    as many threads as BLAS has, BLAS running one thread per call meanwhile: its threads are lent to the
+    pieces, so that each piece is one core's from its input to its output (the Numba kernels release the
     GIL), the elementwise work between the matrix products runs on every core too, and no thread spins
-    waiting for another (Numba's parallel loops between BLAS calls did, and slowed the whole decode).  Each
-    piece computes the same bits whichever thread runs it."""
+    waiting for another (Numba's parallel loops between BLAS calls did, and slowed the whole decode).  The
+    caller is one of those threads: it takes pieces in turn with the others (``_Turns``), so a call wakes
+    one thread fewer.  Each piece computes the same bits whichever thread runs it."""
     controllers, n_threads = _blas_controller(), _piece_threads()
     if n_threads <= 1 or len(pieces) < 2 or threading.current_thread().name.startswith("refimpl-piece"):
         for p in pieces:
             piece(*p)
         return
     with _blas_lent(controllers):
-        for f in [_piece_workers(n_threads, os.getpid()).submit(piece, *p) for p in pieces]:
-            f.result()
+        turns = _Turns(piece, pieces)
+        workers = _piece_workers(n_threads - 1, os.getpid())
+        helpers = [workers.submit(turns.take) for _ in range(min(n_threads, len(pieces)) - 1)]
+        try:
+            turns.take()
+        finally:
+            futures.wait(helpers)  # (no piece still running once this call has returned or raised)
+        for f in helpers:
+            f.result()  # (a helper's error)
+
+
+class _Turns:
+    """The pieces of one ``run_pieces`` call, each run by whichever of its threads asks next (``take``);
+    after an error, no new piece starts."""
+
+    def __init__(self, piece, pieces: list) -> None:
+        self.piece, self.left, self.lock, self.failed = piece, iter(pieces), threading.Lock(), False
+
+    def take(self) -> None:
+        """Run the next piece not yet taken, until none is left."""
+        while True:
+            with self.lock:
+                p = None if self.failed else next(self.left, None)
+            if p is None:
+                return
+            try:
+                self.piece(*p)
+            except BaseException:
+                self.failed = True
+                raise
 
 
 def time_pieces(T: int, most: int, step: int) -> list:

@@ -94,3 +94,52 @@ def test_time_pieces_tile_the_steps_in_even_shares(monkeypatch, threads, T, most
     rounds = -(-T // (threads * most))  # pieces per thread, the fewest that pieces of ``most`` allow
     assert len(pieces) <= threads * rounds
     assert pieces[0][1] < T / (threads * rounds) + 64
+
+
+def test_the_caller_takes_pieces_in_turn_and_each_piece_runs_once(monkeypatch):
+    """The calling thread is one of the piece threads (a call wakes one pool thread fewer): the pieces are
+    shared between it and the pool's threads, each run once."""
+    import threading
+    import time
+
+    monkeypatch.setattr(numba_cpu.pieces, "_piece_threads", lambda: 2)
+    runs, lock = [], threading.Lock()
+
+    def piece(i):
+        time.sleep(0.005)
+        with lock:
+            runs.append((i, threading.current_thread().name))
+
+    numba_cpu.pieces.run_pieces(piece, [(i,) for i in range(12)])
+    assert sorted(i for i, _ in runs) == list(range(12))
+    names = {name for _, name in runs}
+    assert threading.current_thread().name in names
+    assert any(name.startswith("refimpl-piece") for name in names)
+
+
+def test_after_a_piece_fails_no_piece_starts_and_none_still_runs_when_the_error_arrives(monkeypatch):
+    """A failed piece ends the call once the pieces already started have ended: none of them writes into
+    the caller's outputs after it has the error, and the pieces not yet started never start."""
+    import threading
+    import time
+
+    monkeypatch.setattr(numba_cpu.pieces, "_piece_threads", lambda: 2)
+    started, ended, lock = set(), set(), threading.Lock()
+
+    def piece(i):
+        with lock:
+            started.add(i)
+        if i == 1:
+            raise ValueError("piece 1")
+        time.sleep(0.05)
+        with lock:
+            ended.add(i)
+
+    with pytest.raises(ValueError, match="piece 1"):
+        numba_cpu.pieces.run_pieces(piece, [(i,) for i in range(10)])
+    with lock:
+        at_the_error = (set(started), set(ended))
+    assert at_the_error[1] == at_the_error[0] - {1}  # every piece started had ended
+    assert len(at_the_error[0]) < 10
+    time.sleep(0.2)
+    assert (started, ended) == at_the_error  # and nothing started after
