@@ -381,7 +381,7 @@ def _unit_by_outputs(x_ct, T, params_6c, w1_oik, w2_oi1, dilation, context_cs, o
     residual.  The same operations in the same order as the pieces: the same bits."""
     C, K = w1_oik.shape[0], w1_oik.shape[2]
     left = (K - 1) * dilation
-    z, h, g = _unit_rows(C, left, direct_half_width(T))  # (this thread's: the pieces run on the others)
+    z, h, g = _unit_rows(C, left, direct_half_width(T))  # (this thread's words: the pieces, also run here, take none)
     alpha1, inv_beta1, alpha2, inv_beta2, b1, b2 = params_6c
     direct_1x1, w2_m = direct_conv_takes(C, C, 1), w2_oi1[:, :, 0]
     blocks, threads = C // DIRECT_OUT, _piece_threads()

@@ -39,7 +39,9 @@ def run_pieces(piece, pieces: list) -> None:
     GIL), the elementwise work between the matrix products runs on every core too, and no thread spins
     waiting for another (Numba's parallel loops between BLAS calls did, and slowed the whole decode).  The
     caller is one of those threads: it takes pieces in turn with the others (``_Turns``), so a call wakes
-    one thread fewer.  Each piece computes the same bits whichever thread runs it."""
+    one thread fewer, and a piece that takes its thread's scratch (``host_memory.thread_words``) may take the
+    caller's: words the caller holds across the call must come from elsewhere.  Each piece computes the same
+    bits whichever thread runs it."""
     controllers, n_threads = _blas_controller(), _piece_threads()
     if n_threads <= 1 or len(pieces) < 2 or threading.current_thread().name.startswith("refimpl-piece"):
         for p in pieces:
