@@ -8,7 +8,6 @@ import functools
 import os
 import threading
 from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 
 import threadpoolctl
 
@@ -20,11 +19,11 @@ def _blas_controller():
 
 
 @functools.cache
-def _piece_workers(n: int, pid: int) -> ThreadPoolExecutor:
+def _piece_workers(n: int, pid: int) -> futures.ThreadPoolExecutor:
     """The pool of ``n`` piece threads of process ``pid`` (``run_pieces``'s caller is one more): a process
     forked from this one has none of its threads, so it makes its own pool (the parent's would take work and
     never run it)."""
-    return ThreadPoolExecutor(n, thread_name_prefix="refimpl-piece")
+    return futures.ThreadPoolExecutor(n, thread_name_prefix="refimpl-piece")
 
 
 def _piece_threads() -> int:
