@@ -32,15 +32,15 @@ def _piece_threads() -> int:
 
 
 def run_pieces(piece, pieces: list) -> None:
-    """``piece(*p)`` for every ``p`` in ``pieces`` (independent pieces of work writing disjoint outputs), on
-    as many threads as BLAS has, BLAS running one thread per call meanwhile: its threads are lent to the
-    pieces, so that each piece is one core's from its input to its output (the Numba kernels release the
-    GIL), the elementwise work between the matrix products runs on every core too, and no thread spins
-    waiting for another (Numba's parallel loops between BLAS calls did, and slowed the whole decode).  The
-    caller is one of those threads: it takes pieces in turn with the others (``_Turns``), so a call wakes
-    one thread fewer, and a piece that takes its thread's scratch (``host_memory.thread_words``) may take the
-    caller's: words the caller holds across the call must come from elsewhere.  Each piece computes the same
-    bits whichever thread runs it."""
+    """``piece(*p)`` for every ``p`` in ``pieces`` (independent pieces of work writing disjoint outputs), on as
+    many threads as BLAS has, BLAS running one thread per call meanwhile: its threads are lent to the pieces,
+    so that each piece is one core's from its input to its output (the Numba kernels release the GIL), the
+    elementwise work between the matrix products runs on every core too, and no thread spins waiting for
+    another (Numba's parallel loops between BLAS calls did, and slowed the whole decode).  The caller is one
+    of those threads: it takes pieces in turn with the others (``_Turns``), so it works instead of waking as
+    each piece ends and a call wakes one thread fewer, and a piece that takes its thread's scratch
+    (``host_memory.thread_words``) may take the caller's: words the caller holds across the call must come
+    from elsewhere.  Each piece computes the same bits whichever thread runs it."""
     controllers, n_threads = _blas_controller(), _piece_threads()
     if n_threads <= 1 or len(pieces) < 2 or threading.current_thread().name.startswith("refimpl-piece"):
         for p in pieces:
