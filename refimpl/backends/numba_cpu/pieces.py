@@ -6,15 +6,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import threading
 from concurrent import futures
 
 import threadpoolctl
 
 
-@functools.cache
 def _blas_controller():
-    """threadpoolctl's handle on the BLAS libraries loaded in this process (NumPy's and SciPy's)."""
+    """threadpoolctl's handle on the BLAS libraries loaded in this process: NumPy's, and SciPy's own once
+    ``scipy.linalg`` has loaded it (its BLAS extension imported), whenever that happens."""
+    return _blas_controller_of("scipy.linalg._fblas" in sys.modules)
+
+
+@functools.cache
+def _blas_controller_of(scipy_blas_loaded: bool):
+    """``_blas_controller``, looked up once with SciPy's BLAS and once without (a lookup scans the process's
+    libraries)."""
     return threadpoolctl.ThreadpoolController().select(user_api="blas")
 
 

@@ -143,3 +143,25 @@ def test_after_a_piece_fails_no_piece_starts_and_none_still_runs_when_the_error_
     assert len(at_the_error[0]) < 10
     time.sleep(0.2)
     assert (started, ended) == at_the_error  # and nothing started after
+
+
+def test_blas_loaded_by_scipy_after_the_first_pieces_is_lent_too():
+    """SciPy's BLAS library, loaded with ``scipy.linalg`` after the pieces first ran, is held to one thread
+    with NumPy's while pieces run (the handle on the libraries was once kept from the first call)."""
+    code = (
+        "import refimpl, threadpoolctl\n"
+        "from refimpl.backends.numba_cpu import pieces\n"
+        "pieces.run_pieces(lambda i: None, [(0,), (1,)])\n"
+        "import scipy.linalg\n"
+        "blas = [i for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']\n"
+        "with pieces._blas_lent(pieces._blas_controller()):\n"
+        "    lent = [i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']\n"
+        "print(len(blas), min(i['num_threads'] for i in blas), max(lent))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="2")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    libraries, threads_before, threads_lent = map(int, r.stdout.split())
+    if libraries < 2 or threads_before < 2:
+        pytest.skip("SciPy shares NumPy's BLAS here, or BLAS runs one thread")
+    assert threads_lent == 1
