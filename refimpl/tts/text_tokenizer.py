@@ -62,8 +62,8 @@ __all__ = [
 ]
 
 # A merges.txt body (after its "#version" line) whose every line is two symbols and one space between them
-# (the last line's newline optional): split by whitespace, it gives the pairs that reading it line by line
-# gives.  Any other file (blank lines, tabs, a line of one symbol...) is read line by line.
+# (the last line's newline optional): its lines are already the pairs as ``read_vocab_and_merge_lines`` gives
+# them.  Any other file (blank lines, tabs, a line of one symbol...) is read and checked line by line.
 MERGE_LINES = re.compile(r"(?:\S+ \S+\n)*(?:\S+ \S+)?")
 
 # Qwen2's pre-tokenisation pattern: English contractions (any case), an optional non-letter then a
@@ -225,6 +225,14 @@ def check_unicode(text, what: str = "text") -> None:
 
 def read_vocab_and_merges(model_dir: Path) -> tuple:
     """``vocab.json`` (token -> id) and ``merges.txt`` (ranked pairs, first line may be ``#version``)."""
+    vocab, lines = read_vocab_and_merge_lines(model_dir)
+    return vocab, [tuple(line.split(" ")) for line in lines]
+
+
+def read_vocab_and_merge_lines(model_dir: Path) -> tuple:
+    """``read_vocab_and_merges`` with each pair as the line ``"a b"`` (its two symbols, one space between):
+    strings, not a tuple per pair, which the cyclic garbage collector would scan again and again while a
+    load makes some 150,000 of them."""
     vocab = read_json_object(model_dir / "vocab.json")
     if not {int}.issuperset(map(type, vocab.values())):  # (one pass in C: bools and floats are not ids)
         raise CheckpointError(f"{model_dir / 'vocab.json'} must map token strings to integer ids")
@@ -238,9 +246,9 @@ def read_vocab_and_merges(model_dir: Path) -> tuple:
     skipped = 0  # lines before ``text``
     if first.strip().startswith("#version"):
         text, skipped = (rest if newline else ""), 1
-    if MERGE_LINES.fullmatch(text):  # the usual file: the pairs are its symbols two by two (one C call each)
-        symbols = iter(text.split())
-        return vocab, list(zip(symbols, symbols, strict=True))
+    if MERGE_LINES.fullmatch(text):  # the usual file: its lines are the pairs as written (one C call)
+        lines = text.split("\n")
+        return vocab, lines[:-1] if lines[-1] == "" else lines  # (a last newline: no pair after it)
     lines = text.split("\n")
     pairs = [line.split() for line in lines]  # (a blank line: no symbols, skipped)
     if not {0, 2}.issuperset(map(len, pairs)):
@@ -249,8 +257,7 @@ def read_vocab_and_merges(model_dir: Path) -> tuple:
         raise CheckpointError(
             f"{model_dir / 'merges.txt'} line {skipped + line_no + 1}: expected two symbols, got {line!r}"
         )
-    merges = list(map(tuple, filter(None, pairs)))
-    return vocab, merges
+    return vocab, [" ".join(pair) for pair in pairs if pair]
 
 
 def _read_json_if_present(path: Path):
@@ -396,7 +403,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
     has_bpe_files = (model_dir / "vocab.json").is_file() and (model_dir / "merges.txt").is_file()
 
     vocab: dict | None = None  # (read apart from the definition: vocab.json + merges.txt)
-    merges: list | None = None
+    merge_lines: list | None = None
     if has_json:
         source = "tokenizer.json"
         definition = read_json_object(model_dir / "tokenizer.json")
@@ -411,7 +418,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
                 f"text tokenizer: {model_dir} has vocab.json and merges.txt but no "
                 "tokenizer_config.json (it lists the special tokens such as <|im_start|>)"
             )
-        vocab, merges = read_vocab_and_merges(model_dir)
+        vocab, merge_lines = read_vocab_and_merge_lines(model_dir)
         definition = _byte_level_bpe_json({}, [], QWEN2_SPLIT_PATTERN)  # (the model's entries given to it apart)
         base_vocab_size = len(vocab)
     else:
@@ -437,11 +444,11 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
     entries = _added_token_entries(tokenizer_config or {})
 
     def library_tokenizer():
-        return _library_tokenizer(model_dir, definition, vocab, merges, entries, base_vocab_size)
+        return _library_tokenizer(model_dir, definition, vocab, merge_lines, entries, base_vocab_size)
 
-    if vocab is not None and merges is not None and _numbered_on_from_the_vocabulary(entries, vocab):
+    if vocab is not None and merge_lines is not None and _numbered_on_from_the_vocabulary(entries, vocab):
         added = {e["content"]: e["id"] for e in entries}
-        words = WordMerges.made(_splitter(model_dir, definition, entries), vocab, merges, added)
+        words = WordMerges.made(_splitter(model_dir, definition, entries), vocab, merge_lines, added)
         if words is not None:
             return TextTokenizer(library_tokenizer, split_pattern, added, base_vocab_size, source, words)
     backend = library_tokenizer()
@@ -450,9 +457,9 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
 
 
 def _library_tokenizer(
-    model_dir: Path, definition: dict, vocab: dict | None, merges: list | None, entries: list, base_vocab_size: int
+    model_dir: Path, definition: dict, vocab: dict | None, merge_lines: list | None, entries: list, base_vocab_size: int
 ):
-    """The ``tokenizers`` pipeline of ``definition`` (with the BPE model of ``vocab`` and ``merges`` where they
+    """The ``tokenizers`` pipeline of ``definition`` (with the BPE model of ``vocab`` and ``merge_lines`` where they
     were read apart) and the added tokens of ``entries``, each given the id the official loader gives it."""
     from tokenizers import Tokenizer
     from tokenizers.models import BPE
@@ -462,6 +469,7 @@ def _library_tokenizer(
         if vocab is not None:  # vocab.json + merges.txt: the BPE model made from them as they were read, the same
             # model as from its definition with the entries in it, without writing and parsing them again
             options = {k: v for k, v in definition["model"].items() if k not in ("type", "vocab", "merges")}
+            merges = [tuple(line.split(" ")) for line in merge_lines or ()]
             backend.model = BPE(vocab=vocab, merges=merges, **options)
     except Exception as e:  # the tokenizers library reports its own parse errors
         raise CheckpointError(f"text tokenizer in {model_dir}: cannot build it ({e})") from None
@@ -531,26 +539,28 @@ class WordMerges:
 
     def __init__(self, splitter, vocab: dict, ranks: dict, added_ids: dict):
         self.splitter, self.vocab = splitter, vocab
-        self.ranks = ranks  # (a, b) -> rank
+        self.ranks = ranks  # "a b" (a merges.txt line) -> rank
         self.added_ids = added_ids  # the splitter's id of an added token -> its id
 
     @classmethod
-    def made(cls, splitter, vocab: dict, merges: list, added: Mapping[str, int]) -> WordMerges | None:
-        """``WordMerges`` of the files' ``vocab`` and ``merges``, or None where the library's model is needed
-        to say what they mean: a merge of symbols (or making one) not in the vocabulary (the library refuses
-        the files), two words of one id, an added token that is a byte's symbol.  (A pair merged twice takes
-        its last rank, as in the library.)"""
+    def made(cls, splitter, vocab: dict, merge_lines: list, added: Mapping[str, int]) -> WordMerges | None:
+        """``WordMerges`` of the files' ``vocab`` and ``merge_lines`` (``read_vocab_and_merge_lines``), or None
+        where the library's model is needed to say what they mean: a merge of symbols (or making one) not in
+        the vocabulary (the library refuses the files), two words of one id, an added token that is a byte's
+        symbol.  (A pair merged twice takes its last rank, as in the library.)"""
         in_vocabulary = vocab.__contains__
+        lines = "\n".join(merge_lines)
+        symbols, merged = lines.split(), lines.replace(" ", "").split()  # every merge's two symbols, what it makes
         if not (
-            all(map(in_vocabulary, itertools.chain.from_iterable(merges)))
-            and all(map(in_vocabulary, map("".join, merges)))
+            all(map(in_vocabulary, symbols))
+            and all(map(in_vocabulary, merged))
             and len(set(vocab.values())) == len(vocab)
         ):
             return None
         added_ids = {splitter.token_to_id(content): token_id for content, token_id in added.items()}
         if min(added_ids, default=256) < 256:
             return None
-        return cls(splitter, vocab, dict(zip(merges, itertools.count())), added_ids)
+        return cls(splitter, vocab, dict(zip(merge_lines, itertools.count())), added_ids)
 
     def encode(self, text: str) -> list | None:
         """The ids of ``text``, or None where the library's model is to encode it."""
@@ -584,17 +594,18 @@ class WordMerges:
 # ---------------------------------------------------------------------------------------------
 
 
-def _bpe_word(symbols: list, ranks: Mapping[tuple, int]) -> list:
-    """Merge the best-ranked adjacent pair (every occurrence, left to right) until none is ranked."""
+def _bpe_word(symbols: list, ranks: Mapping[str, int]) -> list:
+    """Merge the best-ranked adjacent pair (every occurrence, left to right) until none is ranked; ``ranks``
+    maps a pair written as in merges.txt, ``"a b"``, to its rank."""
     while len(symbols) > 1:
-        pairs = [(ranks.get((a, b)), i) for i, (a, b) in enumerate(itertools.pairwise(symbols))]
+        pairs = [(ranks.get(f"{a} {b}"), i) for i, (a, b) in enumerate(itertools.pairwise(symbols))]
         ranked = [p for p in pairs if p[0] is not None]
         if not ranked:
             break
         best = min(ranked)[0]
         merged, i = [], 0
         while i < len(symbols):
-            if i + 1 < len(symbols) and ranks.get((symbols[i], symbols[i + 1])) == best:
+            if i + 1 < len(symbols) and ranks.get(f"{symbols[i]} {symbols[i + 1]}") == best:
                 merged.append(symbols[i] + symbols[i + 1])
                 i += 2
             else:
@@ -624,7 +635,7 @@ def bpe_encode_explicit(
             "'qwen3-tts-refimpl[explicit]'); load_text_tokenizer does not"
         ) from None
 
-    ranks = {tuple(pair): r for r, pair in enumerate(merges)}
+    ranks = {f"{a} {b}": r for r, (a, b) in enumerate(merges)}
     to_char = byte_to_unicode()
     word_re = regex.compile(split_pattern)
     # 1. cut out the added tokens (longest first where two start at the same place)
