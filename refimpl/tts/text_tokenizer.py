@@ -226,7 +226,12 @@ def check_unicode(text, what: str = "text") -> None:
 def read_vocab_and_merges(model_dir: Path) -> tuple:
     """``vocab.json`` (token -> id) and ``merges.txt`` (ranked pairs, first line may be ``#version``)."""
     vocab, lines = read_vocab_and_merge_lines(model_dir)
-    return vocab, [tuple(line.split(" ")) for line in lines]
+    return vocab, merge_pairs(lines)
+
+
+def merge_pairs(merge_lines: Iterable[str]) -> list:
+    """The pairs ``(a, b)`` of merge lines ``"a b"``."""
+    return [tuple(line.split(" ")) for line in merge_lines]
 
 
 def read_vocab_and_merge_lines(model_dir: Path) -> tuple:
@@ -469,8 +474,7 @@ def _library_tokenizer(
         if vocab is not None:  # vocab.json + merges.txt: the BPE model made from them as they were read, the same
             # model as from its definition with the entries in it, without writing and parsing them again
             options = {k: v for k, v in definition["model"].items() if k not in ("type", "vocab", "merges")}
-            merges = [tuple(line.split(" ")) for line in merge_lines or ()]
-            backend.model = BPE(vocab=vocab, merges=merges, **options)
+            backend.model = BPE(vocab=vocab, merges=merge_pairs(merge_lines or ()), **options)
     except Exception as e:  # the tokenizers library reports its own parse errors
         raise CheckpointError(f"text tokenizer in {model_dir}: cannot build it ({e})") from None
     # Added tokens, in id order, each taking the next free id unless it is already in the vocabulary
