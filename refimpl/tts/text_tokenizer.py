@@ -251,10 +251,9 @@ def read_vocab_and_merge_lines(model_dir: Path) -> tuple:
     skipped = 0  # lines before ``text``
     if first.strip().startswith("#version"):
         text, skipped = (rest if newline else ""), 1
-    if MERGE_LINES.fullmatch(text):  # the usual file: its lines are the pairs as written (one C call)
-        lines = text.split("\n")
-        return vocab, lines[:-1] if lines[-1] == "" else lines  # (a last newline: no pair after it)
     lines = text.split("\n")
+    if MERGE_LINES.fullmatch(text):  # the usual file: its lines are the pairs as written
+        return vocab, lines[:-1] if lines[-1] == "" else lines  # (a last newline: no pair after it)
     pairs = [line.split() for line in lines]  # (a blank line: no symbols, skipped)
     if not {0, 2}.issuperset(map(len, pairs)):
         line_no = next(i for i, pair in enumerate(pairs) if len(pair) not in (0, 2))
@@ -553,8 +552,8 @@ class WordMerges:
         the vocabulary (the library refuses the files), two words of one id, an added token that is a byte's
         symbol.  (A pair merged twice takes its last rank, as in the library.)"""
         in_vocabulary = vocab.__contains__
-        lines = "\n".join(merge_lines)
-        symbols, merged = lines.split(), lines.replace(" ", "").split()  # every merge's two symbols, what it makes
+        text = "\n".join(merge_lines)
+        symbols, merged = text.split(), text.replace(" ", "").split()  # every merge's two symbols, what it makes
         if not (
             all(map(in_vocabulary, symbols))
             and all(map(in_vocabulary, merged))
