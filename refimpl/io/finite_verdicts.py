@@ -84,18 +84,47 @@ def stamp_of(path: str) -> tuple | None:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
-def directory() -> Path | None:
-    """The folder of store files: ``$REFIMPL_CACHE_DIR/finite``, else ``finite/`` of the per-user cache;
-    None when ``REFIMPL_CACHE_DIR`` turns the store off (0, off, false, no) or no cache directory is known."""
+def cache_directory() -> Path | None:
+    """The cache directory of the verdicts' stores: ``$REFIMPL_CACHE_DIR``, else the per-user cache; None
+    when ``REFIMPL_CACHE_DIR`` turns the stores off (0, off, false, no) or no cache directory is known."""
     raw = os.environ.get(VARIABLE, "").strip()
     if raw.lower() in FALSE:
         return None
-    base = Path(raw).expanduser() if raw else user_cache_dir()
+    return Path(raw).expanduser() if raw else user_cache_dir()
+
+
+def directory() -> Path | None:
+    """The folder of store files: ``finite/`` of ``cache_directory()`` (None: no store)."""
+    base = cache_directory()
     return None if base is None else base / "finite"
 
 
-def _store_file(folder: Path, version: FileVersion) -> Path:
+def store_file(folder: Path, version: FileVersion) -> Path:
+    """The store file of ``version``'s file in ``folder``: named by the sha256 of its resolved path."""
     return folder / (hashlib.sha256(os.fsencode(version.path)).hexdigest() + ".json")
+
+
+def read_store_file(store: Path):
+    """The JSON value of a store file, or None where it is absent, over ``MAX_STORE_BYTES``, not a regular
+    file or not JSON (no verdict, never an error)."""
+    try:
+        return parse_json(read_limited(store, MAX_STORE_BYTES, str(store), regular_only=True), str(store))
+    except ValueError:  # (an InputError)
+        return None
+
+
+def write_store_file(folder: Path, store: Path, data: dict) -> None:
+    """``data`` as compact JSON into ``store`` (made atomically in ``folder``), unless it is over
+    ``MAX_STORE_BYTES``; a failed write is ignored (a read-only home must not stop a load)."""
+    text = json.dumps(data, separators=(",", ":"))
+    if len(text) <= MAX_STORE_BYTES:
+        with contextlib.suppress(OSError):
+            _write_atomically(folder, store, text.encode("ascii"))
+
+
+def is_stamp(value, stamp: tuple) -> bool:
+    """Whether the JSON ``value`` is the list of integers ``stamp`` (booleans are not integers)."""
+    return isinstance(value, list) and all(type(x) is int for x in value) and tuple(value) == stamp
 
 
 def remembered(version: FileVersion) -> frozenset:
@@ -104,21 +133,16 @@ def remembered(version: FileVersion) -> frozenset:
     folder = directory()
     if folder is None or not version.unchanged():
         return frozenset()
-    return _read_verdict(_store_file(folder, version), version)
+    return _read_verdict(store_file(folder, version), version)
 
 
 def _read_verdict(store: Path, version: FileVersion) -> frozenset:
-    try:
-        data = parse_json(read_limited(store, MAX_STORE_BYTES, str(store), regular_only=True), str(store))
-    except ValueError:  # absent, too large, not JSON (an InputError): no verdict
-        return frozenset()
+    data = read_store_file(store)
     if not (
         isinstance(data, dict)
         and data.get("format") == FORMAT
         and data.get("path") == version.path
-        and isinstance(data.get("stamp"), list)
-        and all(type(x) is int for x in data["stamp"])
-        and tuple(data["stamp"]) == version.stamp
+        and is_stamp(data.get("stamp"), version.stamp)
         and isinstance(data.get("finite"), list)
         and all(isinstance(name, str) for name in data["finite"])
     ):
@@ -132,16 +156,13 @@ def remember(version: FileVersion, finite) -> None:
     folder = directory()
     if folder is None or not finite or version.racy() or not version.unchanged():
         return
-    store = _store_file(folder, version)
+    store = store_file(folder, version)
     with _lock:
         known = _read_verdict(store, version)
         if known.issuperset(finite):
             return
         data = {"format": FORMAT, "path": version.path, "stamp": list(version.stamp)}
-        text = json.dumps(dict(data, finite=sorted(known.union(finite))), separators=(",", ":"))
-        if len(text) <= MAX_STORE_BYTES:
-            with contextlib.suppress(OSError):
-                _write_atomically(folder, store, text.encode("ascii"))
+        write_store_file(folder, store, dict(data, finite=sorted(known.union(finite))))
 
 
 def _write_atomically(folder: Path, store: Path, data: bytes) -> None:

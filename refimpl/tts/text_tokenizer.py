@@ -44,8 +44,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
+from ..io import vocabulary_verdicts
 from ..io.checkpoint import CheckpointError, read_json_object
 from ..io.files import MAX_JSON_BYTES, read_limited
+from ..io.finite_verdicts import FileVersion
 
 __all__ = [
     "QWEN2_SPLIT_PATTERN",
@@ -238,9 +240,33 @@ def read_vocab_and_merge_lines(model_dir: Path) -> tuple:
     """``read_vocab_and_merges`` with each pair as the line ``"a b"`` (its two symbols, one space between):
     strings, not a tuple per pair, which the cyclic garbage collector would scan again and again while a
     load makes some 150,000 of them."""
+    vocab, lines, _ = read_vocabulary(model_dir)
+    return vocab, lines
+
+
+def read_vocabulary(model_dir: Path) -> tuple:
+    """``(vocab, merge_lines, numbered)``: ``read_vocab_and_merge_lines``'s two, and whether ``vocab`` is the
+    Qwen2 numbering of the merges (``follows_the_qwen2_numbering``).  Where the store of vocabulary verdicts
+    (``refimpl.io.vocabulary_verdicts``) holds that verdict for the two files as they are now, ``vocab``
+    is that numbering, made from ``merges.txt`` alone: ``vocab.json`` is not parsed."""
+    vocab_version, merges_version = FileVersion.of(model_dir / "vocab.json"), FileVersion.of(model_dir / "merges.txt")
+    if merges_version is not None and vocabulary_verdicts.remembered(vocab_version, merges_version):
+        lines = _read_merge_lines(model_dir, well_formed=True)
+        if merges_version.unchanged():  # (what was read is the file of the verdict)
+            return numbered_by_merges(lines), lines, True
     vocab = read_json_object(model_dir / "vocab.json")
     if not {int}.issuperset(map(type, vocab.values())):  # (one pass in C: bools and floats are not ids)
         raise CheckpointError(f"{model_dir / 'vocab.json'} must map token strings to integer ids")
+    lines = _read_merge_lines(model_dir)
+    numbered = follows_the_qwen2_numbering(vocab, lines)
+    if numbered:
+        vocabulary_verdicts.remember(vocab_version, merges_version)
+    return vocab, lines, numbered
+
+
+def _read_merge_lines(model_dir: Path, well_formed: bool = False) -> list:
+    """The merge lines of ``merges.txt``, each ``"a b"`` (a first ``#version`` line skipped).  ``well_formed``:
+    the file is known to be every line two symbols and one space between them (``MERGE_LINES``)."""
     try:
         path = model_dir / "merges.txt"
         raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError, regular_only=True)
@@ -252,8 +278,8 @@ def read_vocab_and_merge_lines(model_dir: Path) -> tuple:
     if first.strip().startswith("#version"):
         text, skipped = (rest if newline else ""), 1
     lines = text.split("\n")
-    if MERGE_LINES.fullmatch(text):  # the usual file: its lines are the pairs as written
-        return vocab, lines[:-1] if lines[-1] == "" else lines  # (a last newline: no pair after it)
+    if well_formed or MERGE_LINES.fullmatch(text):  # the usual file: its lines are the pairs as written
+        return lines[:-1] if lines[-1] == "" else lines  # (a last newline: no pair after it)
     pairs = [line.split() for line in lines]  # (a blank line: no symbols, skipped)
     if not {0, 2}.issuperset(map(len, pairs)):
         line_no = next(i for i, pair in enumerate(pairs) if len(pair) not in (0, 2))
@@ -261,7 +287,25 @@ def read_vocab_and_merge_lines(model_dir: Path) -> tuple:
         raise CheckpointError(
             f"{model_dir / 'merges.txt'} line {skipped + line_no + 1}: expected two symbols, got {line!r}"
         )
-    return vocab, [" ".join(pair) for pair in pairs if pair]
+    return [" ".join(pair) for pair in pairs if pair]
+
+
+def numbered_by_merges(merge_lines: list) -> dict:
+    """The Qwen2 numbering of ``merge_lines`` (the released ``vocab.json``): the 256 byte symbols by code point
+    (ids 0..255), then the symbol each merge ``"a b"`` makes, ``"ab"``, id 256 + its rank (a symbol made
+    twice keeps its last id)."""
+    made = "\n".join(merge_lines).replace(" ", "").split("\n") if merge_lines else []
+    return dict(zip(itertools.chain(byte_alphabet_in_vocab_order(), made), itertools.count()))
+
+
+def follows_the_qwen2_numbering(vocab: Mapping[str, int], merge_lines: list) -> bool:
+    """Whether ``vocab`` is ``numbered_by_merges(merge_lines)``, every symbol once (no merge makes a byte's
+    symbol or another merge's), and every merge's two symbols are in it (the library takes the files)."""
+    return (
+        len(vocab) == 256 + len(merge_lines)
+        and vocab == numbered_by_merges(merge_lines)
+        and all(map(vocab.__contains__, "\n".join(merge_lines).split()))
+    )
 
 
 def _read_json_if_present(path: Path):
@@ -408,6 +452,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
 
     vocab: dict | None = None  # (read apart from the definition: vocab.json + merges.txt)
     merge_lines: list | None = None
+    numbered = False  # (vocab the Qwen2 numbering of the merges: ``read_vocabulary``)
     if has_json:
         source = "tokenizer.json"
         definition = read_json_object(model_dir / "tokenizer.json")
@@ -422,7 +467,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
                 f"text tokenizer: {model_dir} has vocab.json and merges.txt but no "
                 "tokenizer_config.json (it lists the special tokens such as <|im_start|>)"
             )
-        vocab, merge_lines = read_vocab_and_merge_lines(model_dir)
+        vocab, merge_lines, numbered = read_vocabulary(model_dir)
         definition = _byte_level_bpe_json({}, [], QWEN2_SPLIT_PATTERN)  # (the model's entries given to it apart)
         base_vocab_size = len(vocab)
     else:
@@ -452,7 +497,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
 
     if vocab is not None and merge_lines is not None and _numbered_on_from_the_vocabulary(entries, vocab):
         added = {e["content"]: e["id"] for e in entries}
-        words = WordMerges.made(_splitter(model_dir, definition, entries), vocab, merge_lines, added)
+        words = WordMerges.made(_splitter(model_dir, definition, entries), vocab, merge_lines, added, numbered)
         if words is not None:
             return TextTokenizer(library_tokenizer, split_pattern, added, base_vocab_size, source, words)
     backend = library_tokenizer()
@@ -546,20 +591,25 @@ class WordMerges:
         self.added_ids = added_ids  # the splitter's id of an added token -> its id
 
     @classmethod
-    def made(cls, splitter, vocab: dict, merge_lines: list, added: Mapping[str, int]) -> WordMerges | None:
+    def made(
+        cls, splitter, vocab: dict, merge_lines: list, added: Mapping[str, int], numbered: bool = False
+    ) -> WordMerges | None:
         """``WordMerges`` of the files' ``vocab`` and ``merge_lines`` (``read_vocab_and_merge_lines``), or None
         where the library's model is needed to say what they mean: a merge of symbols (or making one) not in
         the vocabulary (the library refuses the files), two words of one id, an added token that is a byte's
-        symbol.  (A pair merged twice takes its last rank, as in the library.)"""
-        in_vocabulary = vocab.__contains__
-        text = "\n".join(merge_lines)
-        symbols, merged = text.split(), text.replace(" ", "").split()  # every merge's two symbols, what it makes
-        if not (
-            all(map(in_vocabulary, symbols))
-            and all(map(in_vocabulary, merged))
-            and len(set(vocab.values())) == len(vocab)
-        ):
-            return None
+        symbol.  (A pair merged twice takes its last rank, as in the library.)  ``numbered``: ``vocab`` is
+        known to be the Qwen2 numbering of the merges (``follows_the_qwen2_numbering``), which has none of
+        the first three."""
+        if not numbered:
+            in_vocabulary = vocab.__contains__
+            text = "\n".join(merge_lines)
+            symbols, merged = text.split(), text.replace(" ", "").split()  # every merge's two symbols, what it makes
+            if not (
+                all(map(in_vocabulary, symbols))
+                and all(map(in_vocabulary, merged))
+                and len(set(vocab.values())) == len(vocab)
+            ):
+                return None
         added_ids = {splitter.token_to_id(content): token_id for content, token_id in added.items()}
         if min(added_ids, default=256) < 256:
             return None

@@ -11,6 +11,8 @@ that decide the pre-tokenisation pattern.  Here each layout is rebuilt the same 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import unicodedata
 from pathlib import Path
 
@@ -20,16 +22,20 @@ from hypothesis import strategies as st
 
 # the same layouts, built by the same code, as golden/oracle/record_text_tokenizer.py
 from golden.text_layouts import LAYOUTS, RELEASED_CONFIG, TINY_DIR, read_real_merges, write_layout
+from refimpl.io import finite_verdicts, vocabulary_verdicts
 from refimpl.io.checkpoint import CheckpointError
 from refimpl.porting import synthetic
+from refimpl.tts import text_tokenizer
 from refimpl.tts.text_tokenizer import (
     CASE_AWARE_SPLIT_PATTERN,
     QWEN2_SPLIT_PATTERN,
     _byte_level_bpe_json,
     assistant_prompt,
     bpe_encode_explicit,
+    follows_the_qwen2_numbering,
     instruct_prompt,
     load_text_tokenizer,
+    numbered_by_merges,
     read_vocab_and_merges,
     reference_prompt,
     uses_case_aware_split,
@@ -245,6 +251,167 @@ def test_real_vocabulary_follows_from_its_merges(real_merges):
     vocab = synthetic.byte_level_vocab(real_merges)
     assert len(vocab) == 151643
     assert vocab["assistant"] == 77091 and vocab["Ċ"] == 198  # ids the released config/prompts rely on
+
+
+# ------------------------------------------------------------------------------------------------
+# the store of vocabulary verdicts (refimpl/io/vocabulary_verdicts.py)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def verdicts(tmp_path, monkeypatch):
+    """A store of this test's own (files written a moment ago count as old enough to remember: the racy rule
+    has its own test) and the ``vocab.json`` files the loads parse (a list of their folders)."""
+    monkeypatch.setenv("REFIMPL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(finite_verdicts, "RACY_NS", 0)
+    parsed = []
+    real = text_tokenizer.read_json_object
+
+    def spy(path, *args, **kwargs):
+        if Path(path).name == "vocab.json":
+            parsed.append(Path(path).parent)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(text_tokenizer, "read_json_object", spy)
+    return parsed
+
+
+def _copy_layout(layout_dirs, layout, target):
+    shutil.copytree(layout_dirs[layout], target)
+    return target
+
+
+def _store_files(tmp_path) -> list:
+    folder = tmp_path / "cache" / "vocabulary"
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+def test_a_second_load_numbers_the_vocabulary_from_the_merges(tmp_path, verdicts, layout_dirs, golden):
+    """The released files: the first load parses vocab.json, finds it the Qwen2 numbering of merges.txt and
+    keeps that verdict; the next load of the same files numbers the vocabulary from merges.txt alone (the
+    same vocabulary, the official ids), and so does a third."""
+    d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
+    first = load_text_tokenizer(d)
+    assert verdicts == [d] and len(_store_files(tmp_path)) == 1
+    for _ in range(2):
+        again = load_text_tokenizer(d)
+        assert verdicts == [d] and again.words is not None and again.words.vocab == first.words.vocab
+        assert again.words.ranks == first.words.ranks
+    expected = golden["layouts"]["real_released"]["ids"]
+    assert [again.encode(t) for t in golden["texts"]] == expected
+    assert again.vocab_size == golden["layouts"]["real_released"]["len"]  # (the library's model, from it)
+    assert [again.encode(t) for t in golden["texts"][:40]] == expected[:40]
+
+
+def test_a_vocabulary_numbered_otherwise_is_parsed_at_every_load(tmp_path, verdicts, layout_dirs):
+    """Two ids swapped in vocab.json: not the numbering of the merges, no verdict, parsed every time (and
+    tokenized as the library tokenizes those files)."""
+    d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
+    vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+    vocab["Ġthe"], vocab["in"] = vocab["in"], vocab["Ġthe"]
+    (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    for _ in range(2):
+        tok = load_text_tokenizer(d)
+        assert verdicts.count(d) == _ + 1 and _store_files(tmp_path) == []
+    text = "in the beginning the words were in the vocabulary"
+    assert tok.encode(text) == tok.backend.encode(text, add_special_tokens=False).ids
+    assert tok.encode(text) != load_text_tokenizer(layout_dirs["real_released"]).encode(text)
+
+
+@pytest.mark.parametrize("changed", ["vocab.json", "merges.txt"])
+def test_a_file_changed_since_its_verdict_is_read_again(tmp_path, verdicts, layout_dirs, changed):
+    """A rewritten file has another stamp: vocab.json is parsed again.  merges.txt rewritten with its last
+    merge dropped (vocab.json then numbers one merge more than it has): parsed at every load, the merges
+    read as they are now."""
+    d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
+    lines = len(load_text_tokenizer(d).words.ranks)
+    path = d / changed
+    data = path.read_bytes()
+    path.unlink()  # (a new inode: the stamp moves however coarse the clock)
+    path.write_bytes(data)
+    load_text_tokenizer(d)
+    assert verdicts == [d, d]
+    if changed == "merges.txt":
+        path.unlink()
+        path.write_bytes(data[: data.rstrip(b"\n").rindex(b"\n") + 1])
+        for _ in range(2):
+            assert len(load_text_tokenizer(d).words.ranks) == lines - 1
+        assert verdicts == [d] * 4
+
+
+def test_merges_changed_while_read_under_a_verdict_are_read_again(tmp_path, verdicts, layout_dirs, monkeypatch):
+    """merges.txt replaced while the load reads it under the verdict: what was read may not be the file of the
+    verdict, so the load reads both files again and checks them."""
+    d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
+    load_text_tokenizer(d)
+    real = text_tokenizer._read_merge_lines
+
+    def replaced_while_read(model_dir, well_formed=False):
+        lines = real(model_dir, well_formed)
+        if well_formed:
+            data = (d / "merges.txt").read_bytes()
+            (d / "merges.txt").unlink()
+            (d / "merges.txt").write_bytes(data)
+        return lines
+
+    monkeypatch.setattr(text_tokenizer, "_read_merge_lines", replaced_while_read)
+    assert load_text_tokenizer(d).words is not None and verdicts == [d, d]
+
+
+def test_files_changed_just_before_the_load_are_not_remembered(tmp_path, verdicts, layout_dirs, monkeypatch):
+    monkeypatch.setattr(finite_verdicts, "RACY_NS", 10**15)
+    d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
+    for _ in range(2):
+        load_text_tokenizer(d)
+    assert verdicts == [d, d] and _store_files(tmp_path) == []
+
+
+BAD_VOCABULARY_STORE_FILES = {
+    "not JSON": lambda data: "\x00not json",
+    "not an object": lambda data: json.dumps([data]),
+    "another format": lambda data: json.dumps(dict(data, format=2)),
+    "another vocab.json": lambda data: json.dumps(dict(data, vocab=["/elsewhere/vocab.json", data["vocab"][1]])),
+    "another merges.txt stamp": lambda data: json.dumps(
+        dict(data, merges=[data["merges"][0], [data["merges"][1][0] + 1, *data["merges"][1][1:]]])
+    ),
+    "a stamp of booleans": lambda data: json.dumps(dict(data, vocab=[data["vocab"][0], [True] * 5])),
+    "no merges entry": lambda data: json.dumps({k: v for k, v in data.items() if k != "merges"}),
+    "too large": lambda data: json.dumps(dict(data, padding="x" * finite_verdicts.MAX_STORE_BYTES)),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(BAD_VOCABULARY_STORE_FILES))
+def test_a_damaged_or_foreign_vocabulary_verdict_is_ignored(tmp_path, verdicts, layout_dirs, damage):
+    d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
+    load_text_tokenizer(d)
+    [store] = _store_files(tmp_path)
+    store.write_text(BAD_VOCABULARY_STORE_FILES[damage](json.loads(store.read_text())))
+    load_text_tokenizer(d)
+    assert verdicts == [d, d]
+
+
+def test_no_vocabulary_verdict_when_the_store_is_off(tmp_path, verdicts, layout_dirs, monkeypatch):
+    monkeypatch.setenv("REFIMPL_CACHE_DIR", "off")
+    d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
+    for _ in range(2):
+        load_text_tokenizer(d)
+    assert verdicts == [d, d] and vocabulary_verdicts.directory() is None
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def test_the_qwen2_numbering(real_merges):
+    """``numbered_by_merges`` is the numbering the synthetic writer gives the real merges (ids the released
+    prompts rely on); a merge making a symbol twice or of a symbol not in the vocabulary, a vocabulary of
+    one id more or of two ids swapped, does not follow it."""
+    lines = [f"{a} {b}" for a, b in real_merges]
+    vocab = synthetic.byte_level_vocab(real_merges)
+    assert numbered_by_merges(lines) == vocab and follows_the_qwen2_numbering(vocab, lines)
+    assert numbered_by_merges([]) == synthetic.byte_level_vocab([])
+    for bad in (lines + ["Ġ Ġ"], lines + ["! xyzzyxyzzy"]):  # ("ĠĠ" made twice; a symbol no merge makes)
+        assert not follows_the_qwen2_numbering(numbered_by_merges(bad), bad)
+    assert not follows_the_qwen2_numbering(vocab, lines[:-1])  # (one id too many)
+    swapped = dict(vocab, **{"Ġthe": vocab["in"], "in": vocab["Ġthe"]})
+    assert not follows_the_qwen2_numbering(swapped, lines)
 
 
 # ------------------------------------------------------------------------------------------------
