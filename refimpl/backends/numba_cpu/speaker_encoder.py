@@ -79,6 +79,10 @@ def _tdnn_direct(x_ct, w_oik, b_o, dilation, out_ot):
     run_pieces(piece, [(cuts[i], cuts[i + 1]) for i in range(n) if cuts[i] < cuts[i + 1]])
 
 
+TDNN_DIRECT_MAX_TAPS = 512  # a TDNN of at least this many stacked taps (inputs x taps: the released encoder's first
+# TDNN, 128 mel bins x 5) runs on OpenBLAS's product of the stacked taps, faster there on a Zen 4 than the direct
+# kernel (docs/performance.md, "The speaker encoder"); fewer (a Res2Net's groups) stay on the direct kernel
+
 TDNN_RELU_PIECE = 1 << 21  # values per piece of the bias + ReLU pass (8 MB): smaller outputs in one pass here, as a
 # piece thread's hand-off costs more than it saves for small inputs
 
@@ -89,7 +93,8 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
     buffer reused from one call to the next; a 1-tap conv multiplies x itself), one matrix product on
     BLAS's threads into out, then bias and ReLU in one pass over rows of channels side by side.  Where the
     tiles do not run it and the direct kernel can (``direct_kernel_takes``, tiles granted or not, as for the
-    Res2Net's groups): ``_tdnn_direct`` instead, bias and ReLU in it."""
+    Res2Net's groups) with fewer than ``TDNN_DIRECT_MAX_TAPS`` stacked taps: ``_tdnn_direct`` instead, bias
+    and ReLU in it."""
     O, I, K = w_oik.shape
     T = x_ct.shape[1]
     on_tiles = amx.USE_TILES and T >= TILE_TDNN_MIN_STEPS and O >= TILE_TDNN_MIN_OUT
@@ -98,7 +103,7 @@ def _tdnn_into(x_ct, w_oik, b_o, dilation, out_ot, cols_ikn=None):
         first = -(dilation * (K - 1) // 2)
         _taps_on_tiles(x_ct, tiles_usrc, b_o, K, dilation, first, out_ot)
         return
-    if direct_kernel_takes(O, I, K):
+    if direct_kernel_takes(O, I, K) and I * K < TDNN_DIRECT_MAX_TAPS:
         _tdnn_direct(x_ct, w_oik, b_o, dilation, out_ot)
         return
     w_m = np.ascontiguousarray(w_oik.reshape(O, I * K))  # column i * K + k: the order of the stacked taps

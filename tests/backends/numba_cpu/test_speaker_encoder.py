@@ -90,6 +90,30 @@ def test_tdnn_on_the_direct_kernel_reads_the_reflected_taps_of_the_reference(C, 
     np.testing.assert_array_equal(np.isnan(got_nan), np.isnan(speaker_encoder.tdnn.reference(x_nan, w, b, dilation)))
 
 
+@pytest.mark.parametrize(("C", "K"), [(128, 5), (64, 5), (128, 4)])
+def test_tdnn_of_many_stacked_taps_runs_on_blas(C, K):
+    """Without tiles, a TDNN of ``TDNN_DIRECT_MAX_TAPS`` stacked taps or more (the released encoder's first: 128
+    mel bins x 5 taps) takes BLAS's product of its stacked taps, fewer the direct kernel; within the bound of
+    two sums of the same I * K terms either way."""
+    rng = np.random.default_rng(C * K)
+    x = rng.standard_normal((1, C, 50)).astype(np.float32)
+    w = rng.standard_normal((8, C, K)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    ran = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(numba_cpu.amx, "USE_TILES", False)
+        direct = numba_cpu.speaker_encoder._tdnn_direct
+        mp.setattr(numba_cpu.speaker_encoder, "_tdnn_direct", lambda *a: ran.append(1) or direct(*a))
+        got = numba_cpu.speaker_encoder.tdnn(x, w, b, 2)
+    many = C * K >= numba_cpu.speaker_encoder.TDNN_DIRECT_MAX_TAPS
+    assert bool(ran) == (not many and numba_cpu.conv.direct_kernel_takes(8, C, K))
+    left, right = speaker_encoder.same_padding(K, 2)
+    padded = np.pad(np.abs(x).astype(np.float64), ((0, 0), (0, 0), (left, right)), mode="reflect")
+    abs_sum = nn.conv1d.reference(padded, np.abs(w).astype(np.float64), np.abs(b).astype(np.float64), dilation=2)
+    ref = speaker_encoder.tdnn.reference(x, w, b, 2)
+    assert np.all(np.abs(got.astype(np.float64) - ref) <= 2 * (C * K + 1) * np.finfo(np.float32).eps * abs_sum)
+
+
 def test_tdnn_twin_leaves_what_it_has_no_kernel_for_to_the_reference():
     x = np.zeros((1, 3, 2), np.float32)
     w = np.zeros((2, 3, 5), np.float32)
