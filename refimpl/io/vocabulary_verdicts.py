@@ -8,8 +8,9 @@ the other.  Parsing its 151,643 entries and checking that every merge's two symb
 of the text tokenizer's load, on the way to a fresh process's first audio.  So, as the finiteness check's
 verdict is kept by the checkpoint file's stamp (``finite_verdicts``, whose rules this store shares), the
 verdict "``vocab.json`` is the numbering of ``merges.txt``, every symbol once, and every merge's symbols are
-in it" (``text_tokenizer.follows_the_qwen2_numbering``) is kept by the stamps of both files, and a later
-load of the same two files numbers the vocabulary from ``merges.txt`` alone.
+in it" (``text_tokenizer.follows_the_qwen2_numbering``), with "``merges.txt`` is in its usual form, every line
+two symbols and one space" (its lines then taken as they are), is kept by the stamps of both files, and a
+later load of the same two files numbers the vocabulary from ``merges.txt`` alone.
 
 One small JSON file per ``vocab.json`` (named by the sha256 of its resolved path) in ``vocabulary/`` of the
 cache directory: ``{"format", "vocab": [path, stamp], "merges": [path, stamp]}``, written only when neither

@@ -251,22 +251,23 @@ def read_vocabulary(model_dir: Path) -> tuple:
     is that numbering, made from ``merges.txt`` alone: ``vocab.json`` is not parsed."""
     vocab_version, merges_version = FileVersion.of(model_dir / "vocab.json"), FileVersion.of(model_dir / "merges.txt")
     if merges_version is not None and vocabulary_verdicts.remembered(vocab_version, merges_version):
-        lines = _read_merge_lines(model_dir, well_formed=True)
+        lines, _ = _read_merge_lines(model_dir, well_formed=True)
         if merges_version.unchanged():  # (what was read is the file of the verdict)
             return numbered_by_merges(lines), lines, True
     vocab = read_json_object(model_dir / "vocab.json")
     if not {int}.issuperset(map(type, vocab.values())):  # (one pass in C: bools and floats are not ids)
         raise CheckpointError(f"{model_dir / 'vocab.json'} must map token strings to integer ids")
-    lines = _read_merge_lines(model_dir)
+    lines, well_formed = _read_merge_lines(model_dir)
     numbered = follows_the_qwen2_numbering(vocab, lines)
-    if numbered:
+    if numbered and well_formed:  # (the verdict covers the file's form too: its lines are read as they are)
         vocabulary_verdicts.remember(vocab_version, merges_version)
     return vocab, lines, numbered
 
 
-def _read_merge_lines(model_dir: Path, well_formed: bool = False) -> list:
-    """The merge lines of ``merges.txt``, each ``"a b"`` (a first ``#version`` line skipped).  ``well_formed``:
-    the file is known to be every line two symbols and one space between them (``MERGE_LINES``)."""
+def _read_merge_lines(model_dir: Path, well_formed: bool = False) -> tuple:
+    """The merge lines of ``merges.txt``, each ``"a b"`` (a first ``#version`` line skipped), and whether the
+    file is the usual one, every line two symbols and one space between them (``MERGE_LINES``), its lines
+    taken as they are.  ``well_formed``: the file is known to be so (not checked again)."""
     try:
         path = model_dir / "merges.txt"
         raw = read_limited(path, MAX_JSON_BYTES, str(path), CheckpointError, regular_only=True)
@@ -279,7 +280,7 @@ def _read_merge_lines(model_dir: Path, well_formed: bool = False) -> list:
         text, skipped = (rest if newline else ""), 1
     lines = text.split("\n")
     if well_formed or MERGE_LINES.fullmatch(text):  # the usual file: its lines are the pairs as written
-        return lines[:-1] if lines[-1] == "" else lines  # (a last newline: no pair after it)
+        return (lines[:-1] if lines[-1] == "" else lines), True  # (a last newline: no pair after it)
     pairs = [line.split() for line in lines]  # (a blank line: no symbols, skipped)
     if not {0, 2}.issuperset(map(len, pairs)):
         line_no = next(i for i, pair in enumerate(pairs) if len(pair) not in (0, 2))
@@ -287,7 +288,7 @@ def _read_merge_lines(model_dir: Path, well_formed: bool = False) -> list:
         raise CheckpointError(
             f"{model_dir / 'merges.txt'} line {skipped + line_no + 1}: expected two symbols, got {line!r}"
         )
-    return [" ".join(pair) for pair in pairs if pair]
+    return [" ".join(pair) for pair in pairs if pair], False
 
 
 def numbered_by_merges(merge_lines: list) -> dict:

@@ -358,6 +358,20 @@ def test_merges_changed_while_read_under_a_verdict_are_read_again(tmp_path, verd
     assert load_text_tokenizer(d).words is not None and verdicts == [d, d]
 
 
+def test_merges_read_line_by_line_are_not_remembered(tmp_path, verdicts, layout_dirs):
+    """The released merges with CRLF line ends and a blank line: read line by line, the same vocabulary and
+    ranks, and no verdict (one would have the next load take the file's lines as they are)."""
+    d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
+    expected = load_text_tokenizer(layout_dirs["real_released"]).words
+    shutil.rmtree(tmp_path / "cache")  # (that load's verdict)
+    text = (d / "merges.txt").read_text(encoding="utf-8")
+    (d / "merges.txt").write_text(text.replace("\n", "\r\n\n"), encoding="utf-8", newline="")
+    for _ in range(2):
+        words = load_text_tokenizer(d).words
+        assert words.ranks == expected.ranks and words.vocab == expected.vocab
+    assert verdicts == [layout_dirs["real_released"], d, d] and _store_files(tmp_path) == []
+
+
 def test_files_changed_just_before_the_load_are_not_remembered(tmp_path, verdicts, layout_dirs, monkeypatch):
     monkeypatch.setattr(finite_verdicts, "RACY_NS", 10**15)
     d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
