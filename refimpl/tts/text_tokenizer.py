@@ -291,12 +291,21 @@ def _read_merge_lines(model_dir: Path, well_formed: bool = False) -> tuple:
     return [" ".join(pair) for pair in pairs if pair], False
 
 
+def merged_symbols(merge_lines: list) -> list:
+    """The symbol each merge ``"a b"`` makes, ``"ab"``, in the merges' order (one split in C)."""
+    return "\n".join(merge_lines).replace(" ", "").split("\n") if merge_lines else []
+
+
+def merge_symbols_in(vocab: Mapping[str, int], merge_lines: list) -> bool:
+    """Whether both symbols of every merge are in ``vocab`` (one pass in C)."""
+    return all(map(vocab.__contains__, "\n".join(merge_lines).split()))
+
+
 def numbered_by_merges(merge_lines: list) -> dict:
     """The Qwen2 numbering of ``merge_lines`` (the released ``vocab.json``): the 256 byte symbols by code point
-    (ids 0..255), then the symbol each merge ``"a b"`` makes, ``"ab"``, id 256 + its rank (a symbol made
+    (ids 0..255), then the symbol each merge makes (``merged_symbols``), id 256 + its rank (a symbol made
     twice keeps its last id)."""
-    made = "\n".join(merge_lines).replace(" ", "").split("\n") if merge_lines else []
-    return dict(zip(itertools.chain(byte_alphabet_in_vocab_order(), made), itertools.count()))
+    return dict(zip(itertools.chain(byte_alphabet_in_vocab_order(), merged_symbols(merge_lines)), itertools.count()))
 
 
 def follows_the_qwen2_numbering(vocab: Mapping[str, int], merge_lines: list) -> bool:
@@ -305,7 +314,7 @@ def follows_the_qwen2_numbering(vocab: Mapping[str, int], merge_lines: list) -> 
     return (
         len(vocab) == 256 + len(merge_lines)
         and vocab == numbered_by_merges(merge_lines)
-        and all(map(vocab.__contains__, "\n".join(merge_lines).split()))
+        and merge_symbols_in(vocab, merge_lines)
     )
 
 
@@ -601,16 +610,12 @@ class WordMerges:
         symbol.  (A pair merged twice takes its last rank, as in the library.)  ``numbered``: ``vocab`` is
         known to be the Qwen2 numbering of the merges (``follows_the_qwen2_numbering``), which has none of
         the first three."""
-        if not numbered:
-            in_vocabulary = vocab.__contains__
-            text = "\n".join(merge_lines)
-            symbols, merged = text.split(), text.replace(" ", "").split()  # every merge's two symbols, what it makes
-            if not (
-                all(map(in_vocabulary, symbols))
-                and all(map(in_vocabulary, merged))
-                and len(set(vocab.values())) == len(vocab)
-            ):
-                return None
+        if not numbered and not (
+            merge_symbols_in(vocab, merge_lines)
+            and all(map(vocab.__contains__, merged_symbols(merge_lines)))
+            and len(set(vocab.values())) == len(vocab)
+        ):
+            return None
         added_ids = {splitter.token_to_id(content): token_id for content, token_id in added.items()}
         if min(added_ids, default=256) < 256:
             return None
