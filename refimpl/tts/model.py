@@ -294,6 +294,13 @@ class Qwen3TTS:
         speaker_encoder = None
         if cfg.tts_model_type == "base":
             speaker_encoder = SpeakerEncoder.from_pretrained(directory, dtype)
+        # the text tokenizer while the codec's thread finishes (its load holds the interpreter, the codec's
+        # mostly not); the codec's error, if any, still comes first, as in sequence
+        try:
+            text_tokenizer = load_text_tokenizer(directory)
+        except Exception:
+            codec()
+            raise
         speech_tokenizer = codec()
         defaults = {}
         if (directory / "generation_config.json").is_file():
@@ -301,7 +308,7 @@ class Qwen3TTS:
         return cls(
             config,
             talker,
-            load_text_tokenizer(directory),
+            text_tokenizer,
             speech_tokenizer,
             speaker_encoder,
             defaults,

@@ -39,6 +39,16 @@ def test_the_codec_loads_under_the_callers_backend(codec_loads, backend):
 
 
 def test_the_talkers_error_comes_first_then_the_codecs(monkeypatch):
+    """The Talker's error, then the codec's (loaded in a thread), then the text tokenizer's (loaded while the
+    codec's thread finishes): the order of a load in sequence."""
+
+    def broken_tokenizer(*args, **kwargs):
+        raise CheckpointError("the text tokenizer's own error")
+
+    monkeypatch.setattr(model, "load_text_tokenizer", broken_tokenizer)
+    with pytest.raises(CheckpointError, match="the text tokenizer's own error"):
+        Qwen3TTS.from_pretrained("default")
+
     def broken_codec(*args, **kwargs):
         raise CheckpointError("the codec's own error")
 
