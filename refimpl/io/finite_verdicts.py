@@ -75,6 +75,10 @@ class FileVersion:
         _, _, _, mtime_ns, ctime_ns = self.stamp
         return max(mtime_ns, ctime_ns) > self.read_ns - RACY_NS
 
+    def settled(self) -> bool:
+        """Whether a verdict on the file as it was read may be kept: not racy, and unchanged since."""
+        return not self.racy() and self.unchanged()
+
 
 def stamp_of(path: str) -> tuple | None:
     try:
@@ -154,7 +158,7 @@ def remember(version: FileVersion, finite) -> None:
     """Add the tensor names ``finite`` (found free of NaN and infinity in ``version``) to its verdict, unless
     its stamp is racy or moved since it was read; a failed write is ignored."""
     folder = directory()
-    if folder is None or not finite or version.racy() or not version.unchanged():
+    if folder is None or not finite or not version.settled():
         return
     store = store_file(folder, version)
     with _lock:

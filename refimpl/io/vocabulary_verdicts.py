@@ -54,9 +54,7 @@ def remember(vocab: FileVersion | None, merges: FileVersion | None) -> None:
     """Keep the verdict for ``vocab`` with ``merges`` (found now), unless a stamp is racy or moved since
     the files were read; a failed write is ignored."""
     folder = directory()
-    if folder is None or vocab is None or merges is None:
-        return
-    if any(version.racy() or not version.unchanged() for version in (vocab, merges)):
+    if folder is None or vocab is None or merges is None or not (vocab.settled() and merges.settled()):
         return
     data = {"format": FORMAT, "vocab": [vocab.path, list(vocab.stamp)], "merges": [merges.path, list(merges.stamp)]}
     write_store_file(folder, store_file(folder, vocab), data)
