@@ -1,6 +1,6 @@
 """The whole target table of the performance work, from one command, ours and the official side by side.
 
-    .oracle-venv/bin/python benchmarks/bench_table.py [--repeats 3] [--frames 20] [--quick]
+    .oracle-venv/bin/python benchmarks/bench_table.py [--repeats 3] [--frames 20] [--quick] [--no-ports]
 
 Every row is a ratio taken in this one process, in the same minutes, each side keeping the best of
 ``--repeats`` runs and the two sides alternating run by run (ours, official, ours, ...), so that the
@@ -34,6 +34,14 @@ repeat, a 2 s codec decode and 2 s encodes.
 ``--write-results`` records the table as this kind of machine's entry of ``benchmarks/results.json``
 (``results_file.py``; never for ``--quick`` or without the official side); ``python docs/tools/results.py``
 then rewrites the tables of README.md and docs/ that quote it (docs/benchmarks.md).
+
+Then the peers' columns: for each public port whose wheel is installed in its own environment under
+``benchmarks/ports/.envs/`` (``ports/speed.py``'s ``PEERS``: qwentts.cpp with its BF16 GGUF files, vox,
+candle-tts, mlx-audio), ``benchmarks/ports/speed.py`` with ``--repeats`` runs: per frame, the generation
+alone, the first audio in a fresh process and the codec decode, the port's figure beside ours, each in fresh
+processes (the port's in its environment, ours in the project's); with ``--write-results`` each port's entry
+too.  A port not installed is named and left out; ``--no-ports`` leaves them all out (``--quick`` runs none).
+``--port-source`` and ``--quantize-tool`` go to qwentts.cpp's run where its GGUF files are not made yet.
 """
 
 from __future__ import annotations
@@ -134,6 +142,9 @@ def main() -> None:
         action="store_true",
         help="record the table as this machine's entry of benchmarks/results.json (not with --quick)",
     )
+    ap.add_argument("--no-ports", action="store_true", help="leave out the installed ports (ports/speed.py)")
+    ap.add_argument("--port-source", help="qwentts.cpp: a checkout of its repository (its GGUF files not made yet)")
+    ap.add_argument("--quantize-tool", help="qwentts.cpp: its quantize binary (its BF16 files not made yet)")
     args = ap.parse_args()
     if args.quick and args.write_results:
         ap.error("--write-results records a full run, not --quick")
@@ -351,6 +362,37 @@ def main() -> None:
     print(table.markdown())
     if args.write_results:
         write_results(table, start_load, official, torch)
+    if not (args.quick or args.no_ports):
+        peers(repeats, args.write_results and official, args.port_source, args.quantize_tool)
+
+
+def settle(most_s: float = 180.0) -> None:
+    """Wait, at most ``most_s``, for the 1-minute load average to fall below 1: the rows just run leave it
+    high for a minute or so, and each port's entry records the load at its start."""
+    t0 = time.perf_counter()
+    while os.getloadavg()[0] >= 1 and time.perf_counter() - t0 < most_s:
+        time.sleep(5)
+
+
+def peers(runs: int, write: bool, port_source: str | None, quantize_tool: str | None) -> None:
+    """The ports' columns: ``benchmarks/ports/speed.py`` for each port whose wheel is installed in its own
+    environment (``speed.PEERS``), one after another once the load has fallen (``settle``), in fresh processes
+    (the port's in its environment, ours in the project's), each printing its rows and, with ``write``,
+    recording its entry."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "ports"))
+    import speed
+
+    project = REPO / ".venv" / "bin" / "python"  # ours: the project's environment where it has one
+    python = str(project) if project.exists() else sys.executable
+    for name, argv in speed.peer_runs(runs, write, port_source, quantize_tool):
+        if argv is None:
+            print(f"\n{name}: its wheel is not installed (benchmarks/ports/README.md): no columns", flush=True)
+            continue
+        settle()
+        print(f"\n{name} beside refimpl: benchmarks/ports/speed.py {' '.join(argv)}  ({load_average()})", flush=True)
+        r = subprocess.run([python, str(REPO / "benchmarks" / "ports" / "speed.py"), *argv], cwd=REPO)
+        if r.returncode != 0:
+            print(f"{name}: speed.py failed (exit status {r.returncode}); the other rows stand", flush=True)
 
 
 def write_results(table: Table, start_load: float, official: bool, torch) -> None:

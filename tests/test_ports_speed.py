@@ -142,6 +142,45 @@ def test_the_label_and_the_entry_name_say_which_gguf_type_ran():
     assert speed.entry_name("qwentts_cpp", "BF16") == "qwentts_cpp-bf16"
 
 
+def test_a_port_is_installed_where_its_environment_was_made_for_its_requirement(tmp_path, monkeypatch):
+    """``installed`` looks at the environment ``ensure_venv`` makes (its Python and the requirement it recorded)
+    and makes nothing: no environment, a half-made one, or one made for another version is not installed."""
+    monkeypatch.setattr(speed.harness, "ENVS", tmp_path)
+    vox = speed.ports()["vox"]
+    name, requirement = speed.environment_of(vox)[:2]
+    assert requirement == f"vox-tts=={name.rsplit('-', 1)[1]}"
+    assert not speed.installed(vox) and list(tmp_path.iterdir()) == []  # (a look: nothing made)
+    env = tmp_path / name
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("")
+    assert not speed.installed(vox)  # made, but its install never recorded (it failed or is under way)
+    (env / ".installed").write_text("vox-tts==0.0.1")
+    assert not speed.installed(vox)  # another version's
+    (env / ".installed").write_text(requirement)
+    assert speed.installed(vox)
+    assert not speed.installed(speed.ports()["qwentts_cpp"])
+    assert speed.environment_of(speed.ports()["mlx_audio"])[4] == "mlx-audio"  # (its version from the metadata)
+
+
+def test_bench_table_runs_each_installed_port_as_its_own_command_would(monkeypatch):
+    """bench_table.py's peers: qwentts.cpp on its BF16 files (issue 50's target), every port with the table's
+    runs and, where the table is written, its own entry; a port not installed has no command."""
+    monkeypatch.setattr(speed, "installed", lambda port: port.name in ("qwentts_cpp", "vox"))
+    found = dict(speed.peer_runs(3, write=True, port_source="SRC", quantize_tool="Q"))
+    assert set(found) == {name for name, _ in speed.PEERS}
+    assert found["candle_tts"] is None and found["mlx_audio"] is None
+    assert found["vox"] == ["--port", "vox", "--runs", "3", "--write-results"]
+    q = found["qwentts_cpp"]
+    bf16 = ["--port", "qwentts_cpp", "--runs", "3", "--quant", "BF16"]
+    assert q == bf16 + ["--port-source", "SRC", "--quantize-tool", "Q", "--write-results"]
+    for argv in (a for a in found.values() if a):
+        args = speed.parse_args(argv)  # each one speed.py accepts
+        assert args.runs == 3 and args.write_results
+    assert speed.entry_name("qwentts_cpp", speed.parse_args(q).quant) == "qwentts_cpp-bf16"
+    quiet = dict(speed.peer_runs(1, write=False))
+    assert quiet["qwentts_cpp"] == ["--port", "qwentts_cpp", "--runs", "1", "--quant", "BF16"]
+
+
 PERF_LOG = [  # qwentts.cpp's log of one synthesis (pipeline-tts.cpp, tts_log_perf), among other lines
     "[Pipeline] Generation done : 35 frames",
     "[Perf] PromptBuild 1.2 ms",

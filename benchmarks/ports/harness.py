@@ -46,7 +46,7 @@ def ensure_venv(name: str, requirement: str, module: str, version: str, distribu
     env = ENVS / name
     python = env / "bin" / "python"
     done = env / ".installed"
-    if not (done.is_file() and done.read_text() == requirement and python.exists()):
+    if not installed(name, requirement):
         shutil.rmtree(env, ignore_errors=True)
         print(f"making {env} with {requirement} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
@@ -65,6 +65,14 @@ def ensure_venv(name: str, requirement: str, module: str, version: str, distribu
     if found != version:
         raise SystemExit(f"{env}: {module} {found} is installed where {version} was pinned: delete {env}")
     return python
+
+
+def installed(name: str, requirement: str) -> bool:
+    """Whether ``ENVS/name`` is the environment ``ensure_venv`` makes for ``requirement``: its Python there and
+    the requirement it was made with recorded (a look only: nothing is installed)."""
+    env = ENVS / name
+    done = env / ".installed"
+    return done.is_file() and done.read_text() == requirement and (env / "bin" / "python").exists()
 
 
 def limits(memory_bytes: int):

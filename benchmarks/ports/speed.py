@@ -255,7 +255,9 @@ def port_model(port: Port, python: Path, directory: Path, args):
     return [str(p) for p in model] if isinstance(model, tuple) else str(model)
 
 
-def port_python(port: Port) -> Path:
+def environment_of(port: Port) -> tuple:
+    """(environment name, requirement, module, version, distribution): what ``harness.ensure_venv`` makes the
+    port's environment of (the distribution where its module has no ``__version__``, else None)."""
     import candle_tts
     import mlx_audio
     import qwentts_cpp
@@ -263,14 +265,48 @@ def port_python(port: Port) -> Path:
 
     if port.name == "mlx_audio":
         m = mlx_audio
-        return harness.ensure_venv(m.ENV_NAME, m.REQUIREMENT, "mlx_audio", m.VERSION, distribution=m.PACKAGE)
+        return m.ENV_NAME, m.REQUIREMENT, "mlx_audio", m.VERSION, m.PACKAGE
     if port.name == "vox":
-        return harness.ensure_venv(vox.ENV_NAME, f"{vox.PACKAGE}=={vox.VERSION}", "vox", vox.VERSION)
+        return vox.ENV_NAME, f"{vox.PACKAGE}=={vox.VERSION}", "vox", vox.VERSION, None
     if port.name == "qwentts_cpp":
         q = qwentts_cpp
-        return harness.ensure_venv(q.ENV_NAME, f"{q.PACKAGE}=={q.VERSION}", q.MODULE, q.VERSION)
+        return q.ENV_NAME, f"{q.PACKAGE}=={q.VERSION}", q.MODULE, q.VERSION, None
     c = candle_tts
-    return harness.ensure_venv(c.ENV_NAME, f"{c.PACKAGE}=={c.VERSION}", "candle_tts", c.VERSION)
+    return c.ENV_NAME, f"{c.PACKAGE}=={c.VERSION}", "candle_tts", c.VERSION, None
+
+
+def port_python(port: Port) -> Path:
+    name, requirement, module, version, distribution = environment_of(port)
+    return harness.ensure_venv(name, requirement, module, version, distribution=distribution)
+
+
+def installed(port: Port) -> bool:
+    """Whether the port's environment is made (its wheel installed): a look, nothing installed."""
+    name, requirement = environment_of(port)[:2]
+    return harness.installed(name, requirement)
+
+
+# The ports bench_table.py runs beside its table where they are installed, and the GGUF type of each:
+# qwentts.cpp's BF16 files, the type issue 50's per-frame target is set against.
+PEERS = (("qwentts_cpp", "BF16"), ("vox", "F32"), ("candle_tts", "F32"), ("mlx_audio", "F32"))
+
+
+def peer_runs(runs: int, write: bool, port_source: str | None = None, quantize_tool: str | None = None) -> list:
+    """[(port name, speed.py's arguments or None where its wheel is not installed)] for ``PEERS``: what
+    bench_table.py runs after its own rows, each port the way its own command measures it."""
+    found = []
+    for name, quant in PEERS:
+        port = ports(quant)[name]
+        if not installed(port):
+            found.append((name, None))
+            continue
+        argv = ["--port", name, "--runs", str(runs)]
+        if port.quantized:
+            argv += ["--quant", quant]
+            argv += ["--port-source", port_source] if port_source else []
+            argv += ["--quantize-tool", quantize_tool] if quantize_tool and quant != "F32" else []
+        found.append((name, argv + (["--write-results"] if write else [])))
+    return found
 
 
 def speaker_of(directory: Path, wanted: str) -> str:
