@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 # A merges.txt body (after its "#version" line) whose every line is two symbols and one space between them
-# (the last line's newline optional): its lines are already the pairs as ``read_vocab_and_merge_lines`` gives
+# (the last line's newline optional): its lines are already the pairs as ``read_vocabulary`` gives
 # them.  Any other file (blank lines, tabs, a line of one symbol...) is read and checked line by line.
 MERGE_LINES = re.compile(r"(?:\S+ \S+\n)*(?:\S+ \S+)?")
 
@@ -227,7 +227,7 @@ def check_unicode(text, what: str = "text") -> None:
 
 def read_vocab_and_merges(model_dir: Path) -> tuple:
     """``vocab.json`` (token -> id) and ``merges.txt`` (ranked pairs, first line may be ``#version``)."""
-    vocab, lines = read_vocab_and_merge_lines(model_dir)
+    vocab, lines, _ = read_vocabulary(model_dir)
     return vocab, merge_pairs(lines)
 
 
@@ -236,17 +236,11 @@ def merge_pairs(merge_lines: Iterable[str]) -> list:
     return [tuple(line.split(" ")) for line in merge_lines]
 
 
-def read_vocab_and_merge_lines(model_dir: Path) -> tuple:
-    """``read_vocab_and_merges`` with each pair as the line ``"a b"`` (its two symbols, one space between):
-    strings, not a tuple per pair, which the cyclic garbage collector would scan again and again while a
-    load makes some 150,000 of them."""
-    vocab, lines, _ = read_vocabulary(model_dir)
-    return vocab, lines
-
-
 def read_vocabulary(model_dir: Path) -> tuple:
-    """``(vocab, merge_lines, numbered)``: ``read_vocab_and_merge_lines``'s two, and whether ``vocab`` is the
-    Qwen2 numbering of the merges (``follows_the_qwen2_numbering``).  Where the store of vocabulary verdicts
+    """``(vocab, merge_lines, numbered)``: ``read_vocab_and_merges`` with each pair as the line ``"a b"`` (its
+    two symbols, one space between: strings, not a tuple per pair, which the cyclic garbage collector would
+    scan again and again while a load makes some 150,000 of them), and whether ``vocab`` is the Qwen2
+    numbering of the merges (``follows_the_qwen2_numbering``).  Where the store of vocabulary verdicts
     (``refimpl.io.vocabulary_verdicts``) holds that verdict for the two files as they are now, ``vocab``
     is that numbering, made from ``merges.txt`` alone: ``vocab.json`` is not parsed."""
     vocab_version, merges_version = FileVersion.of(model_dir / "vocab.json"), FileVersion.of(model_dir / "merges.txt")
@@ -604,7 +598,7 @@ class WordMerges:
     def made(
         cls, splitter, vocab: dict, merge_lines: list, added: Mapping[str, int], numbered: bool = False
     ) -> WordMerges | None:
-        """``WordMerges`` of the files' ``vocab`` and ``merge_lines`` (``read_vocab_and_merge_lines``), or None
+        """``WordMerges`` of the files' ``vocab`` and ``merge_lines`` (``read_vocabulary``), or None
         where the library's model is needed to say what they mean: a merge of symbols (or making one) not in
         the vocabulary (the library refuses the files), two words of one id, an added token that is a byte's
         symbol.  (A pair merged twice takes its last rank, as in the library.)  ``numbered``: ``vocab`` is
