@@ -228,7 +228,7 @@ def check_unicode(text, what: str = "text") -> None:
 def read_vocab_and_merges(model_dir: Path) -> tuple:
     """``vocab.json`` (token -> id) and ``merges.txt`` (ranked pairs, first line may be ``#version``)."""
     vocab, lines, _ = read_vocabulary(model_dir)
-    return vocab, merge_pairs(lines)
+    return as_dict(vocab), merge_pairs(lines)
 
 
 def merge_pairs(merge_lines: Iterable[str]) -> list:
@@ -242,12 +242,12 @@ def read_vocabulary(model_dir: Path) -> tuple:
     scan again and again while a load makes some 150,000 of them), and whether ``vocab`` is the Qwen2
     numbering of the merges (``follows_the_qwen2_numbering``).  Where the store of vocabulary verdicts
     (``refimpl.io.vocabulary_verdicts``) holds that verdict for the two files as they are now, ``vocab``
-    is that numbering, made from ``merges.txt`` alone: ``vocab.json`` is not parsed."""
+    is that numbering of ``merges.txt`` (a ``Qwen2Numbering``): ``vocab.json`` is not parsed."""
     vocab_version, merges_version = FileVersion.of(model_dir / "vocab.json"), FileVersion.of(model_dir / "merges.txt")
     if merges_version is not None and vocabulary_verdicts.remembered(vocab_version, merges_version):
         lines, _ = _read_merge_lines(model_dir, well_formed=True)
         if merges_version.unchanged():  # (what was read is the file of the verdict)
-            return numbered_by_merges(lines), lines, True
+            return Qwen2Numbering(lines), lines, True
     vocab = read_json_object(model_dir / "vocab.json")
     if not {int}.issuperset(map(type, vocab.values())):  # (one pass in C: bools and floats are not ids)
         raise CheckpointError(f"{model_dir / 'vocab.json'} must map token strings to integer ids")
@@ -300,6 +300,53 @@ def numbered_by_merges(merge_lines: list) -> dict:
     (ids 0..255), then the symbol each merge makes (``merged_symbols``), id 256 + its rank (a symbol made
     twice keeps its last id)."""
     return dict(zip(itertools.chain(byte_alphabet_in_vocab_order(), merged_symbols(merge_lines)), itertools.count()))
+
+
+class Qwen2Numbering(Mapping):
+    """``numbered_by_merges(merge_lines)`` as a mapping, without making its entries (151,643 for the released
+    merges): a byte's symbol is its place in the byte alphabet, a longer symbol 256 + the rank of the merge
+    that makes it, found among the merges' ranks by each split of it into ``"a b"``.  For merges whose
+    numbering holds every symbol once (``follows_the_qwen2_numbering``: one merge makes each), as the store
+    of vocabulary verdicts says of the files it lets through; the whole dictionary is made at the first need
+    of all of it (``full``: iterating, the library's model).  ``ranks``: each merge line's rank."""
+
+    def __init__(self, merge_lines: list):
+        self.merge_lines = merge_lines
+        self.ranks = dict(zip(merge_lines, itertools.count()))  # "a b" -> its rank (the last, if listed twice)
+        self._bytes = {symbol: i for i, symbol in enumerate(byte_alphabet_in_vocab_order())}
+        self._full: dict | None = None
+
+    def __getitem__(self, symbol):
+        if symbol in self._bytes:
+            return self._bytes[symbol]
+        if isinstance(symbol, str):
+            for k in range(1, len(symbol)):
+                rank = self.ranks.get(f"{symbol[:k]} {symbol[k:]}")
+                if rank is not None:
+                    return 256 + rank
+        raise KeyError(symbol)
+
+    def __len__(self) -> int:
+        return 256 + len(self.merge_lines)
+
+    def __iter__(self):
+        return iter(self.full())
+
+    def __eq__(self, other):
+        return isinstance(other, Mapping) and self.full() == as_dict(other)
+
+    __hash__ = None  # type: ignore[assignment]  (a mapping: unhashable, as a dict)
+
+    def full(self) -> dict:
+        """Every entry: ``numbered_by_merges(merge_lines)``, made once."""
+        if self._full is None:
+            self._full = numbered_by_merges(self.merge_lines)
+        return self._full
+
+
+def as_dict(vocab: Mapping[str, int]) -> dict:
+    """A vocabulary as a dict: a ``Qwen2Numbering``'s entries made (``full``), a dict as it is."""
+    return vocab.full() if isinstance(vocab, Qwen2Numbering) else vocab
 
 
 def follows_the_qwen2_numbering(vocab: Mapping[str, int], merge_lines: list) -> bool:
@@ -454,7 +501,7 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
     has_json = (model_dir / "tokenizer.json").is_file()
     has_bpe_files = (model_dir / "vocab.json").is_file() and (model_dir / "merges.txt").is_file()
 
-    vocab: dict | None = None  # (read apart from the definition: vocab.json + merges.txt)
+    vocab: Mapping[str, int] | None = None  # (read apart from the definition: vocab.json + merges.txt)
     merge_lines: list | None = None
     numbered = False  # (vocab the Qwen2 numbering of the merges: ``read_vocabulary``)
     if has_json:
@@ -510,7 +557,12 @@ def load_text_tokenizer(model_dir: str | os.PathLike) -> TextTokenizer:
 
 
 def _library_tokenizer(
-    model_dir: Path, definition: dict, vocab: dict | None, merge_lines: list | None, entries: list, base_vocab_size: int
+    model_dir: Path,
+    definition: dict,
+    vocab: Mapping[str, int] | None,
+    merge_lines: list | None,
+    entries: list,
+    base_vocab_size: int,
 ):
     """The ``tokenizers`` pipeline of ``definition`` (with the BPE model of ``vocab`` and ``merge_lines`` where they
     were read apart) and the added tokens of ``entries``, each given the id the official loader gives it."""
@@ -522,7 +574,7 @@ def _library_tokenizer(
         if vocab is not None:  # vocab.json + merges.txt: the BPE model made from them as they were read, the same
             # model as from its definition with the entries in it, without writing and parsing them again
             options = {k: v for k, v in definition["model"].items() if k not in ("type", "vocab", "merges")}
-            backend.model = BPE(vocab=vocab, merges=merge_pairs(merge_lines or ()), **options)
+            backend.model = BPE(vocab=as_dict(vocab), merges=merge_pairs(merge_lines or ()), **options)
     except Exception as e:  # the tokenizers library reports its own parse errors
         raise CheckpointError(f"text tokenizer in {model_dir}: cannot build it ({e})") from None
     # Added tokens, in id order, each taking the next free id unless it is already in the vocabulary
@@ -552,7 +604,7 @@ def _add_token(backend, entry: dict) -> None:
         backend.add_tokens([token])
 
 
-def _numbered_on_from_the_vocabulary(entries: list, vocab: dict) -> bool:
+def _numbered_on_from_the_vocabulary(entries: list, vocab: Mapping[str, int]) -> bool:
     """Whether the added tokens are new words (none in the vocabulary, none twice) listed with the ids after
     the vocabulary's, in order: the ids the official loader gives them there (the released files)."""
     contents = [e["content"] for e in entries]
@@ -589,14 +641,14 @@ class WordMerges:
 
     PYTHON_MERGE_STEPS = 200_000  # (past it the library's model, made then, is the quicker way)
 
-    def __init__(self, splitter, vocab: dict, ranks: dict, added_ids: dict):
+    def __init__(self, splitter, vocab: Mapping[str, int], ranks: dict, added_ids: dict):
         self.splitter, self.vocab = splitter, vocab
         self.ranks = ranks  # "a b" (a merges.txt line) -> rank
         self.added_ids = added_ids  # the splitter's id of an added token -> its id
 
     @classmethod
     def made(
-        cls, splitter, vocab: dict, merge_lines: list, added: Mapping[str, int], numbered: bool = False
+        cls, splitter, vocab: Mapping[str, int], merge_lines: list, added: Mapping[str, int], numbered: bool = False
     ) -> WordMerges | None:
         """``WordMerges`` of the files' ``vocab`` and ``merge_lines`` (``read_vocabulary``), or None
         where the library's model is needed to say what they mean: a merge of symbols (or making one) not in
@@ -613,7 +665,8 @@ class WordMerges:
         added_ids = {splitter.token_to_id(content): token_id for content, token_id in added.items()}
         if min(added_ids, default=256) < 256:
             return None
-        return cls(splitter, vocab, dict(zip(merge_lines, itertools.count())), added_ids)
+        ranks = vocab.ranks if isinstance(vocab, Qwen2Numbering) else dict(zip(merge_lines, itertools.count()))
+        return cls(splitter, vocab, ranks, added_ids)
 
     def encode(self, text: str) -> list | None:
         """The ids of ``text``, or None where the library's model is to encode it."""
@@ -636,9 +689,10 @@ class WordMerges:
                 ids.append(word_or_id)
                 continue
             for symbol in _bpe_word(symbols, self.ranks):
-                if symbol not in self.vocab:  # (a vocabulary without some byte: what the library does with it)
+                token_id = self.vocab.get(symbol)
+                if token_id is None:  # (a vocabulary without some byte: what the library does with it)
                     return None
-                ids.append(self.vocab[symbol])
+                ids.append(token_id)
         return ids
 
 

@@ -29,6 +29,7 @@ from refimpl.tts import text_tokenizer
 from refimpl.tts.text_tokenizer import (
     CASE_AWARE_SPLIT_PATTERN,
     QWEN2_SPLIT_PATTERN,
+    Qwen2Numbering,
     _byte_level_bpe_json,
     assistant_prompt,
     bpe_encode_explicit,
@@ -288,16 +289,19 @@ def _store_files(tmp_path) -> list:
 
 def test_a_second_load_numbers_the_vocabulary_from_the_merges(tmp_path, verdicts, layout_dirs, golden):
     """The released files: the first load parses vocab.json, finds it the Qwen2 numbering of merges.txt and
-    keeps that verdict; the next load of the same files numbers the vocabulary from merges.txt alone (the
-    same vocabulary, the official ids), and so does a third."""
+    keeps that verdict; the next load of the same files numbers the vocabulary from merges.txt alone (its ids
+    read off the merges' ranks, no dictionary made: the same vocabulary, the official ids), and so does a
+    third."""
     d = _copy_layout(layout_dirs, "real_released", tmp_path / "model")
     first = load_text_tokenizer(d)
     assert verdicts == [d] and len(_store_files(tmp_path)) == 1
+    expected = golden["layouts"]["real_released"]["ids"]
     for _ in range(2):
         again = load_text_tokenizer(d)
-        assert verdicts == [d] and again.words is not None and again.words.vocab == first.words.vocab
-        assert again.words.ranks == first.words.ranks
-    expected = golden["layouts"]["real_released"]["ids"]
+        assert verdicts == [d] and again.words is not None
+        assert [again.words.encode(t) for t in golden["texts"]] == expected
+        assert again.words.vocab._full is None  # (the ids read off the merges' ranks, no dictionary made)
+        assert again.words.vocab == first.words.vocab and again.words.ranks == first.words.ranks
     assert [again.encode(t) for t in golden["texts"]] == expected
     assert again.vocab_size == golden["layouts"]["real_released"]["len"]  # (the library's model, from it)
     assert [again.encode(t) for t in golden["texts"][:40]] == expected[:40]
@@ -426,6 +430,25 @@ def test_the_qwen2_numbering(real_merges):
     assert not follows_the_qwen2_numbering(vocab, lines[:-1])  # (one id too many)
     swapped = dict(vocab, **{"Ġthe": vocab["in"], "in": vocab["Ġthe"]})
     assert not follows_the_qwen2_numbering(swapped, lines)
+
+
+def test_the_qwen2_numbering_read_off_the_merges(real_merges):
+    """``Qwen2Numbering`` gives every entry of ``numbered_by_merges`` from the merges' ranks (a byte's symbol
+    its place, a longer one 256 + the rank of the merge that makes it) without making the dictionary, and
+    holds nothing else: a string no merge makes, one with a space, an added token's, a character outside the
+    byte alphabet, a non-string."""
+    lines = [f"{a} {b}" for a, b in real_merges]
+    numbering, vocab = Qwen2Numbering(lines), numbered_by_merges(lines)
+    assert len(numbering) == len(vocab) and all(numbering[symbol] == i for symbol, i in vocab.items())
+    assert numbering._full is None  # (looked up, not made)
+    for absent in ("xyzzyxyzzyq", "Ġthe Ġcat", "<|im_start|>", " ", "€", "", 7, None):
+        assert absent not in numbering and numbering.get(absent) is None
+        with pytest.raises(KeyError):
+            numbering[absent]
+    assert numbering == vocab and vocab == numbering and dict(numbering.items()) == vocab
+    assert list(numbering) == list(vocab) and numbering.full() is numbering.full()
+    short = Qwen2Numbering(lines[:-1])
+    assert numbering != short and lines[-1].replace(" ", "") not in short
 
 
 # ------------------------------------------------------------------------------------------------
