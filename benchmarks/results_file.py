@@ -66,13 +66,19 @@ def has_amx(cpu: dict) -> bool:
 
 
 def git_commit() -> str | None:
-    """The short hash of HEAD, with "-dirty" when the work tree has changes; None outside a git checkout."""
+    """The short hash of HEAD, with "-dirty" when the work tree has changes other than to the results file
+    itself (which one benchmark writes before the next one runs: ``bench_table.py`` before the ports' columns);
+    None outside a git checkout."""
+    results = RESULTS.relative_to(REPO).as_posix()
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){results}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -217,6 +217,31 @@ def test_results_file_entries_are_whole_and_their_ratios_their_times():
                 assert abs(r - row["ratio"]) <= 0.005 + 0.01 * r, (key, row["what"], r)
 
 
+def test_a_results_entry_names_its_commit_dirty_for_code_not_for_the_results_file(tmp_path, monkeypatch):
+    """``git_commit``: HEAD's short hash; "-dirty" where a tracked file other than the results file differs
+    from HEAD (a change to the results file is the benchmarks' own, written between two of them)."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "results.json").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True)
+    monkeypatch.setattr(results_file, "REPO", tmp_path)
+    monkeypatch.setattr(results_file, "RESULTS", tmp_path / "benchmarks" / "results.json")
+    assert results_file.git_commit() == head.stdout.strip()
+    (tmp_path / "benchmarks" / "results.json").write_text('{"a": 1}\n')
+    (tmp_path / "untracked.txt").write_text("new\n")
+    assert results_file.git_commit() == head.stdout.strip()
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert results_file.git_commit() == head.stdout.strip() + "-dirty"
+
+
 def test_marked_tables_are_the_results_file():
     """A table between <!-- results: ... --> and <!-- /results --> is exactly what docs/tools/results.py renders
     from benchmarks/results.json (run it after bench_table.py --write-results)."""
