@@ -9,8 +9,8 @@ bytes of weights a step reads against ``bench_floor.py``'s read kernel over them
 the step's time leaves it, the step stops being memory-bound), the code predictor's part of the step against
 one text's whole step (where that part alone passes the target, no Talker step could bring the row within it:
 the code predictor's steps for several texts are bound by the arithmetic of its packed words, not by their
-bytes), and whether each row's codes equal the single run of its text.  Each B keeps the best of ``--repeats`` runs; the B are run in turn, round after
-round, so that the machine's drift falls on all alike.
+bytes), and whether each row's codes equal the single run of its text.  Each B keeps the best of
+``--repeats`` runs; the B are run in turn, round after round, so that the machine's drift falls on all alike.
 
 ``--write-results`` records the row "batch of 4: per frame / one text's" in this machine's entry of
 ``benchmarks/results.json`` (``results_file.write_row``); ``python docs/tools/results.py`` then rewrites the
