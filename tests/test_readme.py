@@ -24,3 +24,17 @@ def test_readme_python_block_runs(index, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", official_api.IgnoredArgumentWarning)
         exec(compile(BLOCKS[index], f"README.md python block {index + 1}", "exec"), {"__name__": "readme"})
+
+
+def test_ci_script_stops_at_its_first_failing_step():
+    """``.ci/run`` runs under ``set -e``, which does not stop the script where a command on the left of ``&&``
+    fails (the list's status is the script's only where it is the last command): each step that gates the
+    landing (lint, format, types, tests) is its own command, none joined by ``&&``."""
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text("utf-8")
+    assert "set -euo pipefail" in script
+    commands = [line for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for step in ("ruff check .", "ruff format --check .", "mypy", "python -m pytest"):
+        lines = [line for line in commands if step in line]
+        assert lines and all(line.startswith(step) and "&&" not in line for line in lines), (step, lines)
