@@ -75,6 +75,19 @@ def step_parts(tts, texts, frames: int) -> tuple:
     return s["talker step"] / max(c["talker step"], 1), s["code predictor"] / max(c["code predictor"], 1), codes
 
 
+def best_steps(tts, batches, frames: int, repeats: int) -> tuple:
+    """For each B of ``batches`` (the first B texts), the best of ``repeats`` steps (``step_parts``: the B
+    taken in turn, round after round, so that the machine's drift falls on all alike), the code predictor's
+    part of that best step, and the rows' codes of each B's last run: three dicts by B."""
+    best, predictor, codes = dict.fromkeys(batches, float("inf")), {}, {}
+    for _ in range(repeats):
+        for B in batches:
+            talker, predictor_s, codes[B] = step_parts(tts, TEXTS[:B], frames)
+            if talker + predictor_s < best[B]:
+                best[B], predictor[B] = talker + predictor_s, predictor_s
+    return best, predictor, codes
+
+
 def predictor_share(predictor_4: float, step_1: float) -> str:
     """The note's words for the code predictor's part of a step for 4 texts against one text's whole step:
     where it passes the target alone, no Talker step could bring the row within it."""
@@ -114,15 +127,8 @@ def main() -> None:
         step_seconds(tts, TEXTS[:B], 1)  # each batch size's kernels compiled or loaded, once
     kernel = ReadKernel(frame_bytes_as_read(tts))  # the bytes a step reads, the code predictor packed
     floor = kernel.seconds()
-    best = dict.fromkeys(batches, float("inf"))
-    predictor = {}  # the code predictor's part of the best step of each B
-    equal = {}
-    for _ in range(repeats):
-        for B in batches:
-            talker, predictor_s, codes = step_parts(tts, TEXTS[:B], frames)
-            if talker + predictor_s < best[B]:
-                best[B], predictor[B] = talker + predictor_s, predictor_s
-            equal[B] = all(np.array_equal(c, s) for c, s in zip(codes, singles, strict=False))
+    best, predictor, codes = best_steps(tts, batches, frames, repeats)
+    equal = {B: all(np.array_equal(c, s) for c, s in zip(codes[B], singles, strict=False)) for B in batches}
     floor = min(floor, kernel.seconds())
     print(f"the weights a step reads: {kernel.nbytes / 1e9:.2f} GB, read alone in {1000 * floor:.0f} ms (the floor)")
     for B in batches:

@@ -59,7 +59,7 @@ import time  # noqa: E402
 import common  # noqa: E402, F401  (OpenBLAS's idle spin set before NumPy loads it)
 import numpy as np  # noqa: E402
 import results_file  # noqa: E402
-from bench_batch import TEXTS, predictor_share, step_parts, step_seconds  # noqa: E402
+from bench_batch import TEXTS, best_steps, predictor_share, step_seconds  # noqa: E402
 from bench_codec_encoder import test_audio  # noqa: E402
 from bench_floor import (  # noqa: E402
     ReadKernel,
@@ -211,21 +211,14 @@ def main() -> None:
     # a batch of 4 texts against one, step by step, alternating
     singles = [step_seconds(tts, [text], frames)[1][0] for text in TEXTS[:4]]  # (the warm-up too)
     step_seconds(tts, TEXTS[:4], 1)
-    steps = {1: float("inf"), 4: float("inf")}
-    predictor_4 = float("inf")  # the code predictor's part of the best step for 4
-    for _ in range(repeats):
-        for B in steps:
-            talker, predictor, codes = step_parts(tts, TEXTS[:B], frames)
-            if talker + predictor < steps[B]:
-                steps[B] = talker + predictor
-                predictor_4 = predictor if B == 4 else predictor_4
-    same = all(np.array_equal(c, s) for c, s in zip(codes, singles, strict=True))
+    steps, predictor, codes = best_steps(tts, (1, 4), frames, repeats)
+    same = all(np.array_equal(c, s) for c, s in zip(codes[4], singles, strict=True))
     table.add(
         "batch of 4: per frame / one text's",
         1000 * steps[4],
         1000 * steps[1],
         "ms",
-        f"(a step for 4 texts against a step for 1; {predictor_share(predictor_4, steps[1])}; codes equal to the "
+        f"(a step for 4 texts against a step for 1; {predictor_share(predictor[4], steps[1])}; codes equal to the "
         f"single runs: {same}; {frames} frames)",
     )
 
