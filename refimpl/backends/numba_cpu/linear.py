@@ -35,8 +35,10 @@ MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight 
 TILES_MIN_ROWS = 5  # a layer's products for this many new positions or more: on the AMX tiles where granted
 BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
 WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
-F32_FEW_ROWS = (2, 8)  # float32 weights: from 2 to 8 rows of x, ``_rows_times_f32`` on the piece threads ...
-F32_FEW_ROWS_MIN_BYTES = 1 << 20  # ... for a weight of at least 1 MB (below, the pieces' hand-off outweighs the gain)
+F32_FEW_ROWS = (2, 8)  # float32 weights: from 2 to 8 rows of x, ``_rows_times_f32`` ...
+F32_FEW_ROWS_MIN_BYTES = 1 << 20  # ... for a weight of at least 1 MB (below, BLAS's product) ...
+F32_FEW_ROWS_SHARED_MIN_BYTES = 4 << 20  # ... on the piece threads from 4 MB, on the caller's alone below (where a
+# piece's hand-off to another thread costs more than the second core saves: the codec decoder's transformer)
 
 
 def linear(x, w_oi, b_o=None):
@@ -297,8 +299,9 @@ def _rows_times_f32(x_ni, w_oi, o0, o1, out_no):
 
 def _few_rows_f32(x, w_oi, b_o):
     """``nn.linear`` of float32 x and weight by ``_rows_times_f32``, the weight's rows shared out over the
-    piece threads; None where it does not apply (another dtype or layout, too many or too few rows, a
-    small weight)."""
+    piece threads (from ``F32_FEW_ROWS_SHARED_MIN_BYTES``; below, all of them on the caller's thread: the
+    same bits); None where it does not apply (another dtype or layout, too many or too few rows, a small
+    weight)."""
     O, I = w_oi.shape
     rows = math.prod(x.shape[:-1])
     if not F32_FEW_ROWS[0] <= rows <= F32_FEW_ROWS[1] or w_oi.nbytes < F32_FEW_ROWS_MIN_BYTES:
@@ -309,7 +312,7 @@ def _few_rows_f32(x, w_oi, b_o):
         return None  # (the reference's promotion)
     x_ni = _rows_on_cache_lines(np.ascontiguousarray(x).reshape(rows, I))  # (no load spanning two cache lines)
     out_no = np.empty((rows, O), np.float32)
-    n = _piece_threads()
+    n = _piece_threads() if w_oi.nbytes >= F32_FEW_ROWS_SHARED_MIN_BYTES else 1
     run_pieces(
         lambda o0, o1: _rows_times_f32(x_ni, w_oi, o0, o1, out_no), [(O * t // n, O * (t + 1) // n) for t in range(n)]
     )

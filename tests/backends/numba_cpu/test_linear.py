@@ -147,7 +147,9 @@ def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
 )
 def test_float32_linear_of_a_few_rows_reads_each_weight_row_once(shape, O, I, with_bias, n_threads, seed):
     """Float32 weights and 2 to 8 rows of x (a big weight: here every size): each output within the bound of
-    a sum of I products of the reference's; 1 row or more than 8 stay BLAS's (the reference, bit for bit)."""
+    a sum of I products of the reference's, the same bits whether the weight's rows are shared out over the
+    piece threads or all taken by the caller's (a weight below ``F32_FEW_ROWS_SHARED_MIN_BYTES``); 1 row or
+    more than 8 stay BLAS's (the reference, bit for bit)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((*shape, I)).astype(np.float32)
     w = rng.standard_normal((O, I)).astype(np.float32)
@@ -155,14 +157,17 @@ def test_float32_linear_of_a_few_rows_reads_each_weight_row_once(shape, O, I, wi
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.linear, "F32_FEW_ROWS_MIN_BYTES", 0)
         mp.setattr(numba_cpu.linear, "_piece_threads", lambda: n_threads)
+        mp.setattr(numba_cpu.linear, "F32_FEW_ROWS_SHARED_MIN_BYTES", 0)
         got = numba_cpu.linear.linear(x, w, b)
         few = numba_cpu.linear._few_rows_f32(x, w, b)
+        mp.setattr(numba_cpu.linear, "F32_FEW_ROWS_SHARED_MIN_BYTES", w.nbytes + 1)
+        alone = numba_cpu.linear._few_rows_f32(x, w, b)
     ref = nn.linear.reference(x, w, b)
     assert got.shape == ref.shape and got.dtype == np.float32
     if not 2 <= int(np.prod(shape)) <= 8:
         assert few is None and np.array_equal(got, ref)
         return
-    assert few is not None
+    assert few is not None and np.array_equal(alone, few)
     bound = (
         2
         * (I + 1)
