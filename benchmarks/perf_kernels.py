@@ -8,11 +8,12 @@ and, when it ends, writes ``/tmp/perf-PID.map``: the file in which ``perf report
 that no file on disk holds.  Without it a profile shows the kernels as ``[JIT] tid N`` and bare addresses.  The
 map names every function of each kernel's object code (as Numba linked it into the process: loaded from its
 cache or compiled) after the kernel: its module within the numba backend and its name
-(``linear._bf16_block_times``), the body of each of its parallel loops ``linear._bf16_block_times [parallel
-loop 1]`` (numbered in the order of their code),
-a function of another kernel compiled into it by that kernel's name.  Read by thread (``--sort pid,sym``), a
-profile then tells where a step's time goes and how long each thread waits between the parallel loops (the
-OpenMP runtime's own functions, ``libgomp``)."""
+(``linear._bf16_block_times``); the body of each of its parallel loops, numbered in the order of their code
+(``linear._bf16_block_times [parallel loop 1]``); a function of another kernel compiled into it, by that
+kernel's name; a kernel compiled for several kinds of arguments, each kind numbered in the order of their
+first calls (``transformer._decoder_steps_bf16 #2``).  Read by thread (``--sort pid,sym``), a profile then
+tells where a step's time goes and how long each thread waits between the parallel loops (the OpenMP
+runtime's own functions, ``libgomp``)."""
 
 from __future__ import annotations
 
@@ -86,8 +87,10 @@ def kernel_functions() -> list:
 
     functions = set()
     for dispatcher in [o for o in gc.get_objects() if isinstance(o, Dispatcher)]:
-        owner = f"{dispatcher.py_func.__module__}.{dispatcher.py_func.__qualname__}".removeprefix(PREFIX)
-        for result in list(dispatcher.overloads.values()):
+        kernel = f"{dispatcher.py_func.__module__}.{dispatcher.py_func.__qualname__}".removeprefix(PREFIX)
+        overloads = list(dispatcher.overloads.values())
+        for k, result in enumerate(overloads, start=1):
+            owner = kernel if len(overloads) == 1 else f"{kernel} #{k}"  # (by the order of their first calls)
             library = result.library
             code = KEPT.get(id(library)) or getattr(library, "_compiled_object", None)
             if not code:
