@@ -4,10 +4,11 @@
     perf report -i perf.data --no-children --sort pid,sym
 
 Runs SCRIPT with its arguments as ``python SCRIPT ARGS`` would (a benchmark, or any program that uses refimpl)
-and, when it ends, writes ``/tmp/perf-PID.map``: the file in which ``perf report`` looks up the names of code
-that no file on disk holds.  Without it a profile shows the kernels as ``[JIT] tid N`` and bare addresses.  The
-map names every function of each kernel's object code (as Numba linked it into the process: loaded from its
-cache or compiled) after the kernel: its module within the numba backend and its name
+and, when it ends, writes ``perf-PID.map`` in the temporary directory (``tempfile.gettempdir()``: perf reads
+its maps from the system's, so leave TMPDIR unset): the file in which ``perf report`` looks up the names of
+code that no file on disk holds.  Without it a profile shows the kernels as ``[JIT] tid N`` and bare
+addresses.  The map names every function of each kernel's object code (as Numba linked it into the process:
+loaded from its cache or compiled) after the kernel: its module within the numba backend and its name
 (``linear._bf16_block_times``); the body of each of its parallel loops, numbered in the order of their code
 (``linear._bf16_block_times [parallel loop 1]``); a function of another kernel compiled into it, by that
 kernel's name; a kernel compiled for several kinds of arguments, each kind numbered in the order of their
@@ -23,6 +24,7 @@ import os
 import re
 import runpy
 import sys
+import tempfile
 
 PREFIX = "refimpl.backends.numba_cpu."
 KEPT: dict = {}  # id of a code library -> the object code it was loaded from (the library drops its copy)
@@ -116,10 +118,15 @@ def kernel_functions() -> list:
     return sorted(functions)
 
 
+def perf_map_path(pid: int) -> str:
+    """Where perf looks for the map of process ``pid``: ``perf-PID.map`` in the temporary directory."""
+    return os.path.join(tempfile.gettempdir(), f"perf-{pid}.map")
+
+
 def write_perf_map(path: str | None = None) -> str:
     """Write ``kernel_functions`` in perf's map format (``START SIZE NAME``, hexadecimal) to ``path``, by
-    default ``/tmp/perf-PID.map`` of this process; the path written."""
-    path = path or f"/tmp/perf-{os.getpid()}.map"
+    default ``perf-PID.map`` of this process in the temporary directory; the path written."""
+    path = path or perf_map_path(os.getpid())
     with open(path, "w") as f:
         for address, size, name in kernel_functions():
             f.write(f"{address:x} {size:x} {name}\n")

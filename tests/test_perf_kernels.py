@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def _map_of_a_run(program: Path, cache: Path) -> tuple:
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     pid, entry = map(int, run.stdout.split())
-    path = Path(f"/tmp/perf-{pid}.map")
+    path = Path(tempfile.gettempdir()) / f"perf-{pid}.map"
     try:
         rows = [line.split(" ", 2) for line in path.read_text().splitlines()]
     finally:
