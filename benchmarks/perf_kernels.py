@@ -45,23 +45,12 @@ def keep_object_code() -> None:
 
 
 def elf_functions(code: bytes) -> list:
-    """(name, section, offset, size) of each function that the 64-bit ELF object ``code`` defines."""
-    from refimpl.backends.numba_cpu.runtime import _ELF_HEADER, _ELF_SECTION, _ELF_SYMBOL, _SHT_SYMTAB
+    """(name, section, offset, size) of each function of some size that the 64-bit ELF object ``code``
+    defines (read as the backend's cache loader reads its symbols)."""
+    from refimpl.backends.numba_cpu.runtime import _SHN_UNDEF, _elf_symbols
 
-    header = _ELF_HEADER.unpack_from(code)
-    shoff, shnum = header[6], header[12]
-    sections = [_ELF_SECTION.unpack_from(code, shoff + i * _ELF_SECTION.size) for i in range(shnum)]
-    functions = []
-    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
-        if kind != _SHT_SYMTAB:
-            continue
-        strings = sections[link][4]
-        for k in range(1, size // entsize):
-            name, info, _, section, value, length = _ELF_SYMBOL.unpack_from(code, offset + k * entsize)
-            if info & 0xF == 2 and section and length:  # a function, defined, of some size
-                end = code.index(b"\0", strings + name)
-                functions.append((code[strings + name : end].decode(), section, value, length))
-    return functions
+    symbols = _elf_symbols(code, lambda info, section: info & 0xF == 2 and section != _SHN_UNDEF)  # (2: FUNC)
+    return [symbol for symbol in symbols or () if symbol[3]]
 
 
 def demangled(symbol: str) -> str:

@@ -297,6 +297,14 @@ def _elf_defined_symbols(code: bytes) -> set | None:
     """The names of the functions and data that the 64-bit little-endian ELF object ``code`` defines (its
     symbol table's entries with a section), or None for an object in another format.  A table that does
     not fit in the file raises ValueError (a damaged cache entry: ``load_guarded`` discards it)."""
+    symbols = _elf_symbols(code, lambda info, section: section != _SHN_UNDEF and info & 0xF in _SYMBOL_TYPES)
+    return None if symbols is None else {name for name, _, _, _ in symbols}
+
+
+def _elf_symbols(code: bytes, keep) -> list | None:
+    """(name, section, value, size) of each entry of the symbol tables of the 64-bit little-endian ELF object
+    ``code`` for which ``keep(info, section)`` holds (its type and binding, the index of its section), or
+    None for an object in another format.  A table that does not fit in the file raises ValueError."""
     if len(code) < _ELF_HEADER.size or code[:6] != b"\x7fELF\x02\x01":
         return None
     header = _ELF_HEADER.unpack_from(code)
@@ -304,7 +312,7 @@ def _elf_defined_symbols(code: bytes) -> set | None:
     if shentsize != _ELF_SECTION.size or shoff + shnum * shentsize > len(code):
         raise ValueError("an ELF object whose section table does not fit in it")
     sections = [_ELF_SECTION.unpack_from(code, shoff + i * shentsize) for i in range(shnum)]
-    names = set()
+    symbols = []
     for _, kind, _, _, offset, size, link, _, _, entsize in sections:
         if kind != _SHT_SYMTAB:
             continue
@@ -312,11 +320,11 @@ def _elf_defined_symbols(code: bytes) -> set | None:
             raise ValueError("an ELF object whose symbol table does not fit in it")
         strings = sections[link][4]
         for k in range(1, size // entsize):  # (entry 0 is the null symbol)
-            name, info, _, section, _, _ = _ELF_SYMBOL.unpack_from(code, offset + k * entsize)
-            if section != _SHN_UNDEF and info & 0xF in _SYMBOL_TYPES:
+            name, info, _, section, value, length = _ELF_SYMBOL.unpack_from(code, offset + k * entsize)
+            if keep(info, section):
                 end = code.index(b"\0", strings + name)
-                names.add(code[strings + name : end].decode())
-    return names
+                symbols.append((code[strings + name : end].decode(), section, value, length))
+    return symbols
 
 
 def load_guarded(cache, read):
