@@ -18,7 +18,10 @@ machine's changing speed falls on both alike:
     first frame / official     the same with max_new_tokens=2: prompt, prefill, one frame, its decode
     codec decoder / official   125 frames (10 s) of random codes
     codec encoder / official   10 s of audio (bench_codec_encoder.test_audio)
-    speaker encoder / official 10 s of audio, the 0.6B-Base speaker encoder
+    speaker encoder / official 10 s of audio, the 0.6B-Base speaker encoder; each of these three rows'
+                               notes gives its products' compute floor (compute_floor.py): their GFLOP,
+                               the seconds they take at this machine's peak rate of float32 multiply-adds
+                               on the threads used, and that floor as a ratio of the official's time
     streaming                  time to the first chunk of stream_custom_voice (default schedule: the first
                                chunk after one frame) / our time of the 1-frame generation, the two
                                taken in turn
@@ -57,6 +60,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import common  # noqa: E402, F401  (OpenBLAS's idle spin set before NumPy loads it)
+import compute_floor  # noqa: E402
 import numpy as np  # noqa: E402
 import results_file  # noqa: E402
 from bench_batch import TEXTS, best_steps, predictor_share, step_seconds  # noqa: E402
@@ -290,7 +294,13 @@ def main() -> None:
         f"(first chunk {first_n / tts.sample_rate * 1000:.0f} ms of audio)",
     )
 
-    # codec decoder, encoder, speaker encoder
+    # codec decoder, encoder, speaker encoder, each with its products' compute floor
+    peak = compute_floor.fma_peak(numba.config.NUMBA_NUM_THREADS)
+    print(f"  peak of float32 multiply-adds: {peak / 1e9:.0f} GFLOP/s ({numba.config.NUMBA_NUM_THREADS} threads)")
+
+    def floor_note(run, official_s):
+        return compute_floor.floor_note(compute_floor.products_gflop(run), peak, official_s)
+
     tok: SpeechTokenizer = tts.speech_tokenizer
     codes = np.random.default_rng(0).integers(0, tok.codebook_size, size=(decode_frames, tok.num_quantizers))
     codes_t = torch.from_numpy(codes) if official else None
@@ -301,6 +311,7 @@ def main() -> None:
 
     ours_t, off_t, res = alternate(lambda: tok.decode(codes), off_decode if official else None, repeats)
     note = f"(max diff {np.max(np.abs(res['ours'] - res['official'])):.1e})" if official else ""
+    note = f"{note} {floor_note(lambda: tok.decode(codes), off_t)}"
     table.add("codec decoder / official", ours_t, off_t, "s", f"({decode_frames} frames) {note}")
 
     audio = test_audio(seconds)
@@ -316,6 +327,7 @@ def main() -> None:
         lambda: tok.encode_detailed(audio, sr=24000).codes, off_encode if official else None, repeats
     )
     note = f"(codes equal: {int((res['ours'] == res['official']).sum())} / {res['official'].size})" if official else ""
+    note = f"{note} {floor_note(lambda: tok.encode(audio, sr=24000), off_t)}"
     table.add("codec encoder / official", ours_t, off_t, "s", f"({seconds:g} s) {note}")
 
     enc = SpeakerEncoder.from_pretrained(speaker_path)
@@ -338,7 +350,8 @@ def main() -> None:
     enc.embed(audio)  # warm-up
     ours_t, off_t, res = alternate(lambda: enc.embed(audio), off_speaker, max(repeats, 3))
     note = f"(max diff {np.max(np.abs(res['ours'] - res['official'].numpy())):.1e})" if official else ""
-    table.add("speaker encoder / official", ours_t, off_t, "s", note)
+    note = f"{note} {floor_note(lambda: enc.embed(audio), off_t)}"
+    table.add("speaker encoder / official", ours_t, off_t, "s", note.strip())
 
     # peak RSS in a fresh process (ours only: nothing of the official is loaded there)
     r = subprocess.run(
