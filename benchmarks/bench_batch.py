@@ -9,7 +9,9 @@ bytes of weights a step reads against ``bench_floor.py``'s read kernel over them
 the step's time leaves it, the step stops being memory-bound), the code predictor's part of the step against
 one text's whole step (where that part alone passes the target, no Talker step could bring the row within it:
 the code predictor's steps for several texts are bound by the arithmetic of its packed words, not by their
-bytes), and whether each row's codes equal the single run of its text.  Each B keeps the best of
+bytes) and the seconds that part's products take at the machine's peak rate of float32 multiply-adds
+(``compute_floor.py``: how far the part is from its arithmetic's floor), and whether each row's codes equal
+the single run of its text.  Each B keeps the best of
 ``--repeats`` runs; the B are run in turn, round after round, so that the machine's drift falls on all alike.
 
 ``--write-results`` records the row "batch of 4: per frame / one text's" in this machine's entry of
@@ -28,6 +30,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import common  # noqa: E402, F401  (first: OpenBLAS's idle spin set before NumPy loads it)
+import compute_floor  # noqa: E402
 import numpy as np  # noqa: E402
 import results_file  # noqa: E402
 from bench_floor import ReadKernel, frame_bytes_as_read  # noqa: E402
@@ -88,10 +91,13 @@ def best_steps(tts, batches, frames: int, repeats: int) -> tuple:
     return best, predictor, codes
 
 
-def predictor_share(predictor_4: float, step_1: float) -> str:
+def predictor_share(predictor_4: float, step_1: float, floor_4: float | None = None) -> str:
     """The note's words for the code predictor's part of a step for 4 texts against one text's whole step:
-    where it passes the target alone, no Talker step could bring the row within it."""
-    return f"the code predictor's steps for 4 texts alone: {predictor_4 / step_1:.2f} x one text's step"
+    where it passes the target alone, no Talker step could bring the row within it; and, given ``floor_4``
+    (``compute_floor.predictor_floor``), what its products would take at the machine's peak, against the
+    same step: how far the part is from being bound by its arithmetic."""
+    share = f"the code predictor's steps for 4 texts alone: {predictor_4 / step_1:.2f} x one text's step"
+    return share if floor_4 is None else f"{share}, their products at the peak {floor_4 / step_1:.2f} x"
 
 
 def main() -> None:
@@ -128,15 +134,19 @@ def main() -> None:
     kernel = ReadKernel(frame_bytes_as_read(tts))  # the bytes a step reads, the code predictor packed
     floor = kernel.seconds()
     best, predictor, codes = best_steps(tts, batches, frames, repeats)
+    peak = compute_floor.fma_peak(numba.get_num_threads())
+    floors = {B: compute_floor.predictor_floor(tts, B, peak) for B in batches}
     equal = {B: all(np.array_equal(c, s) for c, s in zip(codes[B], singles, strict=False)) for B in batches}
     floor = min(floor, kernel.seconds())
     print(f"the weights a step reads: {kernel.nbytes / 1e9:.2f} GB, read alone in {1000 * floor:.0f} ms (the floor)")
+    print(f"the peak of float32 multiply-adds ({numba.get_num_threads()} threads): {peak / 1e9:.0f} GFLOP/s")
     for B in batches:
         print(
             f"  B = {B}: {1000 * best[B]:.0f} ms a step ({1000 * best[B] / B:.1f} ms a frame of one row), "
             f"{best[B] / best[batches[0]]:.2f} x B = {batches[0]}, {best[B] / floor:.2f} x the floor; its code "
             f"predictor's steps {1000 * predictor[B]:.0f} ms, {predictor[B] / best[batches[0]]:.2f} x B = "
-            f"{batches[0]}'s whole step; codes equal to the single runs: {equal[B]}",
+            f"{batches[0]}'s whole step (their products at the peak {1000 * floors[B]:.0f} ms); codes equal to "
+            f"the single runs: {equal[B]}",
             flush=True,
         )
     if args.write_results:
@@ -146,7 +156,7 @@ def main() -> None:
         note = (
             f"(a step for B = {', '.join(map(str, others))} texts: {against_one} x one text's; a step for "
             f"B = {', '.join(map(str, batches))} against the read of its {kernel.nbytes / 1e9:.2f} GB of weights: "
-            f"{against_floor}; {predictor_share(predictor[4], best[1])}; codes equal to the single runs: "
+            f"{against_floor}; {predictor_share(predictor[4], best[1], floors[4])}; codes equal to the single runs: "
             f"{all(equal.values())}; {frames} frames; start load "
             f"{start_load:.2f})"
         )

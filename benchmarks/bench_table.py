@@ -216,14 +216,15 @@ def main() -> None:
     singles = [step_seconds(tts, [text], frames)[1][0] for text in TEXTS[:4]]  # (the warm-up too)
     step_seconds(tts, TEXTS[:4], 1)
     steps, predictor, codes = best_steps(tts, (1, 4), frames, repeats)
+    floor_4 = compute_floor.predictor_floor(tts, 4, compute_floor.fma_peak(numba.config.NUMBA_NUM_THREADS))
     same = all(np.array_equal(c, s) for c, s in zip(codes[4], singles, strict=True))
     table.add(
         "batch of 4: per frame / one text's",
         1000 * steps[4],
         1000 * steps[1],
         "ms",
-        f"(a step for 4 texts against a step for 1; {predictor_share(predictor[4], steps[1])}; codes equal to the "
-        f"single runs: {same}; {frames} frames)",
+        f"(a step for 4 texts against a step for 1; {predictor_share(predictor[4], steps[1], floor_4)}; codes equal "
+        f"to the single runs: {same}; {frames} frames)",
     )
 
     # end to end and first frame, with the codec decode; the official's decoded codes are kept

@@ -119,6 +119,16 @@ def products_gflop(run) -> float:
     return 2 * sum(count_products(run).values()) / 1e9
 
 
+def predictor_floor(tts, B: int, peak_flops: float) -> float:
+    """The seconds the code predictor's products for one frame of B rows (a batch's step; ``tts`` a loaded
+    ``Qwen3TTS``) take at ``peak_flops``, counted as the reference makes them (inputs of zeros: the shapes
+    alone matter)."""
+    cp = tts.talker.code_predictor
+    h_bc = np.zeros((B, tts.talker.cfg.hidden_size), np.float32)
+    gflop = products_gflop(lambda: cp.predict_frame(h_bc, h_bc, lambda g, logits: np.zeros(B, np.int64)))
+    return gflop * 1e9 / peak_flops
+
+
 def floor_note(gflop: float, peak_flops: float, official_s: float | None) -> str:
     """The note a table row carries: the products, the seconds they take at the peak, and that floor as a
     ratio of the official's time where there is one."""

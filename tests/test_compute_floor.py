@@ -87,3 +87,20 @@ def test_floor_note_names_the_floor_and_its_ratio():
     note = compute_floor.floor_note(9.0, 200e9, 0.09)
     assert note == "(products 9.0 GFLOP: 0.045 s at the peak 200 GFLOP/s, 0.50 of the official's time)"
     assert "official" not in compute_floor.floor_note(9.0, 200e9, None)
+
+
+def test_predictor_floor_counts_every_step_of_a_frame_for_every_row():
+    from refimpl import Qwen3TTS
+
+    tts = Qwen3TTS.from_pretrained(CHECKPOINTS / "tiny-customvoice")
+    cp = tts.talker.code_predictor
+    weights = {k[len(cp.w.prefix) :]: v for k, v in cp.w.weights.items() if k.startswith(cp.w.prefix)}
+    layers = sum(v.size for k, v in weights.items() if k.startswith("model.layers.") and v.ndim == 2)
+    heads = sum(weights[f"lm_head.{g}.weight"].size for g in range(cp.n_groups))
+    projection = weights["small_to_mtp_projection.weight"].size
+    one = compute_floor.predictor_floor(tts, 1, 2.0)  # (a peak of 2 FLOP/s: the seconds are the multiply-adds)
+    # every step runs each layer's matrices for at least its last position (the first step has two positions),
+    # projects its positions and runs its own head once
+    steps, shared = cp.n_groups, heads + (cp.n_groups + 1) * projection
+    assert steps * layers + shared <= one <= (steps + 1) * layers + shared
+    assert compute_floor.predictor_floor(tts, 3, 2.0) == pytest.approx(3 * one, rel=1e-12)
