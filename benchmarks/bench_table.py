@@ -295,7 +295,8 @@ def main() -> None:
         f"(first chunk {first_n / tts.sample_rate * 1000:.0f} ms of audio)",
     )
 
-    # codec decoder, encoder, speaker encoder, each with its products' compute floor
+    # codec decoder, encoder, speaker encoder, each with its products' compute floor (the peak timed again
+    # here, beside the rows that use it, as for the batch row: the VM's speed moves from minute to minute)
     peak = compute_floor.fma_peak(numba.config.NUMBA_NUM_THREADS)
     print(f"  peak of float32 multiply-adds: {peak / 1e9:.0f} GFLOP/s ({numba.config.NUMBA_NUM_THREADS} threads)")
 
