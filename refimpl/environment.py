@@ -23,7 +23,7 @@ SWITCHES = {
     "REFIMPL_DEBUG": (False, "1: an internal error (exit status 3) prints its traceback"),
     "REFIMPL_AMX": (True, "0: the numba backend does not use the AMX tile registers"),
     "REFIMPL_PACKED": (True, "0: the numba backend reads the code predictor's words as stored, not packed"),
-    "REFIMPL_HUGE_PAGES": (True, "0: bfloat16 weights stay memory-mapped instead of copied into huge pages"),
+    "REFIMPL_HUGE_PAGES": (True, "0: no huge pages (bfloat16 weights stay memory-mapped, packed words in 4 KB pages)"),
 }
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")

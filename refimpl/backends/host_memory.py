@@ -25,8 +25,9 @@ that runs only on an idle core (``copy_into_huge_pages_later``), once the proces
 ``COPY_AFTER_FRAMES`` frames (``note_frames``): the copy (every matrix a step reads whole) is
 neither on the way to the first audio nor paid by a short generation (a sentence from the command line),
 and a long generation, or a server's next calls, read the copy.  The kernels read the memory map until a
-matrix's copy is made, then the copy (the same words: no number changes).  ``REFIMPL_HUGE_PAGES=0`` keeps
-the memory map."""
+matrix's copy is made, then the copy (the same words: no number changes).  The code predictor's packed
+words, made at the load, are made in huge pages (``streamed_array``).  ``REFIMPL_HUGE_PAGES=0`` keeps
+the memory map and asks for no huge pages."""
 
 from __future__ import annotations
 
@@ -153,10 +154,28 @@ def huge_pages_enabled() -> bool:
 def huge_page_array(nbytes: int) -> np.ndarray:
     """A writable uint8 array of ``nbytes`` (> 0) in one anonymous memory region backed by transparent 2 MB
     huge pages, starting on a 2 MB boundary (the region lives as long as the array and its views)."""
+    return _anonymous_array(nbytes, huge=True)
+
+
+def _anonymous_array(nbytes: int, huge: bool) -> np.ndarray:
+    """A writable uint8 array of ``nbytes`` (> 0) in an anonymous memory region of its own, from a 2 MB
+    boundary; its pages asked for as transparent huge pages (``madvise(MADV_HUGEPAGE)``) where ``huge``."""
     region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     lead = -np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data % HUGE_PAGE_BYTES  # to a 2 MB boundary
-    region.madvise(mmap.MADV_HUGEPAGE, lead, nbytes)
+    if huge:
+        region.madvise(mmap.MADV_HUGEPAGE, lead, nbytes)
     return np.frombuffer(region, dtype=np.uint8, count=nbytes, offset=lead)
+
+
+def streamed_array(nbytes: int) -> np.ndarray:
+    """A writable uint8 array of ``nbytes`` on a cache line, for words made at the load that every step
+    streams whole (the code predictor's packed words): from ``nbytes`` of one huge page on, a region of its
+    own, in huge pages where they are enabled (``huge_page_array``: in 4 KB pages the hardware prefetcher
+    stops at every page end) and not asked for in them with ``REFIMPL_HUGE_PAGES=0``; smaller, from
+    the heap."""
+    if nbytes >= HUGE_PAGE_BYTES:
+        return _anonymous_array(nbytes, huge=huge_pages_enabled())
+    return _aligned(np.empty(nbytes + ALIGNMENT, np.uint8), nbytes)
 
 
 THREAD_WORDS_MIN_BYTES = 2 << 20  # a thread's first scratch words: a short push's stages all fit in them

@@ -189,3 +189,34 @@ def test_the_copy_later_runs_in_a_thread_and_can_be_waited_for():
     for m, words, old in zip(matrices, expected, former, strict=True):
         assert m.bits is not old
         np.testing.assert_array_equal(m.bits, words)
+
+
+def _vm_flags(array: np.ndarray) -> list:
+    """The kernel's flags of the memory region that holds ``array``'s first byte (/proc/self/smaps's
+    ``VmFlags``: ``hg`` where huge pages were asked for with ``madvise``)."""
+    address, flags, inside = array.ctypes.data, None, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                begin, end = (int(a, 16) for a in head.split("-"))
+                inside = begin <= address < end
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+    assert flags is not None, "no region of /proc/self/smaps holds the array"
+    return flags
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
+def test_streamed_words_ask_for_huge_pages_unless_switched_off(monkeypatch):
+    """streamed_array: from one huge page on, a region of its own on a 2 MB boundary, asked for in huge pages
+    (and not with REFIMPL_HUGE_PAGES=0); smaller, on a cache line."""
+    for switch, asked in (("1", True), ("0", False)):
+        monkeypatch.setenv("REFIMPL_HUGE_PAGES", switch)
+        words = host_memory.streamed_array(3 * host_memory.HUGE_PAGE_BYTES + 5)
+        assert words.dtype == np.uint8 and words.size == 3 * host_memory.HUGE_PAGE_BYTES + 5
+        assert words.flags.writeable and words.ctypes.data % host_memory.HUGE_PAGE_BYTES == 0
+        assert ("hg" in _vm_flags(words)) is asked
+        words[...] = 7  # (every page writable)
+    small = host_memory.streamed_array(1000)
+    assert small.size == 1000 and small.ctypes.data % host_memory.ALIGNMENT == 0

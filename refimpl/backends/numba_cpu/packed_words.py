@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 
 from ...environment import switch
 from ..bf16 import PACK_WINDOW, BF16Matrix, PackedWords, stored_order
+from ..host_memory import ALIGNMENT, streamed_array
 from . import runtime
 from .cached_kernels import load_cached
 from .intrinsics import FASTMATH, PREFETCH_LOCALITY, _bf16_to_f32
@@ -232,13 +233,13 @@ def _pack_block(typingctx, bits_i, b, base, low_i, codes_h):
 
 
 @numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
-def _packing(bits_oi):
+def _packing(bits_oi, low_oi, codes_oh):
     """The window's base and the low bytes, codes and listed words of ``PackedWords`` of the words [O, I]
     (C-contiguous), in one call (one kernel to load in a fresh process): the window (``_window``), then the
-    arrays (``_pack_and_list_rows``)."""
+    arrays (``_pack_and_list_rows``), the low bytes and codes written into ``low_oi`` [O, I] and ``codes_oh``
+    [O, I / 2] (the caller's memory: ``_dense_part``)."""
     O, I = bits_oi.shape
     base, held = _window(bits_oi)
-    low_oi, codes_oh = np.empty((O, I), np.uint8), np.empty((O, I // 2), np.uint8)
     E = O * I - held  # the words outside the window, and +-0
     rows_e, cols_e, values_e = np.empty(E, np.int32), np.empty(E, np.int32), np.empty(E, np.float32)
     _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_e)
@@ -264,21 +265,47 @@ def _pack_and_list_rows(bits_oi, base, low_oi, codes_oh, rows_e, cols_e, values_
 
 
 @numba.njit(cache=True, nogil=True)  # (nogil: packing ahead runs beside the caller)
-def _packings(words_n, first_m, shape_m2):
+def _packings(words_n, first_m, shape_m2, dense_b, dense_first_m):
     """``_packing`` of each matrix m of one buffer's words: the [O, I] = ``shape_m2[m]`` words from
-    ``words_n[first_m[m]]`` on, in one call (a thread that packs ahead then needs the interpreter's lock at
-    its start and its end only, while the load beside it holds that lock for long stretches)."""
+    ``words_n[first_m[m]]`` on, its low bytes and codes in ``dense_b`` from byte ``dense_first_m[m]`` on
+    (``_dense_places``), in one call (a thread that packs ahead then needs the interpreter's lock at its
+    start and its end only, while the load beside it holds that lock for long stretches)."""
     packings = []
     for m in range(first_m.size):
         O, I = shape_m2[m, 0], shape_m2[m, 1]
-        packings.append(_packing(words_n[first_m[m] : first_m[m] + O * I].reshape((O, I))))
+        at = dense_first_m[m]
+        low_oi = dense_b[at : at + O * I].reshape((O, I))
+        codes_oh = dense_b[at + O * I : at + O * I + O * I // 2].reshape((O, I // 2))
+        packings.append(_packing(words_n[first_m[m] : first_m[m] + O * I].reshape((O, I)), low_oi, codes_oh))
     return packings
+
+
+def _dense_places(shapes) -> tuple:
+    """(the first byte of each matrix's dense part, the bytes of all) for matrices of ``shapes`` [O, I] packed
+    into one array: each matrix's low bytes [O, I] and then its codes [O, I / 2], from a cache line."""
+    firsts, total = [], 0
+    for O, I in shapes:
+        firsts.append(total)
+        total += -(-(O * I + O * I // 2) // ALIGNMENT) * ALIGNMENT
+    return np.array(firsts, np.int64), total
+
+
+def _dense_part(shapes) -> tuple:
+    """(the array, the first byte of each matrix's part) that holds the low bytes and codes of matrices of
+    ``shapes``: the words every code-predictor step streams, in huge pages where they are enabled
+    (``host_memory.streamed_array``: in 4 KB pages the hardware prefetcher stops at every page end)."""
+    firsts, total = _dense_places(shapes)
+    return streamed_array(max(total, 1)), firsts
 
 
 def pack_words(bits_oi) -> PackedWords:
     """``bf16.PackedWords`` of the words [O, I] (I a multiple of ``PACKED_BLOCK``): the window of 8 high-byte
     values (sign aside) that holds the most words, the others listed."""
-    return _packed_words(*_packing(np.ascontiguousarray(bits_oi)))
+    bits_oi = np.ascontiguousarray(bits_oi)
+    O, I = bits_oi.shape
+    dense_b, _ = _dense_part([(O, I)])
+    low_oi, codes_oh = dense_b[: O * I].reshape(O, I), dense_b[O * I : O * I + O * I // 2].reshape(O, I // 2)
+    return _packed_words(*_packing(bits_oi, low_oi, codes_oh))
 
 
 def _packed_words(base, low_oi, codes_oh, rows_e, cols_e, values_e) -> PackedWords:
@@ -372,7 +399,9 @@ def _pack_all(matrices: list) -> None:
                 matrices = matrices[1:]
                 continue
             shapes = np.array([m.shape for m in inside], np.int64).reshape(-1, 2)
-            for m, packing in zip(inside, _packings(words_n, np.array(firsts, np.int64), shapes), strict=True):
+            dense_b, dense_firsts = _dense_part(shapes.tolist())
+            packings = _packings(words_n, np.array(firsts, np.int64), shapes, dense_b, dense_firsts)
+            for m, packing in zip(inside, packings, strict=True):
                 _kept_while_read_only(_PACKED, m.bits, lambda _, packing=packing: _packed_words(*packing))
     except Exception:  # (MemoryError...): the first use packs what is left, and raises
         return

@@ -163,7 +163,8 @@ kernels = (packed_words._packings,)
 loaded = [cached_kernels.load_cached(kernel) for kernel in kernels]
 words = (0x3F00 | np.arange(256, dtype=np.uint16))
 words.flags.writeable = False  # (a checkpoint's map is read-only: the overload a load calls)
-packed = packed_words._packings(words, np.array([0, 128]), np.array([[1, 128], [2, 64]]))
+dense, firsts = packed_words._dense_part([(1, 128), (2, 64)])
+packed = packed_words._packings(words, np.array([0, 128]), np.array([[1, 128], [2, 64]]), dense, firsts)
 print(json.dumps({"loaded": loaded, "misses": sum(sum(k._cache_misses.values()) for k in kernels),
                   "registries": "numba.np.linalg" in sys.modules, "special": "scipy.special" in sys.modules}))
 """

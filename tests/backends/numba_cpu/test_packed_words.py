@@ -427,11 +427,31 @@ def test_matrices_of_one_mapped_buffer_are_packed_in_one_call(monkeypatch):
     packings = pw._packings
     monkeypatch.setattr(pw, "_packings", lambda *a: calls.append(a[1].size) or packings(*a))
     monkeypatch.setattr(pw, "_PACKED", {})
+    made = []
+    streamed_array = pw.streamed_array
+    monkeypatch.setattr(pw, "streamed_array", lambda n: made.append(streamed_array(n)) or made[-1])
     pw._pack_all(matrices)
     assert calls == [3]
     for m in matrices:
         assert id(m.bits) in pw._PACKED
         assert_same_packing(pw.packed_words(m), packed_words_formula(np.ascontiguousarray(m.bits)))
+    dense = made[0]  # (the buffer's low bytes and codes in one array)
+    assert all(np.shares_memory(a, dense) for m in matrices[:3] for a in pw.packed_words(m)[:2])
+
+
+def test_a_packing_lies_in_memory_for_streamed_words(monkeypatch):
+    """The low bytes and codes a step streams lie in ``host_memory.streamed_array`` (huge pages where they are
+    enabled), each on a cache line."""
+    pw = numba_cpu.packed_words
+    made = []
+    streamed_array = pw.streamed_array
+    monkeypatch.setattr(pw, "streamed_array", lambda n: made.append(streamed_array(n)) or made[-1])
+    bits = random_words(np.random.default_rng(13), 24, 192, special=0.01)
+    packed = pw.pack_words(bits)
+    assert len(made) == 1 and made[0].size >= bits.size * 3 // 2
+    for part in packed[:2]:
+        assert np.shares_memory(part, made[0]) and part.ctypes.data % 64 == 0
+    assert_same_packing(packed, packed_words_formula(bits))
 
 
 def test_a_model_load_packs_the_code_predictor_ahead_on_the_numba_backend(monkeypatch):
