@@ -26,7 +26,7 @@ that runs only on an idle core (``copy_into_huge_pages_later``), once the proces
 neither on the way to the first audio nor paid by a short generation (a sentence from the command line),
 and a long generation, or a server's next calls, read the copy.  The kernels read the memory map until a
 matrix's copy is made, then the copy (the same words: no number changes).  The code predictor's packed
-words, made at the load, are made in huge pages (``streamed_array``).  ``REFIMPL_HUGE_PAGES=0`` keeps
+words, made at the load, are made in huge pages (``weights_array``).  ``REFIMPL_HUGE_PAGES=0`` keeps
 the memory map and asks for no huge pages."""
 
 from __future__ import annotations
@@ -167,9 +167,9 @@ def _anonymous_array(nbytes: int, huge: bool) -> np.ndarray:
     return np.frombuffer(region, dtype=np.uint8, count=nbytes, offset=lead)
 
 
-def streamed_array(nbytes: int) -> np.ndarray:
+def weights_array(nbytes: int) -> np.ndarray:
     """A writable uint8 array of ``nbytes`` on a cache line, for words made at the load that every step
-    streams whole (the code predictor's packed words): from ``nbytes`` of one huge page on, a region of its
+    reads whole (the code predictor's packed words): from ``nbytes`` of one huge page on, a region of its
     own, in huge pages where they are enabled (``huge_page_array``: in 4 KB pages the hardware prefetcher
     stops at every page end) and not asked for in them with ``REFIMPL_HUGE_PAGES=0``; smaller, from
     the heap."""

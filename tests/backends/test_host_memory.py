@@ -208,15 +208,15 @@ def _vm_flags(array: np.ndarray) -> list:
 
 
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
-def test_streamed_words_ask_for_huge_pages_unless_switched_off(monkeypatch):
-    """streamed_array: from one huge page on, a region of its own on a 2 MB boundary, asked for in huge pages
+def test_weights_made_at_the_load_ask_for_huge_pages_unless_switched_off(monkeypatch):
+    """weights_array: from one huge page on, a region of its own on a 2 MB boundary, asked for in huge pages
     (and not with REFIMPL_HUGE_PAGES=0); smaller, on a cache line."""
     for switch, asked in (("1", True), ("0", False)):
         monkeypatch.setenv("REFIMPL_HUGE_PAGES", switch)
-        words = host_memory.streamed_array(3 * host_memory.HUGE_PAGE_BYTES + 5)
+        words = host_memory.weights_array(3 * host_memory.HUGE_PAGE_BYTES + 5)
         assert words.dtype == np.uint8 and words.size == 3 * host_memory.HUGE_PAGE_BYTES + 5
         assert words.flags.writeable and words.ctypes.data % host_memory.HUGE_PAGE_BYTES == 0
         assert ("hg" in _vm_flags(words)) is asked
         words[...] = 7  # (every page writable)
-    small = host_memory.streamed_array(1000)
+    small = host_memory.weights_array(1000)
     assert small.size == 1000 and small.ctypes.data % host_memory.ALIGNMENT == 0

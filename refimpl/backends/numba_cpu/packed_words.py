@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 
 from ...environment import switch
 from ..bf16 import PACK_WINDOW, BF16Matrix, PackedWords, stored_order
-from ..host_memory import ALIGNMENT, streamed_array
+from ..host_memory import ALIGNMENT, weights_array
 from . import runtime
 from .cached_kernels import load_cached
 from .intrinsics import FASTMATH, PREFETCH_LOCALITY, _bf16_to_f32
@@ -292,10 +292,10 @@ def _dense_places(shapes) -> tuple:
 
 def _dense_part(shapes) -> tuple:
     """(the array, the first byte of each matrix's part) that holds the low bytes and codes of matrices of
-    ``shapes``: the words every code-predictor step streams, in huge pages where they are enabled
-    (``host_memory.streamed_array``: in 4 KB pages the hardware prefetcher stops at every page end)."""
+    ``shapes``: the words every code-predictor step reads whole, in huge pages where they are enabled
+    (``host_memory.weights_array``: in 4 KB pages the hardware prefetcher stops at every page end)."""
     firsts, total = _dense_places(shapes)
-    return streamed_array(max(total, 1)), firsts
+    return weights_array(max(total, 1)), firsts
 
 
 def pack_words(bits_oi) -> PackedWords:

@@ -428,8 +428,8 @@ def test_matrices_of_one_mapped_buffer_are_packed_in_one_call(monkeypatch):
     monkeypatch.setattr(pw, "_packings", lambda *a: calls.append(a[1].size) or packings(*a))
     monkeypatch.setattr(pw, "_PACKED", {})
     made = []
-    streamed_array = pw.streamed_array
-    monkeypatch.setattr(pw, "streamed_array", lambda n: made.append(streamed_array(n)) or made[-1])
+    weights_array = pw.weights_array
+    monkeypatch.setattr(pw, "weights_array", lambda n: made.append(weights_array(n)) or made[-1])
     pw._pack_all(matrices)
     assert calls == [3]
     for m in matrices:
@@ -439,13 +439,13 @@ def test_matrices_of_one_mapped_buffer_are_packed_in_one_call(monkeypatch):
     assert all(np.shares_memory(a, dense) for m in matrices[:3] for a in pw.packed_words(m)[:2])
 
 
-def test_a_packing_lies_in_memory_for_streamed_words(monkeypatch):
-    """The low bytes and codes a step streams lie in ``host_memory.streamed_array`` (huge pages where they are
+def test_a_packing_lies_in_memory_for_weights(monkeypatch):
+    """The low bytes and codes a step reads whole lie in ``host_memory.weights_array`` (huge pages where they are
     enabled), each on a cache line."""
     pw = numba_cpu.packed_words
     made = []
-    streamed_array = pw.streamed_array
-    monkeypatch.setattr(pw, "streamed_array", lambda n: made.append(streamed_array(n)) or made[-1])
+    weights_array = pw.weights_array
+    monkeypatch.setattr(pw, "weights_array", lambda n: made.append(weights_array(n)) or made[-1])
     bits = random_words(np.random.default_rng(13), 24, 192, special=0.01)
     packed = pw.pack_words(bits)
     assert len(made) == 1 and made[0].size >= bits.size * 3 // 2
