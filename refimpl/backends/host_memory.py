@@ -26,8 +26,8 @@ that runs only on an idle core (``copy_into_huge_pages_later``), once the proces
 neither on the way to the first audio nor paid by a short generation (a sentence from the command line),
 and a long generation, or a server's next calls, read the copy.  The kernels read the memory map until a
 matrix's copy is made, then the copy (the same words: no number changes).  The code predictor's packed
-words, made at the load, are made in huge pages (``weights_array``).  ``REFIMPL_HUGE_PAGES=0`` keeps
-the memory map and asks for no huge pages."""
+words, made at the load in 4 KB pages, are collapsed into huge pages in place by such a thread
+(``weights_array``).  ``REFIMPL_HUGE_PAGES=0`` keeps the memory map and asks for no huge pages."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 
@@ -169,13 +170,17 @@ def _anonymous_array(nbytes: int, huge: bool) -> np.ndarray:
 
 def weights_array(nbytes: int) -> np.ndarray:
     """A writable uint8 array of ``nbytes`` on a cache line, for words made at the load that every step
-    reads whole (the code predictor's packed words): from ``nbytes`` of one huge page on, a region of its
-    own, in huge pages where they are enabled (``huge_page_array``: in 4 KB pages the hardware prefetcher
-    stops at every page end) and not asked for in them with ``REFIMPL_HUGE_PAGES=0``; smaller, from
-    the heap."""
-    if nbytes >= HUGE_PAGE_BYTES:
-        return _anonymous_array(nbytes, huge=huge_pages_enabled())
-    return _aligned(np.empty(nbytes + ALIGNMENT, np.uint8), nbytes)
+    reads whole (the code predictor's packed words).  From ``nbytes`` of one huge page on, a region of its
+    own on a 2 MB boundary, in 4 KB pages, collapsed into huge pages in place by an idle thread once
+    generations have made ``COPY_AFTER_FRAMES`` frames (``collapse_into_huge_pages_later``; not with
+    ``REFIMPL_HUGE_PAGES=0``): in 4 KB pages the hardware prefetcher stops at every page end, and fresh
+    huge pages are slow to fault in on the way to a fresh process's first audio.  Smaller, from the heap."""
+    if nbytes < HUGE_PAGE_BYTES:
+        return _aligned(np.empty(nbytes + ALIGNMENT, np.uint8), nbytes)
+    array = _anonymous_array(nbytes, huge=False)
+    if huge_pages_enabled():
+        collapse_into_huge_pages_later(array)
+    return array
 
 
 THREAD_WORDS_MIN_BYTES = 2 << 20  # a thread's first scratch words: a short push's stages all fit in them
@@ -253,9 +258,9 @@ def note_frames(n: int = 1) -> None:
 
 
 def wait_for_huge_pages(timeout: float | None = None) -> bool:
-    """Start the copies into huge pages made ready so far, if they wait for frames, and wait until they are
-    made (a benchmark of the steady state waits, so as to time the frames as a long-running process has
-    them); whether they all are."""
+    """Start the copies into huge pages (and the collapses) made ready so far, if they wait for frames, and
+    wait until they are made (a benchmark of the steady state waits, so as to time the frames as a
+    long-running process has them); whether they all are."""
     _COPY_WANTED.set()
     deadline = None if timeout is None else time.monotonic() + timeout
     for thread in list(_COPYING):
@@ -264,13 +269,52 @@ def wait_for_huge_pages(timeout: float | None = None) -> bool:
     return not _COPYING
 
 
-def _copy_when_idle(matrices: list, release) -> None:
+MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)  # Linux 6.1: collapse a range into huge pages now
+
+
+def collapse_into_huge_pages_later(array: np.ndarray) -> threading.Thread:
+    """In a daemon thread that waits as ``copy_into_huge_pages_later``'s does (the frames, then an idle core),
+    collapse the pages of ``array`` (one from ``_anonymous_array``) into huge pages in place
+    (``madvise(MADV_COLLAPSE)``): the same addresses and bytes, so nothing that holds the array notices.
+    Where the kernel cannot (before Linux 6.1, or no huge page free), the range is marked for its
+    background collapse instead (``MADV_HUGEPAGE``).  The thread holds a weak reference: an array dropped
+    meanwhile is not kept alive for it.  Returns the thread (``wait_for_huge_pages`` waits for it too)."""
+    thread = threading.Thread(
+        target=_collapse_when_idle, args=(weakref.ref(array),), name="refimpl-huge-pages", daemon=True
+    )
+    thread.start()
+    _COPYING.append(thread)
+    return thread
+
+
+def _collapse_when_idle(array_ref) -> None:
     _COPY_WANTED.wait()
+    _run_when_idle()
+    array = array_ref()
+    if array is None:
+        return
+    region = array.base.obj  # the anonymous map (np.frombuffer of it: a memoryview of the map)
+    start = array.ctypes.data - np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data
+    try:
+        region.madvise(MADV_COLLAPSE, start, array.nbytes)
+    except OSError:
+        with contextlib.suppress(OSError):
+            region.madvise(mmap.MADV_HUGEPAGE, start, array.nbytes)
+
+
+def _run_when_idle() -> None:
+    """Have this thread run only on a core nothing else wants (Linux ``SCHED_IDLE``; elsewhere the lowest
+    priority it grants)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # (Linux: this thread only)
     except (AttributeError, OSError):
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
+def _copy_when_idle(matrices: list, release) -> None:
+    _COPY_WANTED.wait()
+    _run_when_idle()
     try:
         copy_into_huge_pages(matrices, release)
     except (OSError, MemoryError, ValueError) as e:

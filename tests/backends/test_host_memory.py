@@ -191,32 +191,59 @@ def test_the_copy_later_runs_in_a_thread_and_can_be_waited_for():
         np.testing.assert_array_equal(m.bits, words)
 
 
-def _vm_flags(array: np.ndarray) -> list:
-    """The kernel's flags of the memory region that holds ``array``'s first byte (/proc/self/smaps's
-    ``VmFlags``: ``hg`` where huge pages were asked for with ``madvise``)."""
-    address, flags, inside = array.ctypes.data, None, False
+def _region(array: np.ndarray) -> dict:
+    """The fields of /proc/self/smaps for the memory region that holds ``array``'s first byte: its
+    ``AnonHugePages`` (kB) and its ``VmFlags`` (``hg`` where huge pages were asked for with ``madvise``)."""
+    address, fields, inside = array.ctypes.data, None, False
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
                 begin, end = (int(a, 16) for a in head.split("-"))
                 inside = begin <= address < end
+                if inside:
+                    fields = {}
+            elif inside and head == "AnonHugePages:":
+                fields["AnonHugePages"] = int(line.split()[1])
             elif inside and head == "VmFlags:":
-                flags = line.split()[1:]
-    assert flags is not None, "no region of /proc/self/smaps holds the array"
-    return flags
+                fields["VmFlags"] = line.split()[1:]
+    assert fields is not None, "no region of /proc/self/smaps holds the array"
+    return fields
 
 
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
-def test_weights_made_at_the_load_ask_for_huge_pages_unless_switched_off(monkeypatch):
-    """weights_array: from one huge page on, a region of its own on a 2 MB boundary, asked for in huge pages
-    (and not with REFIMPL_HUGE_PAGES=0); smaller, on a cache line."""
-    for switch, asked in (("1", True), ("0", False)):
-        monkeypatch.setenv("REFIMPL_HUGE_PAGES", switch)
-        words = host_memory.weights_array(3 * host_memory.HUGE_PAGE_BYTES + 5)
-        assert words.dtype == np.uint8 and words.size == 3 * host_memory.HUGE_PAGE_BYTES + 5
-        assert words.flags.writeable and words.ctypes.data % host_memory.HUGE_PAGE_BYTES == 0
-        assert ("hg" in _vm_flags(words)) is asked
-        words[...] = 7  # (every page writable)
+def test_weights_made_at_the_load_are_collapsed_into_huge_pages_once_wanted(monkeypatch):
+    """weights_array: from one huge page on, a region of its own on a 2 MB boundary, which a thread collapses
+    into huge pages in place once the copies are wanted (the same address and bytes; where the kernel cannot
+    collapse it now, the region is marked for its background collapse); none with REFIMPL_HUGE_PAGES=0.
+    Smaller, on a cache line."""
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "1")
+    words = host_memory.weights_array(3 * host_memory.HUGE_PAGE_BYTES + 5)
+    assert words.dtype == np.uint8 and words.size == 3 * host_memory.HUGE_PAGE_BYTES + 5
+    assert words.flags.writeable and words.ctypes.data % host_memory.HUGE_PAGE_BYTES == 0
+    address = words.ctypes.data
+    words[...] = np.arange(words.size) % 251
+    assert host_memory.wait_for_huge_pages(timeout=60)
+    region = _region(words)
+    assert region["AnonHugePages"] >= 2048 or "hg" in region["VmFlags"]
+    assert words.ctypes.data == address and np.array_equal(words, np.arange(words.size) % 251)
+    del words
+
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "0")
+    threads = len(host_memory._COPYING)
+    words = host_memory.weights_array(host_memory.HUGE_PAGE_BYTES)
+    assert len(host_memory._COPYING) == threads and "hg" not in _region(words)["VmFlags"]
     small = host_memory.weights_array(1000)
     assert small.size == 1000 and small.ctypes.data % host_memory.ALIGNMENT == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
+def test_a_collapse_waiting_for_frames_does_not_keep_its_weights_alive(monkeypatch):
+    import weakref
+
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "1")
+    words = host_memory.weights_array(host_memory.HUGE_PAGE_BYTES)
+    dropped = weakref.ref(words)
+    del words
+    assert dropped() is None
+    assert host_memory.wait_for_huge_pages(timeout=60)
