@@ -292,8 +292,8 @@ def _dense_places(shapes) -> tuple:
 
 def _dense_part(shapes) -> tuple:
     """(the array, the first byte of each matrix's part) that holds the low bytes and codes of matrices of
-    ``shapes``: the words every code-predictor step reads whole, in huge pages where they are enabled
-    (``host_memory.weights_array``: in 4 KB pages the hardware prefetcher stops at every page end)."""
+    ``shapes``: the words every code-predictor step reads whole, in memory collapsed into huge pages once
+    generations have made their first frames (``host_memory.weights_array``)."""
     firsts, total = _dense_places(shapes)
     return weights_array(max(total, 1)), firsts
 
