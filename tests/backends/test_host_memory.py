@@ -247,3 +247,15 @@ def test_a_collapse_waiting_for_frames_does_not_keep_its_weights_alive(monkeypat
     del words
     assert dropped() is None
     assert host_memory.wait_for_huge_pages(timeout=60)
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
+def test_where_the_kernel_cannot_collapse_now_the_weights_are_marked_for_its_background_collapse(monkeypatch):
+    """A kernel without MADV_COLLAPSE (before Linux 6.1) refuses the advice: the region is then marked
+    ``MADV_HUGEPAGE`` (its ``hg`` flag), and the bytes stay as they were."""
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "1")
+    monkeypatch.setattr(host_memory, "MADV_COLLAPSE", 1 << 20)  # (advice no kernel knows: EINVAL)
+    words = host_memory.weights_array(host_memory.HUGE_PAGE_BYTES + 7)
+    words[...] = 5
+    assert host_memory.wait_for_huge_pages(timeout=60)
+    assert "hg" in _region(words)["VmFlags"] and np.all(words == 5)
