@@ -91,13 +91,13 @@ def best_steps(tts, batches, frames: int, repeats: int) -> tuple:
     return best, predictor, codes
 
 
-def predictor_share(predictor_4: float, step_1: float, floor_4: float | None = None) -> str:
+def predictor_share(predictor_4: float, step_1: float, floor_4: float) -> str:
     """The note's words for the code predictor's part of a step for 4 texts against one text's whole step:
-    where it passes the target alone, no Talker step could bring the row within it; and, given ``floor_4``
-    (``compute_floor.predictor_floor``), what its products would take at the machine's peak, against the
-    same step: how far the part is from being bound by its arithmetic."""
+    where it passes the target alone, no Talker step could bring the row within it; and what its products
+    take at the machine's peak (``floor_4``, ``compute_floor.predictor_floor``), against the same step: how
+    far the part is from being bound by its arithmetic."""
     share = f"the code predictor's steps for 4 texts alone: {predictor_4 / step_1:.2f} x one text's step"
-    return share if floor_4 is None else f"{share}, their products at the peak {floor_4 / step_1:.2f} x"
+    return f"{share}, their products at the peak {floor_4 / step_1:.2f} x"
 
 
 def main() -> None:

@@ -237,15 +237,25 @@ def copy_into_huge_pages_later(matrices, release=None) -> threading.Thread:
     between a generation's parallel loops, and between calls.  A copy that fails (no memory for the region)
     leaves the matrices on their memory map, with a warning.  Returns the thread (``join`` waits for the
     copy, once it is wanted)."""
-    thread = threading.Thread(
-        target=_copy_when_idle, args=(list(matrices), release), name="refimpl-huge-pages", daemon=True
-    )
+    return _start_when_wanted(_copy, list(matrices), release)
+
+
+def _start_when_wanted(work, *args) -> threading.Thread:
+    """Start a daemon thread that waits until the copies are wanted (``note_frames``, ``wait_for_huge_pages``),
+    then runs ``work(*args)`` on an idle core (``_run_when_idle``); ``wait_for_huge_pages`` waits for it."""
+    thread = threading.Thread(target=_when_wanted, args=(work, args), name="refimpl-huge-pages", daemon=True)
     thread.start()
     _COPYING.append(thread)
     return thread
 
 
-_COPYING: list = []  # the threads copy_into_huge_pages_later started
+def _when_wanted(work, args: tuple) -> None:
+    _COPY_WANTED.wait()
+    _run_when_idle()
+    work(*args)
+
+
+_COPYING: list = []  # the threads _start_when_wanted started (the copies, the collapses)
 _FRAMES = [0]  # frames the process's generations have made (note_frames)
 _COPY_WANTED = threading.Event()  # set: the copies may start
 
@@ -279,17 +289,10 @@ def collapse_into_huge_pages_later(array: np.ndarray) -> threading.Thread:
     Where the kernel cannot (before Linux 6.1, or no huge page free), the range is marked for its
     background collapse instead (``MADV_HUGEPAGE``).  The thread holds a weak reference: an array dropped
     meanwhile is not kept alive for it.  Returns the thread (``wait_for_huge_pages`` waits for it too)."""
-    thread = threading.Thread(
-        target=_collapse_when_idle, args=(weakref.ref(array),), name="refimpl-huge-pages", daemon=True
-    )
-    thread.start()
-    _COPYING.append(thread)
-    return thread
+    return _start_when_wanted(_collapse, weakref.ref(array))
 
 
-def _collapse_when_idle(array_ref) -> None:
-    _COPY_WANTED.wait()
-    _run_when_idle()
+def _collapse(array_ref) -> None:
     array = array_ref()
     if array is None:
         return
@@ -312,9 +315,7 @@ def _run_when_idle() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def _copy_when_idle(matrices: list, release) -> None:
-    _COPY_WANTED.wait()
-    _run_when_idle()
+def _copy(matrices: list, release) -> None:
     try:
         copy_into_huge_pages(matrices, release)
     except (OSError, MemoryError, ValueError) as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -239,8 +240,6 @@ def test_weights_made_at_the_load_are_collapsed_into_huge_pages_once_wanted(monk
 
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
 def test_a_collapse_waiting_for_frames_does_not_keep_its_weights_alive(monkeypatch):
-    import weakref
-
     monkeypatch.setenv("REFIMPL_HUGE_PAGES", "1")
     words = host_memory.weights_array(host_memory.HUGE_PAGE_BYTES)
     dropped = weakref.ref(words)
