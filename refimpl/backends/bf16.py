@@ -42,7 +42,7 @@ class BF16Matrix:
     step and by no prompt (the code predictor's layers and heads), so that the numba backend may read it
     from a packed copy of its words (``PackedWords``: the same numbers from three quarters of the bytes)."""
 
-    __slots__ = ("bits", "read_packed")
+    __slots__ = ("bits", "read_packed", "__weakref__")  # (weakly held by the copy into huge pages in waiting)
     dtype = np.dtype(np.float32)
     ndim = 2
 

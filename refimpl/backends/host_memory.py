@@ -234,10 +234,11 @@ def copy_into_huge_pages_later(matrices, release=None) -> threading.Thread:
     """``copy_into_huge_pages`` in a daemon thread that waits until the process's generations have made
     ``COPY_AFTER_FRAMES`` frames (``note_frames``; or ``wait_for_huge_pages`` asks for the copy), then runs
     only on a core nothing else wants (Linux ``SCHED_IDLE``; elsewhere the lowest priority it grants):
-    between a generation's parallel loops, and between calls.  A copy that fails (no memory for the region)
-    leaves the matrices on their memory map, with a warning.  Returns the thread (``join`` waits for the
-    copy, once it is wanted)."""
-    return _start_when_wanted(_copy, list(matrices), release)
+    between a generation's parallel loops, and between calls.  The thread holds the matrices weakly: those of
+    a model dropped while it waits are neither kept alive for it nor copied.  A copy that fails (no memory for
+    the region) leaves the matrices on their memory map, with a warning.  Returns the thread (``join`` waits
+    for the copy, once it is wanted)."""
+    return _start_when_wanted(_copy, [weakref.ref(m) for m in matrices], release)
 
 
 def _start_when_wanted(work, *args) -> threading.Thread:
@@ -315,7 +316,8 @@ def _run_when_idle() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def _copy(matrices: list, release) -> None:
+def _copy(matrix_refs: list, release) -> None:
+    matrices = [m for m in (ref() for ref in matrix_refs) if m is not None]
     try:
         copy_into_huge_pages(matrices, release)
     except (OSError, MemoryError, ValueError) as e:

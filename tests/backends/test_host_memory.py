@@ -192,6 +192,24 @@ def test_the_copy_later_runs_in_a_thread_and_can_be_waited_for():
         np.testing.assert_array_equal(m.bits, words)
 
 
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="huge pages: Linux")
+def test_a_copy_waiting_for_frames_does_not_keep_its_matrices_alive(monkeypatch):
+    """While the copy waits for the frames, a matrix nothing else holds any more is let go (a model dropped
+    meanwhile); once the copy is wanted, the matrices still held are copied."""
+    monkeypatch.setattr(host_memory, "_COPY_WANTED", threading.Event())  # (this process's frames not made yet)
+    matrices, expected = _matrices(np.random.default_rng(2))
+    former = matrices[1].bits
+    dropped, kept = weakref.ref(matrices[0]), matrices[1]
+    thread = host_memory.copy_into_huge_pages_later(matrices)
+    del matrices
+    assert dropped() is None and thread.is_alive()
+    host_memory._COPY_WANTED.set()  # (as the frames do; not wait_for_huge_pages: other tests' copies wait too)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert kept.bits is not former
+    np.testing.assert_array_equal(kept.bits, expected[1])
+
+
 def _region(array: np.ndarray) -> dict:
     """The fields of /proc/self/smaps for the memory region that holds ``array``'s first byte: its
     ``AnonHugePages`` (kB) and its ``VmFlags`` (``hg`` where huge pages were asked for with ``madvise``)."""

@@ -5,9 +5,12 @@ of its steps)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -115,6 +118,27 @@ def test_the_copy_waits_for_a_generation_long_enough_to_pay_for_it(bf16_model):
     short, long = (line.split() for line in r.stdout.strip().splitlines()[-2:])
     assert 0 < int(short[0]) < host_memory.COPY_AFTER_FRAMES and short[1:] == ["True", "True"]
     assert long == ["False", "False"]
+
+
+def test_a_model_dropped_before_its_copy_is_let_go_and_not_copied(bf16_model, monkeypatch):
+    """A model loaded and dropped before the process's generations made the frames (a notebook's model loaded
+    again): its matrices die with it, not kept for the copy that waits, which then copies nothing."""
+    monkeypatch.setenv("REFIMPL_HUGE_PAGES", "1")
+    monkeypatch.setattr(host_memory, "_COPY_WANTED", threading.Event())  # (this process's frames not made yet)
+    copied = []
+    monkeypatch.setattr(host_memory, "copy_into_huge_pages", lambda matrices, release=None: copied.extend(matrices))
+    before = list(host_memory._COPYING)
+    tts = Qwen3TTS.from_pretrained(bf16_model)
+    waiting = [t for t in host_memory._COPYING if t not in before]
+    matrices = [weakref.ref(m) for m in matrices_for_huge_pages(tts.talker)]
+    del tts
+    gc.collect()
+    assert len(matrices) > 10 and not any(ref() for ref in matrices)
+    assert waiting and all(t.is_alive() for t in waiting)
+    host_memory._COPY_WANTED.set()
+    for t in waiting:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in waiting) and copied == []
 
 
 def test_the_load_reads_a_page_of_each_matrix_beside_it_in_the_steps_order(bf16_model, monkeypatch):
