@@ -153,6 +153,39 @@ def test_a_generic_processor_compiles_no_special_instructions():
     assert r.returncode == 0 and r.stdout.split() == ["False"] * 5, r.stdout + r.stderr
 
 
+# a processor with AVX2 and FMA but no AVX-512 (Haswell's features, as LLVM names them: many laptops)
+AVX2 = {
+    "NUMBA_CPU_NAME": "haswell",
+    "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+movbe,+pclmul,"
+    "+popcnt,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+x87,+xsave",
+}
+# the kernels' tests whose code takes another way there: the matrix products (no packed words; one row on the
+# few rows' kernel), the fused generation step and a batch's bits and codes, the codec decoder's and the speaker
+# encoder's convolutions (no direct kernel: BLAS's products)
+WITHOUT_AVX512 = (
+    *(f"tests/backends/numba_cpu/test_{name}.py" for name in ("linear", "transformer", "conv", "codec_decoder")),
+    "tests/backends/numba_cpu/test_speaker_encoder.py",
+    "tests/tts/test_talker.py::test_a_batch_of_four_texts_gives_the_codes_of_four_single_runs",
+)
+
+
+def test_a_processor_without_avx512_passes_the_kernels_tests(tmp_path):
+    """Compiled for AVX2 (``AVX2``), the backend knows the packed words, the direct kernel and 512-bit vectors
+    are not there, and the tests of the kernels that then take another way pass: their twins against the
+    references, each row of a batch with the bits of its text alone (which took the one-row kernel's
+    vectorisation to match the few rows' kernel's, true of 512-bit vectors only), a batch's codes those of the
+    single runs.  Compiled into a cache of their own."""
+    env = dict(AVX2, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    script = "from refimpl.backends import numba_cpu as n; print(n.packed_words.PACKED_COMPILED, "
+    script += "n.conv.direct_kernel_takes(64, 64, 7), n.amx.TILES_COMPILED, n.linear.ONE_ROW_KERNEL)"
+    r = run(env=env, python=script)
+    assert r.returncode == 0 and r.stdout.split() == ["False"] * 4, r.stdout + r.stderr
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *WITHOUT_AVX512]
+    r = subprocess.run(command, capture_output=True, text=True, env=dict(BASE, **env), cwd=REPO, timeout=1800)
+    summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    assert r.returncode == 0 and re.search(r"\b\d{2,} passed", summary) and "failed" not in summary, r.stdout[-3000:]
+
+
 # ----------------------------------------------------------------------------- REFIMPL_ switches
 
 

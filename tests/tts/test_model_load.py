@@ -73,6 +73,8 @@ def test_the_load_packs_the_code_predictors_matrices_before_their_first_use(monk
     from refimpl.backends.numba_cpu import packed_words
     from refimpl.porting import presets, synthetic
 
+    if not packed_words.PACKED_COMPILED:
+        pytest.skip("the packed kernel needs 512-bit byte shuffles (avx512bw)")
     talker = copy.deepcopy(presets.TINY_TALKER_CUSTOMVOICE)
     talker["code_predictor_config"].update(hidden_size=64, intermediate_size=128, head_dim=16)
     synthetic.write_tts_model(tmp_path, "custom_voice", "0b6", talker, dtype="bfloat16")

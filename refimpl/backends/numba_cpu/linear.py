@@ -16,7 +16,7 @@ from numba.extending import overload
 
 from ... import nn
 from ..bf16 import BF16Matrix
-from . import amx
+from . import amx, runtime
 from .amx import _tile_bf16_times, _tile_few_rows_times, _tiles_take
 from .intrinsics import (
     FASTMATH,
@@ -32,6 +32,10 @@ from .packed_words import _packed_products_into, packed_words
 from .pieces import _piece_threads, run_pieces
 
 MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
+# one row of x on the one-row kernel: only where LLVM vectorises its loop as the few rows' kernel's, so that a
+# row's sum has the same order in both (a batch's row the bits of its text alone); elsewhere (narrower vectors:
+# an AVX2 processor, where its loop has four vectors of sums and the few rows' fewer) on the few rows' kernel
+ONE_ROW_KERNEL = runtime.machine().vectors_512
 TILES_MIN_ROWS = 5  # a layer's products for this many new positions or more: on the AMX tiles where granted
 BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
 WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
@@ -60,7 +64,7 @@ def linear(x, w_oi, b_o=None):
     elif x_ni.shape[0] <= MATVEC_MAX_ROWS and _tiles_take(amx.USE_TILES, O, I):  # (a Talker step's head)
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _tile_few_rows_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
-    elif x_ni.shape[0] == 1:  # (a generation step's head: the layers' matrix-vector kernel, the fastest for one row)
+    elif x_ni.shape[0] == 1 and ONE_ROW_KERNEL:  # (a generation step's head: the layers' one-row kernel)
         out_no = np.empty((1, O), dtype=np.float32)
         _matvec_bf16_into(x_ni[0], w_oi.bits, out_no[0])
     elif x_ni.shape[0] <= MATVEC_MAX_ROWS:
@@ -90,10 +94,10 @@ def linear(x, w_oi, b_o=None):
 def _bf16_rows_times(x_ni, bits_oi, out_no):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x, and
     each word widened once for 4 rows of x at a time (the remainder repeats the last row and drops it), so
-    that a batch's step stays bound by the bytes, not by the widening; each row of x summed as
-    ``_matvec_bf16_into`` sums it alone, the same bits.  Memory-bound: while row o is multiplied, row o + 8
-    is prefetched, one request per 64-byte line (the weights are memory-mapped 4 KB pages, where the
-    hardware prefetcher stops at every page end)."""
+    that a batch's step stays bound by the bytes, not by the widening; each row of x summed the same way
+    whatever the rows beside it (as ``_matvec_bf16_into`` sums it alone, where ``ONE_ROW_KERNEL``).
+    Memory-bound: while row o is multiplied, row o + 8 is prefetched, one request per 64-byte line (the
+    weights are memory-mapped 4 KB pages, where the hardware prefetcher stops at every page end)."""
     O, I = bits_oi.shape
     N = x_ni.shape[0]
     words = bits_oi.reshape(-1)
@@ -326,20 +330,20 @@ def _few_rows_f32(x, w_oi, b_o):
 def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
     """out = x @ widen(bits)^T for a generation step or a prompt, by ``rows``.  Where ``tiles`` and the shapes
     let them, on the AMX tiles: the prompt's kernel (``_tile_bf16_times``) from ``TILES_MIN_ROWS``, the few
-    rows' (``_tile_few_rows_times``) for fewer; else ``_matvec_bf16_into`` for one, ``_bf16_rows_times`` up
-    to ``MATVEC_MAX_ROWS`` and ``_bf16_block_times`` for more (``linear``, which cannot tell a batch's rows
-    from a prompt's positions, takes the prompt's tiles only above ``MATVEC_MAX_ROWS``).  ``rows`` is the
-    layer's count of new positions of each batch row, also where x holds fewer (the last position alone) or
-    more (a batch's rows, one position each: the few rows' tiles, or ``_bf16_rows_times``, which sums each
-    row as ``_matvec_bf16_into`` does): each kernel sums a row the same way whatever the others, so that a
-    batch's row has the bits of its text alone."""
+    rows' (``_tile_few_rows_times``) for fewer; else ``_matvec_bf16_into`` for one (where ``ONE_ROW_KERNEL``),
+    ``_bf16_rows_times`` up to ``MATVEC_MAX_ROWS`` and ``_bf16_block_times`` for more (``linear``, which
+    cannot tell a batch's rows from a prompt's positions, takes the prompt's tiles only above
+    ``MATVEC_MAX_ROWS``).  ``rows`` is the layer's count of new positions of each batch row, also where x holds
+    fewer (the last position alone) or more (a batch's rows, one position each: the few rows' tiles, or
+    ``_bf16_rows_times``, which sums each row as ``_matvec_bf16_into`` does where ``ONE_ROW_KERNEL``): each
+    kernel sums a row the same way whatever the others, so that a batch's row has the bits of its text alone."""
     O, I = bits_oi.shape
     if _tiles_take(tiles, O, I):
         if rows >= TILES_MIN_ROWS:
             _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
         else:
             _tile_few_rows_times(x_ni, bits_oi, out_no, n_threads)
-    elif rows == 1 and x_ni.shape[0] == 1:
+    elif rows == 1 and x_ni.shape[0] == 1 and ONE_ROW_KERNEL:
         _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
     elif rows <= MATVEC_MAX_ROWS:
         _bf16_rows_times(x_ni, bits_oi, out_no)

@@ -38,13 +38,15 @@ class Machine:
     """What ``configure`` found: whether Numba compiles the AMX tile instructions (``tiles_compiled``; else
     they emit nothing), whether this process may run them (``tiles_granted``: compiled, granted by Linux, not
     turned off with ``REFIMPL_AMX=0``), whether it compiles the 64-byte shuffles of the packed words
-    (``packed_compiled``: AVX512BW), and the byte permutes across a whole vector (``permutes_compiled``:
-    AVX512_VBMI)."""
+    (``packed_compiled``: AVX512BW), the byte permutes across a whole vector (``permutes_compiled``:
+    AVX512_VBMI), and whether LLVM's loops run on 512-bit vectors (``vectors_512``: AVX-512 without the
+    256-bit preference, as ``_prefer_512_bit_vectors`` sets it)."""
 
     tiles_compiled: bool
     tiles_granted: bool
     packed_compiled: bool
     permutes_compiled: bool
+    vectors_512: bool
 
 
 _MACHINE: Machine | None = None  # what configure() found, once it has run
@@ -70,7 +72,9 @@ def configure() -> Machine:
         tiles_compiled = {"+amx-tile", "+amx-bf16"} <= features
         packed_compiled = "+avx512bw" in features
         permutes_compiled = packed_compiled and "+avx512vbmi" in features
-        _MACHINE = Machine(tiles_compiled, tiles_compiled and _tiles_granted(), packed_compiled, permutes_compiled)
+        vectors_512 = {"+avx512f", "-prefer-256-bit"} <= features
+        tiles = (tiles_compiled, tiles_compiled and _tiles_granted())
+        _MACHINE = Machine(*tiles, packed_compiled, permutes_compiled, vectors_512)
     return _MACHINE
 
 
