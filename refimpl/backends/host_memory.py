@@ -238,22 +238,25 @@ def copy_into_huge_pages_later(matrices, release=None) -> threading.Thread:
     a model dropped while it waits are neither kept alive for it nor copied.  A copy that fails (no memory for
     the region) leaves the matrices on their memory map, with a warning.  Returns the thread (``join`` waits
     for the copy, once it is wanted)."""
-    return _start_when_wanted(_copy, [weakref.ref(m) for m in matrices], release)
+    return _start_when_wanted(_copy, matrices, release)
 
 
-def _start_when_wanted(work, *args) -> threading.Thread:
+def _start_when_wanted(work, objects, *args) -> threading.Thread:
     """Start a daemon thread that waits until the copies are wanted (``note_frames``, ``wait_for_huge_pages``),
-    then runs ``work(*args)`` on an idle core (``_run_when_idle``); ``wait_for_huge_pages`` waits for it."""
-    thread = threading.Thread(target=_when_wanted, args=(work, args), name="refimpl-huge-pages", daemon=True)
+    then runs ``work(live, *args)`` on an idle core (``_run_when_idle``), ``live`` the ones of ``objects`` still
+    alive: it holds them weakly meanwhile, so that none is kept alive for it.  ``wait_for_huge_pages`` waits
+    for it."""
+    refs = [weakref.ref(obj) for obj in objects]
+    thread = threading.Thread(target=_when_wanted, args=(work, refs, args), name="refimpl-huge-pages", daemon=True)
     thread.start()
     _COPYING.append(thread)
     return thread
 
 
-def _when_wanted(work, args: tuple) -> None:
+def _when_wanted(work, refs: list, args: tuple) -> None:
     _COPY_WANTED.wait()
     _run_when_idle()
-    work(*args)
+    work([obj for obj in (ref() for ref in refs) if obj is not None], *args)
 
 
 _COPYING: list = []  # the threads _start_when_wanted started (the copies, the collapses)
@@ -290,20 +293,18 @@ def collapse_into_huge_pages_later(array: np.ndarray) -> threading.Thread:
     Where the kernel cannot (before Linux 6.1, or no huge page free), the range is marked for its
     background collapse instead (``MADV_HUGEPAGE``).  The thread holds a weak reference: an array dropped
     meanwhile is not kept alive for it.  Returns the thread (``wait_for_huge_pages`` waits for it too)."""
-    return _start_when_wanted(_collapse, weakref.ref(array))
+    return _start_when_wanted(_collapse, [array])
 
 
-def _collapse(array_ref) -> None:
-    array = array_ref()
-    if array is None:
-        return
-    region = array.base.obj  # the anonymous map (np.frombuffer of it: a memoryview of the map)
-    start = array.ctypes.data - np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data
-    try:
-        region.madvise(MADV_COLLAPSE, start, array.nbytes)
-    except OSError:
-        with contextlib.suppress(OSError):
-            region.madvise(mmap.MADV_HUGEPAGE, start, array.nbytes)
+def _collapse(arrays: list) -> None:
+    for array in arrays:  # (the array, or none where it was dropped)
+        region = array.base.obj  # the anonymous map (np.frombuffer of it: a memoryview of the map)
+        start = array.ctypes.data - np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data
+        try:
+            region.madvise(MADV_COLLAPSE, start, array.nbytes)
+        except OSError:
+            with contextlib.suppress(OSError):
+                region.madvise(mmap.MADV_HUGEPAGE, start, array.nbytes)
 
 
 def _run_when_idle() -> None:
@@ -316,8 +317,7 @@ def _run_when_idle() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def _copy(matrix_refs: list, release) -> None:
-    matrices = [m for m in (ref() for ref in matrix_refs) if m is not None]
+def _copy(matrices: list, release) -> None:
     try:
         copy_into_huge_pages(matrices, release)
     except (OSError, MemoryError, ValueError) as e:

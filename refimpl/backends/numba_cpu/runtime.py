@@ -72,9 +72,13 @@ def configure() -> Machine:
         tiles_compiled = {"+amx-tile", "+amx-bf16"} <= features
         packed_compiled = "+avx512bw" in features
         permutes_compiled = packed_compiled and "+avx512vbmi" in features
-        vectors_512 = {"+avx512f", "-prefer-256-bit"} <= features
-        tiles = (tiles_compiled, tiles_compiled and _tiles_granted())
-        _MACHINE = Machine(*tiles, packed_compiled, permutes_compiled, vectors_512)
+        _MACHINE = Machine(
+            tiles_compiled=tiles_compiled,
+            tiles_granted=tiles_compiled and _tiles_granted(),
+            packed_compiled=packed_compiled,
+            permutes_compiled=permutes_compiled,
+            vectors_512={"+avx512f", "-prefer-256-bit"} <= features,
+        )
     return _MACHINE
 
 
