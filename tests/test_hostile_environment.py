@@ -159,9 +159,9 @@ AVX2 = {
     "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+movbe,+pclmul,"
     "+popcnt,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+x87,+xsave",
 }
-# the kernels' tests whose code takes another way there: the matrix products (no packed words; one row on the
-# few rows' kernel), the fused generation step and a batch's bits and codes, the codec decoder's and the speaker
-# encoder's convolutions (no direct kernel: BLAS's products)
+# the kernels' tests whose code takes another way there: the matrix products (no packed words; a batch's rows
+# in four passes over a weight row), the fused generation step and a batch's bits and codes, the codec
+# decoder's and the speaker encoder's convolutions (no direct kernel: BLAS's products)
 WITHOUT_AVX512 = (
     *(f"tests/backends/numba_cpu/test_{name}.py" for name in ("linear", "transformer", "conv", "codec_decoder")),
     "tests/backends/numba_cpu/test_speaker_encoder.py",
@@ -172,18 +172,55 @@ WITHOUT_AVX512 = (
 def test_a_processor_without_avx512_passes_the_kernels_tests(tmp_path):
     """Compiled for AVX2 (``AVX2``), the backend knows the packed words, the direct kernel and 512-bit vectors
     are not there, and the tests of the kernels that then take another way pass: their twins against the
-    references, each row of a batch with the bits of its text alone (which took the one-row kernel's
-    vectorisation to match the few rows' kernel's, true of 512-bit vectors only), a batch's codes those of the
+    references, each row of a batch with the bits of its text alone (there in four passes over each weight
+    row, 16 vector registers holding 4 rows' sums of one vector of the lanes), a batch's codes those of the
     single runs.  Compiled into a cache of their own."""
     env = dict(AVX2, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
     script = "from refimpl.backends import numba_cpu as n; print(n.packed_words.PACKED_COMPILED, "
-    script += "n.conv.direct_kernel_takes(64, 64, 7), n.amx.TILES_COMPILED, n.linear.ONE_ROW_KERNEL)"
+    script += "n.conv.direct_kernel_takes(64, 64, 7), n.amx.TILES_COMPILED, n.linear.ROWS_IN_ONE_PASS)"
     r = run(env=env, python=script)
     assert r.returncode == 0 and r.stdout.split() == ["False"] * 4, r.stdout + r.stderr
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *WITHOUT_AVX512]
     r = subprocess.run(command, capture_output=True, text=True, env=dict(BASE, **env), cwd=REPO, timeout=1800)
     summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     assert r.returncode == 0 and re.search(r"\b\d{2,} passed", summary) and "failed" not in summary, r.stdout[-3000:]
+
+
+STEP_PRODUCTS = """
+import sys
+import numpy as np
+from refimpl.backends.numba_cpu import linear
+rng = np.random.default_rng(7)
+products = []
+for O, I in [(48, 1024), (37, 200), (5, 16)]:  # (a model's width, a multiple of the 64 lanes, and others)
+    bits = (rng.standard_normal((O, I)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    x = rng.standard_normal((6, I)).astype(np.float32)
+    one, rows = np.empty(O, np.float32), np.empty((6, O), np.float32)
+    linear._matvec_bf16_into(x[0], bits, one)
+    linear._bf16_rows_times(x, bits, rows)
+    products += [one, rows.ravel()]
+np.save(sys.argv[1], np.concatenate(products))
+"""
+
+
+def test_a_generation_steps_products_have_the_same_bits_on_every_processor(tmp_path):
+    """A step's bf16 products (one row; a batch's rows) sum in an order written out in 16-lane vectors, not
+    left to LLVM's loop vectoriser, whose order follows the vector width: compiled for AVX2 (``AVX2``, in a
+    cache of its own) or with no CPU features at all, they give the bits they give compiled for this
+    processor.  Before, the one-row kernel's bits differed between AVX-512 and AVX2 (LLVM vectorised its loop
+    with 64 lanes of sums on one, 32 on the other)."""
+    script = tmp_path / "products.py"
+    script.write_text(STEP_PRODUCTS)
+    got = {}
+    for name, env in [("here", {}), ("avx2", AVX2), ("generic", {"NUMBA_CPU_NAME": "generic"})]:
+        env = dict(env, NUMBA_CACHE_DIR=str(tmp_path / f"cache-{name}"))
+        command = [sys.executable, str(script), str(tmp_path / f"{name}.npy")]
+        r = subprocess.run(command, capture_output=True, text=True, env=dict(BASE, **env), cwd=REPO, timeout=600)
+        assert r.returncode == 0, r.stderr
+        got[name] = np.load(tmp_path / f"{name}.npy")
+    assert got["here"].shape == (7 * (48 + 37 + 5),)
+    np.testing.assert_array_equal(got["avx2"], got["here"])
+    np.testing.assert_array_equal(got["generic"], got["here"])
 
 
 # ----------------------------------------------------------------------------- REFIMPL_ switches

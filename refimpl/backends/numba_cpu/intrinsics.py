@@ -1,6 +1,7 @@
 """What the kernels share below the operations: the compile flags (``FASTMATH``), bit casts between float32
 and bfloat16 words, a float32 exp and expm1 in plain arithmetic (so that the loops calling them vectorise),
-requests to prefetch memory, and rows that start on cache lines."""
+requests to prefetch memory, rows that start on cache lines, and vectors of 16 float32 lanes whose sums keep
+one order on every processor (the bf16 dot products of a generation step)."""
 
 from __future__ import annotations
 
@@ -248,3 +249,72 @@ def _v16_fma(typingctx, sums, lanes, scalar):
         return builder.call(fma, [args[1], wide, args[0]])
 
     return F32X16(sums, lanes, types.float32), codegen
+
+
+_I32 = ir.IntType(32)
+
+
+@intrinsic
+def _v16_widen_bf16(typingctx, words, index):
+    """words[index : index + 16] of a 1-D array of bfloat16 words as 16 float32 lanes (exact; no bounds check:
+    the caller's)."""
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        words16 = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 16).as_pointer()), align=2)
+        wide = builder.zext(words16, ir.VectorType(_I32, 16))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.VectorType(_I32, 16), [16] * 16)), _VECTOR)
+
+    return F32X16(words, index), codegen
+
+
+@intrinsic
+def _v16_fma_lanes(typingctx, sums, a, b):
+    """sums + a * b lane by lane, one rounding (a fused multiply-add)."""
+
+    def codegen(context, builder, signature, args):
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32")
+        return builder.call(fma, [args[1], args[2], args[0]])
+
+    return F32X16(sums, a, b), codegen
+
+
+@intrinsic
+def _v16_add(typingctx, a, b):
+    """a + b lane by lane."""
+
+    def codegen(context, builder, signature, args):
+        return builder.fadd(args[0], args[1])
+
+    return F32X16(a, b), codegen
+
+
+@intrinsic
+def _v16_sum(typingctx, lanes):
+    """The sum of the 16 lanes in one fixed order, halves added: lane l + lane l + 8, then l + 4, l + 2, l + 1
+    (the instructions carry no fast-math flag: LLVM keeps the order on every processor)."""
+
+    def codegen(context, builder, signature, args):
+        v, n = args[0], 16
+        while n > 1:
+            lower = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n // 2), list(range(n // 2))))
+            upper = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n // 2), list(range(n // 2, n))))
+            v, n = builder.fadd(lower, upper), n // 2
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+
+    return types.float32(lanes), codegen
+
+
+@intrinsic
+def _f32_fma(typingctx, a, b, c):
+    """a * b + c, one rounding, never reordered with the sums around it (an ``llvm.fma`` call)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        return builder.call(fma, list(args))
+
+    return sig, codegen

@@ -22,20 +22,23 @@ from .intrinsics import (
     FASTMATH,
     PREFETCH_ROWS_AHEAD,
     _bf16_to_f32,
+    _f32_fma,
     _line_aligned_empty,
     _line_aligned_rows,
     _prefetch,
     _prefetch_row,
     _rows_on_cache_lines,
+    _v16_add,
+    _v16_fma_lanes,
+    _v16_load,
+    _v16_sum,
+    _v16_widen_bf16,
+    _v16_zeros,
 )
 from .packed_words import _packed_products_into, packed_words
 from .pieces import _piece_threads, run_pieces
 
 MATVEC_MAX_ROWS = 16  # up to this many rows of x: the bf16 kernel (each weight row read once for all)
-# one row of x on the one-row kernel: only where LLVM vectorises its loop as the few rows' kernel's, so that a
-# row's sum has the same order in both (a batch's row the bits of its text alone); elsewhere (narrower vectors:
-# an AVX2 processor, where its loop has four vectors of sums and the few rows' fewer) on the few rows' kernel
-ONE_ROW_KERNEL = runtime.machine().vectors_512
 TILES_MIN_ROWS = 5  # a layer's products for this many new positions or more: on the AMX tiles where granted
 BLOCK_MAX_ROWS = 64  # up to this many (a prompt): the block kernel; more: widen blocks, then BLAS
 WIDEN_BLOCK_ROWS = 1024  # weight rows widened at a time for BLAS (4 MB of float32 per 1024 x 1024)
@@ -64,7 +67,7 @@ def linear(x, w_oi, b_o=None):
     elif x_ni.shape[0] <= MATVEC_MAX_ROWS and _tiles_take(amx.USE_TILES, O, I):  # (a Talker step's head)
         out_no = np.empty((x_ni.shape[0], O), dtype=np.float32)
         _tile_few_rows_times(x_ni, w_oi.bits, out_no, numba.get_num_threads())
-    elif x_ni.shape[0] == 1 and ONE_ROW_KERNEL:  # (a generation step's head: the layers' one-row kernel)
+    elif x_ni.shape[0] == 1:  # (a generation step's head: the layers' one-row kernel)
         out_no = np.empty((1, O), dtype=np.float32)
         _matvec_bf16_into(x_ni[0], w_oi.bits, out_no[0])
     elif x_ni.shape[0] <= MATVEC_MAX_ROWS:
@@ -89,60 +92,123 @@ def linear(x, w_oi, b_o=None):
     return out_no.reshape(x.shape[:-1] + (O,))
 
 
-# bfloat16 weights, read as stored
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _bf16_rows_times(x_ni, bits_oi, out_no):
-    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]): each weight row is read once for all n rows of x, and
-    each word widened once for 4 rows of x at a time (the remainder repeats the last row and drops it), so
-    that a batch's step stays bound by the bytes, not by the widening; each row of x summed the same way
-    whatever the rows beside it (as ``_matvec_bf16_into`` sums it alone, where ``ONE_ROW_KERNEL``).
-    Memory-bound: while row o is multiplied, row o + 8 is prefetched, one request per 64-byte line (the
-    weights are memory-mapped 4 KB pages, where the hardware prefetcher stops at every page end)."""
+# bfloat16 weights, read as stored: a generation step's rows, each summed in one order on every processor
+LANES = 64  # a row's sum: 64 lanes, lane l summing the columns i = l mod 64 in increasing order (4 vectors of
+# 16), then the vectors added (((v0 + v1) + v2) + v3), their 16 lanes by halves (``_v16_sum``), and the last
+# I mod 64 columns one by one.  Written out in vectors rather than left to LLVM's loop vectoriser, whose order
+# follows the processor's vector width: a batch's row and its text alone, one kernel or the other, on any
+# processor, have the same bits
+# one pass over a weight row for 4 rows of x (16 vectors of sums) where 32 vector registers hold them, else
+# (16 registers: AVX2) four passes, one per vector of the 64 lanes: the same sums, the same bits
+ROWS_IN_ONE_PASS = runtime.machine().vectors_512
+
+
+@numba.njit(inline="always")
+def _lanes_total(v0, v1, v2, v3):
+    return _v16_sum(_v16_add(_v16_add(_v16_add(v0, v1), v2), v3))
+
+
+@numba.njit(inline="always")
+def _dot_bf16(x_i, words, start, I):
+    """sum_i x[i] * widen(words[start + i]) over i < I, in the order of ``LANES``."""
+    s0 = s1 = s2 = s3 = _v16_zeros()
+    end = I - I % LANES
+    for i in range(0, end, LANES):
+        s0 = _v16_fma_lanes(s0, _v16_load(x_i, i), _v16_widen_bf16(words, start + i))
+        s1 = _v16_fma_lanes(s1, _v16_load(x_i, i + 16), _v16_widen_bf16(words, start + i + 16))
+        s2 = _v16_fma_lanes(s2, _v16_load(x_i, i + 32), _v16_widen_bf16(words, start + i + 32))
+        s3 = _v16_fma_lanes(s3, _v16_load(x_i, i + 48), _v16_widen_bf16(words, start + i + 48))
+    total = _lanes_total(s0, s1, s2, s3)
+    for i in range(end, I):
+        total = _f32_fma(x_i[i], _bf16_to_f32(words[start + i]), total)
+    return total
+
+
+@numba.njit(inline="always")
+def _fma_4_rows(a, b, c, d, x0, x1, x2, x3, i, w):
+    """The sums of 4 rows of x, each + x_n[i : i + 16] * w (16 lanes of one widened weight row)."""
+    a = _v16_fma_lanes(a, _v16_load(x0, i), w)
+    b = _v16_fma_lanes(b, _v16_load(x1, i), w)
+    c = _v16_fma_lanes(c, _v16_load(x2, i), w)
+    d = _v16_fma_lanes(d, _v16_load(x3, i), w)
+    return a, b, c, d
+
+
+@numba.njit(inline="always")
+def _quarter_sums_4_rows(x0, x1, x2, x3, words, start, end, q):
+    """One vector of the 64 lanes (columns q, q + 64, ...) for 4 rows of x: one of the four passes."""
+    a = b = c = d = _v16_zeros()
+    for i in range(q, end, LANES):
+        a, b, c, d = _fma_4_rows(a, b, c, d, x0, x1, x2, x3, i, _v16_widen_bf16(words, start + i))
+    return a, b, c, d
+
+
+@numba.njit(inline="always")
+def _dot_bf16_4_rows(x0, x1, x2, x3, words, start, I, one_pass):
+    """``_dot_bf16`` for 4 rows of x, each weight word widened once for the 4: in one pass over the weight row
+    (16 vectors of sums) or in four (4 at a time), as ``one_pass``; the same bits either way."""
+    end = I - I % LANES
+    if one_pass:
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = _v16_zeros()
+        for i in range(0, end, LANES):
+            a0, b0, c0, d0 = _fma_4_rows(a0, b0, c0, d0, x0, x1, x2, x3, i, _v16_widen_bf16(words, start + i))
+            w = _v16_widen_bf16(words, start + i + 16)
+            a1, b1, c1, d1 = _fma_4_rows(a1, b1, c1, d1, x0, x1, x2, x3, i + 16, w)
+            w = _v16_widen_bf16(words, start + i + 32)
+            a2, b2, c2, d2 = _fma_4_rows(a2, b2, c2, d2, x0, x1, x2, x3, i + 32, w)
+            w = _v16_widen_bf16(words, start + i + 48)
+            a3, b3, c3, d3 = _fma_4_rows(a3, b3, c3, d3, x0, x1, x2, x3, i + 48, w)
+    else:
+        a0, b0, c0, d0 = _quarter_sums_4_rows(x0, x1, x2, x3, words, start, end, 0)
+        a1, b1, c1, d1 = _quarter_sums_4_rows(x0, x1, x2, x3, words, start, end, 16)
+        a2, b2, c2, d2 = _quarter_sums_4_rows(x0, x1, x2, x3, words, start, end, 32)
+        a3, b3, c3, d3 = _quarter_sums_4_rows(x0, x1, x2, x3, words, start, end, 48)
+    r0, r1 = _lanes_total(a0, a1, a2, a3), _lanes_total(b0, b1, b2, b3)
+    r2, r3 = _lanes_total(c0, c1, c2, c3), _lanes_total(d0, d1, d2, d3)
+    for i in range(end, I):
+        w = _bf16_to_f32(words[start + i])
+        r0, r1 = _f32_fma(x0[i], w, r0), _f32_fma(x1[i], w, r1)
+        r2, r3 = _f32_fma(x2[i], w, r2), _f32_fma(x3[i], w, r3)
+    return r0, r1, r2, r3
+
+
+@numba.njit(parallel=True, cache=True)
+def _bf16_rows_times(x_ni, bits_oi, out_no, one_pass=ROWS_IN_ONE_PASS):
+    """out[n, o] = sum_i x[n, i] * widen(bits[o, i]), each row of x summed in the order of ``LANES`` (the
+    bits of ``_matvec_bf16_into`` for that row alone): each weight row is read once for all n rows of x, each
+    word widened once for 4 rows at a time (``_dot_bf16_4_rows``; the last N mod 4 rows one by one), so that
+    a batch's step stays bound by the bytes, not by the widening.  Memory-bound: while row o is multiplied,
+    row o + 8 is prefetched, one request per 64-byte line (the weights are memory-mapped 4 KB pages, where the
+    hardware prefetcher stops at every page end)."""
     O, I = bits_oi.shape
     N = x_ni.shape[0]
+    if x_ni.shape[1] < I or x_ni.strides[1] != 4:
+        raise ValueError("_bf16_rows_times: x's rows must hold I contiguous float32 values")
     words = bits_oi.reshape(-1)
     for o in prange(O):
         if o + PREFETCH_ROWS_AHEAD < O:
             _prefetch_row(words, I, o + PREFETCH_ROWS_AHEAD)
-        w_i = bits_oi[o]
-        for n0 in range(0, N, 4):
-            n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
-            x0_i, x1_i, x2_i, x3_i = x_ni[n0, :I], x_ni[n1, :I], x_ni[n2, :I], x_ni[n3, :I]
-            a0 = a1 = a2 = a3 = np.float32(0.0)
-            for i in range(I):
-                w = _bf16_to_f32(w_i[i])
-                a0 += x0_i[i] * w
-                a1 += x1_i[i] * w
-                a2 += x2_i[i] * w
-                a3 += x3_i[i] * w
-            out_no[n0, o] = a0
-            if n0 + 1 < N:
-                out_no[n1, o] = a1
-            if n0 + 2 < N:
-                out_no[n2, o] = a2
-            if n0 + 3 < N:
-                out_no[n3, o] = a3
+        for n in range(0, N - N % 4, 4):
+            r0, r1, r2, r3 = _dot_bf16_4_rows(x_ni[n], x_ni[n + 1], x_ni[n + 2], x_ni[n + 3], words, o * I, I, one_pass)
+            out_no[n, o], out_no[n + 1, o], out_no[n + 2, o], out_no[n + 3, o] = r0, r1, r2, r3
+        for n in range(N - N % 4, N):
+            out_no[n, o] = _dot_bf16(x_ni[n], words, o * I, I)
 
 
-@numba.njit(fastmath=FASTMATH, inline="always")
-def _dot_bf16(x_i, bits_oi, o):
-    acc = np.float32(0.0)
-    for i in range(bits_oi.shape[1]):
-        acc += x_i[i] * _bf16_to_f32(bits_oi[o, i])
-    return acc
-
-
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
+@numba.njit(parallel=True, cache=True)
 def _matvec_bf16_into(x_i, bits_oi, out_o):
-    """out[o] = sum_i x[i] * widen(bits[o, i]) for ONE row of x, parallel over the weight rows, row o + 8
-    asked for while row o is multiplied.  One matrix per parallel loop: a loop whose body chooses between
-    two or three matrices (the q/k/v rows stacked) streams them more slowly than one loop per matrix."""
+    """out[o] = sum_i x[i] * widen(bits[o, i]) for ONE row of x (``_dot_bf16``), parallel over the weight
+    rows, row o + 8 asked for while row o is multiplied.  One matrix per parallel loop: a loop whose body
+    chooses between two or three matrices (the q/k/v rows stacked) streams them more slowly than one loop per
+    matrix."""
     O, I = bits_oi.shape
+    if x_i.shape[0] < I or x_i.strides[0] != 4:
+        raise ValueError("_matvec_bf16_into: x must hold I contiguous float32 values")
     words = bits_oi.reshape(-1)
     for o in prange(O):
         if o + PREFETCH_ROWS_AHEAD < O:
             _prefetch_row(words, I, o + PREFETCH_ROWS_AHEAD)
-        out_o[o] = _dot_bf16(x_i, bits_oi, o)
+        out_o[o] = _dot_bf16(x_i, words, o * I, I)
 
 
 BLOCK_N = 4  # the block kernel's register block: 4 rows of x ...
@@ -330,12 +396,12 @@ def _few_rows_f32(x, w_oi, b_o):
 def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
     """out = x @ widen(bits)^T for a generation step or a prompt, by ``rows``.  Where ``tiles`` and the shapes
     let them, on the AMX tiles: the prompt's kernel (``_tile_bf16_times``) from ``TILES_MIN_ROWS``, the few
-    rows' (``_tile_few_rows_times``) for fewer; else ``_matvec_bf16_into`` for one (where ``ONE_ROW_KERNEL``),
+    rows' (``_tile_few_rows_times``) for fewer; else ``_matvec_bf16_into`` for one,
     ``_bf16_rows_times`` up to ``MATVEC_MAX_ROWS`` and ``_bf16_block_times`` for more (``linear``, which
     cannot tell a batch's rows from a prompt's positions, takes the prompt's tiles only above
     ``MATVEC_MAX_ROWS``).  ``rows`` is the layer's count of new positions of each batch row, also where x holds
     fewer (the last position alone) or more (a batch's rows, one position each: the few rows' tiles, or
-    ``_bf16_rows_times``, which sums each row as ``_matvec_bf16_into`` does where ``ONE_ROW_KERNEL``): each
+    ``_bf16_rows_times``, which sums each row as ``_matvec_bf16_into`` does): each
     kernel sums a row the same way whatever the others, so that a batch's row has the bits of its text alone."""
     O, I = bits_oi.shape
     if _tiles_take(tiles, O, I):
@@ -343,7 +409,7 @@ def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
             _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
         else:
             _tile_few_rows_times(x_ni, bits_oi, out_no, n_threads)
-    elif rows == 1 and x_ni.shape[0] == 1 and ONE_ROW_KERNEL:
+    elif rows == 1 and x_ni.shape[0] == 1:
         _matvec_bf16_into(x_ni[0], bits_oi, out_no[0])
     elif rows <= MATVEC_MAX_ROWS:
         _bf16_rows_times(x_ni, bits_oi, out_no)

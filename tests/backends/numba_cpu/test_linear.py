@@ -198,26 +198,28 @@ def test_linear_twin_edge_shapes():
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31), O=st.integers(1, 70), I=st.integers(1, 300), N=st.integers(2, 9))
 def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I, N):
-    """Linear's kernel for a few rows (a batch's step: each word widened once for 4 rows, the remainder of 1
-    to 3 rows) gives each row the bits it gets alone (a row's output does not depend on the rows beside it),
-    and so does linear for one row (a step of one text): on the one-row matrix-vector kernel of the fused
-    step and of linear's single rows where ``ONE_ROW_KERNEL`` (one parallel loop per matrix, rows prefetched
-    ahead; widths that are and are not a multiple of the vector length), else on the few rows' kernel.  The
-    one row stays within the reduction-length bound of the float64 product of the same bf16 weights.  (With
-    the tiles off: where granted, linear takes them for these rows where the shapes fit.)"""
+    """Linear's kernel for a few rows (a batch's step: each word widened once for 4 rows, in one pass over a
+    weight row or in four, the remainder of 1 to 3 rows one by one) gives each row the bits it gets alone (a
+    row's output does not depend on the rows beside it), both ways of passing over the rows, and so does linear
+    for one row (a step of one text), on the one-row matrix-vector kernel of the fused step and of linear's
+    single rows (one parallel loop per matrix, rows prefetched ahead; widths that are and are not a multiple of
+    the 64 lanes).  The one row stays within the reduction-length bound of the float64 product of the same bf16
+    weights.  (With the tiles off: where granted, linear takes them for these rows where the shapes fit.)"""
     rng = np.random.default_rng(seed)
     bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
     rows = rng.standard_normal((N, I)).astype(np.float32)
     x = rows[0]
     few = np.full((N, O), np.nan, np.float32)
     numba_cpu.linear._bf16_rows_times(rows, bits, few)
+    other_passes = np.full((N, O), np.nan, np.float32)
+    numba_cpu.linear._bf16_rows_times(rows, bits, other_passes, not numba_cpu.linear.ROWS_IN_ONE_PASS)
+    np.testing.assert_array_equal(other_passes, few)
     for n in range(N):
         alone = np.full((1, O), np.nan, np.float32)
         numba_cpu.linear._bf16_rows_times(rows[n : n + 1], bits, alone)
         np.testing.assert_array_equal(alone[0], few[n])
-        if numba_cpu.linear.ONE_ROW_KERNEL:
-            numba_cpu.linear._matvec_bf16_into(rows[n], bits, alone[0])
-            np.testing.assert_array_equal(alone[0], few[n])
+        numba_cpu.linear._matvec_bf16_into(rows[n], bits, alone[0])
+        np.testing.assert_array_equal(alone[0], few[n])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(numba_cpu.amx, "USE_TILES", False)
         out = numba_cpu.linear.linear(x[None], BF16Matrix(bits))[0]
