@@ -210,11 +210,11 @@ def _v16_zeros(typingctx):
     return F32X16(), codegen
 
 
-def _lane_pointer(context, builder, aryty, array, index):
-    """A ``<16 x float>*`` at array[index] of a 1-D float32 array (no bounds check)."""
+def _lane_pointer(context, builder, aryty, array, index, vector=_VECTOR):
+    """A pointer to ``vector`` (``<16 x float>``) at array[index] of a 1-D array (no bounds check)."""
     ary = context.make_array(aryty)(context, builder, array)
     ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [index], wraparound=False)
-    return builder.bitcast(ptr, _VECTOR.as_pointer())
+    return builder.bitcast(ptr, vector.as_pointer())
 
 
 @intrinsic
@@ -238,6 +238,12 @@ def _v16_store(typingctx, array, index, lanes):
     return types.void(array, index, lanes), codegen
 
 
+def _fma_lanes(builder, a, b, c):
+    """a * b + c in each of 16 lanes, one rounding (``llvm.fma.v16f32``)."""
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32")
+    return builder.call(fma, [a, b, c])
+
+
 @intrinsic
 def _v16_fma(typingctx, sums, lanes, scalar):
     """sums + lanes * scalar in each lane, one rounding (a fused multiply-add)."""
@@ -245,13 +251,13 @@ def _v16_fma(typingctx, sums, lanes, scalar):
     def codegen(context, builder, signature, args):
         one = builder.insert_element(ir.Constant(_VECTOR, None), args[2], ir.Constant(ir.IntType(32), 0))
         wide = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), 16), None))
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32")
-        return builder.call(fma, [args[1], wide, args[0]])
+        return _fma_lanes(builder, args[1], wide, args[0])
 
     return F32X16(sums, lanes, types.float32), codegen
 
 
 _I32 = ir.IntType(32)
+_WORDS = ir.VectorType(ir.IntType(16), 16)  # 16 bfloat16 words
 
 
 @intrinsic
@@ -260,10 +266,8 @@ def _v16_widen_bf16(typingctx, words, index):
     the caller's)."""
 
     def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
-        words16 = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 16).as_pointer()), align=2)
+        pointer = _lane_pointer(context, builder, signature.args[0], args[0], args[1], _WORDS)
+        words16 = builder.load(pointer, align=2)
         wide = builder.zext(words16, ir.VectorType(_I32, 16))
         return builder.bitcast(builder.shl(wide, ir.Constant(ir.VectorType(_I32, 16), [16] * 16)), _VECTOR)
 
@@ -275,8 +279,7 @@ def _v16_fma_lanes(typingctx, sums, a, b):
     """sums + a * b lane by lane, one rounding (a fused multiply-add)."""
 
     def codegen(context, builder, signature, args):
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32")
-        return builder.call(fma, [args[1], args[2], args[0]])
+        return _fma_lanes(builder, args[1], args[2], args[0])
 
     return F32X16(sums, a, b), codegen
 
