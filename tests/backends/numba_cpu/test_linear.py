@@ -228,3 +228,24 @@ def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I, N):
     w = np.asarray(BF16Matrix(bits), np.float64)
     x64 = x.astype(np.float64)
     assert np.all(np.abs(out - w @ x64) <= (I + 1) * np.finfo(np.float32).eps * (np.abs(w) @ np.abs(x64)))
+
+
+def test_the_step_kernels_refuse_x_they_would_read_past_or_between():
+    """The step's kernels load x 16 lanes at a time from its rows' memory: x narrower than the weights' columns
+    (a load past its end) or with columns not side by side (a strided view: the lanes between) is refused,
+    not read."""
+    rng = np.random.default_rng(0)
+    bits = float32_to_bf16_bits(rng.standard_normal((8, 64)).astype(np.float32))
+    out = np.empty((2, 8), np.float32)
+    narrow = rng.standard_normal((2, 48)).astype(np.float32)
+    strided = rng.standard_normal((2, 128)).astype(np.float32)[:, ::2]
+    for x in (narrow, strided):
+        with pytest.raises(ValueError, match="contiguous float32"):
+            numba_cpu.linear._bf16_rows_times(x, bits, out)
+        with pytest.raises(ValueError, match="contiguous float32"):
+            numba_cpu.linear._matvec_bf16_into(x[0], bits, out[0])
+    wide = rng.standard_normal((2, 80)).astype(np.float32)  # wider than the columns: its first 64 read
+    exact = np.empty((2, 8), np.float32)
+    numba_cpu.linear._bf16_rows_times(wide, bits, out)
+    numba_cpu.linear._bf16_rows_times(np.ascontiguousarray(wide[:, :64]), bits, exact)
+    np.testing.assert_array_equal(out, exact)
