@@ -177,7 +177,7 @@ def test_a_processor_without_avx512_passes_the_kernels_tests(tmp_path):
     single runs.  Compiled into a cache of their own."""
     env = dict(AVX2, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
     script = "from refimpl.backends import numba_cpu as n; print(n.packed_words.PACKED_COMPILED, "
-    script += "n.conv.direct_kernel_takes(64, 64, 7), n.amx.TILES_COMPILED, n.linear.ROWS_IN_ONE_PASS)"
+    script += "n.conv.direct_kernel_takes(64, 64, 7), n.amx.TILES_COMPILED, n.linear.VECTOR_REGISTERS == 32)"
     r = run(env=env, python=script)
     assert r.returncode == 0 and r.stdout.split() == ["False"] * 4, r.stdout + r.stderr
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *WITHOUT_AVX512]
@@ -198,17 +198,20 @@ for O, I in [(48, 1024), (37, 200), (5, 16)]:  # (a model's width, a multiple of
     one, rows = np.empty(O, np.float32), np.empty((6, O), np.float32)
     linear._matvec_bf16_into(x[0], bits, one)
     linear._bf16_rows_times(x, bits, rows)
-    products += [one, rows.ravel()]
+    prompt = rng.standard_normal((25, I)).astype(np.float32)
+    prompt_out = np.empty((25, O), np.float32)
+    linear._bf16_block_times(prompt, bits, prompt_out, 2)
+    products += [one, rows.ravel(), prompt_out.ravel()]
 np.save(sys.argv[1], np.concatenate(products))
 """
 
 
-def test_a_generation_steps_products_have_the_same_bits_on_every_processor(tmp_path):
-    """A step's bf16 products (one row; a batch's rows) sum in an order written out in 16-lane vectors, not
-    left to LLVM's loop vectoriser, whose order follows the vector width: compiled for AVX2 (``AVX2``, in a
-    cache of its own) or with no CPU features at all, they give the bits they give compiled for this
-    processor.  Before, the one-row kernel's bits differed between AVX-512 and AVX2 (LLVM vectorised its loop
-    with 64 lanes of sums on one, 32 on the other)."""
+def test_a_generations_products_have_the_same_bits_on_every_processor(tmp_path):
+    """A step's bf16 products (one row; a batch's rows) and a prompt's (25 rows: the block kernel) sum in an
+    order written out in 16-lane vectors, not left to LLVM's loop vectoriser, whose order follows the vector
+    width: compiled for AVX2 (``AVX2``, in a cache of its own) or with no CPU features at all, they give the
+    bits they give compiled for this processor.  Before, the one-row kernel's and the block kernel's bits
+    differed between AVX-512 and AVX2 (LLVM vectorised their loops with other lanes of sums on each)."""
     script = tmp_path / "products.py"
     script.write_text(STEP_PRODUCTS)
     got = {}
@@ -218,7 +221,7 @@ def test_a_generation_steps_products_have_the_same_bits_on_every_processor(tmp_p
         r = subprocess.run(command, capture_output=True, text=True, env=dict(BASE, **env), cwd=REPO, timeout=600)
         assert r.returncode == 0, r.stderr
         got[name] = np.load(tmp_path / f"{name}.npy")
-    assert got["here"].shape == (7 * (48 + 37 + 5),)
+    assert got["here"].shape == ((1 + 6 + 25) * (48 + 37 + 5),)
     np.testing.assert_array_equal(got["avx2"], got["here"])
     np.testing.assert_array_equal(got["generic"], got["here"])
 

@@ -98,9 +98,9 @@ LANES = 64  # a row's sum: 64 lanes, lane l summing the columns i = l mod 64 in 
 # I mod 64 columns one by one.  Written out in vectors rather than left to LLVM's loop vectoriser, whose order
 # follows the processor's vector width: a batch's row and its text alone, one kernel or the other, on any
 # processor, have the same bits
-# one pass over a weight row for 4 rows of x (16 vectors of sums) where 32 vector registers hold them, else
-# (16 registers: AVX2) four passes, one per vector of the 64 lanes: the same sums, the same bits
-ROWS_IN_ONE_PASS = runtime.machine().vectors_512
+# the vector registers the kernels below block their sums for: 32 with AVX-512, else 16 (AVX2). A speed
+# choice only: a row's sums are the same whichever blocking holds them
+VECTOR_REGISTERS = 32 if runtime.machine().vectors_512 else 16
 
 
 @numba.njit(inline="always")
@@ -173,10 +173,11 @@ def _dot_bf16_4_rows(x0, x1, x2, x3, words, start, I, one_pass):
 
 
 @numba.njit(parallel=True, cache=True)
-def _bf16_rows_times(x_ni, bits_oi, out_no, one_pass=ROWS_IN_ONE_PASS):
+def _bf16_rows_times(x_ni, bits_oi, out_no, registers=VECTOR_REGISTERS):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]), each row of x summed in the order of ``LANES`` (the
     bits of ``_matvec_bf16_into`` for that row alone): each weight row is read once for all n rows of x, each
-    word widened once for 4 rows at a time (``_dot_bf16_4_rows``; the last N mod 4 rows one by one), so that
+    word widened once for 4 rows at a time (``_dot_bf16_4_rows``: in one pass over the weight row where 32
+    ``registers`` hold their 16 vectors of sums, else in four; the last N mod 4 rows one by one), so that
     a batch's step stays bound by the bytes, not by the widening.  Memory-bound: while row o is multiplied,
     row o + 8 is prefetched, one request per 64-byte line (the weights are memory-mapped 4 KB pages, where the
     hardware prefetcher stops at every page end)."""
@@ -189,7 +190,8 @@ def _bf16_rows_times(x_ni, bits_oi, out_no, one_pass=ROWS_IN_ONE_PASS):
         if o + PREFETCH_ROWS_AHEAD < O:
             _prefetch_row(words, I, o + PREFETCH_ROWS_AHEAD)
         for n in range(0, N - N % 4, 4):
-            r0, r1, r2, r3 = _dot_bf16_4_rows(x_ni[n], x_ni[n + 1], x_ni[n + 2], x_ni[n + 3], words, o * I, I, one_pass)
+            x0, x1, x2, x3 = x_ni[n], x_ni[n + 1], x_ni[n + 2], x_ni[n + 3]
+            r0, r1, r2, r3 = _dot_bf16_4_rows(x0, x1, x2, x3, words, o * I, I, registers >= 32)
             out_no[n, o], out_no[n + 1, o], out_no[n + 2, o], out_no[n + 3, o] = r0, r1, r2, r3
         for n in range(N - N % 4, N):
             out_no[n, o] = _dot_bf16(x_ni[n], words, o * I, I)
@@ -211,8 +213,8 @@ def _matvec_bf16_into(x_i, bits_oi, out_o):
         out_o[o] = _dot_bf16(x_i, words, o * I, I)
 
 
-BLOCK_N = 4  # the block kernel's register block: 4 rows of x ...
-BLOCK_O = 6  # ... times 6 weight rows: 24 accumulators (4 x 4 and 4 x 8 measured slower)
+BLOCK_N = 4  # the block kernel's register block: 4 rows of x (1 where 16 registers) ...
+BLOCK_O = 6  # ... times 6 weight rows: 24 vectors of sums (4 x 4 and 4 x 8 measured slower)
 BLOCK_I_SPAN = 1024  # columns summed at a time (half as many measured the same)
 
 
@@ -239,86 +241,104 @@ def _store_6(out_no, n, o0, cols, add, v0, v1, v2, v3, v4, v5):
         out_no[n, o0 + 5] = v5
 
 
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _bf16_block_times(x_ni, bits_oi, out_no, n_threads):
+@numba.njit(inline="always")
+def _fma_6(a0, a1, a2, a3, a4, a5, x, w0, w1, w2, w3, w4, w5):
+    """The sums of one row of x times 6 weight rows, each + x * w_r (16 lanes)."""
+    a0, a1, a2 = _v16_fma_lanes(a0, x, w0), _v16_fma_lanes(a1, x, w1), _v16_fma_lanes(a2, x, w2)
+    a3, a4, a5 = _v16_fma_lanes(a3, x, w3), _v16_fma_lanes(a4, x, w4), _v16_fma_lanes(a5, x, w5)
+    return a0, a1, a2, a3, a4, a5
+
+
+@numba.njit(inline="always")
+def _store_sums_6(out_no, n, o0, cols, add, sums, x_i, w, i0, i1):
+    """Row n's 6 vectors of sums over a span, each's 16 lanes added (``_v16_sum``), then the span's last
+    columns [i0, i1) one by one, stored (``_store_6``)."""
+    s0, s1, s2 = _v16_sum(sums[0]), _v16_sum(sums[1]), _v16_sum(sums[2])
+    s3, s4, s5 = _v16_sum(sums[3]), _v16_sum(sums[4]), _v16_sum(sums[5])
+    for i in range(i0, i1):
+        x = x_i[i]
+        s0, s1, s2 = _f32_fma(x, w[0, i], s0), _f32_fma(x, w[1, i], s1), _f32_fma(x, w[2, i], s2)
+        s3, s4, s5 = _f32_fma(x, w[3, i], s3), _f32_fma(x, w[4, i], s4), _f32_fma(x, w[5, i], s5)
+    _store_6(out_no, n, o0, cols, add, s0, s1, s2, s3, s4, s5)
+
+
+@numba.njit(parallel=True, cache=True)
+def _bf16_block_times(x_ni, bits_oi, out_no, n_threads, registers=VECTOR_REGISTERS):
     """out[n, o] = sum_i x[n, i] * widen(bits[o, i]) for a few dozen rows of x (a prompt): each thread
     takes a range of weight rows, widens ``BLOCK_O`` of them at a time into its own float32 buffer and
-    multiplies them with every row of x, ``BLOCK_N`` at a time (each loaded value feeds several
-    multiply-adds; the remainders repeat the last row and drop it), over ``BLOCK_I_SPAN`` columns at a
-    time so that the rows' spans stay in the first-level cache (up to that many columns, the same bits).
+    multiplies them with the rows of x, ``BLOCK_N`` at a time where 32 ``registers`` hold their 24 vectors of
+    sums (each loaded value feeding several multiply-adds), else (and the last N mod 4 rows) one at a time,
+    over ``BLOCK_I_SPAN`` columns at a time so that the rows' spans stay in the first-level cache.  Each
+    (row, weight row) sums a span in 16 lanes (lane l the columns i = l mod 16, in increasing order), the
+    lanes added by halves and the span's last columns one by one, then added to the earlier spans' sum:
+    written out in vectors, so a row's bits are the same whatever the rows beside it and on any processor.
     The rows of x and of the buffer start on cache lines (x copied where they do not): no load spans two."""
     O, I = bits_oi.shape
     N = x_ni.shape[0]
     x_ni = _line_aligned_rows(x_ni)
     words = bits_oi.reshape(-1)
     blocks = (O + BLOCK_O - 1) // BLOCK_O
-    n_blocks = (N + BLOCK_N - 1) // BLOCK_N
+    n_four = N - N % BLOCK_N if registers >= 32 else 0  # the rows taken four at a time
+    n_blocks = n_four // BLOCK_N + (N - n_four)  # the blocks of rows a span's sums are taken in
     row = x_ni.shape[1]  # I, or I rounded up to a whole cache line
     for t in prange(n_threads):
         w = _line_aligned_empty(BLOCK_O, row)  # one buffer per thread
+        w0_i, w1_i, w2_i, w3_i, w4_i, w5_i = w[0], w[1], w[2], w[3], w[4], w[5]
         for ob in range(t * blocks // n_threads, (t + 1) * blocks // n_threads):
             o0 = ob * BLOCK_O
             for r in range(BLOCK_O):
                 o = min(o0 + r, O - 1)
                 for i in range(I):
                     w[r, i] = _bf16_to_f32(bits_oi[o, i])
+            cols = min(BLOCK_O, O - o0)
             ahead0 = min((o0 + BLOCK_O) * I, O * I)  # the next block's words: [ahead0, ahead1)
             ahead1 = min((o0 + 2 * BLOCK_O) * I, O * I)
             spans = (I + BLOCK_I_SPAN - 1) // BLOCK_I_SPAN
-            # the next block's words asked for a slice per block of x of every span: spread over the work,
+            # the next block's words asked for a slice per block of rows of every span: spread over the work,
             # not in one burst the memory system drops
             pieces = n_blocks * spans
             slice_ = ((ahead1 - ahead0 + pieces - 1) // pieces + 31) // 32 * 32  # whole 64-byte lines
             for c0 in range(0, I, BLOCK_I_SPAN):
                 c1 = min(I, c0 + BLOCK_I_SPAN)
-                for n0 in range(0, N, BLOCK_N):
-                    k = (c0 // BLOCK_I_SPAN) * n_blocks + n0 // BLOCK_N
+                v1 = c0 + (c1 - c0) // 16 * 16  # the span's whole vectors: [c0, v1)
+                for b in range(n_blocks):
+                    k = (c0 // BLOCK_I_SPAN) * n_blocks + b
                     for j in range(ahead0 + k * slice_, min(ahead0 + (k + 1) * slice_, ahead1), 32):
                         _prefetch(words, j)
-                    n1, n2, n3 = min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
-                    a00 = a01 = a02 = a03 = a04 = a05 = np.float32(0.0)
-                    a10 = a11 = a12 = a13 = a14 = a15 = np.float32(0.0)
-                    a20 = a21 = a22 = a23 = a24 = a25 = np.float32(0.0)
-                    a30 = a31 = a32 = a33 = a34 = a35 = np.float32(0.0)
-                    # 1-D views from index 0 (indexed from c0, LLVM gathered the values one by one)
-                    x0_i, x1_i, x2_i, x3_i = x_ni[n0, c0:c1], x_ni[n1, c0:c1], x_ni[n2, c0:c1], x_ni[n3, c0:c1]
-                    w0_i, w1_i, w2_i = w[0, c0:c1], w[1, c0:c1], w[2, c0:c1]
-                    w3_i, w4_i, w5_i = w[3, c0:c1], w[4, c0:c1], w[5, c0:c1]
-                    for i in range(c1 - c0):
-                        x0, x1, x2, x3 = x0_i[i], x1_i[i], x2_i[i], x3_i[i]
-                        w0, w1, w2, w3, w4, w5 = w0_i[i], w1_i[i], w2_i[i], w3_i[i], w4_i[i], w5_i[i]
-                        a00 += x0 * w0
-                        a01 += x0 * w1
-                        a02 += x0 * w2
-                        a03 += x0 * w3
-                        a04 += x0 * w4
-                        a05 += x0 * w5
-                        a10 += x1 * w0
-                        a11 += x1 * w1
-                        a12 += x1 * w2
-                        a13 += x1 * w3
-                        a14 += x1 * w4
-                        a15 += x1 * w5
-                        a20 += x2 * w0
-                        a21 += x2 * w1
-                        a22 += x2 * w2
-                        a23 += x2 * w3
-                        a24 += x2 * w4
-                        a25 += x2 * w5
-                        a30 += x3 * w0
-                        a31 += x3 * w1
-                        a32 += x3 * w2
-                        a33 += x3 * w3
-                        a34 += x3 * w4
-                        a35 += x3 * w5
-                    cols = min(BLOCK_O, O - o0)
-                    _store_6(out_no, n0, o0, cols, c0 > 0, a00, a01, a02, a03, a04, a05)
-                    if n0 + 1 < N:
-                        _store_6(out_no, n1, o0, cols, c0 > 0, a10, a11, a12, a13, a14, a15)
-                    if n0 + 2 < N:
-                        _store_6(out_no, n2, o0, cols, c0 > 0, a20, a21, a22, a23, a24, a25)
-                    if n0 + 3 < N:
-                        _store_6(out_no, n3, o0, cols, c0 > 0, a30, a31, a32, a33, a34, a35)
+                    if b < n_four // BLOCK_N:
+                        n = b * BLOCK_N
+                        x0_i, x1_i, x2_i, x3_i = x_ni[n], x_ni[n + 1], x_ni[n + 2], x_ni[n + 3]
+                        a0 = a1 = a2 = a3 = a4 = a5 = b0 = b1 = b2 = b3 = b4 = b5 = _v16_zeros()
+                        c_0 = c_1 = c_2 = c_3 = c_4 = c_5 = d0 = d1 = d2 = d3 = d4 = d5 = _v16_zeros()
+                        for i in range(c0, v1, 16):
+                            w0, w1, w2 = _v16_load(w0_i, i), _v16_load(w1_i, i), _v16_load(w2_i, i)
+                            w3, w4, w5 = _v16_load(w3_i, i), _v16_load(w4_i, i), _v16_load(w5_i, i)
+                            x = _v16_load(x0_i, i)
+                            a0, a1, a2, a3, a4, a5 = _fma_6(a0, a1, a2, a3, a4, a5, x, w0, w1, w2, w3, w4, w5)
+                            x = _v16_load(x1_i, i)
+                            b0, b1, b2, b3, b4, b5 = _fma_6(b0, b1, b2, b3, b4, b5, x, w0, w1, w2, w3, w4, w5)
+                            x = _v16_load(x2_i, i)
+                            c_0, c_1, c_2, c_3, c_4, c_5 = _fma_6(
+                                c_0, c_1, c_2, c_3, c_4, c_5, x, w0, w1, w2, w3, w4, w5
+                            )
+                            x = _v16_load(x3_i, i)
+                            d0, d1, d2, d3, d4, d5 = _fma_6(d0, d1, d2, d3, d4, d5, x, w0, w1, w2, w3, w4, w5)
+                        add = c0 > 0
+                        _store_sums_6(out_no, n, o0, cols, add, (a0, a1, a2, a3, a4, a5), x0_i, w, v1, c1)
+                        _store_sums_6(out_no, n + 1, o0, cols, add, (b0, b1, b2, b3, b4, b5), x1_i, w, v1, c1)
+                        _store_sums_6(out_no, n + 2, o0, cols, add, (c_0, c_1, c_2, c_3, c_4, c_5), x2_i, w, v1, c1)
+                        _store_sums_6(out_no, n + 3, o0, cols, add, (d0, d1, d2, d3, d4, d5), x3_i, w, v1, c1)
+                    else:
+                        n = n_four + b - n_four // BLOCK_N
+                        x_i = x_ni[n]
+                        a0 = a1 = a2 = a3 = a4 = a5 = _v16_zeros()
+                        for i in range(c0, v1, 16):
+                            w0, w1, w2 = _v16_load(w0_i, i), _v16_load(w1_i, i), _v16_load(w2_i, i)
+                            w3, w4, w5 = _v16_load(w3_i, i), _v16_load(w4_i, i), _v16_load(w5_i, i)
+                            a0, a1, a2, a3, a4, a5 = _fma_6(
+                                a0, a1, a2, a3, a4, a5, _v16_load(x_i, i), w0, w1, w2, w3, w4, w5
+                            )
+                        _store_sums_6(out_no, n, o0, cols, c0 > 0, (a0, a1, a2, a3, a4, a5), x_i, w, v1, c1)
 
 
 @numba.njit(cache=True)

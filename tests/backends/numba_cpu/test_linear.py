@@ -106,13 +106,24 @@ def test_the_fused_step_takes_the_tiles_from_a_few_new_positions():
             np.testing.assert_array_equal(got[7], alone[0])
 
 
-@pytest.mark.parametrize("I", [1024, 1040, 1001])
+def _block_times(x, bits, registers=None):
+    out = np.full((x.shape[0], bits.shape[0]), np.nan, np.float32)
+    if registers is None:
+        numba_cpu.linear._bf16_block_times(x, bits, out, 2)
+    else:
+        numba_cpu.linear._bf16_block_times(x, bits, out, 2, registers)
+    return out
+
+
+@pytest.mark.parametrize("I", [1024, 1040, 1001, 2100])
 @pytest.mark.parametrize("shift", [0, 1, 4, 8])
 def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
     """The block kernel multiplies rows starting on 64-byte boundaries: x where its rows do (I a multiple of
     16 floats, the start aligned), else a copy whose rows do; its widened buffer always.  Any start of x
     (shifted by 4 to 32 bytes: the 16- and 32-byte starts of NumPy's and Numba's arrays) gives the bits of
-    the aligned x, and those are within the bound of the float64 product."""
+    the aligned x, and those are within the bound of the float64 product.  Each row has the same bits
+    whether the kernel takes the rows four at a time or one at a time, and alone (a batch's prompt row and
+    its text's)."""
     rng = np.random.default_rng(I + shift)
     N, O = 29, 40
     bits = float32_to_bf16_bits(rng.standard_normal((O, I)).astype(np.float32))
@@ -130,6 +141,10 @@ def test_block_kernel_gives_the_same_bits_wherever_its_rows_start(I, shift):
     got = np.empty((N, O), np.float32)
     numba_cpu.linear._bf16_block_times(shifted, bits, got, 2)
     np.testing.assert_array_equal(got, expected)
+    for registers in (16, 32):  # rows one at a time (AVX2's registers) or four (AVX-512's): the same bits
+        np.testing.assert_array_equal(got, _block_times(x, bits, registers))
+    for n in (0, N - 1):  # a row alone (the remainder's way) has the bits it has among the others
+        np.testing.assert_array_equal(got[n], _block_times(x[n : n + 1], bits)[0])
     wide = np.asarray(BF16Matrix(bits), dtype=np.float64)
     exact, abs_sum = x.astype(np.float64) @ wide.T, np.abs(x.astype(np.float64)) @ np.abs(wide).T
     assert np.all(np.abs(got - exact) <= 2 * (I + 1) * np.finfo(np.float32).eps * abs_sum)
@@ -212,7 +227,8 @@ def test_matvec_kernel_of_the_fused_step_is_the_linear_kernel(seed, O, I, N):
     few = np.full((N, O), np.nan, np.float32)
     numba_cpu.linear._bf16_rows_times(rows, bits, few)
     other_passes = np.full((N, O), np.nan, np.float32)
-    numba_cpu.linear._bf16_rows_times(rows, bits, other_passes, not numba_cpu.linear.ROWS_IN_ONE_PASS)
+    other_registers = 16 if numba_cpu.linear.VECTOR_REGISTERS == 32 else 32
+    numba_cpu.linear._bf16_rows_times(rows, bits, other_passes, other_registers)
     np.testing.assert_array_equal(other_passes, few)
     for n in range(N):
         alone = np.full((1, O), np.nan, np.float32)
