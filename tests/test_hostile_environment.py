@@ -169,13 +169,19 @@ WITHOUT_AVX512 = (
 )
 
 
-def test_a_processor_without_avx512_passes_the_kernels_tests(tmp_path):
+@pytest.fixture(scope="module")
+def avx2_cache(tmp_path_factory):
+    """One Numba cache for the kernels compiled for ``AVX2``, shared by the tests that compile them."""
+    return tmp_path_factory.mktemp("numba-cache-avx2")
+
+
+def test_a_processor_without_avx512_passes_the_kernels_tests(avx2_cache):
     """Compiled for AVX2 (``AVX2``), the backend knows the packed words, the direct kernel and 512-bit vectors
     are not there, and the tests of the kernels that then take another way pass: their twins against the
     references, each row of a batch with the bits of its text alone (there in four passes over each weight
     row, 16 vector registers holding 4 rows' sums of one vector of the lanes), a batch's codes those of the
-    single runs.  Compiled into a cache of their own."""
-    env = dict(AVX2, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    single runs.  Compiled into a cache of their own (``avx2_cache``)."""
+    env = dict(AVX2, NUMBA_CACHE_DIR=str(avx2_cache))
     script = "from refimpl.backends import numba_cpu as n; print(n.packed_words.PACKED_COMPILED, "
     script += "n.conv.direct_kernel_takes(64, 64, 7), n.amx.TILES_COMPILED, n.linear.VECTOR_REGISTERS == 32)"
     r = run(env=env, python=script)
@@ -186,44 +192,55 @@ def test_a_processor_without_avx512_passes_the_kernels_tests(tmp_path):
     assert r.returncode == 0 and re.search(r"\b\d{2,} passed", summary) and "failed" not in summary, r.stdout[-3000:]
 
 
-STEP_PRODUCTS = """
+GENERATION_PRODUCTS = """
 import sys
 import numpy as np
 from refimpl.backends.numba_cpu import linear
-rng = np.random.default_rng(7)
-products = []
-for O, I in [(48, 1024), (37, 200), (5, 16)]:  # (a model's width, a multiple of the 64 lanes, and others)
-    bits = (rng.standard_normal((O, I)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    x = rng.standard_normal((6, I)).astype(np.float32)
-    one, rows = np.empty(O, np.float32), np.empty((6, O), np.float32)
-    linear._matvec_bf16_into(x[0], bits, one)
-    linear._bf16_rows_times(x, bits, rows)
-    prompt = rng.standard_normal((25, I)).astype(np.float32)
-    prompt_out = np.empty((25, O), np.float32)
-    linear._bf16_block_times(prompt, bits, prompt_out, 2)
-    products += [one, rows.ravel(), prompt_out.ravel()]
-np.save(sys.argv[1], np.concatenate(products))
+
+
+def generation_products():
+    rng = np.random.default_rng(7)
+    products = []
+    for O, I in [(48, 1024), (37, 200), (5, 16)]:  # (a model's width, a multiple of the 64 lanes, and others)
+        bits = (rng.standard_normal((O, I)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        x = rng.standard_normal((6, I)).astype(np.float32)
+        one, rows = np.empty(O, np.float32), np.empty((6, O), np.float32)
+        linear._matvec_bf16_into(x[0], bits, one)
+        linear._bf16_rows_times(x, bits, rows)
+        prompt = rng.standard_normal((25, I)).astype(np.float32)
+        prompt_out = np.empty((25, O), np.float32)
+        linear._bf16_block_times(prompt, bits, prompt_out, 2)
+        products += [one, rows.ravel(), prompt_out.ravel()]
+    return np.concatenate(products)
+
+
+if __name__ == "__main__":
+    np.save(sys.argv[1], generation_products())
 """
 
 
-def test_a_generations_products_have_the_same_bits_on_every_processor(tmp_path):
+def test_a_generations_products_have_the_same_bits_on_every_processor(tmp_path, avx2_cache):
     """A step's bf16 products (one row; a batch's rows) and a prompt's (25 rows: the block kernel) sum in an
     order written out in 16-lane vectors, not left to LLVM's loop vectoriser, whose order follows the vector
-    width: compiled for AVX2 (``AVX2``, in a cache of its own) or with no CPU features at all, they give the
-    bits they give compiled for this processor.  Before, the one-row kernel's and the block kernel's bits
-    differed between AVX-512 and AVX2 (LLVM vectorised their loops with other lanes of sums on each)."""
+    width: compiled for AVX2 (``AVX2``, in the AVX2 tests' cache) or with no CPU features at all, they give
+    the bits they give compiled for this processor (in this process).  Before, the one-row kernel's and the
+    block kernel's bits differed between AVX-512 and AVX2 (LLVM vectorised their loops with other lanes of
+    sums on each)."""
     script = tmp_path / "products.py"
-    script.write_text(STEP_PRODUCTS)
-    got = {}
-    for name, env in [("here", {}), ("avx2", AVX2), ("generic", {"NUMBA_CPU_NAME": "generic"})]:
-        env = dict(env, NUMBA_CACHE_DIR=str(tmp_path / f"cache-{name}"))
+    script.write_text(GENERATION_PRODUCTS)
+    here: dict = {}
+    exec(compile(GENERATION_PRODUCTS, str(script), "exec"), here)
+    expected = here["generation_products"]()
+    assert expected.shape == ((1 + 6 + 25) * (48 + 37 + 5),)
+    for name, env in [
+        ("avx2", dict(AVX2, NUMBA_CACHE_DIR=str(avx2_cache))),
+        ("generic", {"NUMBA_CPU_NAME": "generic"}),
+    ]:
+        env.setdefault("NUMBA_CACHE_DIR", str(tmp_path / f"cache-{name}"))
         command = [sys.executable, str(script), str(tmp_path / f"{name}.npy")]
         r = subprocess.run(command, capture_output=True, text=True, env=dict(BASE, **env), cwd=REPO, timeout=600)
         assert r.returncode == 0, r.stderr
-        got[name] = np.load(tmp_path / f"{name}.npy")
-    assert got["here"].shape == ((1 + 6 + 25) * (48 + 37 + 5),)
-    np.testing.assert_array_equal(got["avx2"], got["here"])
-    np.testing.assert_array_equal(got["generic"], got["here"])
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), expected, err_msg=name)
 
 
 # ----------------------------------------------------------------------------- REFIMPL_ switches
