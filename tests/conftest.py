@@ -83,6 +83,25 @@ def undeclared_soxr_use(used: list, markers) -> str | None:
     )
 
 
+# Numba's settings as this session has them (the numba backend sets the processor's when it is imported):
+# the processes that later tests start read them, so a test that leaves another value behind fails (a stray
+# NUMBA_CACHE_DIR once sent every later subprocess to compile the kernels again, into an empty cache).
+NUMBA_SETTINGS = ("NUMBA_CACHE_DIR", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_NUM_THREADS", "NUMBA_DISABLE_JIT")
+
+
+@pytest.fixture(autouse=True)
+def numba_settings_are_kept():
+    """Fail a test that changes a setting of NUMBA_SETTINGS and does not put it back."""
+    import refimpl.backends.numba_cpu  # noqa: F401  (its settings made before the first test's are taken)
+
+    before = {name: os.environ.get(name) for name in NUMBA_SETTINGS}
+    yield
+    changed = [f"{name}: {before[name]!r} -> {os.environ.get(name)!r}" for name in NUMBA_SETTINGS
+               if os.environ.get(name) != before[name]]  # fmt: skip
+    if changed:
+        pytest.fail(f"this test left Numba's settings changed ({'; '.join(changed)}): set them with monkeypatch")
+
+
 @pytest.fixture(autouse=True)
 def soxr_use_is_declared(request, monkeypatch):
     """Fail a test that reaches soxr without one of SOXR_MARKERS: no test needs soxr silently."""

@@ -15,14 +15,16 @@ from refimpl.backends import numba_cpu
 
 
 def test_cache_dir_falls_back_to_a_writable_place(monkeypatch, tmp_path):
-    """A read-only package directory sends the compiled kernels to the user cache, else to a temp dir."""
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    """A read-only package directory sends the compiled kernels to the user cache, else to a temp dir.  (An
+    empty setting counts as none; set through monkeypatch, the teardown puts back the session's own, which
+    the processes later tests start read.)"""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     package_cache = Path(numba_cpu.__file__).resolve().parent / "__pycache__"
     monkeypatch.setattr(numba_cpu.runtime, "_writable", lambda d: Path(d) != package_cache)
     numba_cpu.runtime._choose_cache_dir()
     assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "xdg" / "refimpl" / "numba")
-    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "")
     monkeypatch.setattr(numba_cpu.runtime, "_writable", lambda d: False)
     numba_cpu.runtime._choose_cache_dir()
     assert Path(os.environ["NUMBA_CACHE_DIR"]).name.startswith("refimpl-numba-")
