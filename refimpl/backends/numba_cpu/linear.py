@@ -17,7 +17,7 @@ from numba.extending import overload
 from ... import nn
 from ..bf16 import BF16Matrix
 from . import amx, runtime
-from .amx import _tile_bf16_times, _tile_few_rows_times, _tiles_take
+from .amx import TILES_COMPILED, _tile_bf16_times, _tile_few_rows_times, _tiles_take
 from .intrinsics import (
     FASTMATH,
     PREFETCH_ROWS_AHEAD,
@@ -323,11 +323,14 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads, registers=VECTOR_REGISTE
                             )
                             x = _v16_load(x3_i, i)
                             d0, d1, d2, d3, d4, d5 = _fma_6(d0, d1, d2, d3, d4, d5, x, w0, w1, w2, w3, w4, w5)
-                        add = c0 > 0
-                        _store_sums_6(out_no, n, o0, cols, add, (a0, a1, a2, a3, a4, a5), x0_i, w, v1, c1)
-                        _store_sums_6(out_no, n + 1, o0, cols, add, (b0, b1, b2, b3, b4, b5), x1_i, w, v1, c1)
-                        _store_sums_6(out_no, n + 2, o0, cols, add, (c_0, c_1, c_2, c_3, c_4, c_5), x2_i, w, v1, c1)
-                        _store_sums_6(out_no, n + 3, o0, cols, add, (d0, d1, d2, d3, d4, d5), x3_i, w, v1, c1)
+                        sums = (
+                            (a0, a1, a2, a3, a4, a5),
+                            (b0, b1, b2, b3, b4, b5),
+                            (c_0, c_1, c_2, c_3, c_4, c_5),
+                            (d0, d1, d2, d3, d4, d5),
+                        )
+                        for k in range(BLOCK_N):  # (one copy of the code that stores a row's sums)
+                            _store_sums_6(out_no, n + k, o0, cols, c0 > 0, sums[k], x_ni[n + k], w, v1, c1)
                     else:
                         n = n_four + b - n_four // BLOCK_N
                         x_i = x_ni[n]
@@ -424,7 +427,7 @@ def _products_into(x_ni, bits_oi, out_no, n_threads, rows, tiles):
     ``_bf16_rows_times``, which sums each row as ``_matvec_bf16_into`` does): each
     kernel sums a row the same way whatever the others, so that a batch's row has the bits of its text alone."""
     O, I = bits_oi.shape
-    if _tiles_take(tiles, O, I):
+    if TILES_COMPILED and _tiles_take(tiles, O, I):  # (a constant: without the tiles, their kernels not compiled in)
         if rows >= TILES_MIN_ROWS:
             _tile_bf16_times(x_ni, bits_oi, out_no, n_threads)
         else:
