@@ -87,7 +87,8 @@ def _decoder_step_bf16(
         hq_rc = _line_aligned_empty(B * R, C)
         for b in range(B):
             for r in range(R):
-                hq_rc[b * R + r] = h_nc[b * T + first_out + r]
+                for c in range(C):  # (a loop: a row assigned whole compiles Numba's shape-mismatch message)
+                    hq_rc[b * R + r, c] = h_nc[b * T + first_out + r, c]
     q_rq = _line_aligned_empty(B * R, Oq)
     k_nk = np.empty((B * T, Ok), dtype=np.float32)
     v_nk = np.empty((B * T, Ok), dtype=np.float32)
