@@ -86,17 +86,16 @@ def undeclared_soxr_use(used: list, markers) -> str | None:
 # Numba's settings as this session has them (the numba backend sets the processor's when it is imported):
 # the processes that later tests start read them, so a test that leaves another value behind fails (a stray
 # NUMBA_CACHE_DIR once sent every later subprocess to compile the kernels again, into an empty cache).
-NUMBA_SETTINGS = ("NUMBA_CACHE_DIR", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_NUM_THREADS", "NUMBA_DISABLE_JIT")
-
-
 @pytest.fixture(autouse=True)
 def numba_settings_are_kept():
-    """Fail a test that changes a setting of NUMBA_SETTINGS and does not put it back."""
-    import refimpl.backends.numba_cpu  # noqa: F401  (its settings made before the first test's are taken)
+    """Fail a test that changes NUMBA_CACHE_DIR or a setting the backend checks (``runtime.CHECKED_SETTINGS``)
+    and does not put it back."""
+    from refimpl.backends.numba_cpu import runtime  # (its settings made before the first test's are taken)
 
-    before = {name: os.environ.get(name) for name in NUMBA_SETTINGS}
+    settings = ("NUMBA_CACHE_DIR", *runtime.CHECKED_SETTINGS)
+    before = {name: os.environ.get(name) for name in settings}
     yield
-    changed = [f"{name}: {before[name]!r} -> {os.environ.get(name)!r}" for name in NUMBA_SETTINGS
+    changed = [f"{name}: {before[name]!r} -> {os.environ.get(name)!r}" for name in settings
                if os.environ.get(name) != before[name]]  # fmt: skip
     if changed:
         pytest.fail(f"this test left Numba's settings changed ({'; '.join(changed)}): set them with monkeypatch")
