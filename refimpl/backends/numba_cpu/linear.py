@@ -302,8 +302,8 @@ def _bf16_block_times(x_ni, bits_oi, out_no, n_threads, registers=VECTOR_REGISTE
                 c1 = min(I, c0 + BLOCK_I_SPAN)
                 v1 = c0 + (c1 - c0) // 16 * 16  # the span's whole vectors: [c0, v1)
                 for b in range(n_blocks):
-                    k = (c0 // BLOCK_I_SPAN) * n_blocks + b
-                    for j in range(ahead0 + k * slice_, min(ahead0 + (k + 1) * slice_, ahead1), 32):
+                    piece = (c0 // BLOCK_I_SPAN) * n_blocks + b
+                    for j in range(ahead0 + piece * slice_, min(ahead0 + (piece + 1) * slice_, ahead1), 32):
                         _prefetch(words, j)
                     if b < n_four // BLOCK_N:
                         n = b * BLOCK_N
