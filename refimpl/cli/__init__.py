@@ -25,7 +25,7 @@ from ..io.mapped_files import handle_bus_errors
 from ..io.memory import is_out_of_memory, memory_message
 from .commands import DEFAULT_MODELS
 from .files import check_output_path
-from .output import EMBEDDED_NOTE, NOTE_MARKER, CliError, Reporter, one_line
+from .output import EMBEDDED_NOTE, NOTE_MARKER, CliError, Reporter, library_notes, one_line
 from .parser import build_parser
 from .streams import end_standard_output, quiet_after_closed_pipe, settle_standard_streams
 
@@ -58,6 +58,7 @@ def main(argv=None) -> int:
             check_output_path(args.output)
         with (
             warnings.catch_warnings(),
+            library_notes(say),
             use_backend(args.backend, "--backend") if getattr(args, "backend", None) else contextlib.nullcontext(),
         ):
             if say.quiet:

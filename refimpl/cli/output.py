@@ -6,6 +6,8 @@ a ``ValueError`` / ``OSError`` of the library) is one line ``refimpl: error: ...
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 
@@ -94,6 +96,53 @@ class Reporter:
     def warning(self, message, category, filename, lineno, file=None, line=None) -> None:
         """``warnings.showwarning`` for the command line: one line "warning: ..." (NumPy's and ours)."""
         self(f"warning: {message}")
+
+    def beside_bars(self, message: str) -> None:
+        """One line on stderr that a progress bar drawn in place on the terminal does not overwrite (tqdm
+        clears the bar, writes the line and draws the bar again below it); nothing under -q."""
+        if self.quiet:
+            return
+        if "tqdm" in sys.modules:
+            from tqdm import tqdm
+
+            tqdm.write(message, file=sys.stderr)
+            sys.stderr.flush()
+        else:
+            self(message)
+
+
+class _NotesHandler(logging.Handler):
+    """The library's log records of level INFO and above as "note: ..." lines (``Reporter.beside_bars``)."""
+
+    def __init__(self, say: Reporter):
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.say.beside_bars(f"note: {record.getMessage()}")
+        except Exception:  # (as logging's own handlers: a note that cannot be shown never fails the command)
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def library_notes(say: Reporter):
+    """For a command's length, what the library logs at INFO (logger "refimpl": the numba backend's note that
+    it compiles its kernels) shown on stderr as notes; nothing under -q.  The logger's level and handlers
+    are as before afterwards."""
+    logger = logging.getLogger("refimpl")
+    if say.quiet:
+        yield
+        return
+    handler, level = _NotesHandler(say), logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 # The embedded models are for trying the pipeline; the note that they speak noise is shown once per user

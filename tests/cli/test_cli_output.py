@@ -1,6 +1,6 @@
 """What the command line prints: progress bars (sparse lines in a log, nothing under -q, nothing from the
 library unless asked), the embedded-model note (once per user, always in 'refimpl info'), warnings as
-one line (silenced by -q), the clipping report, and -o naming the file actually written."""
+one line (silenced by -q), the library's log notes, the clipping report, and -o naming the file actually written."""
 
 from __future__ import annotations
 
@@ -103,6 +103,44 @@ def test_note_only_for_the_embedded_model(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
     status, err = run(capsys, *SAY, "--model", "default", "-o", tmp_path / "b.wav")
     assert status == 0 and cli.EMBEDDED_NOTE in err
+
+
+def noting_decode(self, codes, progress=None):
+    """A decoder standing in for one that logs as the numba backend does when it compiles: a note at INFO,
+    from another thread (the packing thread compiles its kernel beside the load), and a line at DEBUG."""
+    import logging
+    import threading
+
+    logger = logging.getLogger("refimpl")
+    for frame in progress(range(len(codes)), "decoding") if progress is not None else range(len(codes)):
+        if frame == 1:  # (a bar drawn)
+            note = threading.Thread(target=logger.info, args=("compiling %s", "kernels"))
+            note.start()
+            note.join()
+            logger.debug("not for the command line")
+    return np.zeros(1920 * len(codes), np.float32)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_library_notes_show_as_notes_and_quiet_silences_them(tmp_path, capsys, monkeypatch, terminal):
+    """What the library logs at INFO and above (the numba backend's note that it compiles its kernels) is a
+    "note: ..." line, on its own line beside a progress bar drawn in place; nothing under -q; the logger as
+    it was after the command."""
+    import logging
+    import re
+
+    monkeypatch.setattr(SpeechTokenizer, "decode", noting_decode)
+    monkeypatch.setattr(cli.output, "stderr_is_a_terminal", lambda: terminal)
+    np.save(tmp_path / "codes.npy", np.zeros((3, 16), np.int64))
+    logger = logging.getLogger("refimpl")
+    before = (logger.level, list(logger.handlers))
+    status, err = run(capsys, "codec", "decode", tmp_path / "codes.npy", "-o", tmp_path / "o.wav")
+    assert status == 0 and (logger.level, logger.handlers) == before
+    pieces = [p.strip() for p in re.split(r"[\r\n]", err)]
+    assert any(p.startswith("decoding: ") for p in pieces), err
+    assert pieces.count("note: compiling kernels") == 1 and "not for the command line" not in err, err
+    assert run(capsys, "codec", "decode", tmp_path / "codes.npy", "-o", tmp_path / "o.wav", "-q") == (0, "")
+    assert (logger.level, logger.handlers) == before
 
 
 def overflowing_decode(self, codes, progress=None):

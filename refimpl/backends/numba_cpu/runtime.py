@@ -57,8 +57,9 @@ def configure() -> Machine:
     Numba settings of the environment (a ValueError naming a setting the backend cannot run with), choose
     the cache directory and the CPU features before Numba is imported (it reads them then), let a failed
     cache save cost a warning instead of the call, discard a damaged cache entry where it is loaded, key the
-    kernels' cache entries by the whole package's source, and ask Linux for the AMX tile registers where
-    Numba compiles their instructions."""
+    kernels' cache entries by the whole package's source, say when the first kernel is compiled
+    (``_note_first_compile``), and ask Linux for the AMX tile registers where Numba compiles their
+    instructions."""
     global _MACHINE
     if _MACHINE is None:
         _check_numba_settings()
@@ -68,6 +69,7 @@ def configure() -> Machine:
         _discard_damaged_cache()
         _parse_shared_bitcode_when_linked()
         _key_cache_by_the_package()
+        _note_first_compile()
         features = _compile_features()
         tiles_compiled = {"+amx-tile", "+amx-bf16"} <= features
         packed_compiled = "+avx512bw" in features
@@ -431,6 +433,34 @@ def _key_cache_by_the_package() -> None:
 
     get_source_stamp.refimpl_guard = True
     locator.get_source_stamp = get_source_stamp
+
+
+COMPILING_NOTE = "compiling the numba backend's kernels for this processor (once: Numba's cache keeps them)"
+_NOTED = threading.Event()  # set once COMPILING_NOTE was logged in this process
+
+
+def _note_first_compile() -> None:
+    """Log ``COMPILING_NOTE`` (logger "refimpl", level INFO) when the first of this package's kernels starts
+    compiling in this process, once: a run whose kernels the cache does not hold yet (the first on a
+    machine, or after the package's source changed) waits for the compiler before its first audio, and the
+    command line shows why (``refimpl.cli``; Python's default logging shows nothing at INFO).  A Numba
+    ``numba:compile`` event listener: a kernel loaded from the cache sends no such event."""
+    import logging
+
+    from numba.core import event
+
+    class FirstCompile(event.Listener):
+        def on_start(self, ev):
+            dispatcher = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
+            module = getattr(getattr(dispatcher, "py_func", None), "__module__", None) or ""
+            if module.startswith(__package__ + ".") and not _NOTED.is_set():
+                _NOTED.set()
+                logging.getLogger("refimpl").info(COMPILING_NOTE)
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", FirstCompile())
 
 
 @functools.cache

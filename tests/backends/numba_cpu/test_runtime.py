@@ -33,7 +33,8 @@ def test_cache_dir_falls_back_to_a_writable_place(monkeypatch, tmp_path):
 def test_a_second_process_loads_the_kernels_instead_of_compiling(tmp_path):
     """cache=True: the first process compiles and saves, the next one only loads (NUMBA_DEBUG_CACHE)."""
     code = (
-        "import numpy as np; from refimpl.backends import numba_cpu as k; "
+        "import logging, numpy as np; logging.basicConfig(level=logging.INFO); "
+        "from refimpl.backends import numba_cpu as k; "
         "from refimpl.backends.bf16 import BF16Matrix; "
         "k.elementwise.snake_beta(np.ones((1, 2, 8), np.float32), np.zeros(2, np.float32), np.zeros(2, np.float32)); "
         "k.linear.linear(np.ones((1, 4), np.float32), BF16Matrix(np.zeros((3, 4), np.uint16)))"
@@ -46,6 +47,36 @@ def test_a_second_process_loads_the_kernels_instead_of_compiling(tmp_path):
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
     assert "data saved to" in runs[0].stdout
     assert "data saved to" not in runs[1].stdout and "data loaded from" in runs[1].stdout
+    # the note that kernels are compiled (logged at INFO): the first process's, once; none where they load
+    note = numba_cpu.runtime.COMPILING_NOTE
+    assert runs[0].stderr.count(note) == 1 and note not in runs[1].stderr, (runs[0].stderr[-2000:], runs[1].stderr)
+
+
+def test_the_first_compile_of_a_kernel_is_noted_once(monkeypatch, caplog):
+    """The first of the package's kernels to compile in a process logs ``COMPILING_NOTE`` (logger "refimpl",
+    INFO), and no later one; code of other modules compiled with Numba logs nothing."""
+    import threading
+
+    import numba
+
+    monkeypatch.setattr(numba_cpu.runtime, "_NOTED", threading.Event())  # as in a process that compiled nothing
+
+    def kernel_in(module: str):
+        def plus_one(x):
+            return x + 1
+
+        plus_one.__module__ = module
+        return numba.njit(plus_one)
+
+    caplog.set_level("INFO", logger="refimpl")
+    assert kernel_in("tests.elsewhere")(1) == 2
+    assert caplog.records == []
+    for value in (1, 2.5):  # a kernel of the package, then another overload of it
+        assert kernel_in(numba_cpu.elementwise.__name__)(value) == value + 1
+    assert kernel_in(numba_cpu.conv.__name__)(3) == 4
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("refimpl", "INFO", numba_cpu.runtime.COMPILING_NOTE)
+    ]
 
 
 def test_the_kernels_cache_entries_are_keyed_by_the_whole_package(tmp_path):
