@@ -6,7 +6,7 @@ kernel for (float64, another pad mode), where the reference runs.
 Each module is named after the code it speeds up; the modules below them hold what they share:
 
     elementwise, conv, linear, attention    the primitives of refimpl/nn.py
-    transformer                             refimpl/transformer.py: a generation step's whole stack
+    transformer                             refimpl/transformer.py: a generation step's stack
     codec_decoder, codec_encoder,           refimpl/codec/: the fused residual units and blocks, the
     codec_quantization                      quantizer's nearest rows
     speaker_encoder                         refimpl/tts/speaker_encoder.py

@@ -1,6 +1,6 @@
 """The twin of ``refimpl/transformer.py``'s ``transformer_stack`` for a generation step: Qwen3 decoder layers
-for a few new positions of one row or of a batch's rows, on bfloat16 words, the whole stack in one Numba call,
-and the check of which stacks it takes (``_fits``)."""
+for a few new positions of one row or of a batch's rows, on bfloat16 words, up to ``CALL_MAX_LAYERS`` layers a
+Numba call, and the check of which stacks it takes (``_fits``)."""
 
 from __future__ import annotations
 
@@ -148,7 +148,8 @@ def _decoder_steps_bf16(
 ):  # fmt: skip
     """``_decoder_step_bf16`` through the L layers of a stack in turn, each argument that differs by layer a
     tuple of L (layer i: ``q_l[i]``...; its KV cache ``k_l_bgsd[i]``, ``v_l_bgsd[i]``), the last layer's
-    output from position ``last_first_out`` on, [B, R, C]: one call for a generation step's whole stack."""
+    output from position ``last_first_out`` on, [B, R, C]: one call for a generation step's stack (up to
+    ``CALL_MAX_LAYERS`` layers of it)."""
     L = len(q_l)
     B, T, C = x_btc.shape
     for i in range(L):
@@ -194,8 +195,9 @@ def transformer_stack(
     last_only: bool = False,
 ):
     """``transformer.transformer_stack`` for a stack it can take (``_fits``: a generation step, a short
-    prompt, of one row or a batch) in one Numba call: the layers' tensors taken from the weights dict in one
-    C call (``_stack_tensor_names``) and passed as tuples, one per argument of the layer kernel; layers that
+    prompt, of one row or a batch) in one Numba call per ``CALL_MAX_LAYERS`` layers: the layers' tensors
+    taken from the weights dict in one C call (``_stack_tensor_names``) and passed as tuples, one per
+    argument of the layer kernel; layers that
     cannot pass as one tuple run one call each, the same kernel in the same order.  ``last_only``: the last
     layer computed for the last position alone.  What the lookups found for a stack and its caches is kept
     for their next step (``_StackMemo``).  Anything else: ``NotImplemented`` (the reference runs)."""
@@ -413,8 +415,16 @@ def _memo_of(layers: list, caches) -> _StackMemo | None:
     return memo
 
 
+# Layers a call of ``_decoder_steps_bf16`` takes at most: its compile time grows with the arrays its tuples
+# hold (each tuple is L arrays, and Numba's code for a tuple grows with its length), so the released Talker's
+# 28 layers go through four calls of 7, and the code predictor's 5 in one (a compile of the same kind each,
+# an overload per count of layers), for a few microseconds more a step (docs/performance.md#compilation).
+CALL_MAX_LAYERS = 7
+
+
 def _run_stack(x_btc, stack: tuple, cos_btd, sin_btd, first_key_b, caches: list, eps: float, last_only: bool):
-    """``_decoder_steps_bf16`` on one stack's arguments (``_stack_arguments``); the caches' lengths advanced."""
+    """``_decoder_steps_bf16`` on one stack's arguments (``_stack_arguments``), ``CALL_MAX_LAYERS`` layers a
+    call; the caches' lengths advanced."""
     n, (B, T, _) = caches[0].length, x_btc.shape
     x_btc = np.array(x_btc, dtype=np.float32, order="C")  # (a writable copy: the layers' type)
     # (copies, always writable: one Numba type whether the tables were broadcast or not, so one kernel to load;
@@ -423,18 +433,22 @@ def _run_stack(x_btc, stack: tuple, cos_btd, sin_btd, first_key_b, caches: list,
         a if a.shape == (B, T, a.shape[-1]) else np.broadcast_to(a, (B, T, a.shape[-1])) for a in (cos_btd, sin_btd)
     ]
     rope = [np.array(a, dtype=np.float32, order="C") for a in tables]
-    out_brc = _decoder_steps_bf16(
-        x_btc,
-        *stack[:-2],
-        *rope,
-        *stack[-2:],
-        first_key_b,
-        n,
-        np.float32(eps),
-        numba.get_num_threads(),
-        T - 1 if last_only else 0,
-        amx.USE_TILES,
-    )
+    L = len(stack[0])
+    for start in range(0, L, CALL_MAX_LAYERS):
+        layers = slice(start, start + CALL_MAX_LAYERS)
+        last = start + CALL_MAX_LAYERS >= L
+        x_btc = _decoder_steps_bf16(
+            x_btc,
+            *(argument[layers] for argument in stack[:-2]),
+            *rope,
+            *(argument[layers] for argument in stack[-2:]),
+            first_key_b,
+            n,
+            np.float32(eps),
+            numba.get_num_threads(),
+            T - 1 if last and last_only else 0,
+            amx.USE_TILES,
+        )
     for cache in caches:
         cache.length = n + T
-    return out_brc
+    return x_btc

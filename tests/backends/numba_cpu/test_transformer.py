@@ -1,4 +1,4 @@
-"""The fused stack (numba's ``transformer_stack``: a generation step's Qwen3 layers in one call) against the
+"""The fused stack (numba's ``transformer_stack``: a generation step's Qwen3 layers in a few calls) against the
 layers it replaces, and which stacks it takes."""
 
 from __future__ import annotations
@@ -262,12 +262,22 @@ def random_qwen3_stack(seed, L, C, H, G, D, F):
 @pytest.mark.parametrize("T", [1, 2, 17])  # a generation step, the code predictor's first pass, a prompt
 @pytest.mark.parametrize("n_cached", [0, 3])
 @pytest.mark.parametrize("last_only", [False, True])
-def test_fused_stack_is_its_layers_fused_one_call_each(T, n_cached, last_only):
-    """The whole stack in one call (numba's transformer_stack) has the bits of its layers fused one call
-    each: the output, every layer's new keys and values, and the caches' lengths, with caches that grow
-    (capacity 2) and three layers of different weights."""
+@pytest.mark.parametrize("call_max_layers", [7, 2, 1])
+def test_fused_stack_is_its_layers_fused_one_call_each(T, n_cached, last_only, call_max_layers, monkeypatch):
+    """The stack in calls of at most ``CALL_MAX_LAYERS`` layers (numba's transformer_stack; three layers: one
+    call, calls of 2 and 1, three calls) has the bits of its layers fused one call each: the output, every
+    layer's new keys and values, and the caches' lengths, with caches that grow (capacity 2) and three
+    layers of different weights."""
     C, H, G, D, F = 32, 4, 2, 8, 64
     weights, layers, cfg = random_qwen3_stack(11, 3, C, H, G, D, F)
+    monkeypatch.setattr(numba_cpu.transformer, "CALL_MAX_LAYERS", call_max_layers)
+    steps, layers_a_call = numba_cpu.transformer._decoder_steps_bf16, []
+
+    def counted(x_btc, ln1_l, *args):
+        layers_a_call.append(len(ln1_l))
+        return steps(x_btc, ln1_l, *args)
+
+    monkeypatch.setattr(numba_cpu.transformer, "_decoder_steps_bf16", counted)
     x = np.random.default_rng(T).standard_normal((1, T, C)).astype(np.float32)
     cos, sin = nn.rope_cos_sin(np.arange(n_cached, n_cached + T), D, 10000.0, np.float32)
     past = np.random.default_rng(T + 1).standard_normal((len(layers), 2, 1, G, n_cached, D)).astype(np.float32)
@@ -282,6 +292,7 @@ def test_fused_stack_is_its_layers_fused_one_call_each(T, n_cached, last_only):
                 y = numba_cpu.transformer.transformer_stack(
                     *(layers, transformer.QWEN3, cfg, x, cos[None], sin[None], mask, caches, 1e-6, None, last_only)
                 )
+                assert layers_a_call == {7: [3], 2: [2, 1], 1: [1, 1, 1]}[call_max_layers]
             else:
                 y = x
                 for i, (lw, cache) in enumerate(zip(layers, caches, strict=True)):
