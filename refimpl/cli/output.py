@@ -112,7 +112,8 @@ class Reporter:
 
 
 class _NotesHandler(logging.Handler):
-    """The library's log records of level INFO and above as "note: ..." lines (``Reporter.beside_bars``)."""
+    """The library's log records of level INFO and above as "note: ..." lines, "warning: ..." from level
+    WARNING (``Reporter.beside_bars``)."""
 
     def __init__(self, say: Reporter):
         super().__init__(logging.INFO)
@@ -120,7 +121,8 @@ class _NotesHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.say.beside_bars(f"note: {record.getMessage()}")
+            kind = "warning" if record.levelno >= logging.WARNING else "note"
+            self.say.beside_bars(f"{kind}: {record.getMessage()}")
         except Exception:  # (as logging's own handlers: a note that cannot be shown never fails the command)
             self.handleError(record)
 

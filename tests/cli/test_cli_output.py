@@ -107,7 +107,8 @@ def test_note_only_for_the_embedded_model(tmp_path, capsys, monkeypatch):
 
 def noting_decode(self, codes, progress=None):
     """A decoder standing in for one that logs as the numba backend does when it compiles: a note at INFO,
-    from another thread (the packing thread compiles its kernel beside the load), and a line at DEBUG."""
+    from another thread (the packing thread compiles its kernel beside the load), a line at DEBUG and one at
+    WARNING."""
     import logging
     import threading
 
@@ -118,14 +119,15 @@ def noting_decode(self, codes, progress=None):
             note.start()
             note.join()
             logger.debug("not for the command line")
+            logger.warning("a %s", "warning")
     return np.zeros(1920 * len(codes), np.float32)
 
 
 @pytest.mark.parametrize("terminal", [False, True])
 def test_the_library_notes_show_as_notes_and_quiet_silences_them(tmp_path, capsys, monkeypatch, terminal):
     """What the library logs at INFO and above (the numba backend's note that it compiles its kernels) is a
-    "note: ..." line, on its own line beside a progress bar drawn in place; nothing under -q; the logger as
-    it was after the command."""
+    "note: ..." line ("warning: ..." from WARNING), on its own line beside a progress bar drawn in place;
+    nothing under -q; the logger as it was after the command."""
     import logging
     import re
 
@@ -139,6 +141,7 @@ def test_the_library_notes_show_as_notes_and_quiet_silences_them(tmp_path, capsy
     pieces = [p.strip() for p in re.split(r"[\r\n]", err)]
     assert any(p.startswith("decoding: ") for p in pieces), err
     assert pieces.count("note: compiling kernels") == 1 and "not for the command line" not in err, err
+    assert pieces.count("warning: a warning") == 1, err
     assert run(capsys, "codec", "decode", tmp_path / "codes.npy", "-o", tmp_path / "o.wav", "-q") == (0, "")
     assert (logger.level, logger.handlers) == before
 

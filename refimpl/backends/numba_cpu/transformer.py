@@ -197,10 +197,10 @@ def transformer_stack(
     """``transformer.transformer_stack`` for a stack it can take (``_fits``: a generation step, a short
     prompt, of one row or a batch) in one Numba call per ``CALL_MAX_LAYERS`` layers: the layers' tensors
     taken from the weights dict in one C call (``_stack_tensor_names``) and passed as tuples, one per
-    argument of the layer kernel; layers that
-    cannot pass as one tuple run one call each, the same kernel in the same order.  ``last_only``: the last
-    layer computed for the last position alone.  What the lookups found for a stack and its caches is kept
-    for their next step (``_StackMemo``).  Anything else: ``NotImplemented`` (the reference runs)."""
+    argument of the layer kernel; layers that cannot pass as one tuple run one call each, the same kernel in
+    the same order.  ``last_only``: the last layer computed for the last position alone.  What the lookups
+    found for a stack and its caches is kept for their next step (``_StackMemo``).  Anything else:
+    ``NotImplemented`` (the reference runs)."""
     memo = _memo_of(layers, caches) if _is_qwen3(kind) else None
     first_key_b = _fits(layers, kind, x_btc, allowed, caches, memo)
     if first_key_b is None:
