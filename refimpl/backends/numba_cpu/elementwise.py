@@ -160,13 +160,18 @@ def _rms_norm_rows(x_rc, w_c, eps, out_rc):
 def rms_norm(x, w, eps: float):
     """``nn.rms_norm`` for float32 host arrays, C-contiguous, and a weight of the last axis's length: one
     compiled pass per row with the reference's bits (``_rms_norm_rows``), where the reference makes six
-    small NumPy calls; rows in pieces side by side when there are many."""
+    small NumPy calls; rows in pieces side by side when there are many.  The weight is passed read-only (a
+    view where it is writable: the norms widened from bf16 at the load are, a mapped checkpoint's are not),
+    so that one compiled kind of the kernel serves both."""
     if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in (x, w)) or x.ndim == 0:
         return NotImplemented
     if not x.flags.c_contiguous or w.shape != x.shape[-1:] or x.size == 0:
         return NotImplemented  # (another layout sums in another order in NumPy; a broadcast weight: the reference)
     rows_rc, out = x.reshape(-1, x.shape[-1]), np.empty(x.shape, np.float32)
     out_rc, w_c, eps32 = out.reshape(rows_rc.shape), np.ascontiguousarray(w), np.float32(eps)
+    if w_c.flags.writeable:
+        w_c = w_c.view()
+        w_c.flags.writeable = False
     n = max(1, ELEMENTWISE_PIECE // x.shape[-1])
     if rows_rc.shape[0] <= n:
         _rms_norm_rows(rows_rc, w_c, eps32, out_rc)

@@ -162,7 +162,7 @@ def _window(bits_oi):
     before, after = counts[C], counts[C + 1]
     if before < held and (lo + C > 128 - W or after <= held):
         return lo + best, held
-    return _best_window(_high_byte_counts(bits_oi))
+    return _best_window(_high_byte_counts(words))  # (the words in one row, as above: one compiled kind)
 
 
 @numba.njit(nogil=True)

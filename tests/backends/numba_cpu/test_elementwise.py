@@ -163,3 +163,27 @@ def test_rms_norm_twin_is_the_reference_bit_for_bit(shape, C, scale, special, pi
         assert numba_cpu.elementwise.rms_norm(x[::2], w, 1e-6) is NotImplemented or x[::2].flags.c_contiguous
     assert numba_cpu.elementwise.rms_norm(x, w[None], 1e-6) is NotImplemented
     assert numba_cpu.elementwise.rms_norm(x.astype(np.float64), w, 1e-6) is NotImplemented
+
+
+def test_rms_norm_passes_every_weight_read_only(monkeypatch):
+    """A writable weight (a norm widened from bf16 at the load) and a read-only one (a mapped checkpoint's)
+    reach the kernel as one Numba type, so one compiled kind serves both; the caller's weight stays writable
+    and the bits are the reference's."""
+    import numba
+
+    kernel, kinds = numba_cpu.elementwise._rms_norm_rows, []
+
+    def typed(x_rc, w_c, eps, out_rc):
+        kinds.append(numba.typeof(w_c))
+        return kernel(x_rc, w_c, eps, out_rc)
+
+    monkeypatch.setattr(numba_cpu.elementwise, "_rms_norm_rows", typed)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    writable = rng.standard_normal(16).astype(np.float32)
+    read_only = writable.copy()
+    read_only.flags.writeable = False
+    for w in (writable, read_only):
+        np.testing.assert_array_equal(numba_cpu.elementwise.rms_norm(x, w, 1e-6), nn.rms_norm.reference(x, w, 1e-6))
+    assert len(kinds) == 2 and kinds[0] == kinds[1] and not kinds[0].mutable
+    assert writable.flags.writeable

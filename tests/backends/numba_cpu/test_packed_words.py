@@ -144,13 +144,14 @@ def test_packing_equals_the_formula_on_adversarial_words(case):
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1000])
 def test_high_byte_counts_count_each_word_once(n):
-    """The 8 histograms side by side count each word once, the words past the last 8 too; +-0 not at all."""
+    """The 8 histograms side by side count each word once, the words past the last 8 too; +-0 not at all
+    (the words in one row, as ``_window`` passes them)."""
     rng = np.random.default_rng(n)
     words = rng.choice(np.array([0, 0x8000, 0x0001, 0x8080, 0x3F80, 0xFF80], np.uint16), n)
     words[: n // 2] = rng.integers(0, 1 << 16, n // 2)
     nonzero = (words & 0x7FFF) != 0
     expected = np.bincount((words[nonzero] >> 8) & 0x7F, minlength=128)
-    np.testing.assert_array_equal(numba_cpu.packed_words._high_byte_counts(words.reshape(1, n)), expected)
+    np.testing.assert_array_equal(numba_cpu.packed_words._high_byte_counts(words), expected)
 
 
 def clustered_words(rng, n, clusters, first):
