@@ -20,6 +20,11 @@ TEST_CACHE_DIR = tempfile.mkdtemp(prefix="refimpl-test-cache-")
 os.environ["REFIMPL_CACHE_DIR"] = TEST_CACHE_DIR
 atexit.register(shutil.rmtree, TEST_CACHE_DIR, ignore_errors=True)
 
+# A first run's compile helper (refimpl/backends/numba_cpu/compile_helper.py) would start, in a fresh clone's
+# first loads, processes compiling beside the tests into the same cache: off for the session and the processes
+# its tests start, but where a test turns it on (tests/backends/numba_cpu/test_compile_helper.py).
+os.environ["REFIMPL_COMPILE_HELPER"] = "0"
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 

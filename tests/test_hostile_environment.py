@@ -18,9 +18,10 @@ from conftest import REPO
 
 from refimpl import environment
 
-# the caller's own Numba and refimpl settings are not part of a case (but the suite's cache directory, set by
-# conftest.py, is kept: no test writes into the user's cache)
-BASE = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "REFIMPL_")) or k == "REFIMPL_CACHE_DIR"}
+# the caller's own Numba and refimpl settings are not part of a case (but the suite's cache directory and its
+# compile helper turned off, set by conftest.py, are kept: no test writes into the user's cache, none starts one)
+KEPT = ("REFIMPL_CACHE_DIR", "REFIMPL_COMPILE_HELPER")
+BASE = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "REFIMPL_")) or k in KEPT}
 BASE["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
 MEMORY_LIMIT = 3 << 30
 JIT_OFF = "backend 'numba': Numba's JIT is turned off (NUMBA_DISABLE_JIT)"

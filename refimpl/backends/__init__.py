@@ -19,8 +19,8 @@ backend module provides ``TWINS`` (primitive name -> twin: a module-level table,
 registered); a device backend's module also ``xp`` (its NumPy-like namespace), ``to_device(host)``,
 ``to_host(device array)``, ``special`` (its ``scipy.special``) and ``available()`` (raises
 ``BackendUnavailable`` naming what is missing); any backend module may provide ``prepare_weights(matrices)``,
-its layouts of a model's weights started at the load, and ``prepare_kernels()``, what it readies at the start
-of a load (both called by ``prepare_load`` here).  Besides "cupy" there is
+its layouts of a model's weights started at the load, and ``prepare_kernels(helper, matrices)``, what it
+readies at the start of a load (both called by ``prepare_load`` here).  Besides "cupy" there is
 the test backend "strict" (``refimpl/backends/strict_device.py``): NumPy underneath, as strict as CuPy
 about host round trips and results, so CI proves the device data flow without a GPU.  It is accepted
 everywhere a backend name is, but not listed in ``BACKENDS`` (no user should pick it).
@@ -413,16 +413,17 @@ def prepare_weights(matrices: list, dtype: Any) -> None:
         prepare(matrices)
 
 
-def prepare_load(dtype: Any, matrices: list) -> None:
+def prepare_load(dtype: Any, matrices: list, helper: list[str] | None = None) -> None:
     """What a model's load tells the backend that will run its ``dtype`` calls (``backend_for_call``), once its
-    files are mapped: that a load has started (a backend module's optional ``prepare_kernels()``: the numba
-    backend loads the first audio's kernels from its cache in a thread), and its read-only ``matrices`` to
-    prepare layouts of ahead of their first use (``prepare_weights``).  The backend's module is imported here,
-    in the caller's thread (two threads importing Numba's modules at once can each see the other's half
-    made)."""
+    files are mapped: that a load has started (a backend module's optional ``prepare_kernels(helper,
+    matrices)``: the numba backend loads the first audio's kernels from its cache in a thread, and on a first
+    run starts ``helper``, the command of a process that compiles some of them by running the model), and its
+    read-only ``matrices`` to prepare layouts of ahead of their first use (``prepare_weights``).  The backend's
+    module is imported here, in the caller's thread (two threads importing Numba's modules at once can each
+    see the other's half made)."""
     prepare = getattr(_module_for_calls(dtype), "prepare_kernels", None)
     if prepare is not None:
-        prepare()
+        prepare(helper, matrices)
     prepare_weights(matrices, dtype)
 
 

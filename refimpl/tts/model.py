@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -147,6 +148,14 @@ def code_predictor_read_packed(talker_weights: dict, cfg: Any) -> list:
     names = ["code_predictor." + n for n in read_packed_weight_names(cfg.code_predictor_config, cfg.hidden_size)]
     marked = mark_read_packed(talker_weights, names)
     return [marked[n] for n in names if n in marked]
+
+
+def warm_up_command(directory: Path) -> list[str] | None:
+    """The command line of a first run's helper process for the model in ``directory``, which the numba backend
+    starts on a first run on the machine to compile some of the model's kernels beside the load
+    (``refimpl/tts/warm_up.py``): this interpreter (None where it cannot say where it is), the directory made
+    absolute."""
+    return [sys.executable, "-m", "refimpl.tts.warm_up", os.path.abspath(directory)] if sys.executable else None
 
 
 def matrices_for_huge_pages(talker: Talker) -> list:
@@ -281,8 +290,9 @@ class Qwen3TTS:
             directory, dtype, prefix="talker.", keep_bf16=dtype == np.float32, huge_pages=False
         )
         # (numba: the first audio's kernels loaded from its cache and the code predictor's matrices packed, in
-        # threads beside the checks)
-        prepare_load(dtype, code_predictor_read_packed(talker_weights, cfg.talker_config))
+        # threads beside the checks; on a first run, a helper process compiling beside this one)
+        read_packed = code_predictor_read_packed(talker_weights, cfg.talker_config)
+        prepare_load(dtype, read_packed, warm_up_command(directory))
         # the codec read and checked beside the Talker (both wait mostly in NumPy loops and page faults, which
         # let the other threads run); its error, if any, is raised after the Talker's, as in sequence
         codec = beside(SpeechTokenizer.from_pretrained, directory / "speech_tokenizer", dtype)

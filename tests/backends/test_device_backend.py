@@ -467,6 +467,8 @@ HOST_SIDE = {
     ("tts.mel", "real_fft"): "the log-mel front end runs on the host (SciPy's FFT)",
     ("codec.speech_tokenizer", "SpeechTokenizer.encode_detailed"): "assembles the host input batch, uploaded once",
     ("codec.speech_tokenizer", "DecodeStream.push"): "an empty host codes array for an empty push (input checking)",
+    ("tts.warm_up", "code_predictor_frame"): "the numba backend's warm-up, on the host only; chosen ids are host ids",
+    ("tts.warm_up", "decoder_pushes"): "codes: host ids, as a generation's (the codec uploads them)",
 }
 
 

@@ -16,10 +16,14 @@ Each module is named after the code it speeds up; the modules below them hold wh
     amx, amx_conv                           the AMX tiles: their core, the convolutions on them
     kept, packed_words                      layouts kept per read-only weight; the 12-bit packed words
     cached_kernels                          the first audio's kernels loaded from the cache ahead
+    compile_helper                          a first run's helper process, compiling beside this one
 """
 
 from __future__ import annotations
 
+import functools
+
+from ..bf16 import BF16Matrix
 from . import runtime
 
 runtime.configure()  # before Numba is imported: it reads its settings then
@@ -30,6 +34,7 @@ from . import (  # noqa: E402
     codec_decoder,
     codec_encoder,
     codec_quantization,
+    compile_helper,
     conv,
     elementwise,
     linear,
@@ -42,10 +47,16 @@ from .runtime import available  # noqa: E402
 __all__ = ["TWINS", "available", "prepare_kernels", "prepare_weights"]
 
 
-def prepare_kernels() -> None:
-    """What this backend does at the start of a model's load: the kernels of the first audio loaded from the
-    cache in a thread, beside the load (``cached_kernels.load_ahead``)."""
-    cached_kernels.load_ahead()
+def prepare_kernels(helper=None, matrices=()) -> None:
+    """What this backend does at the start of a model's load (``helper``: the command of its first run's helper
+    process; ``matrices``: its code predictor's read-packed ones): the kernels of the first audio loaded from
+    the cache in a thread, beside the load (``cached_kernels.load_ahead``); on a first run on this machine, the
+    helper started there to compile some of them beside this one (``compile_helper``)."""
+    first = None
+    if helper is not None and compile_helper.wanted():
+        bf16 = any(isinstance(m, BF16Matrix) for m in matrices)
+        first = functools.partial(compile_helper.start_on_a_first_run, helper, bf16)
+    cached_kernels.load_ahead(first)
 
 
 def prepare_weights(matrices) -> None:

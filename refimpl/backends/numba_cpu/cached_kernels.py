@@ -11,6 +11,7 @@ overload is the one the first call would have loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 
@@ -56,12 +57,15 @@ _THREADS: list = []  # the thread of load_ahead, once started (once a process)
 _START = threading.Lock()
 
 
-def load_ahead() -> None:
-    """Start loading ``FIRST_AUDIO``'s cached kernels in a thread (once a process; a later call does nothing)."""
+def load_ahead(first=None) -> None:
+    """Start loading ``FIRST_AUDIO``'s cached kernels in a thread (once a process; a later call does nothing);
+    ``first``: what that thread does before, if anything (``first()``: a first run's helper process started,
+    ``compile_helper``; its error, if any, only stops it)."""
     with _START:
         if not _THREADS:
-            _THREADS.append(threading.Thread(target=_load_first_audio, name="refimpl-kernels", daemon=True))
-            _THREADS[0].start()
+            thread = threading.Thread(target=_load_first_audio, args=(first,), name="refimpl-kernels", daemon=True)
+            _THREADS.append(thread)
+            thread.start()
 
 
 def wait_for_loading() -> None:
@@ -70,12 +74,33 @@ def wait_for_loading() -> None:
         thread.join()
 
 
-def _load_first_audio() -> None:
+def _load_first_audio(first) -> None:
+    if first is not None:
+        with contextlib.suppress(Exception):
+            first()
     try:
         for module, name in FIRST_AUDIO:
             load_cached(getattr(importlib.import_module(f"{__package__}.{module}"), name))
     except Exception:  # (a Numba without these internals): each kernel's first call loads it, as before
         return
+
+
+def _machine_index(kernel) -> tuple:
+    """(the on-disk index of the Numba dispatcher ``kernel``'s cache: {(argument types, machine, source stamp):
+    data file} (empty where there is none or it is damaged), this machine's target tuple); (None, None) for a
+    kernel that is not cached."""
+    cache = kernel._cache
+    index_file = getattr(cache, "_cache_file", None)
+    if index_file is None:  # not cached (cache=False)
+        return None, None
+    magic = kernel.targetctx.codegen().magic_tuple()  # this machine's target, CPU name and features
+    return runtime.load_guarded(cache, index_file._load_index) or {}, magic
+
+
+def cached_overloads(kernel) -> int:
+    """How many overloads of the Numba dispatcher ``kernel`` its on-disk cache holds for this machine."""
+    index, magic = _machine_index(kernel)
+    return sum(key[1] == magic for key in index or ())
 
 
 def load_cached(kernel) -> int:
@@ -86,14 +111,10 @@ def load_cached(kernel) -> int:
     from numba.core.compiler_lock import global_compiler_lock
 
     cache, context = kernel._cache, kernel.targetctx
-    index_file = getattr(cache, "_cache_file", None)
-    if index_file is None:  # not cached (cache=False)
-        return 0
-    magic = context.codegen().magic_tuple()  # this machine's target, CPU name and features
     loaded = 0
     with global_compiler_lock:
-        index = runtime.load_guarded(cache, index_file._load_index) or {}  # (a damaged one: discarded)
-        for key in index:  # (argument types, machine, source stamp)
+        index, magic = _machine_index(kernel)  # (a damaged one: discarded)
+        for key in index or ():  # (argument types, machine, source stamp)
             signature = tuple(key[0])
             if key[1] != magic or signature in kernel.overloads:
                 continue
