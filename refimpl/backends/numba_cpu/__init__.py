@@ -52,11 +52,11 @@ def prepare_kernels(helper=None, matrices=()) -> None:
     process; ``matrices``: its code predictor's read-packed ones): the kernels of the first audio loaded from
     the cache in a thread, beside the load (``cached_kernels.load_ahead``); on a first run on this machine, the
     helper started there to compile some of them beside this one (``compile_helper``)."""
-    first = None
+    then = None
     if helper is not None and compile_helper.wanted():
         bf16 = any(isinstance(m, BF16Matrix) for m in matrices)
-        first = functools.partial(compile_helper.start_on_a_first_run, helper, bf16)
-    cached_kernels.load_ahead(first)
+        then = functools.partial(compile_helper.start_on_a_first_run, helper, bf16)
+    cached_kernels.load_ahead(then)
 
 
 def prepare_weights(matrices) -> None:

@@ -57,13 +57,13 @@ _THREADS: list = []  # the thread of load_ahead, once started (once a process)
 _START = threading.Lock()
 
 
-def load_ahead(first=None) -> None:
+def load_ahead(then=None) -> None:
     """Start loading ``FIRST_AUDIO``'s cached kernels in a thread (once a process; a later call does nothing);
-    ``first``: what that thread does before, if anything (``first()``: a first run's helper process started,
-    ``compile_helper``; its error, if any, only stops it)."""
+    ``then``: what that thread does after, if anything (``then()``: a first run's helper process started,
+    ``compile_helper``, which finds the loaded kernels in the process; its error, if any, only stops it)."""
     with _START:
         if not _THREADS:
-            thread = threading.Thread(target=_load_first_audio, args=(first,), name="refimpl-kernels", daemon=True)
+            thread = threading.Thread(target=_load_first_audio, args=(then,), name="refimpl-kernels", daemon=True)
             _THREADS.append(thread)
             thread.start()
 
@@ -74,15 +74,15 @@ def wait_for_loading() -> None:
         thread.join()
 
 
-def _load_first_audio(first) -> None:
-    if first is not None:
-        with contextlib.suppress(Exception):
-            first()
+def _load_first_audio(then) -> None:
     try:
         for module, name in FIRST_AUDIO:
             load_cached(getattr(importlib.import_module(f"{__package__}.{module}"), name))
     except Exception:  # (a Numba without these internals): each kernel's first call loads it, as before
-        return
+        pass
+    if then is not None:
+        with contextlib.suppress(Exception):
+            then()
 
 
 def _machine_index(kernel) -> tuple:

@@ -61,8 +61,9 @@ def first_run_here(bf16: bool) -> bool:
 
 def start_on_a_first_run(command: list, bf16: bool) -> None:
     """Start the helper ``command`` where the model's kernels are still to be compiled (``first_run_here``):
-    called by the thread that loads the first audio's kernels (``cached_kernels.load_ahead``), before it does,
-    so that the cache's index is read and the compiler's target set up beside the load."""
+    called by the thread that loads the first audio's kernels (``cached_kernels.load_ahead``), after it has,
+    beside the load.  Where the cache held the marker kernel, that thread loaded it, so the check reads no
+    index again; on a first run the loads found nothing, and took next to no time."""
     if first_run_here(bf16):
         start(command)
 
