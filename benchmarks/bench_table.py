@@ -3,8 +3,8 @@
     .oracle-venv/bin/python benchmarks/bench_table.py [--repeats 3] [--frames 20] [--quick] [--no-ports]
 
 Every row is a ratio taken in this one process, in the same minutes, each side keeping the best of
-``--repeats`` runs and the two sides alternating run by run (ours, official, ours, ...), so that the
-machine's changing speed falls on both alike:
+``--repeats`` runs and the two sides taking turns by blocks of runs (ours, official, ours, official; each
+block's first run untimed: ``common.alternate``), so that the machine's changing speed falls on both alike:
 
     per frame / floor          our time per frame (Talker step + 15 code-predictor steps, greedy; best of 3) against
                                the read kernel over the same weights (bench_floor.py), measured around it
