@@ -60,7 +60,6 @@ def main() -> None:
         with torch.inference_mode():
             return off_tok.encode(audio, sr=24000).audio_codes[0].numpy()
 
-    official()  # warm-up
     ours_t, off_t, results = alternate(encode, official, args.repeats)
     ours, off_codes = results["ours"], results["official"]
     print_ours(args, audio, ours_t, ours)

@@ -328,8 +328,6 @@ def main() -> None:
         with torch.inference_mode():
             return off_tok.encode(audio, sr=24000).audio_codes[0].numpy()
 
-    if official:
-        off_encode()  # warm-up
     ours_t, off_t, res = alternate(
         lambda: tok.encode_detailed(audio, sr=24000).codes, off_encode if official else None, repeats
     )
@@ -353,8 +351,6 @@ def main() -> None:
             with torch.inference_mode():
                 return mq.Qwen3TTSForConditionalGeneration.extract_speaker_embedding(owner, audio=audio, sr=24000)
 
-        off_speaker()  # warm-up
-    enc.embed(audio)  # warm-up
     # a short call, each side's time moving from run to run on a shared VM: more runs, so that the minimum is
     # the call's and not the moment's
     ours_t, off_t, res = alternate(lambda: enc.embed(audio), off_speaker, max(3 * repeats, 9))

@@ -175,22 +175,21 @@ def alternate(ours, official, repeats: int):
     the official's, then ours again, ...: the drift of a shared machine falls on both alike; official None:
     ours only), and each side's last result.
 
-    Each block starts with a call that is not timed, so that no timed call starts while the other side's
-    idle threads still run: PyTorch's OpenMP workers spin for a while after each parallel region before they
-    sleep (as ours do, OpenBLAS's), and on two cores a call right after the other side's would pay for that
-    spin, a share that grows as the call shortens (``OMP_WAIT_POLICY=ACTIVE``, the spin without end, shows
-    it whole).  So each timed call follows a call of its own side, as in a program that calls one of them
-    again and again."""
-    blocks = 2 if repeats > 1 else 1
-    per_block = -(-repeats // blocks)  # two blocks a side, together at least ``repeats`` timed runs
+    Each block starts with a call that is not timed: the side's warm-up (compilation, caches), and the time
+    for the other side's idle threads to stop, so that no timed call runs beside them.  PyTorch's OpenMP
+    workers spin for a while after each parallel region before they sleep (as ours do, OpenBLAS's), and on two
+    cores a call right after the other side's would pay for that spin, a share that grows as the call
+    shortens (``OMP_WAIT_POLICY=ACTIVE``, the spin without end, shows it whole).  So each timed call follows a
+    call of its own side, as in a program that calls one of them again and again."""
+    blocks = 2 if repeats > 1 and official is not None else 1
+    per_block = -(-repeats // blocks)  # (two blocks a side: together at least ``repeats`` timed runs)
     best = {"ours": float("inf"), "official": float("inf")}
     results = {}
     for _ in range(blocks):
         for side, fn in (("ours", ours), ("official", official)):
             if fn is None:
                 continue
-            if official is not None:
-                results[side] = fn()  # the settling call: the other side's threads go idle meanwhile
+            results[side] = fn()  # (untimed)
             for _ in range(per_block):
                 t0 = time.perf_counter()
                 results[side] = fn()
