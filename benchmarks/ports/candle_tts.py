@@ -71,23 +71,12 @@ NEEDS_BASE = "candle-tts encodes audio only in extract_voice, which needs a Base
 
 def plan_case(case: dict, dirs: dict, same_tokenizer: bool) -> tuple:
     """(action for candle_tts_worker, checkpoint kind) or (None, why candle-tts cannot run the case)."""
-    stage, options = case["stage"], case["options"]
+    stage = case["stage"]
     if stage == "codec-decode":
         return None, NO_DECODE
     if stage in ("codec-encode", "speaker"):
-        if "base" not in dirs:
-            return None, NEEDS_BASE
-        if stage == "codec-encode" and not same_tokenizer:
-            return None, "the Base checkpoint's speech tokenizer is not the one the case ran on"
-        return ("encode" if stage == "codec-encode" else "speaker"), "base"
-    reasons = [] if stage == "clone" else [BASE_ONLY]
-    if isinstance(options.get("text"), list):
-        reasons.append(BATCH)
-    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
-        reasons.append(SAMPLED)
-    if reasons:
-        return None, "; ".join(reasons)
-    return "clone", case["checkpoint"]
+        return harness.on_base_plan(stage, dirs, same_tokenizer, NEEDS_BASE)
+    return harness.generation_plan(case, "clone", [] if stage == "clone" else [BASE_ONLY], BATCH, SAMPLED)
 
 
 def xvector_view(directory: Path, sha: str) -> tuple:
@@ -239,27 +228,27 @@ def _size(value):
     return value
 
 
+def view_line(kind: str, v: dict) -> str:
+    """The summary's line of an x-vector view."""
+    how = "cached" if v.get("cached") else "made"
+    return (
+        f"  x-vector view of {kind} ({how}): {v['encoder_left_out']} codec encoder tensors left out, "
+        f"decoder transformer's {v['decoder_layers']} layers repeated to {CANDLE_DECODER_LAYERS}"
+    )
+
+
+def ran(c: dict) -> str:
+    """The summary's line of a case candle-tts ran."""
+    v = c["candle"]
+    steps = [f"load {v['load_s']} s", f"voice {v['voice_s']} s"]
+    steps += [f"synthesize {v['synthesize_s']} s"] if "synthesize_s" in v else []
+    view = f"; {c['view']}" if c.get("view") else ""
+    return f"candle-tts {c['action']} in {c['seconds']} s ({', '.join(steps)}){view}"
+
+
 def summary(record: dict) -> list:
-    lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
-    lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
-    for kind, v in record["views"].items():
-        how = "cached" if v.get("cached") else "made"
-        lines.append(
-            f"  x-vector view of {kind} ({how}): {v['encoder_left_out']} codec encoder tensors left out, "
-            f"decoder transformer's {v['decoder_layers']} layers repeated to {CANDLE_DECODER_LAYERS}"
-        )
-    for name, c in record["cases"].items():
-        if c["status"] == "not run":
-            lines.append(f"  {name}: not run: {c['reason']}")
-        elif c["status"] == "failed":
-            lines.append(f"  {name}: FAILED TO RUN ({c['seconds']} s): {c['message']}")
-        else:
-            v = c["candle"]
-            steps = [f"load {v['load_s']} s", f"voice {v['voice_s']} s"]
-            steps += [f"synthesize {v['synthesize_s']} s"] if "synthesize_s" in v else []
-            view = f"; {c['view']}" if c.get("view") else ""
-            lines.append(f"  {name}: candle-tts {c['action']} in {c['seconds']} s ({', '.join(steps)}){view}")
-    return lines
+    """What the script did (``harness.summary``), its x-vector views first."""
+    return harness.summary(record, ran, [view_line(k, v) for k, v in record["views"].items()])
 
 
 def main(argv=None) -> int:

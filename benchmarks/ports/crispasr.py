@@ -72,19 +72,14 @@ SAMPLED = "sampling replayed from recorded uniforms: CrispASR draws from its own
 
 def plan_case(case: dict) -> tuple:
     """(True, checkpoint kind) or (None, why CrispASR is not run on the case)."""
-    stage, options = case["stage"], case["options"]
+    stage = case["stage"]
     if stage == "codec-decode":
         return None, NO_DECODE
     if stage in ("codec-encode", "speaker"):
         return None, NO_VOICE_OUTPUT
     if stage != "say":
         return None, NOT_CUSTOM_VOICE
-    reasons = []
-    if isinstance(options.get("text"), list):
-        reasons.append(BATCH)
-    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
-        reasons.append(SAMPLED)
-    return (None, "; ".join(reasons)) if reasons else (True, case["checkpoint"])
+    return harness.generation_plan(case, True, [], BATCH, SAMPLED)
 
 
 # ----------------------------------------------------------------------------- the conversion
@@ -269,27 +264,26 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     return record
 
 
+def conversion_line(kind: str, c) -> str:
+    """The summary's line of a conversion (or of the copy of --released-ids)."""
+    if kind == "released_ids":
+        return f"  --released-ids: text-embedding rows copied in its Talker GGUF: {c}"
+    how = "cached" if c.get("cached") else " + ".join(f"{s} s" for s in c.get("convert_s", []))
+    return f"  convert {kind} ({c['checkpoint']}, f32): {c.get('error') or how}"
+
+
+def ran(c: dict) -> str:
+    """The summary's line of a case CrispASR ran."""
+    r = c.get("crispasr", {})
+    steps = [f"load {r['load_s']} s"] if "load_s" in r else []
+    steps += [f"synthesize {r['synthesize_s']} s ({r['frames']:g} frames)"] if "synthesize_s" in r else []
+    more = f"; its dump: {c['dump_error']}" if c.get("dump_error") else ""
+    return f"CrispASR in {c['seconds']} s ({', '.join(steps)}){more}"
+
+
 def summary(record: dict) -> list:
-    lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
-    lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
-    for kind, c in record["conversions"].items():
-        if kind == "released_ids":
-            lines.append(f"  --released-ids: text-embedding rows copied in its Talker GGUF: {c}")
-            continue
-        how = "cached" if c.get("cached") else " + ".join(f"{s} s" for s in c.get("convert_s", []))
-        lines.append(f"  convert {kind} ({c['checkpoint']}, f32): {c.get('error') or how}")
-    for name, c in record["cases"].items():
-        if c["status"] == "not run":
-            lines.append(f"  {name}: not run: {c['reason']}")
-        elif c["status"] == "failed":
-            lines.append(f"  {name}: FAILED TO RUN: {c['message']}")
-        else:
-            r = c.get("crispasr", {})
-            steps = [f"load {r['load_s']} s"] if "load_s" in r else []
-            steps += [f"synthesize {r['synthesize_s']} s ({r['frames']:g} frames)"] if "synthesize_s" in r else []
-            more = f"; its dump: {c['dump_error']}" if c.get("dump_error") else ""
-            lines.append(f"  {name}: CrispASR in {c['seconds']} s ({', '.join(steps)}){more}")
-    return lines
+    """What the script did (``harness.summary``), its conversions first."""
+    return harness.summary(record, ran, [conversion_line(k, c) for k, c in record["conversions"].items()])
 
 
 def main(argv=None) -> int:

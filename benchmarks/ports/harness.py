@@ -205,6 +205,29 @@ def text_feed(case: dict) -> str | None:
     return "non-streaming" if non_streaming else "streaming"
 
 
+def on_base_plan(stage: str, dirs: dict, same_tokenizer: bool, needs_base: str) -> tuple:
+    """A codec-encode or speaker case of a port that reaches its encoders through a Base checkpoint alone:
+    (action, "base"), or (None, why not): ``needs_base`` without one, or a codec-encode case whose Base
+    checkpoint's speech tokenizer is not the one the case ran on (``same_tokenizer`` false)."""
+    if "base" not in dirs:
+        return None, needs_base
+    if stage == "codec-encode" and not same_tokenizer:
+        return None, "the Base checkpoint's speech tokenizer is not the one the case ran on"
+    return ("encode" if stage == "codec-encode" else "speaker"), "base"
+
+
+def generation_plan(case: dict, action, reasons: list, batch: str, sampled: str) -> tuple:
+    """A generation case: (action, the case's checkpoint kind), or (None, why not): the port's own
+    ``reasons``, then ``batch`` where the case's text is a batch of texts, then ``sampled`` where it samples
+    (each port draws from a generator of its own, which cannot replay the reference's recorded draws)."""
+    options = case["options"]
+    if isinstance(options.get("text"), list):
+        reasons = [*reasons, batch]
+    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
+        reasons = [*reasons, sampled]
+    return (None, "; ".join(reasons)) if reasons else (action, case["checkpoint"])
+
+
 # ----------------------------------------------------------------------------- the grade
 
 
@@ -276,6 +299,25 @@ def finish(tag: str, record: dict, suite: Path, results: Path, precision: str, b
     print(f"reports: {results / 'report.html'}, {results / 'report.json'}, {results / f'{tag}-run.json'}")
     crashed = any(c["status"] in ("failed", "partial") for c in record["cases"].values())
     return max(exit_status(report), 1 if crashed else 0)
+
+
+def summary(record: dict, ran, before: list = ()) -> list:
+    """What a port's script did, printed after the report card: the load average before and after, the lines
+    ``before`` (its conversions), then a line a case: not run and why, failed to run and why, or the
+    port's own line of a case it ran (``ran(entry)``)."""
+    m = record["machine"]
+    lines = ["", f"{record['port']}: what the script did (load average {m['load_average_1min']} before, "]
+    lines[-1] += f"{m['load_average_1min_after']} after; timings, not a benchmark)"
+    lines += before
+    for name, c in record["cases"].items():
+        if c["status"] == "not run":
+            lines.append(f"  {name}: not run: {c['reason']}")
+        elif c["status"] == "failed":
+            took = f" ({c['seconds']} s)" if "seconds" in c else ""
+            lines.append(f"  {name}: FAILED TO RUN{took}: {c['message']}")
+        else:
+            lines.append(f"  {name}: {ran(c)}")
+    return lines
 
 
 def machine() -> dict:

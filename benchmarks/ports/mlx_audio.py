@@ -64,13 +64,7 @@ def plan_case(case: dict, dirs: dict, include_streaming_feed: bool) -> tuple:
         reasons.append(CLONE)
     elif harness.text_feed(case) == "streaming" and not include_streaming_feed:
         reasons.append(STREAMING_FEED)
-    if isinstance(options.get("text"), list):
-        reasons.append(BATCH)
-    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
-        reasons.append(SAMPLED)
-    if reasons:
-        return None, "; ".join(reasons)
-    return ("design" if stage == "design" else "say"), case["checkpoint"]
+    return harness.generation_plan(case, "design" if stage == "design" else "say", reasons, BATCH, SAMPLED)
 
 
 def job_of(case: dict, action: str, directory: Path, out: Path, reference: dict, args) -> dict:
@@ -118,21 +112,18 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     return record
 
 
+def ran(c: dict) -> str:
+    """The summary's line of a case mlx-audio ran."""
+    m = c["mlx"]
+    steps = [f"load {m['load_s']} s", f"run {m['run_s']} s"]
+    steps += [f"{m['frames']:g} frames"] if "frames" in m else []
+    note = "".join(f"; {c[k]}" for k in ("message", "note") if c.get(k))
+    return f"mlx-audio {c['action']} in {c['seconds']} s ({', '.join(steps)}){note}"
+
+
 def summary(record: dict) -> list:
-    lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
-    lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
-    for name, c in record["cases"].items():
-        if c["status"] == "not run":
-            lines.append(f"  {name}: not run: {c['reason']}")
-        elif c["status"] == "failed":
-            lines.append(f"  {name}: FAILED TO RUN: {c['message']}")
-        else:
-            m = c["mlx"]
-            steps = [f"load {m['load_s']} s", f"run {m['run_s']} s"]
-            steps += [f"{m['frames']:g} frames"] if "frames" in m else []
-            note = "".join(f"; {c[k]}" for k in ("message", "note") if c.get(k))
-            lines.append(f"  {name}: mlx-audio {c['action']} in {c['seconds']} s ({', '.join(steps)}){note}")
-    return lines
+    """What the script did (``harness.summary``)."""
+    return harness.summary(record, ran)
 
 
 def main(argv=None) -> int:

@@ -87,22 +87,12 @@ def plan_case(case: dict, dirs: dict, include_streaming_feed: bool, same_tokeniz
     if stage in ("codec-encode", "speaker"):
         if options.get("sample_rate", 24000) != 24000:
             return None, RESAMPLE
-        if "base" not in dirs:
-            return None, NEEDS_BASE
-        if stage == "codec-encode" and not same_tokenizer:
-            return None, "the Base checkpoint's speech tokenizer is not the one the case ran on"
-        return ("encode" if stage == "codec-encode" else "speaker"), "base"
+        return harness.on_base_plan(stage, dirs, same_tokenizer, NEEDS_BASE)
     reasons = []
     in_context = stage == "clone" and not options.get("x_vector_only_mode")
     if harness.text_feed(case) == "streaming" and not in_context and not include_streaming_feed:
         reasons.append(STREAMING_FEED)
-    if isinstance(options.get("text"), list):
-        reasons.append(BATCH)
-    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
-        reasons.append(SAMPLED)
-    if reasons:
-        return None, "; ".join(reasons)
-    return ("clone" if stage == "clone" else "say"), case["checkpoint"]
+    return harness.generation_plan(case, "clone" if stage == "clone" else "say", reasons, BATCH, SAMPLED)
 
 
 # ----------------------------------------------------------------------------- the conversion
@@ -370,28 +360,28 @@ def error_line(run: dict) -> str:
     return last or (lines[-1] if lines else "")
 
 
+def conversion_line(kind: str, c: dict) -> str:
+    """The summary's line of a conversion."""
+    steps = [f"convert.py {c['convert_s']} s"] if "convert_s" in c else []
+    steps += [f"quantize {sum(c['quantize_s']):.1f} s"] if "quantize_s" in c else []
+    how = "cached" if c.get("cached") else ", ".join(steps) or "the F32 files cached"
+    return f"  convert {kind} ({c['checkpoint']}, {c['quant']}): {c.get('error') or how}"
+
+
+def ran(c: dict) -> str:
+    """The summary's line of a case qwentts.cpp ran (in whole or in part)."""
+    q = c.get("qwentts", {})
+    steps = [f"load {q['load_s']} s"] if "load_s" in q else []
+    steps += [f"extract {q['extract_s']} s"] if "extract_s" in q else []
+    steps += [f"synthesize {q['synthesize_s']} s ({q['frames']:g} frames)"] if "synthesize_s" in q else []
+    more = f"; {c['message']}" if c["status"] == "partial" else ""
+    more += f"; {c['note']}" if c.get("note") else ""
+    return f"qwentts.cpp {c['action']} in {c['seconds']} s ({', '.join(steps)}){more}"
+
+
 def summary(record: dict) -> list:
-    lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
-    lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
-    for kind, c in record["conversions"].items():
-        steps = [f"convert.py {c['convert_s']} s"] if "convert_s" in c else []
-        steps += [f"quantize {sum(c['quantize_s']):.1f} s"] if "quantize_s" in c else []
-        how = "cached" if c.get("cached") else ", ".join(steps) or "the F32 files cached"
-        lines.append(f"  convert {kind} ({c['checkpoint']}, {c['quant']}): {c.get('error') or how}")
-    for name, c in record["cases"].items():
-        if c["status"] == "not run":
-            lines.append(f"  {name}: not run: {c['reason']}")
-        elif c["status"] == "failed":
-            lines.append(f"  {name}: FAILED TO RUN: {c['message']}")
-        else:
-            q = c.get("qwentts", {})
-            steps = [f"load {q['load_s']} s"] if "load_s" in q else []
-            steps += [f"extract {q['extract_s']} s"] if "extract_s" in q else []
-            steps += [f"synthesize {q['synthesize_s']} s ({q['frames']:g} frames)"] if "synthesize_s" in q else []
-            more = f"; {c['message']}" if c["status"] == "partial" else ""
-            more += f"; {c['note']}" if c.get("note") else ""
-            lines.append(f"  {name}: qwentts.cpp {c['action']} in {c['seconds']} s ({', '.join(steps)}){more}")
-    return lines
+    """What the script did (``harness.summary``), its conversions first."""
+    return harness.summary(record, ran, [conversion_line(k, c) for k, c in record["conversions"].items()])
 
 
 def main(argv=None) -> int:

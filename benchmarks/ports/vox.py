@@ -51,25 +51,15 @@ NEEDS_BASE = "vox encodes audio only when it clones a voice, which needs a Base 
 
 def plan_case(case: dict, dirs: dict, include_non_streaming: bool, same_tokenizer: bool) -> tuple:
     """(action for vox_worker, checkpoint kind) or (None, why vox cannot run the case)."""
-    stage, options = case["stage"], case["options"]
+    stage = case["stage"]
     if stage == "codec-decode":
         return None, NO_DECODE
     if stage in ("codec-encode", "speaker"):
-        if "base" not in dirs:
-            return None, NEEDS_BASE
-        if stage == "codec-encode" and not same_tokenizer:
-            return None, "the Base checkpoint's speech tokenizer is not the one the case ran on"
-        return ("encode" if stage == "codec-encode" else "speaker"), "base"
+        return harness.on_base_plan(stage, dirs, same_tokenizer, NEEDS_BASE)
     reasons = []
     if harness.text_feed(case) == "non-streaming" and not include_non_streaming:
         reasons.append(NON_STREAMING)
-    if isinstance(options.get("text"), list):
-        reasons.append(BATCH)
-    if options.get("do_sample", True) or options.get("subtalker_dosample", True):
-        reasons.append(SAMPLED)
-    if reasons:
-        return None, "; ".join(reasons)
-    return ("clone" if stage == "clone" else "say"), case["checkpoint"]
+    return harness.generation_plan(case, "clone" if stage == "clone" else "say", reasons, BATCH, SAMPLED)
 
 
 def checkpoint_dtype(directory: Path) -> str:
@@ -154,25 +144,25 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     return record
 
 
+def conversion_line(kind: str, c: dict) -> str:
+    """The summary's line of a conversion."""
+    how = "cached" if c.get("cached") else f"{c.get('seconds')} s"
+    return f"  convert {kind} ({c['checkpoint']}, --dtype {c['dtype']}): {c.get('error') or how}"
+
+
+def ran(c: dict) -> str:
+    """The summary's line of a case vox ran."""
+    v = c["vox"]
+    steps = [f"load {v['load_s']} s"]
+    steps += [f"voice {v['voice_s']} s"] if c["action"] != "say" else []
+    steps += [f"synthesize {v['synthesize_s']} s ({v['frames']:g} frames)"] if "synthesize_s" in v else []
+    note = f"; {c['note']}" if c.get("note") else ""
+    return f"vox {c['action']} in {c['seconds']} s ({', '.join(steps)}){note}"
+
+
 def summary(record: dict) -> list:
-    lines = ["", f"{record['port']}: what the script did (load average {record['machine']['load_average_1min']}"]
-    lines[-1] += f" before, {record['machine']['load_average_1min_after']} after; timings, not a benchmark)"
-    for kind, c in record["conversions"].items():
-        how = "cached" if c.get("cached") else f"{c.get('seconds')} s"
-        lines.append(f"  convert {kind} ({c['checkpoint']}, --dtype {c['dtype']}): {c.get('error') or how}")
-    for name, c in record["cases"].items():
-        if c["status"] == "not run":
-            lines.append(f"  {name}: not run: {c['reason']}")
-        elif c["status"] == "failed":
-            lines.append(f"  {name}: FAILED TO RUN: {c['message']}")
-        else:
-            v = c["vox"]
-            steps = [f"load {v['load_s']} s"]
-            steps += [f"voice {v['voice_s']} s"] if c["action"] != "say" else []
-            steps += [f"synthesize {v['synthesize_s']} s ({v['frames']:g} frames)"] if "synthesize_s" in v else []
-            note = f"; {c['note']}" if c.get("note") else ""
-            lines.append(f"  {name}: vox {c['action']} in {c['seconds']} s ({', '.join(steps)}){note}")
-    return lines
+    """What the script did (``harness.summary``), its conversions first."""
+    return harness.summary(record, ran, [conversion_line(k, c) for k, c in record["conversions"].items()])
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,85 @@
+"""benchmarks/ports/harness.py's parts that every port's script shares and that need no port: which cases a port
+can run (the reasons it cannot, in their order) and the summary printed after the report card."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks" / "ports"))  # a port's script imports harness, as when run
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"ports_{name}", REPO / "benchmarks" / "ports" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+harness = _load("harness")
+vox = _load("vox")
+
+
+def say_case(**options) -> dict:
+    return {"name": "say", "stage": "say", "options": {"text": "Hi.", **options}, "checkpoint": "custom_voice"}
+
+
+def test_a_generation_runs_greedy_and_single_else_says_every_reason_in_order():
+    greedy = {"do_sample": False, "subtalker_dosample": False}
+    assert harness.generation_plan(say_case(**greedy), "say", [], "B", "S") == ("say", "custom_voice")
+    assert harness.generation_plan(say_case(**greedy), "say", ["own"], "B", "S") == (None, "own")
+    batch = say_case(text=["a", "b"], **greedy)
+    assert harness.generation_plan(batch, "say", ["own"], "B", "S") == (None, "own; B")
+    # sampling is the official default: a case that leaves either switch out samples
+    assert harness.generation_plan(say_case(do_sample=False), "say", [], "B", "S") == (None, "S")
+    assert harness.generation_plan(say_case(subtalker_dosample=False), "say", [], "B", "S") == (None, "S")
+    sampled_batch = say_case(text=["a", "b"], do_sample=True, subtalker_dosample=False)
+    assert harness.generation_plan(sampled_batch, "say", ["own"], "B", "S") == (None, "own; B; S")
+    reasons = ["own"]
+    harness.generation_plan(sampled_batch, "say", reasons, "B", "S")
+    assert reasons == ["own"]  # the port's list is not extended
+
+
+def test_the_encoders_through_a_base_checkpoint_need_one_with_the_cases_tokenizer():
+    assert harness.on_base_plan("speaker", {}, True, "no base") == (None, "no base")
+    assert harness.on_base_plan("speaker", {"base": "dir"}, False, "no base") == ("speaker", "base")
+    assert harness.on_base_plan("codec-encode", {"base": "dir"}, True, "no base") == ("encode", "base")
+    action, why = harness.on_base_plan("codec-encode", {"base": "dir"}, False, "no base")
+    assert action is None and "speech tokenizer is not the one the case ran on" in why
+
+
+def test_a_ports_plan_is_its_own_reasons_then_the_shared_ones():
+    dirs = {"custom_voice": "dir"}
+    sampled_batch = say_case(text=["a", "b"], non_streaming_mode=True)
+    action, why = vox.plan_case(sampled_batch, dirs, include_non_streaming=False, same_tokenizer=True)
+    assert action is None and why == "; ".join([vox.NON_STREAMING, vox.BATCH, vox.SAMPLED])
+    greedy = say_case(non_streaming_mode=False, do_sample=False, subtalker_dosample=False)
+    assert vox.plan_case(greedy, dirs, include_non_streaming=False, same_tokenizer=True) == ("say", "custom_voice")
+    assert vox.plan_case({**greedy, "stage": "speaker"}, dirs, False, True) == (None, vox.NEEDS_BASE)
+
+
+def test_the_summary_gives_the_load_the_steps_before_and_a_line_a_case():
+    record = {
+        "port": "port 1.0",
+        "machine": {"load_average_1min": 0.5, "load_average_1min_after": 0.75},
+        "cases": {
+            "a": {"status": "not run", "reason": "why not"},
+            "b": {"status": "failed", "message": "exit status 1: boom", "seconds": 3.2},
+            "c": {"status": "failed", "message": "timed out: x"},
+            "d": {"status": "ran", "seconds": 9.5},
+            "e": {"status": "partial", "seconds": 1.5},
+        },
+    }
+    lines = harness.summary(record, lambda c: f"{c['status']} in {c['seconds']} s", ["  convert it: cached"])
+    assert lines == [
+        "",
+        "port 1.0: what the script did (load average 0.5 before, 0.75 after; timings, not a benchmark)",
+        "  convert it: cached",
+        "  a: not run: why not",
+        "  b: FAILED TO RUN (3.2 s): exit status 1: boom",
+        "  c: FAILED TO RUN: timed out: x",
+        "  d: ran in 9.5 s",
+        "  e: partial in 1.5 s",
+    ]
