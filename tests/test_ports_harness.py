@@ -1,5 +1,6 @@
 """benchmarks/ports/harness.py's parts that every port's script shares and that need no port: which cases a port
-can run (the reasons it cannot, in their order) and the summary printed after the report card."""
+can run (the reasons it cannot, in their order), the summary printed after the report card, and the line that
+says why a tool or a worker failed."""
 
 from __future__ import annotations
 
@@ -83,3 +84,23 @@ def test_the_summary_gives_the_load_the_steps_before_and_a_line_a_case():
         "  d: ran in 9.5 s",
         "  e: partial in 1.5 s",
     ]
+
+
+def run_of(output: str, rc: int = 1, timed_out: bool = False) -> dict:
+    return {"output": output, "rc": rc, "timed_out": timed_out}
+
+
+def test_a_failed_tool_is_said_by_its_last_line_else_its_exit_status():
+    traceback = "Traceback (most recent call last):\n  File 'x.py'\nValueError: bad shape\n\n"
+    assert harness.last_line(run_of(traceback)) == "ValueError: bad shape"
+    assert harness.last_line(run_of("  \n", rc=-9)) == "exit status -9"
+    assert harness.last_line(run_of("loading\n", rc=-9, timed_out=True)) == "timed out; loading"
+
+
+def test_a_ggml_port_is_said_by_its_assertion_else_the_last_line_not_a_backtrace():
+    assertion = "[info] loading\n/src/ggml/src/ggml.c:1234: GGML_ASSERT(a->ne[0] == b->ne[0]) failed\n#0 0x1 in ??\n"
+    assert harness.ggml_error_line(run_of(assertion)) == "src/ggml.c:1234: GGML_ASSERT(a->ne[0] == b->ne[0]) failed"
+    crash = "RuntimeError: qt_synthesize failed\n#0 0x1 in ??\n[perf] 3 ms\nwarning: leaked 1 object\n"
+    assert harness.ggml_error_line(run_of(crash)) == "RuntimeError: qt_synthesize failed"
+    assert harness.ggml_error_line(run_of("#0 0x1 in ??\n")) == "#0 0x1 in ??"  # nothing else: the last line
+    assert harness.ggml_error_line(run_of("")) == ""

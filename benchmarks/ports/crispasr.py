@@ -96,11 +96,6 @@ def ensure_converter(python: Path) -> None:
     done.write_text(CONVERTER_REQUIREMENT)
 
 
-def tail(run: dict) -> str:
-    lines = [line.strip() for line in run["output"].splitlines() if line.strip()]
-    return ("timed out; " if run["timed_out"] else "") + (lines[-1] if lines else f"exit status {run['rc']}")
-
-
 def convert(python: Path, kind: str, directory: Path, sha: str, args) -> tuple:
     """((talker GGUF, codec GGUF), the conversion's record), cached by weights hash."""
     models = harness.ENVS / ENV_NAME / "models" / f"{kind}-{sha[:16]}"
@@ -122,7 +117,7 @@ def convert(python: Path, kind: str, directory: Path, sha: str, args) -> tuple:
         record.setdefault("convert_s", []).append(run["seconds"])
         if run["rc"] != 0 or not partial.is_file():
             partial.unlink(missing_ok=True)
-            return None, dict(record, error=f"{script.name}: {tail(run)}")
+            return None, dict(record, error=f"{script.name}: {harness.last_line(run)}")
         os.replace(partial, target)
     return want, record
 
@@ -154,7 +149,7 @@ def with_released_ids(python: Path, files: tuple, directory: Path, args) -> tupl
         run = harness.run_limited(argv, args.timeout, args.convert_memory_gib * harness.GIB, harness.child_env(2))
         if run["rc"] != 0:
             partial.unlink(missing_ok=True)
-            raise SystemExit(f"--released-ids: copying the rows failed: {tail(run)}")
+            raise SystemExit(f"--released-ids: copying the rows failed: {harness.last_line(run)}")
         os.replace(partial, patched)
     return (patched, files[1]), {f"row {released}": f"row {ours}" for ours, released in pairs}
 
@@ -209,16 +204,6 @@ def read_dump(out: Path, directory: Path, teacher_forced: bool, entry: dict) -> 
     shutil.rmtree(logits, ignore_errors=True)
 
 
-def error_line(run: dict) -> str:
-    """GGML's assertion, else the last line that is not a debugger's backtrace."""
-    lines = [line.strip() for line in run["output"].splitlines() if line.strip()]
-    for line in lines:
-        if "GGML_ASSERT" in line or "GGML_ABORT" in line:
-            return line.split("/ggml/", 1)[-1]
-    last = next((line for line in reversed(lines) if not line.startswith(("#", "[", "warning"))), "")
-    return last or (lines[-1] if lines else "")
-
-
 def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
     from refimpl.io.files import InputError
 
@@ -251,7 +236,7 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
             if note.is_file():
                 entry["crispasr"] = json.loads(note.read_text())
             if run["rc"] != 0:
-                harness.failed(entry, run, out, error_line(run))
+                harness.failed(entry, run, out, harness.ggml_error_line(run))
             else:
                 try:
                     read_dump(out, dirs[kind], args.teacher_forced, entry)

@@ -286,6 +286,24 @@ def failed(entry: dict, run: dict, out: Path, last: str | None = None) -> None:
     shutil.rmtree(out, ignore_errors=True)
 
 
+def last_line(run: dict) -> str:
+    """Why a tool's run failed, in one line: the last line it printed (an exception's, after its traceback),
+    else its exit status; "timed out; " first where it ran out of time."""
+    lines = [line.strip() for line in run["output"].splitlines() if line.strip()]
+    return ("timed out; " if run["timed_out"] else "") + (lines[-1] if lines else f"exit status {run['rc']}")
+
+
+def ggml_error_line(run: dict) -> str:
+    """Why a GGML port's worker stopped: GGML's assertion (its path inside ggml/ alone), else the last line
+    that is not a debugger's backtrace, a log line or a warning (a traceback's last line)."""
+    lines = [line.strip() for line in run["output"].splitlines() if line.strip()]
+    for line in lines:
+        if "GGML_ASSERT" in line or "GGML_ABORT" in line:
+            return line.split("/ggml/", 1)[-1]
+    last = next((line for line in reversed(lines) if not line.startswith(("#", "[", "warning"))), "")
+    return last or (lines[-1] if lines else "")
+
+
 def finish(tag: str, record: dict, suite: Path, results: Path, precision: str, behaviours: list, lines: list) -> int:
     """Write ``RESULTS/<tag>-run.json``, grade, print the report card and ``lines`` (what the script did);
     the exit status: the grade's, or 1 when a case failed to run (or ran only in part)."""

@@ -176,15 +176,9 @@ def convert(python: Path, kind: str, directory: Path, sha: str, args) -> tuple:
             record.setdefault("quantize_s", []).append(run["seconds"])
             if run["rc"] != 0 or not partial.is_file():
                 partial.unlink(missing_ok=True)
-                return None, dict(record, error=tail(run) or f"quantize: exit status {run['rc']}")
+                return None, dict(record, error=f"quantize: {harness.last_line(run)}")
             os.replace(partial, dst)
     return want, record
-
-
-def tail(run: dict) -> str:
-    """The last line a failed tool printed (an exception's, after its traceback)."""
-    lines = [line.strip() for line in run["output"].splitlines() if line.strip()]
-    return ("timed out; " if run["timed_out"] else "") + (lines[-1] if lines else "")
 
 
 def run_converter(python: Path, directory: Path, talker_dir: str, models: Path, args) -> str | None:
@@ -215,7 +209,7 @@ def run_converter(python: Path, directory: Path, talker_dir: str, models: Path, 
         made = [work / "models" / p for p in ("qwen-tokenizer-12hz-F32.gguf",)]
         made += sorted((work / "models").glob("qwen-talker-*-F32.gguf"))
         if run["rc"] != 0 or len(made) != 2 or not all(p.is_file() for p in made):
-            return f"convert.py: {tail(run) or 'exit status ' + str(run['rc'])}"
+            return f"convert.py: {harness.last_line(run)}"
         models.mkdir(parents=True, exist_ok=True)
         (models / "view.json").write_text(json.dumps({"config_keys_added": added}) + "\n")
         for p in made:
@@ -339,25 +333,15 @@ def run_cases(python: Path, manifest: dict, dirs: dict, args) -> dict:
             except InputError as e:
                 codes, entry["dump_error"] = False, str(e)
             if run["rc"] != 0 and codes:
-                last = f"codes only (from its dump), then: {error_line(run)}"
+                last = f"codes only (from its dump), then: {harness.ggml_error_line(run)}"
                 entry.update(status="partial", message=last, output=run["output"])
             elif run["rc"] != 0:
-                harness.failed(entry, run, out, error_line(run))
+                harness.failed(entry, run, out, harness.ggml_error_line(run))
             record["cases"][name] = entry
     finally:
         shutil.rmtree(jobs, ignore_errors=True)
     record["machine"]["load_average_1min_after"] = round(harness.load_average(), 2)
     return record
-
-
-def error_line(run: dict) -> str:
-    """The line that says why a worker stopped: GGML's assertion, else the last line of a traceback."""
-    lines = [line.strip() for line in run["output"].splitlines() if line.strip()]
-    for line in lines:
-        if "GGML_ASSERT" in line or "GGML_ABORT" in line:
-            return line.split("/ggml/", 1)[-1]
-    last = next((line for line in reversed(lines) if not line.startswith(("#", "[", "warning"))), "")
-    return last or (lines[-1] if lines else "")
 
 
 def conversion_line(kind: str, c: dict) -> str:
