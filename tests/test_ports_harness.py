@@ -104,3 +104,15 @@ def test_a_ggml_port_is_said_by_its_assertion_else_the_last_line_not_a_backtrace
     assert harness.ggml_error_line(run_of(crash)) == "RuntimeError: qt_synthesize failed"
     assert harness.ggml_error_line(run_of("#0 0x1 in ??\n")) == "#0 0x1 in ??"  # nothing else: the last line
     assert harness.ggml_error_line(run_of("")) == ""
+
+
+def test_a_failed_case_keeps_its_reason_and_loses_its_half_written_files(tmp_path):
+    out = tmp_path / "case"
+    out.mkdir()
+    (out / "half.wav").write_bytes(b"RIFF")
+    entry = {"status": "ran", "seconds": 2.0}
+    harness.failed(entry, run_of("Traceback ...\n  ValueError: bad  \n \n", rc=3), out)
+    assert entry["status"] == "failed" and entry["message"] == "exit status 3: ValueError: bad"
+    assert not out.exists()
+    harness.failed(entry, run_of("", rc=-9, timed_out=True), out)
+    assert entry["message"] == "timed out: "

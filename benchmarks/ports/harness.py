@@ -276,12 +276,17 @@ def run_job(python: Path, worker: Path, jobs: Path, name: str, job: dict, args, 
     return run_limited(argv, args.timeout, args.memory_gib * GIB, env)
 
 
+def printed_lines(run: dict) -> list:
+    """The lines a run printed, each stripped, the blank ones left out."""
+    return [line.strip() for line in run["output"].splitlines() if line.strip()]
+
+
 def failed(entry: dict, run: dict, out: Path, last: str | None = None) -> None:
     """Mark ``entry`` failed with the run's one-line reason (``last``: the error line; by default the last
     line of its output, after a traceback) and remove the half-written case: it is not graded."""
     what = "timed out" if run["timed_out"] else f"exit status {run['rc']}"
     if last is None:
-        last = (run["output"].strip().splitlines() or [""])[-1]
+        last = (printed_lines(run) or [""])[-1]
     entry.update(status="failed", message=f"{what}: {last.strip()}", output=run["output"])
     shutil.rmtree(out, ignore_errors=True)
 
@@ -289,14 +294,14 @@ def failed(entry: dict, run: dict, out: Path, last: str | None = None) -> None:
 def last_line(run: dict) -> str:
     """Why a tool's run failed, in one line: the last line it printed (an exception's, after its traceback),
     else its exit status; "timed out; " first where it ran out of time."""
-    lines = [line.strip() for line in run["output"].splitlines() if line.strip()]
+    lines = printed_lines(run)
     return ("timed out; " if run["timed_out"] else "") + (lines[-1] if lines else f"exit status {run['rc']}")
 
 
 def ggml_error_line(run: dict) -> str:
     """Why a GGML port's worker stopped: GGML's assertion (its path inside ggml/ alone), else the last line
     that is not a debugger's backtrace, a log line or a warning (a traceback's last line)."""
-    lines = [line.strip() for line in run["output"].splitlines() if line.strip()]
+    lines = printed_lines(run)
     for line in lines:
         if "GGML_ASSERT" in line or "GGML_ABORT" in line:
             return line.split("/ggml/", 1)[-1]
